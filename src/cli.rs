@@ -1,0 +1,221 @@
+//! The command line: the `Command` enum and the only dispatch to the roles.
+//!
+//! Global flags (`--config`, `--log-level`, `--log-format`, `--kubeconfig`) work before or
+//! after the subcommand. When the executable is named `kubectl-inspect-gpushare` (a symlink on
+//! PATH) it behaves as `gpushare inspect`, so `kubectl inspect gpushare` works.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{self, Config, FlagOverrides, LogFormat, LogLevel};
+use crate::{demo, deviceplugin, doctor, extender, inspect};
+
+/// Name under which the binary acts as `gpushare inspect`.
+pub const KUBECTL_PLUGIN_NAME: &str = "kubectl-inspect-gpushare";
+
+/// Flags every subcommand takes.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct GlobalArgs {
+    /// Configuration file [default: /etc/gpushare/gpushare.toml when it exists]
+    #[arg(long, global = true, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// Log level: trace, debug, info, warn, error [env: LOG_LEVEL; RUST_LOG wins when set]
+    #[arg(long, global = true, value_enum)]
+    pub log_level: Option<LogLevel>,
+    /// Log format
+    #[arg(long, global = true, value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Kubeconfig file [default: $KUBECONFIG, then the in-cluster service account]
+    #[arg(long, global = true, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+impl GlobalArgs {
+    fn overrides(&self, flags: &mut FlagOverrides) {
+        let GlobalArgs {
+            config: _,
+            log_level,
+            log_format,
+            kubeconfig,
+        } = self;
+        flags.set("log.level", *log_level);
+        flags.set("log.format", *log_format);
+        flags.set(
+            "cluster.kubeconfig",
+            kubeconfig.as_ref().map(|p| p.display().to_string()),
+        );
+    }
+}
+
+/// GPU memory sharing for Kubernetes: scheduler extender, device plugin, inspect and doctor.
+///
+/// A drop-in successor of Aliyun's gpushare: pods ask for `aliyun.com/gpu-mem` (GiB by
+/// default), the extender picks one GPU with room, the device plugin hands it to the
+/// container. Run `gpushare <command> --help` for each role.
+#[derive(Debug, Parser)]
+#[command(
+    name = "gpushare",
+    version,
+    propagate_version = true,
+    max_term_width = 100
+)]
+pub struct Cli {
+    #[command(flatten)]
+    global: GlobalArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The roles.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the HTTP scheduler extender (filter / prioritize / bind) beside kube-scheduler.
+    Extender(extender::Args),
+    /// Run the kubelet device plugin on a GPU node.
+    DevicePlugin(deviceplugin::Args),
+    /// Show GPU memory allocation per node and GPU (also `kubectl inspect gpushare`).
+    Inspect(inspect::Args),
+    /// Check a node or control plane for everything gpushare needs.
+    Doctor(doctor::Args),
+    /// Run a self-contained demo: sandbox cluster, extender and device plugin with fake GPUs.
+    Demo(demo::Args),
+    /// Print version, git commit, target and linkage.
+    Version,
+}
+
+/// `gpushare inspect` under the kubectl plugin name.
+#[derive(Debug, Parser)]
+#[command(name = KUBECTL_PLUGIN_NAME, version, max_term_width = 100)]
+struct InspectCli {
+    #[command(flatten)]
+    global: GlobalArgs,
+    #[command(flatten)]
+    inspect: inspect::Args,
+}
+
+/// Parses `args` (argv[0] included) and runs the chosen role. Never panics on bad input.
+pub fn main_with_args(args: Vec<OsString>) -> ExitCode {
+    let invoked_as = args
+        .first()
+        .and_then(|a| Path::new(a).file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let (global, command) = if invoked_as.starts_with(KUBECTL_PLUGIN_NAME) {
+        match InspectCli::try_parse_from(&args) {
+            Ok(cli) => (cli.global, Command::Inspect(cli.inspect)),
+            Err(e) => return clap_exit(e),
+        }
+    } else {
+        match Cli::try_parse_from(&args) {
+            Ok(cli) => (cli.global, cli.command),
+            Err(e) => return clap_exit(e),
+        }
+    };
+    if let Command::Version = command {
+        print!("{}", version_text());
+        return ExitCode::SUCCESS;
+    }
+    let mut flags = FlagOverrides::new();
+    global.overrides(&mut flags);
+    match &command {
+        Command::Extender(a) => a.overrides(&mut flags),
+        Command::DevicePlugin(a) => a.overrides(&mut flags),
+        Command::Inspect(a) => a.overrides(&mut flags),
+        Command::Doctor(a) => a.overrides(&mut flags),
+        Command::Demo(_) | Command::Version => {}
+    }
+    let config = match config::load(global.config.as_deref(), flags) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("gpushare: {e}");
+            return ExitCode::from(config::EXIT_CONFIG);
+        }
+    };
+    crate::telemetry::init(&config.log);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("gpushare: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(dispatch(command, config));
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("gpushare: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn dispatch(command: Command, config: Config) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Extender(args) => extender::run(args, config).await,
+        Command::DevicePlugin(args) => deviceplugin::run(args, config).await,
+        Command::Inspect(args) => inspect::run(args, config).await,
+        Command::Doctor(args) => doctor::run(args, config).await,
+        Command::Demo(args) => demo::run(args, config).await,
+        Command::Version => Ok(ExitCode::SUCCESS),
+    }
+}
+
+fn clap_exit(e: clap::Error) -> ExitCode {
+    let _ = e.print();
+    match e.kind() {
+        clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+            ExitCode::SUCCESS
+        }
+        _ => ExitCode::from(64),
+    }
+}
+
+/// Whether this executable is statically linked (no ELF interpreter).
+pub fn is_static_binary() -> bool {
+    // A dynamically linked program always maps its interpreter (ld-linux / ld-musl).
+    match std::fs::read_to_string("/proc/self/maps") {
+        Ok(maps) => !maps
+            .lines()
+            .any(|l| l.contains("/ld-linux") || l.contains("/ld-musl")),
+        Err(_) => cfg!(target_env = "musl"),
+    }
+}
+
+/// What `gpushare version` prints.
+pub fn version_text() -> String {
+    format!(
+        "gpushare {}\ncommit: {}\ntarget: {}\nlinkage: {}\n",
+        env!("CARGO_PKG_VERSION"),
+        env!("BUILD_GIT_COMMIT"),
+        env!("BUILD_TARGET_TRIPLE"),
+        if is_static_binary() {
+            "static"
+        } else {
+            "dynamic"
+        }
+    )
+}
+
+/// The line printed by a role whose issue has not landed yet.
+pub async fn not_implemented(role: &str) -> anyhow::Result<ExitCode> {
+    eprintln!("gpushare {role}: not implemented yet");
+    Ok(ExitCode::FAILURE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_cli_is_well_formed() {
+        Cli::command().debug_assert();
+        InspectCli::command().debug_assert();
+    }
+}

@@ -1,0 +1,124 @@
+//! Every name gpushare puts on the wire, in one place.
+//!
+//! The upstream names (resource names, annotation keys, env names, labels, socket, ConfigMap,
+//! URL prefix) are a contract with existing clusters and must stay byte-identical
+//! (reference spec §2). The names under `gpushare.io/` are ours: they carry what upstream
+//! could not express (per-GPU memory and health on the node, per-container progress on the
+//! pod) and are documented in the README.
+
+/// Extended resource: GPU memory in the device plugin's unit.
+pub const RESOURCE_GPU_MEM: &str = "aliyun.com/gpu-mem";
+/// Extended resource on the node status: number of physical GPUs.
+pub const RESOURCE_GPU_COUNT: &str = "aliyun.com/gpu-count";
+
+/// Pod annotation: the chosen GPU index (decimal).
+pub const ANN_GPU_INDEX: &str = "ALIYUN_COM_GPU_MEM_IDX";
+/// Pod annotation: the pod's total GPU memory (decimal units).
+pub const ANN_POD_MEM: &str = "ALIYUN_COM_GPU_MEM_POD";
+/// Pod annotation: the memory of the chosen GPU (decimal units; informational).
+pub const ANN_DEVICE_MEM: &str = "ALIYUN_COM_GPU_MEM_DEV";
+/// Pod annotation: `"false"` after bind, `"true"` once the device plugin allocated it.
+pub const ANN_ASSIGNED: &str = "ALIYUN_COM_GPU_MEM_ASSIGNED";
+/// Pod annotation: bind time, overwritten by allocation time (Unix nanoseconds).
+pub const ANN_ASSUME_TIME: &str = "ALIYUN_COM_GPU_MEM_ASSUME_TIME";
+/// Pod annotation written by ACK's closed scheduler plugin; read by inspect only.
+pub const ANN_ALLOCATION_JSON: &str = "scheduler.framework.gpushare.allocation";
+
+/// Container env: the GPU the runtime exposes.
+pub const ENV_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+/// Container env: GPU index.
+pub const ENV_GPU_INDEX: &str = "ALIYUN_COM_GPU_MEM_IDX";
+/// Container env: memory of this Allocate call.
+pub const ENV_POD_MEM: &str = "ALIYUN_COM_GPU_MEM_POD";
+/// Container env: memory of this container.
+pub const ENV_CONTAINER_MEM: &str = "ALIYUN_COM_GPU_MEM_CONTAINER";
+/// Container env: memory of the whole GPU.
+pub const ENV_DEVICE_MEM: &str = "ALIYUN_COM_GPU_MEM_DEV";
+/// Container env for Aliyun's proprietary cGPU module.
+pub const ENV_CGPU_DISABLE: &str = "CGPU_DISABLE";
+/// Container env set in MPS mode: the per-client pinned device memory limit.
+pub const ENV_MPS_PINNED_MEM_LIMIT: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
+/// Container env set in MPS mode: the share of SMs a client may use.
+pub const ENV_MPS_ACTIVE_THREAD_PERCENTAGE: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
+/// Container env set in MPS mode: where the MPS control pipes are.
+pub const ENV_MPS_PIPE_DIRECTORY: &str = "CUDA_MPS_PIPE_DIRECTORY";
+
+/// Node label that selects the device plugin DaemonSet.
+pub const LABEL_GPUSHARE: &str = "gpushare";
+/// Node label read by the device plugin for Aliyun's cGPU module.
+pub const LABEL_CGPU_DISABLE: &str = "cgpu.disable.isolation";
+/// Pod label of the device plugin pods.
+pub const LABEL_COMPONENT: &str = "component";
+
+/// Device plugin socket name inside the device-plugin directory.
+pub const PLUGIN_SOCKET: &str = "aliyungpushare.sock";
+/// Kubelet registration socket name inside the device-plugin directory.
+pub const KUBELET_SOCKET: &str = "kubelet.sock";
+/// Default kubelet device-plugin directory.
+pub const DEFAULT_DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
+/// Default kubelet pod-resources socket.
+pub const DEFAULT_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+/// Device plugin API version we register with.
+pub const DEVICE_PLUGIN_API_VERSION: &str = "v1beta1";
+/// Separator of fake device IDs: `<UUID>-_-<n>`.
+pub const FAKE_ID_SEPARATOR: &str = "-_-";
+/// Health strings of the device plugin API.
+pub const HEALTHY: &str = "Healthy";
+/// Health strings of the device plugin API.
+pub const UNHEALTHY: &str = "Unhealthy";
+
+/// Namespace of the unhealthy-GPU ConfigMaps.
+pub const UNHEALTHY_CONFIGMAP_NAMESPACE: &str = "kube-system";
+/// Name prefix of the unhealthy-GPU ConfigMaps (`unhealthy-gpu-<node>`).
+pub const UNHEALTHY_CONFIGMAP_PREFIX: &str = "unhealthy-gpu-";
+/// Key of the unhealthy-GPU ConfigMaps: comma-separated GPU indices.
+pub const UNHEALTHY_CONFIGMAP_KEY: &str = "gpus";
+
+/// Default extender URL prefix.
+pub const EXTENDER_URL_PREFIX: &str = "/gpushare-scheduler";
+/// Upstream's event source component.
+pub const EXTENDER_COMPONENT: &str = "gpushare-schd-extender";
+/// Our device plugin's event source component.
+pub const DEVICE_PLUGIN_COMPONENT: &str = "gpushare-device-plugin";
+
+/// Node annotation (ours): the GPUs the device plugin serves, as JSON
+/// `[{"index":0,"uuid":"GPU-…","memory":15,"healthy":true}]` (memory in units).
+pub const NODE_ANN_DEVICES: &str = "gpushare.io/devices";
+/// Node annotation (ours): the unit the device plugin counts in (`GiB`, `MiB`, `256MiB`).
+pub const NODE_ANN_MEMORY_UNIT: &str = "gpushare.io/memory-unit";
+/// Pod annotation (ours): names of the pod's GPU containers already allocated, comma-separated.
+pub const POD_ANN_ALLOCATED_CONTAINERS: &str = "gpushare.io/allocated-containers";
+
+/// The fake device ID of unit `n` of the GPU with `uuid`.
+pub fn fake_device_id(uuid: &str, n: u64) -> String {
+    format!("{uuid}{FAKE_ID_SEPARATOR}{n}")
+}
+
+/// The GPU UUID and unit number of a fake device ID; `None` when it is not one.
+pub fn parse_fake_device_id(id: &str) -> Option<(&str, u64)> {
+    let (uuid, n) = id.rsplit_once(FAKE_ID_SEPARATOR)?;
+    if uuid.is_empty() {
+        return None;
+    }
+    Some((uuid, n.parse().ok()?))
+}
+
+/// Name of the unhealthy-GPU ConfigMap of `node`.
+pub fn unhealthy_configmap_name(node: &str) -> String {
+    format!("{UNHEALTHY_CONFIGMAP_PREFIX}{node}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fake_ids_round_trip() {
+        let id = fake_device_id("GPU-1234-abcd", 7);
+        assert_eq!(id, "GPU-1234-abcd-_-7");
+        assert_eq!(parse_fake_device_id(&id), Some(("GPU-1234-abcd", 7)));
+        assert_eq!(parse_fake_device_id("GPU-1234"), None);
+        assert_eq!(parse_fake_device_id("-_-3"), None);
+        assert_eq!(parse_fake_device_id("GPU-x-_-z"), None);
+    }
+}

@@ -1,0 +1,20 @@
+//! `gpushare device-plugin`: the kubelet device plugin.
+//! Not implemented yet.
+
+use std::process::ExitCode;
+
+use crate::config::{Config, FlagOverrides};
+
+/// Flags of `gpushare device-plugin`.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct Args {}
+
+impl Args {
+    /// The flags as configuration overrides.
+    pub fn overrides(&self, _flags: &mut FlagOverrides) {}
+}
+
+/// Runs device-plugin.
+pub async fn run(_args: Args, _config: Config) -> anyhow::Result<ExitCode> {
+    crate::cli::not_implemented("device-plugin").await
+}

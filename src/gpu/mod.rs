@@ -1,0 +1,1 @@
+//! GPU access behind one trait. Backends: NVML, nvidia-smi, fake. Not implemented yet.

@@ -1,0 +1,12 @@
+//! Kubernetes access: building a client, projecting Pods and Nodes into the core's plain
+//! types, and the few writes gpushare makes (annotation patches, Bindings, node status,
+//! Events).
+//!
+//! This module does not decide anything: placement lives in `core`, policy in the roles.
+
+pub mod client;
+pub mod project;
+pub mod write;
+
+pub use client::{ClientOptions, client};
+pub use project::{NodeGpus, node_gpus, pod_annotations, pod_gpu_request, pod_is_terminal};

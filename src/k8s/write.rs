@@ -1,0 +1,94 @@
+//! The writes gpushare makes to the API server: merge patches of pod annotations, Bindings
+//! with a UID precondition, the node-status gpu-count patch, node annotations, and Events.
+//!
+//! Every write is a PATCH or a create, never a full-object UPDATE (upstream's UPDATE dropped
+//! unknown fields with older clients, EXT#122).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::core::wire::RESOURCE_GPU_COUNT;
+
+/// Merge-patches `annotations` onto the pod.
+pub async fn patch_pod_annotations(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    annotations: &BTreeMap<String, String>,
+) -> Result<Pod, kube::Error> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let patch = json!({ "metadata": { "annotations": annotations } });
+    pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+}
+
+/// Creates the Binding of pod `name` (with `uid` as precondition) to `node`.
+pub async fn bind_pod(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    node: &str,
+) -> Result<(), kube::Error> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let binding = Binding {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            uid: Some(uid.to_string()),
+            ..ObjectMeta::default()
+        },
+        target: ObjectReference {
+            kind: Some("Node".to_string()),
+            api_version: Some("v1".to_string()),
+            name: Some(node.to_string()),
+            ..ObjectReference::default()
+        },
+    };
+    let _: serde_json::Value = pods
+        .create_subresource("binding", name, &PostParams::default(), &binding)
+        .await?;
+    Ok(())
+}
+
+/// Sets `aliyun.com/gpu-count` in the node's status capacity and allocatable.
+pub async fn patch_node_gpu_count(
+    client: &kube::Client,
+    node: &str,
+    count: usize,
+) -> Result<Node, kube::Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let patch = json!({ "status": {
+        "capacity": { RESOURCE_GPU_COUNT: count.to_string() },
+        "allocatable": { RESOURCE_GPU_COUNT: count.to_string() },
+    }});
+    nodes
+        .patch_status(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+}
+
+/// Merge-patches `annotations` onto the node.
+pub async fn patch_node_annotations(
+    client: &kube::Client,
+    node: &str,
+    annotations: &BTreeMap<String, String>,
+) -> Result<Node, kube::Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let patch = json!({ "metadata": { "annotations": annotations } });
+    nodes
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+}
+
+/// Whether an API error is worth retrying (conflict, throttling, server-side trouble).
+pub fn is_transient(err: &kube::Error) -> bool {
+    match err {
+        kube::Error::Api(status) => matches!(status.code, 409 | 429 | 500..=599),
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
+    }
+}

@@ -1,0 +1,20 @@
+//! Generated gRPC code for the kubelet APIs gpushare speaks (see `proto/README.md`):
+//! the device plugin API v1beta1 and the pod resources API v1.
+//!
+//! Low in the house: the device plugin and the sandbox kubelet both build on it. Nothing here
+//! is hand-written beyond the module wrappers and a few constants.
+
+/// Kubelet device plugin API v1beta1 (`Registration`, `DevicePlugin`).
+#[allow(clippy::all, missing_docs)]
+pub mod deviceplugin {
+    tonic::include_proto!("v1beta1");
+}
+
+/// Kubelet pod resources API v1 (`PodResourcesLister`).
+#[allow(clippy::all, missing_docs)]
+pub mod podresources {
+    tonic::include_proto!("v1");
+}
+
+/// kubelet's default gRPC receive limit for ListAndWatch messages (4 MiB).
+pub const KUBELET_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;

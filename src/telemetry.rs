@@ -1,0 +1,56 @@
+//! Logging setup: `tracing` with text or JSON lines on stderr, level from the configuration
+//! unless `RUST_LOG` is set. Log fields are structured and named consistently across roles
+//! (`node`, `pod`, `namespace`, `gpu`, `mem`).
+
+use tracing_subscriber::EnvFilter;
+
+use crate::config::{LogConfig, LogFormat, LogLevel};
+
+/// Installs the global subscriber; a second call is a no-op (tests, demo).
+pub fn init(log: &LogConfig) {
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(spec) if !spec.trim().is_empty() => {
+            EnvFilter::try_new(spec).unwrap_or_else(|_| EnvFilter::new(level_directive(log.level)))
+        }
+        _ => EnvFilter::new(level_directive(log.level)),
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    let _ = match log.format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}
+
+/// The filter directive of a level: ours at that level, dependencies one level quieter.
+fn level_directive(level: LogLevel) -> String {
+    let (ours, deps) = match level {
+        LogLevel::Trace => ("trace", "debug"),
+        LogLevel::Debug => ("debug", "info"),
+        LogLevel::Info => ("info", "warn"),
+        LogLevel::Warn => ("warn", "warn"),
+        LogLevel::Error => ("error", "error"),
+    };
+    format!("{deps},gpushare={ours}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn directives_parse() {
+        for level in [
+            LogLevel::Trace,
+            LogLevel::Debug,
+            LogLevel::Info,
+            LogLevel::Warn,
+            LogLevel::Error,
+        ] {
+            assert!(EnvFilter::try_new(level_directive(level)).is_ok());
+        }
+        assert_eq!(level_directive(LogLevel::Debug), "info,gpushare=debug");
+    }
+}

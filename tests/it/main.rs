@@ -1,0 +1,5 @@
+//! The one integration-test binary. Each module is a topic; `support` holds the shared
+//! harness (binary runner, fixtures).
+
+mod cli;
+mod support;
