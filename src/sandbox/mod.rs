@@ -1,2 +1,12 @@
-//! A throwaway cluster for tests and `gpushare demo`: in-process API server, fake kubelet,
-//! NVML stub. Never for production. Not implemented yet.
+//! A throwaway cluster for tests and `gpushare demo` — never for production.
+//!
+//! - [`apiserver::ApiServer`]: an in-process Kubernetes API server over real HTTP with an
+//!   in-memory store, a kubeconfig file, and fault injection.
+//! - [`kubelet::Kubelet`]: a fake kubelet serving the device-plugin Registration service on a
+//!   unix socket and driving a plugin as kubelet does (and, optionally, PodResources).
+//! - [`nvml_stub`]: builds a stub `libnvidia-ml.so.1` whose GPUs and XID events come from a
+//!   file, for testing the NVML backend through nvml-wrapper.
+
+pub mod apiserver;
+pub mod kubelet;
+pub mod nvml_stub;

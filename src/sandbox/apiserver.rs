@@ -1,0 +1,1 @@
+//! Sandbox part: apiserver. Not implemented yet.

@@ -1,0 +1,1 @@
+//! Sandbox part: kubelet. Not implemented yet.

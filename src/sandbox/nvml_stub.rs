@@ -1,0 +1,1 @@
+//! Sandbox part: nvml_stub. Not implemented yet.
