@@ -9,11 +9,16 @@
 //!
 //! Only this module touches NVML.
 
+pub mod fake;
+pub mod nvidia_smi;
+pub mod nvml;
+
 use std::fmt;
+use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::config::GpuConfig;
+use crate::config::{GpuBackendKind, GpuConfig};
 
 /// One physical GPU.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -93,8 +98,75 @@ pub trait GpuBackend: Send + Sync + fmt::Debug {
     fn watch_health(&self) -> Result<tokio::sync::mpsc::Receiver<HealthEvent>, Error>;
 }
 
-/// The backend `config` selects, with `auto` resolved.
-pub fn open(config: &GpuConfig) -> Result<Box<dyn GpuBackend>, Error> {
-    let _ = config;
-    Err(Error::NoBackend { tried: vec!["not implemented yet".to_string()] })
+/// The backend `config` selects, with `auto` resolved: `nvml` where this build can dlopen and
+/// the library loads, else `nvidia-smi` when it runs and its output parses, else
+/// [`Error::NoBackend`] naming each attempt and why it failed. Never blocks for long: NVML
+/// initialisation fails fast without a driver, and nvidia-smi runs under a timeout.
+pub fn open(config: &GpuConfig) -> Result<Arc<dyn GpuBackend>, Error> {
+    match config.backend {
+        GpuBackendKind::Fake => Ok(Arc::new(fake::FakeBackend::from_spec(&config.fake_gpus)?)),
+        GpuBackendKind::Nvml => Ok(Arc::new(nvml::NvmlBackend::open(&config.nvml_library)?)),
+        GpuBackendKind::NvidiaSmi => Ok(Arc::new(nvidia_smi::NvidiaSmiBackend::open(
+            nvidia_smi::NvidiaSmiOptions::new(&config.nvidia_smi),
+        )?)),
+        GpuBackendKind::Auto => {
+            let mut tried = Vec::new();
+            match nvml::NvmlBackend::open(&config.nvml_library) {
+                Ok(backend) => return Ok(Arc::new(backend)),
+                Err(e) => tried.push(format!("nvml: {}", e.reason())),
+            }
+            match nvidia_smi::NvidiaSmiBackend::open(nvidia_smi::NvidiaSmiOptions::new(
+                &config.nvidia_smi,
+            )) {
+                Ok(backend) => return Ok(Arc::new(backend)),
+                Err(e) => tried.push(format!("nvidia-smi: {}", e.reason())),
+            }
+            Err(Error::NoBackend { tried })
+        }
+    }
+}
+
+impl Error {
+    /// The message without the backend prefix (for lists that already name the backend).
+    pub fn reason(&self) -> String {
+        match self {
+            Error::Nvml(r) | Error::NvidiaSmi(r) | Error::Fake(r) => r.clone(),
+            Error::NoBackend { .. } => self.to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_names_every_backend_it_tried() {
+        let config = GpuConfig {
+            backend: GpuBackendKind::Auto,
+            nvml_library: "/nonexistent/libnvidia-ml.so.1".to_string(),
+            nvidia_smi: "/nonexistent/nvidia-smi".to_string(),
+            ..GpuConfig::default()
+        };
+        let err = open(&config).expect_err("no backend can work here");
+        let Error::NoBackend { tried } = &err else {
+            panic!("expected NoBackend, got {err}")
+        };
+        assert_eq!(tried.len(), 2, "{tried:?}");
+        assert!(tried[0].starts_with("nvml: "), "{tried:?}");
+        assert!(tried[1].starts_with("nvidia-smi: "), "{tried:?}");
+        assert!(tried[1].contains("/nonexistent/nvidia-smi"), "{tried:?}");
+    }
+
+    #[test]
+    fn fake_is_selected_by_name() {
+        let config = GpuConfig {
+            backend: GpuBackendKind::Fake,
+            fake_gpus: "2x16GiB".to_string(),
+            ..GpuConfig::default()
+        };
+        let backend = open(&config).expect("fake backend");
+        assert_eq!(backend.name(), "fake");
+        assert_eq!(backend.inventory().expect("inventory").devices.len(), 2);
+    }
 }
