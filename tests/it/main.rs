@@ -2,4 +2,5 @@
 //! harness (binary runner, fixtures).
 
 mod cli;
+mod sandbox_kubelet;
 mod support;

@@ -1,1 +1,0 @@
-//! Sandbox part: apiserver. Not implemented yet.
