@@ -1,20 +1,354 @@
-//! `gpushare inspect`: the per-GPU allocation report.
-//! Not implemented yet.
+//! `gpushare inspect` (also `kubectl inspect gpushare`): where the GPU memory of the cluster
+//! went, per node and per GPU, and why a pod does not fit.
+//!
+//! Data comes from the API server (Nodes and Pods, read-only, like upstream
+//! `kubectl-inspect-gpushare`) or, with `--from-extender URL`, from the extender's
+//! `/gpushare-scheduler/inspect` answer (what the scheduler believes). Either way it becomes
+//! one [`report::Report`], rendered by [`render`]:
+//!
+//! - `table` (default) and `-d`: the upstream layout, byte for byte (reference spec §6), with
+//!   rows sorted (nodes by name, pods by namespace/name);
+//! - `wide`: per GPU a bar, health and pods; per node the largest request that still fits on
+//!   one healthy GPU (`fits: 7 GiB`);
+//! - `json` / `yaml`: the report model, a stable schema with camelCase keys:
+//!
+//! ```text
+//! { "source": "api" | "extender",
+//!   "unit": "GiB",                       // label of the cluster totals (first node's unit)
+//!   "nodes": [ { "name", "address", "unit",
+//!                "gpus": [ { "index", "total", "used", "healthy",
+//!                            "pods": [ { "namespace", "name", "uid", "memory", "state" } ] } ],
+//!                "pending": [ <pod as above> ],
+//!                "total", "used", "largestFit" } ],
+//!   "total", "used",
+//!   "notes": [ "..." ] }
+//! ```
+//!
+//! Amounts are integers in the node's unit. `state` is one of `allocated`, `assumed`,
+//! `bound`, `allocation-annotation` (on a GPU), `no-index`, `index-out-of-range` (pending),
+//! or whatever the extender reports. New keys may be added; existing keys keep their meaning.
+//!
+//! This module never writes to the cluster.
 
+pub mod render;
+pub mod report;
+pub mod tabwriter;
+
+use std::io::Write as _;
 use std::process::ExitCode;
+use std::time::Duration;
 
-use crate::config::{Config, FlagOverrides};
+use anyhow::{Context as _, anyhow};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
 
-/// Flags of `gpushare inspect`.
+use tracing::instrument::WithSubscriber as _;
+use tracing::subscriber::NoSubscriber;
+
+use crate::config::{Config, FlagOverrides, LogLevel};
+use crate::core::wire::EXTENDER_URL_PREFIX;
+use report::{ExtenderInspect, Report};
+
+/// Timeout of each request to the API server or the extender.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Output format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// The upstream summary table (`-d`: the upstream details view).
+    #[default]
+    Table,
+    /// Per GPU: a usage bar, health and pods; per node: the largest request that fits.
+    Wide,
+    /// The report as JSON.
+    Json,
+    /// The report as YAML.
+    Yaml,
+}
+
+/// Flags of `gpushare inspect` / `kubectl inspect gpushare`.
 #[derive(Clone, Debug, Default, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Show only this node.
+    #[arg(value_name = "NODE")]
+    pub node: Option<String>,
+    /// Per node, one row per pod (the upstream details view of the table format).
+    #[arg(short = 'd', long)]
+    pub details: bool,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
+    pub output: Format,
+    /// Kubeconfig context to use.
+    #[arg(long, value_name = "CONTEXT")]
+    pub context: Option<String>,
+    /// Read the extender's view (`<URL>/gpushare-scheduler/inspect`) instead of the API server.
+    #[arg(long, value_name = "URL")]
+    pub from_extender: Option<String>,
+}
 
 impl Args {
-    /// The flags as configuration overrides.
+    /// The flags as configuration overrides (none: `--kubeconfig` is a global flag).
     pub fn overrides(&self, _flags: &mut FlagOverrides) {}
 }
 
-/// Runs inspect.
-pub async fn run(_args: Args, _config: Config) -> anyhow::Result<ExitCode> {
-    crate::cli::not_implemented("inspect").await
+/// Renders `report` in the chosen format.
+pub fn render_report(report: &Report, output: Format, details: bool) -> String {
+    match output {
+        Format::Table if details => render::details(report),
+        Format::Table => render::table(report),
+        Format::Wide => render::wide(report),
+        Format::Json => render::json(report),
+        Format::Yaml => render::yaml(report),
+    }
+}
+
+/// Runs inspect: prints the report, or one line on stderr and exit status 1.
+pub async fn run(args: Args, config: Config) -> anyhow::Result<ExitCode> {
+    let fetch = async {
+        match &args.from_extender {
+            Some(url) => from_extender(url, args.node.as_deref()).await,
+            None => from_api(&args, &config).await,
+        }
+    };
+    // A command-line report: the clients' own logs (kube logs every failed request at ERROR)
+    // are noise next to the one-line error, unless debugging was asked for.
+    let report = if matches!(config.log.level, LogLevel::Debug | LogLevel::Trace) {
+        fetch.await
+    } else {
+        fetch.with_subscriber(NoSubscriber::default()).await
+    };
+    match report {
+        Ok(report) => {
+            let text = render_report(&report, args.output, args.details);
+            // A closed stdout (`| head`) is not an error worth a panic.
+            let _ = std::io::stdout().lock().write_all(text.as_bytes());
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("gpushare inspect: {}", one_line(&e));
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// An error and its causes on one line, without repeating a cause already in the text.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if part.is_empty() || text.contains(&part) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&part);
+    }
+    text.replace('\n', " ")
+}
+
+/// The kubeconfig to read explicitly; `None` lets kube infer it (`$KUBECONFIG`, several
+/// paths merged, then `~/.kube/config`, then in-cluster). The configuration carries
+/// `$KUBECONFIG` verbatim when only the environment set it; that case is inferred too, so a
+/// list of paths works.
+fn explicit_kubeconfig(config: &Config) -> Option<&str> {
+    let path = config.cluster.kubeconfig.as_str();
+    let from_env = std::env::var("KUBECONFIG").ok();
+    if path.is_empty() || from_env.as_deref() == Some(path) {
+        None
+    } else {
+        Some(path)
+    }
+}
+
+/// The API server URL the client would use, for error messages.
+async fn api_server_url(kubeconfig: Option<&str>, context: Option<&str>) -> Option<String> {
+    let opts = KubeConfigOptions {
+        context: context.map(str::to_string),
+        ..KubeConfigOptions::default()
+    };
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path).ok()?;
+            kube::Config::from_custom_kubeconfig(kc, &opts).await.ok()?
+        }
+        None => match kube::Config::from_kubeconfig(&opts).await {
+            Ok(c) => c,
+            Err(_) => kube::Config::incluster().ok()?,
+        },
+    };
+    Some(
+        config
+            .cluster_url
+            .to_string()
+            .trim_end_matches('/')
+            .to_string(),
+    )
+}
+
+async fn from_api(args: &Args, config: &Config) -> anyhow::Result<Report> {
+    let kubeconfig = explicit_kubeconfig(config);
+    let client = crate::k8s::client(&crate::k8s::ClientOptions {
+        kubeconfig,
+        context: args.context.as_deref(),
+        timeout: Some(REQUEST_TIMEOUT),
+    })
+    .await?;
+    let listed = list_cluster(client, args.node.as_deref()).await;
+    match listed {
+        Ok((nodes, pods)) => Ok(Report::from_cluster(&nodes, &pods, args.node.as_deref())),
+        Err(e) => {
+            let api_answered = e
+                .chain()
+                .any(|c| matches!(c.downcast_ref::<kube::Error>(), Some(kube::Error::Api(_))));
+            if api_answered {
+                return Err(e);
+            }
+            let url = api_server_url(kubeconfig, args.context.as_deref())
+                .await
+                .unwrap_or_else(|| "(unknown)".to_string());
+            let e = e.context(format!("cannot reach the API server at {url}"));
+            // Put the URL first, then the causes, on one line.
+            Err(e)
+        }
+    }
+}
+
+async fn list_cluster(
+    client: kube::Client,
+    only: Option<&str>,
+) -> anyhow::Result<(Vec<Node>, Vec<Pod>)> {
+    let nodes_api: Api<Node> = Api::all(client.clone());
+    let pods_api: Api<Pod> = Api::all(client);
+    let nodes = match only {
+        Some(name) => match nodes_api.get_opt(name).await.context("reading the node")? {
+            Some(node) => vec![node],
+            None => return Err(anyhow!("node {name:?} not found")),
+        },
+        None => {
+            nodes_api
+                .list(&ListParams::default())
+                .await
+                .context("listing nodes")?
+                .items
+        }
+    };
+    let mut params = ListParams::default();
+    if let Some(name) = only {
+        params = params.fields(&format!("spec.nodeName={name}"));
+    }
+    // Nodes and phases are filtered again in the report, whatever the server did.
+    let pods = pods_api.list(&params).await.context("listing pods")?.items;
+    Ok((nodes, pods))
+}
+
+/// The URL of the extender's inspect endpoint for `base` (and `node`).
+///
+/// `base` may be the extender's root (`http://host:12345`), its URL prefix
+/// (`…/gpushare-scheduler`) or the inspect endpoint itself (`…/inspect`).
+pub fn extender_inspect_url(base: &str, node: Option<&str>) -> anyhow::Result<http::Uri> {
+    let base = base.trim().trim_end_matches('/');
+    if base.starts_with("https://") {
+        return Err(anyhow!(
+            "--from-extender {base}: https is not supported; use the extender's plain-HTTP address"
+        ));
+    }
+    if !base.starts_with("http://") {
+        return Err(anyhow!("--from-extender {base}: expected an http:// URL"));
+    }
+    let mut url = if base.ends_with("/inspect") {
+        base.to_string()
+    } else if base.ends_with(EXTENDER_URL_PREFIX) {
+        format!("{base}/inspect")
+    } else {
+        format!("{base}{EXTENDER_URL_PREFIX}/inspect")
+    };
+    if let Some(node) = node {
+        if node.is_empty()
+            || !node
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+        {
+            return Err(anyhow!("{node:?} is not a node name"));
+        }
+        url.push('/');
+        url.push_str(node);
+    }
+    url.parse()
+        .with_context(|| format!("--from-extender {base}: not a valid URL"))
+}
+
+/// Fetches and decodes the extender's inspect answer.
+pub async fn from_extender(base: &str, node: Option<&str>) -> anyhow::Result<Report> {
+    use http_body_util::{BodyExt as _, Empty};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+
+    let url = extender_inspect_url(base, node)?;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<bytes::Bytes>>();
+    let request = http::Request::get(url.clone())
+        .header(http::header::ACCEPT, "application/json")
+        .body(Empty::new())
+        .context("building the request")?;
+    let fetch = async {
+        let response = client.request(request).await?;
+        let status = response.status();
+        let body = response.into_body().collect().await?.to_bytes();
+        anyhow::Ok((status, body))
+    };
+    let (status, body) = tokio::time::timeout(REQUEST_TIMEOUT, fetch)
+        .await
+        .map_err(|_| anyhow!("no answer within {}s", REQUEST_TIMEOUT.as_secs()))
+        .and_then(|r| r)
+        .with_context(|| format!("cannot reach the extender at {url}"))?;
+    if !status.is_success() {
+        let text = String::from_utf8_lossy(&body);
+        let text: String = text.trim().chars().take(300).collect();
+        return Err(anyhow!("the extender at {url} answered {status}: {text}"));
+    }
+    let answer: ExtenderInspect = serde_json::from_slice(&body).with_context(|| {
+        format!("the extender at {url} answered something that is not inspect JSON")
+    })?;
+    if let Some(error) = answer.error.as_deref().filter(|e| !e.is_empty()) {
+        return Err(anyhow!("the extender at {url} reports: {error}"));
+    }
+    Ok(Report::from_extender(&answer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extender_urls() {
+        let u = |b: &str, n: Option<&str>| extender_inspect_url(b, n).map(|u| u.to_string());
+        assert_eq!(
+            u("http://h:12345", None).unwrap(),
+            "http://h:12345/gpushare-scheduler/inspect"
+        );
+        assert_eq!(
+            u("http://h:12345/", Some("n1")).unwrap(),
+            "http://h:12345/gpushare-scheduler/inspect/n1"
+        );
+        assert_eq!(
+            u("http://h/gpushare-scheduler", None).unwrap(),
+            "http://h/gpushare-scheduler/inspect"
+        );
+        assert_eq!(
+            u("http://h/x/inspect", Some("n")).unwrap(),
+            "http://h/x/inspect/n"
+        );
+        assert!(u("https://h", None).is_err());
+        assert!(u("h:1", None).is_err());
+        assert!(u("http://h", Some("a/b")).is_err());
+    }
+
+    #[test]
+    fn one_line_joins_causes_without_repeats() {
+        let e = anyhow!("refused")
+            .context("tcp connect")
+            .context("cannot reach x");
+        assert_eq!(one_line(&e), "cannot reach x: tcp connect: refused");
+    }
 }

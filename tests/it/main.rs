@@ -2,5 +2,7 @@
 //! harness (binary runner, fixtures).
 
 mod cli;
+mod packaging;
+mod inspect;
 mod sandbox_kubelet;
 mod support;

@@ -1,0 +1,314 @@
+//! Text renderings of a [`Report`]: the upstream summary table and details view (byte for
+//! byte the layout of `kubectl-inspect-gpushare` v0.3.0+, with sorted rows), our `wide` view,
+//! and JSON / YAML of the report model.
+//!
+//! Names and other data are only ever *arguments* of formatting, never part of a format
+//! string (upstream passed built strings to `Fprintf`, so a `%` in a pod name corrupted the
+//! output). Tabs and newlines inside data are replaced by spaces so they cannot break the
+//! columns. Percentages are computed as upstream did (`int64(float64(used)/float64(total)*100)`,
+//! truncating), so they match it to the digit.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use super::report::{NodeReport, PodShare, Report};
+use super::tabwriter;
+
+/// Column padding of the upstream tabwriter.
+const PADDING: usize = 2;
+/// Width of the bar in the `wide` view.
+const BAR_WIDTH: u64 = 10;
+
+/// A data value made safe for a tab-separated cell.
+fn cell(text: &str) -> String {
+    text.replace(['\t', '\n', '\r', '\x0b', '\x0c'], " ")
+}
+
+/// `used` as a percentage of `total`, truncated, computed in floating point as upstream did.
+pub fn percent(used: u64, total: u64) -> i64 {
+    if total == 0 {
+        return 0;
+    }
+    (used as f64 / total as f64 * 100.0) as i64
+}
+
+fn notes(report: &Report, out: &mut String) {
+    for note in &report.notes {
+        let _ = writeln!(out, "note: {}", cell(note));
+    }
+}
+
+/// The default view: one row per node, one column per GPU (upstream `displaySummary`).
+pub fn table(report: &Report) -> String {
+    let max_gpus = report.nodes.iter().map(|n| n.gpus.len()).max().unwrap_or(0);
+    let has_pending = report.nodes.iter().any(|n| !n.pending.is_empty());
+    let mut raw = String::from("NAME\tIPADDRESS\t");
+    for i in 0..max_gpus {
+        let _ = write!(raw, "GPU{i}(Allocated/Total)\t");
+    }
+    if has_pending {
+        raw.push_str("PENDING(Allocated)\t");
+    }
+    let _ = writeln!(raw, "GPU Memory({})", cell(&report.unit));
+    let mut dash_len = 0;
+    for node in &report.nodes {
+        let mut row = format!("{}\t{}\t", cell(&node.name), cell(&node.address));
+        for i in 0..max_gpus {
+            match node.gpus.get(i) {
+                Some(g) => {
+                    let _ = write!(row, "{}/{}\t", g.used, g.total);
+                }
+                None => row.push_str("0/0\t"),
+            }
+        }
+        if has_pending {
+            if !node.pending.is_empty() {
+                let _ = write!(row, "{}", node.pending_memory());
+            }
+            row.push('\t');
+        }
+        let _ = writeln!(row, "{}/{}", node.used, node.total);
+        if dash_len == 0 {
+            // Upstream: the first row's raw length (tabs and newline included) + 20.
+            dash_len = row.len() + 20;
+        }
+        raw.push_str(&row);
+    }
+    raw.push_str(&"-".repeat(dash_len));
+    raw.push('\n');
+    raw.push_str("Allocated/Total GPU Memory In Cluster:\n");
+    let _ = writeln!(
+        raw,
+        "{}/{} ({}%)\t",
+        report.used,
+        report.total,
+        percent(report.used, report.total)
+    );
+    let mut out = tabwriter::align(&raw, PADDING);
+    notes(report, &mut out);
+    out
+}
+
+/// One pod's row in the details view: its memory per GPU column and in pending.
+struct PodRow {
+    name: String,
+    namespace: String,
+    per_gpu: Vec<u64>,
+    pending: u64,
+}
+
+type PodKey = (String, String, String);
+
+fn row_of<'a>(rows: &'a mut BTreeMap<PodKey, PodRow>, p: &PodShare, gpus: usize) -> &'a mut PodRow {
+    let key = (p.namespace.clone(), p.name.clone(), p.uid.clone());
+    rows.entry(key).or_insert_with(|| PodRow {
+        name: p.name.clone(),
+        namespace: p.namespace.clone(),
+        per_gpu: vec![0; gpus],
+        pending: 0,
+    })
+}
+
+/// The distinct pods of a node (a pod on several GPUs is one row), by namespace then name.
+fn pod_rows(node: &NodeReport) -> Vec<PodRow> {
+    let gpus = node.gpus.len();
+    let mut rows = BTreeMap::new();
+    for (i, gpu) in node.gpus.iter().enumerate() {
+        for p in &gpu.pods {
+            let r = row_of(&mut rows, p, gpus);
+            r.per_gpu[i] = r.per_gpu[i].saturating_add(p.memory);
+        }
+    }
+    for p in &node.pending {
+        let r = row_of(&mut rows, p, gpus);
+        r.pending = r.pending.saturating_add(p.memory);
+    }
+    rows.into_values().collect()
+}
+
+/// The `-d` view: per node, one row per pod (upstream `displayDetails`, rows sorted).
+pub fn details(report: &Report) -> String {
+    let mut raw = String::new();
+    let mut dash_len = 0;
+    for node in &report.nodes {
+        raw.push('\n');
+        let _ = writeln!(raw, "NAME:\t{}", cell(&node.name));
+        let _ = writeln!(raw, "IPADDRESS:\t{}", cell(&node.address));
+        raw.push('\n');
+        raw.push_str("NAME\tNAMESPACE\t");
+        for i in 0..node.gpus.len() {
+            let _ = write!(raw, "GPU{i}(Allocated)\t");
+        }
+        let has_pending = !node.pending.is_empty();
+        if has_pending {
+            raw.push_str("Pending(Allocated)\t");
+        }
+        raw.push('\n');
+        let mut rows = String::new();
+        for pod in pod_rows(node) {
+            let _ = write!(rows, "{}\t{}\t", cell(&pod.name), cell(&pod.namespace));
+            for mem in &pod.per_gpu {
+                let _ = write!(rows, "{mem}\t");
+            }
+            if has_pending {
+                let _ = write!(rows, "{}\t", pod.pending);
+            }
+            rows.push('\n');
+        }
+        if dash_len == 0 {
+            // Upstream: the first node's pod rows, raw, + 10; computed once.
+            dash_len = rows.len() + 10;
+        }
+        raw.push_str(&rows);
+        let _ = writeln!(
+            raw,
+            "Allocated :\t{} ({}%)\t",
+            node.used,
+            percent(node.used, node.total)
+        );
+        let _ = writeln!(raw, "Total :\t{} \t", node.total);
+        raw.push_str(&"-".repeat(dash_len));
+        raw.push('\n');
+    }
+    raw.push_str("\n\n");
+    let _ = writeln!(
+        raw,
+        "Allocated/Total GPU Memory In Cluster:\t{}/{} ({}%)\t",
+        report.used,
+        report.total,
+        percent(report.used, report.total)
+    );
+    let mut out = tabwriter::align(&raw, PADDING);
+    notes(report, &mut out);
+    out
+}
+
+/// `[####------]` for `used` of `total` (full when over-committed).
+pub fn bar(used: u64, total: u64) -> String {
+    let filled = if total == 0 {
+        if used > 0 { BAR_WIDTH } else { 0 }
+    } else {
+        let f = (used.min(total) as u128 * BAR_WIDTH as u128 / total as u128) as u64;
+        // Any use shows at least one mark.
+        if used > 0 { f.max(1) } else { f }
+    };
+    format!(
+        "[{}{}]",
+        "#".repeat(filled as usize),
+        "-".repeat((BAR_WIDTH - filled) as usize)
+    )
+}
+
+fn pod_list(pods: &[PodShare], with_state: bool) -> String {
+    if pods.is_empty() {
+        return "-".to_string();
+    }
+    pods.iter()
+        .map(|p| {
+            let mut s = format!("{}/{}={}", cell(&p.namespace), cell(&p.name), p.memory);
+            if with_state {
+                let _ = write!(s, " ({})", cell(&p.state));
+            }
+            s
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Number of distinct pods holding memory on `node`.
+fn pod_count(node: &NodeReport) -> usize {
+    pod_rows(node).len()
+}
+
+/// The `wide` view: per node a line with its total and the largest request that still fits
+/// on one healthy GPU, then per GPU a bar, health and the pods on it, then the pending pods.
+pub fn wide(report: &Report) -> String {
+    let mut raw = format!(
+        "NAME\tIPADDRESS\tGPU\tALLOCATED({})\tSTATUS\tPODS\n",
+        cell(&report.unit)
+    );
+    for node in &report.nodes {
+        let unit = cell(&node.unit);
+        let _ = writeln!(
+            raw,
+            "{}\t{}\tall\t{}/{} ({}%)\tfits: {} {unit}\t{} pod(s)",
+            cell(&node.name),
+            cell(&node.address),
+            node.used,
+            node.total,
+            percent(node.used, node.total),
+            node.largest_fit,
+            pod_count(node),
+        );
+        for gpu in &node.gpus {
+            let _ = writeln!(
+                raw,
+                "\t\t{}\t{} {}/{}\t{}\t{}",
+                gpu.index,
+                bar(gpu.used, gpu.total),
+                gpu.used,
+                gpu.total,
+                if gpu.healthy { "healthy" } else { "UNHEALTHY" },
+                pod_list(&gpu.pods, false),
+            );
+        }
+        if !node.pending.is_empty() {
+            let _ = writeln!(
+                raw,
+                "\t\tpending\t{}\t\t{}",
+                node.pending_memory(),
+                pod_list(&node.pending, true),
+            );
+        }
+    }
+    let _ = writeln!(
+        raw,
+        "\nAllocated/Total GPU Memory In Cluster: {}/{} ({}%)",
+        report.used,
+        report.total,
+        percent(report.used, report.total)
+    );
+    let mut out = tabwriter::align(&raw, PADDING);
+    notes(report, &mut out);
+    out
+}
+
+/// The report as pretty JSON (schema: the `Report` type, camelCase keys).
+pub fn json(report: &Report) -> String {
+    match serde_json::to_string_pretty(report) {
+        Ok(mut s) => {
+            s.push('\n');
+            s
+        }
+        // Plain data with string keys: serialization cannot fail.
+        Err(e) => format!("{{\"error\":{:?}}}\n", e.to_string()),
+    }
+}
+
+/// The report as YAML (same schema as JSON).
+pub fn yaml(report: &Report) -> String {
+    serde_yaml::to_string(report).unwrap_or_else(|e| format!("error: {e}\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentages_truncate_like_go() {
+        assert_eq!(percent(9, 30), 30);
+        // 29/100*100 is 28.999999999999996 in floating point: Go printed 28.
+        assert_eq!(percent(29, 100), 28);
+        assert_eq!(percent(1, 0), 0);
+        assert_eq!(percent(2, 3), 66);
+    }
+
+    #[test]
+    fn bars_show_any_use_and_cap_at_full() {
+        assert_eq!(bar(6, 15), "[####------]");
+        assert_eq!(bar(0, 15), "[----------]");
+        assert_eq!(bar(1, 1000), "[#---------]");
+        assert_eq!(bar(20, 15), "[##########]");
+        assert_eq!(bar(0, 0), "[----------]");
+    }
+}

@@ -1,0 +1,335 @@
+//! `gpushare inspect`: golden outputs of every format over fixture clusters (built in-process
+//! from YAML), the extender source against a tiny HTTP server, an unreachable API server, and
+//! the real `kubectl` finding the plugin against the sandbox API server.
+//!
+//! Golden files live in `tests/golden/inspect/`; set `GPUSHARE_UPDATE_GOLDEN=1` to rewrite
+//! them (then review the diff).
+
+use std::net::TcpListener as StdListener;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use gpushare::inspect::report::{Report, cluster_from_yaml};
+use gpushare::inspect::{Format, render_report};
+
+use crate::support::{fixture, run, run_with_env, stderr, stdout};
+
+const FORMATS: [(&str, Format, bool); 5] = [
+    ("table", Format::Table, false),
+    ("details", Format::Table, true),
+    ("wide", Format::Wide, false),
+    ("json", Format::Json, false),
+    ("yaml", Format::Yaml, false),
+];
+
+fn golden_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden/inspect")
+        .join(name)
+}
+
+/// Compares `actual` with the golden file `name` (or rewrites it when asked to).
+fn check_golden(name: &str, actual: &str) {
+    let path = golden_path(name);
+    if std::env::var("GPUSHARE_UPDATE_GOLDEN").as_deref() == Ok("1") {
+        std::fs::write(&path, actual).expect("golden file written");
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "golden file {} unreadable ({e}); run with GPUSHARE_UPDATE_GOLDEN=1",
+            path.display()
+        )
+    });
+    assert_eq!(
+        actual,
+        expected,
+        "output differs from {}\n--- actual ---\n{actual}",
+        path.display()
+    );
+}
+
+fn report_of(fixture_name: &str) -> Report {
+    let text = std::fs::read_to_string(fixture(&format!("inspect/{fixture_name}.yaml")))
+        .expect("fixture readable");
+    let (nodes, pods) = cluster_from_yaml(&text).expect("fixture parses");
+    Report::from_cluster(&nodes, &pods, None)
+}
+
+fn check_all_formats(fixture_name: &str) {
+    let report = report_of(fixture_name);
+    for (suffix, format, details) in FORMATS {
+        check_golden(
+            &format!("{fixture_name}.{suffix}.txt"),
+            &render_report(&report, format, details),
+        );
+    }
+}
+
+#[test]
+fn golden_userguide_cluster() {
+    check_all_formats("userguide");
+}
+
+#[test]
+fn golden_pending_pods() {
+    check_all_formats("pending");
+}
+
+#[test]
+fn golden_unhealthy_gpu() {
+    check_all_formats("unhealthy");
+}
+
+#[test]
+fn golden_multi_container_and_allocation_annotation() {
+    check_all_formats("multi-container");
+}
+
+#[test]
+fn golden_heterogeneous_gpus() {
+    check_all_formats("heterogeneous");
+}
+
+#[test]
+fn golden_odd_names_and_a_node_without_the_resource() {
+    check_all_formats("odd-names");
+}
+
+#[test]
+fn the_userguide_summary_is_the_upstream_one() {
+    let out = render_report(&report_of("userguide"), Format::Table, false);
+    let lines: Vec<&str> = out.split('\n').collect();
+    assert_eq!(
+        lines[0],
+        "NAME                                IPADDRESS     GPU0(Allocated/Total)  GPU Memory(GiB)"
+    );
+    assert_eq!(
+        lines[1],
+        "cn-shanghai.i-uf61h64dz1tmlob9hmtb  192.168.0.71  6/15                   6/15"
+    );
+    assert_eq!(
+        lines[2],
+        "cn-shanghai.i-uf61h64dz1tmlob9hmtc  192.168.0.70  3/15                   3/15"
+    );
+    assert_eq!(
+        lines[3],
+        "-".repeat(78),
+        "the upstream user guide shows 78 dashes"
+    );
+    assert_eq!(lines[4], "Allocated/Total GPU Memory In Cluster:");
+    assert_eq!(
+        lines[5], "9/30 (30%)  ",
+        "a trailing tab becomes two spaces"
+    );
+    assert_eq!(lines[6], "");
+    assert_eq!(lines.len(), 7);
+}
+
+#[test]
+fn percent_signs_in_names_print_literally() {
+    let report = report_of("odd-names");
+    let details = render_report(&report, Format::Table, true);
+    assert!(
+        details
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["%d%s", "100%v", "4"]),
+        "{details}"
+    );
+    let table = render_report(&report, Format::Table, false);
+    assert!(
+        !table.contains("cpu-node"),
+        "a node without gpu-mem is skipped: {table}"
+    );
+}
+
+#[test]
+fn json_output_has_the_documented_schema() {
+    let report = report_of("pending");
+    let value: serde_json::Value =
+        serde_json::from_str(&render_report(&report, Format::Json, false)).expect("valid JSON");
+    for key in ["source", "unit", "nodes", "total", "used", "notes"] {
+        assert!(value.get(key).is_some(), "missing {key}");
+    }
+    let node = &value["nodes"][0];
+    for key in [
+        "name",
+        "address",
+        "unit",
+        "gpus",
+        "pending",
+        "total",
+        "used",
+        "largestFit",
+    ] {
+        assert!(node.get(key).is_some(), "missing node key {key}");
+    }
+    let gpu = &node["gpus"][1];
+    for key in ["index", "total", "used", "healthy", "pods"] {
+        assert!(gpu.get(key).is_some(), "missing gpu key {key}");
+    }
+    let pod = &gpu["pods"][0];
+    for key in ["namespace", "name", "uid", "memory", "state"] {
+        assert!(pod.get(key).is_some(), "missing pod key {key}");
+    }
+    // The YAML output is the same document.
+    let yaml: serde_json::Value =
+        serde_yaml::from_str(&render_report(&report, Format::Yaml, false)).expect("valid YAML");
+    assert_eq!(yaml, value);
+}
+
+/// A one-route HTTP server answering every GET with `body`; records the request paths.
+struct FakeExtender {
+    url: String,
+    paths: Arc<Mutex<Vec<String>>>,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl FakeExtender {
+    fn start(status: u16, body: String) -> FakeExtender {
+        use http_body_util::Full;
+        use hyper::service::service_fn;
+        use hyper_util::rt::TokioIo;
+
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let paths = Arc::new(Mutex::new(Vec::new()));
+        let seen = paths.clone();
+        runtime.spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let seen = seen.clone();
+                let body = body.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        seen.lock()
+                            .expect("lock")
+                            .push(req.uri().path().to_string());
+                        let response = hyper::Response::builder()
+                            .status(status)
+                            .header("content-type", "application/json")
+                            .body(Full::new(bytes::Bytes::from(body.clone())));
+                        async move { response }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        FakeExtender {
+            url,
+            paths,
+            runtime,
+        }
+    }
+
+    fn paths(&self) -> Vec<String> {
+        self.paths.lock().expect("lock").clone()
+    }
+}
+
+impl Drop for FakeExtender {
+    fn drop(&mut self) {
+        // Nothing to wait for: the runtime's tasks are dropped with it.
+        let _ = &self.runtime;
+    }
+}
+
+#[test]
+fn from_extender_renders_the_extenders_view() {
+    let body = std::fs::read_to_string(fixture("inspect/extender-inspect.json")).expect("fixture");
+    let extender = FakeExtender::start(200, body);
+    for (suffix, format, details) in FORMATS {
+        let mut args = vec!["inspect", "--from-extender", extender.url.as_str()];
+        if details {
+            args.push("-d");
+        }
+        let flag = match format {
+            Format::Table => "table",
+            Format::Wide => "wide",
+            Format::Json => "json",
+            Format::Yaml => "yaml",
+        };
+        args.extend(["-o", flag]);
+        let out = run(&args);
+        assert!(out.status.success(), "{suffix}: {}", stderr(&out));
+        check_golden(&format!("extender.{suffix}.txt"), &stdout(&out));
+    }
+    let out = run(&[
+        "inspect",
+        "node-a",
+        "--from-extender",
+        &format!("{}/gpushare-scheduler/inspect", extender.url),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let paths = extender.paths();
+    assert!(
+        paths[..FORMATS.len()]
+            .iter()
+            .all(|p| p == "/gpushare-scheduler/inspect"),
+        "{paths:?}"
+    );
+    assert_eq!(
+        paths.last().map(String::as_str),
+        Some("/gpushare-scheduler/inspect/node-a")
+    );
+}
+
+#[test]
+fn an_extender_error_is_one_line_and_exit_1() {
+    let extender = FakeExtender::start(500, r#"{"error":"cache not ready"}"#.to_string());
+    let out = run(&["inspect", "--from-extender", &extender.url]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("gpushare inspect: "), "{err}");
+    assert!(err.contains("500"), "{err}");
+    assert!(stdout(&out).is_empty());
+}
+
+fn closed_port() -> u16 {
+    let listener = StdListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    drop(listener);
+    port
+}
+
+fn kubeconfig_for(server: &str) -> tempfile::NamedTempFile {
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n\
+         users:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: ctx\n  context:\n    cluster: c\n    user: u\n\
+         current-context: ctx\n"
+    );
+    std::fs::write(file.path(), text).expect("kubeconfig written");
+    file
+}
+
+#[test]
+fn an_unreachable_api_server_is_one_line_and_exit_1() {
+    let server = format!("http://127.0.0.1:{}", closed_port());
+    let kubeconfig = kubeconfig_for(&server);
+    let path = kubeconfig.path().to_string_lossy().into_owned();
+    for out in [
+        run(&["inspect", "--kubeconfig", &path]),
+        run_with_env(&["inspect", "-d"], &[("KUBECONFIG", &path)]),
+    ] {
+        assert_eq!(out.status.code(), Some(1));
+        let err = stderr(&out);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.starts_with(&format!(
+                "gpushare inspect: cannot reach the API server at {server}"
+            )),
+            "{err}"
+        );
+        assert!(stdout(&out).is_empty());
+    }
+}
