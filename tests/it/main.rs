@@ -2,7 +2,6 @@
 //! harness (binary runner, fixtures).
 
 mod cli;
-mod packaging;
 mod inspect;
 mod sandbox_kubelet;
 mod support;
