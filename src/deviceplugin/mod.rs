@@ -1,20 +1,534 @@
-//! `gpushare device-plugin`: the kubelet device plugin.
-//! Not implemented yet.
+//! `gpushare device-plugin`: the kubelet device plugin, a drop-in for Aliyun's
+//! gpushare-device-plugin (reference spec §5) without its known failures.
+//!
+//! What it does:
+//! - serves the device plugin API v1beta1 on `<dir>/aliyungpushare.sock` and registers
+//!   `aliyun.com/gpu-mem` with `<dir>/kubelet.sock` (GetPreferredAllocation available); when
+//!   kubelet restarts (its socket recreated, ours removed) it serves again and re-registers
+//!   ([`registration`]);
+//! - advertises one fake device `<UUID>-_-<n>` per memory unit of EACH GPU, refusing to start
+//!   when the list would not fit kubelet's 4 MiB message limit ([`devices`]);
+//! - answers Allocate per container with the GPU the extender chose, matched from a watch of
+//!   this node's pods ([`matching`], [`allocate`], [`pods`]), and cross-checks against the
+//!   kubelet PodResources API, correcting swaps ([`reconcile`]);
+//! - tracks GPU health from XID events with recovery ([`health`]) and publishes
+//!   `aliyun.com/gpu-count`, `gpushare.io/devices` and `gpushare.io/memory-unit` on the node
+//!   ([`node`]);
+//! - serves `/healthz`, `/readyz`, `/metrics` on `device_plugin.admin_address` ([`admin_http`]).
+//!
+//! It does not choose GPUs (the extender does) and does not isolate memory unless `--mps`.
+//!
+//! [`start`] is the in-process entry used by `run`, the integration tests and `gpushare demo`.
 
+pub mod admin_http;
+pub mod allocate;
+pub mod devices;
+pub mod health;
+pub mod matching;
+pub mod metrics;
+pub mod node;
+pub mod pods;
+pub mod reconcile;
+pub mod registration;
+mod service;
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
-use crate::config::{Config, FlagOverrides};
+use tokio::sync::{Mutex, Notify, watch};
+use tokio::task::JoinHandle;
 
-/// Flags of `gpushare device-plugin`.
+use crate::admin::AdminState;
+use crate::config::{
+    AllocateFailure, Config, DevicePluginConfig, FlagOverrides, GpuBackendKind, VisibleDevices,
+};
+use crate::core::MemoryUnit;
+use crate::core::wire::PLUGIN_SOCKET;
+use crate::gpu::GpuBackend;
+use crate::kubelet_api::deviceplugin::ListAndWatchResponse;
+use crate::shutdown::Shutdown;
+
+use devices::ServedGpu;
+use health::HealthTracker;
+use metrics::Metrics;
+use pods::PodStore;
+
+/// Flags of `gpushare device-plugin` (each overrides its `[device_plugin]`, `[gpu]` or
+/// `[doctor]` key). Upstream's flags are accepted: `--memory-unit`, `--health-check`, `--mps`
+/// work; the glog flags (`-logtostderr`, `--v=5`, …) and `--query-kubelet` family are
+/// accepted and ignored, so upstream manifests keep working.
 #[derive(Clone, Debug, Default, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// This node's name [env: NODE_NAME]
+    #[arg(long, value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// kubelet's device-plugin directory [default: /var/lib/kubelet/device-plugins]
+    #[arg(long, value_name = "DIR")]
+    pub device_plugin_dir: Option<PathBuf>,
+    /// kubelet's pod-resources socket, used when it exists
+    /// [default: /var/lib/kubelet/pod-resources/kubelet.sock]
+    #[arg(long, value_name = "PATH")]
+    pub pod_resources_socket: Option<PathBuf>,
+    /// Size of one unit of aliyun.com/gpu-mem: GiB, MiB or a multiple such as 256MiB [default: GiB]
+    #[arg(long, value_name = "UNIT")]
+    pub memory_unit: Option<MemoryUnit>,
+    /// What NVIDIA_VISIBLE_DEVICES carries [default: index]
+    #[arg(long, value_enum)]
+    pub visible_devices: Option<VisibleDevices>,
+    /// Answer when no pod matches an Allocate: the upstream env convention, or a gRPC error
+    /// [default: env]
+    #[arg(long, value_enum)]
+    pub allocate_failure: Option<AllocateFailure>,
+    /// Watch XID errors and report unhealthy GPUs [default: true]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub health_check: Option<bool>,
+    /// Seconds without new errors after which a GPU with a transient XID is healthy again
+    /// [default: 300]
+    #[arg(long, value_name = "SECS")]
+    pub health_recovery: Option<u64>,
+    /// Memory isolation through CUDA MPS (per-container pinned memory limit)
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub mps: Option<bool>,
+    /// MPS pipe directory on the host, mounted into containers [default: /tmp/nvidia-mps]
+    #[arg(long, value_name = "DIR")]
+    pub mps_pipe_dir: Option<PathBuf>,
+    /// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for MPS clients; 0 leaves it unset
+    #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub mps_active_thread_percentage: Option<u8>,
+    /// Address of /healthz, /readyz and /metrics; empty disables them [default: 0.0.0.0:9101]
+    #[arg(long, value_name = "ADDR")]
+    pub admin_address: Option<String>,
+    /// GPU access [default: auto]
+    #[arg(long, value_enum)]
+    pub gpu_backend: Option<GpuBackendKind>,
+    /// Fake GPUs for `--gpu-backend fake`: `2x16GiB`, `16GiB,24GiB` or `GPU-uuid=16GiB,…`
+    #[arg(long, value_name = "SPEC")]
+    pub fake_gpus: Option<String>,
+    /// Path of libnvidia-ml.so.1 [default: the loader's search path]
+    #[arg(long, value_name = "PATH")]
+    pub nvml_library: Option<String>,
+    /// Do not run the node preflight (doctor) before starting
+    #[arg(long)]
+    pub skip_doctor: bool,
+    /// Upstream glog flag; ignored.
+    #[arg(long = "logtostderr", hide = true, num_args = 0..=1, default_missing_value = "true")]
+    pub legacy_logtostderr: Option<String>,
+    /// Upstream glog flag; ignored.
+    #[arg(long = "alsologtostderr", hide = true, num_args = 0..=1, default_missing_value = "true")]
+    pub legacy_alsologtostderr: Option<String>,
+    /// Upstream glog verbosity; ignored (use --log-level).
+    #[arg(long = "v", hide = true)]
+    pub legacy_v: Option<String>,
+    /// Upstream: query kubelet for pods; ignored (pods come from a watch).
+    #[arg(long = "query-kubelet", hide = true, num_args = 0..=1, default_missing_value = "true")]
+    pub legacy_query_kubelet: Option<String>,
+    /// Upstream kubelet client flag; ignored.
+    #[arg(long = "kubelet-address", hide = true)]
+    pub legacy_kubelet_address: Option<String>,
+    /// Upstream kubelet client flag; ignored.
+    #[arg(long = "kubelet-port", hide = true)]
+    pub legacy_kubelet_port: Option<String>,
+    /// Upstream kubelet client flag; ignored.
+    #[arg(long = "client-cert", hide = true)]
+    pub legacy_client_cert: Option<String>,
+    /// Upstream kubelet client flag; ignored.
+    #[arg(long = "client-key", hide = true)]
+    pub legacy_client_key: Option<String>,
+    /// Upstream kubelet client flag; ignored.
+    #[arg(long = "token", hide = true)]
+    pub legacy_token: Option<String>,
+    /// Upstream kubelet client flag; ignored.
+    #[arg(long = "timeout", hide = true)]
+    pub legacy_timeout: Option<String>,
+}
 
 impl Args {
     /// The flags as configuration overrides.
-    pub fn overrides(&self, _flags: &mut FlagOverrides) {}
+    pub fn overrides(&self, flags: &mut FlagOverrides) {
+        let dp = |k: &str| format!("device_plugin.{k}");
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        flags.set(&dp("node_name"), self.node_name.clone());
+        flags.set(&dp("device_plugin_dir"), path(&self.device_plugin_dir));
+        flags.set(
+            &dp("pod_resources_socket"),
+            path(&self.pod_resources_socket),
+        );
+        flags.set(&dp("memory_unit"), self.memory_unit);
+        flags.set(&dp("visible_devices"), self.visible_devices);
+        flags.set(&dp("allocate_failure"), self.allocate_failure);
+        flags.set(&dp("health_check"), self.health_check);
+        flags.set(&dp("health_recovery_secs"), self.health_recovery);
+        flags.set(&dp("mps"), self.mps);
+        flags.set(&dp("mps_pipe_dir"), path(&self.mps_pipe_dir));
+        flags.set(
+            &dp("mps_active_thread_percentage"),
+            self.mps_active_thread_percentage,
+        );
+        flags.set(&dp("admin_address"), self.admin_address.clone());
+        flags.set("gpu.backend", self.gpu_backend);
+        flags.set("gpu.fake_gpus", self.fake_gpus.clone());
+        flags.set("gpu.nvml_library", self.nvml_library.clone());
+        flags.set_flag("doctor.skip", self.skip_doctor);
+    }
 }
 
-/// Runs device-plugin.
-pub async fn run(_args: Args, _config: Config) -> anyhow::Result<ExitCode> {
-    crate::cli::not_implemented("device-plugin").await
+/// Runs the device plugin until SIGTERM/SIGINT.
+pub async fn run(_args: Args, config: Config) -> anyhow::Result<ExitCode> {
+    if config.device_plugin.node_name.trim().is_empty() {
+        eprintln!(
+            "gpushare device-plugin: the node name is required: pass --node-name or set NODE_NAME \
+             (in a DaemonSet: env NODE_NAME from fieldRef spec.nodeName)"
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    if !config.doctor.skip {
+        crate::doctor::preflight(crate::doctor::Role::Node, &config).await?;
+    }
+    let backend = crate::gpu::open(&config.gpu).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot reach the GPUs: {e} (on a GPU node: is the nvidia runtime the default \
+             container runtime and the driver installed? without GPUs: --gpu-backend fake)"
+        )
+    })?;
+    let client = crate::k8s::client(&crate::k8s::ClientOptions {
+        kubeconfig: Some(config.cluster.kubeconfig.as_str()),
+        ..Default::default()
+    })
+    .await?;
+    let (trigger, _) = crate::shutdown::channel();
+    let shutdown = crate::shutdown::on_signals(trigger);
+    let handle = start(&config, client, backend, shutdown.clone()).await?;
+    tracing::info!(socket = %handle.socket_path().display(), "device plugin serving");
+    shutdown.wait().await;
+    handle.stop().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One container allocation the plugin answered: which device IDs kubelet passed, which GPU
+/// the container was given (its `NVIDIA_VISIBLE_DEVICES`), and the pod it was matched to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllocationRecord {
+    /// The device IDs of the Allocate container request.
+    pub device_ids: Vec<String>,
+    /// The GPU handed out.
+    pub gpu_index: u32,
+    /// Namespace of the pod matched.
+    pub namespace: String,
+    /// Name of the pod matched.
+    pub name: String,
+    /// Container matched.
+    pub container: String,
+}
+
+/// State shared by the gRPC service, the health task, the reconciler and the serve loop.
+pub(crate) struct Plugin {
+    pub(crate) config: DevicePluginConfig,
+    pub(crate) node: String,
+    pub(crate) node_uid: String,
+    pub(crate) cgpu_disable: bool,
+    pub(crate) client: kube::Client,
+    pub(crate) backend: Arc<dyn GpuBackend>,
+    pub(crate) gpus: Vec<ServedGpu>,
+    pub(crate) health: std::sync::Mutex<HealthTracker>,
+    pub(crate) devices_tx: watch::Sender<Arc<ListAndWatchResponse>>,
+    pub(crate) pods: PodStore,
+    /// Serialises Allocate and GetPreferredAllocation; holds the recent allocations.
+    pub(crate) allocations: Mutex<VecDeque<AllocationRecord>>,
+    pub(crate) reconcile_now: Notify,
+    pub(crate) metrics: Metrics,
+    pub(crate) admin: Arc<AdminState>,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin")
+            .field("node", &self.node)
+            .field("gpus", &self.gpus)
+            .field("socket", &self.socket_path())
+            .finish_non_exhaustive()
+    }
+}
+
+/// How many allocation records the reconciler keeps.
+pub(crate) const RECORDS_KEPT: usize = 4096;
+
+impl Plugin {
+    pub(crate) fn gpu_by_index(&self, index: u32) -> Option<&ServedGpu> {
+        self.gpus.iter().find(|g| g.index == index)
+    }
+
+    pub(crate) fn gpu_by_uuid(&self, uuid: &str) -> Option<&ServedGpu> {
+        self.gpus.iter().find(|g| g.uuid == uuid)
+    }
+
+    /// Re-sends the device list (after a health change).
+    pub(crate) fn refresh_devices(&self) {
+        let tracker = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        let msg = devices::list_and_watch_response(&self.gpus, |u| tracker.is_healthy(u));
+        self.metrics
+            .unhealthy_gpus
+            .set(i64::try_from(tracker.unhealthy().len()).unwrap_or(i64::MAX));
+        drop(tracker);
+        self.devices_tx.send_replace(Arc::new(msg));
+    }
+
+    pub(crate) fn socket_path(&self) -> PathBuf {
+        self.config.device_plugin_dir.join(PLUGIN_SOCKET)
+    }
+}
+
+/// A running device plugin.
+#[derive(Debug)]
+pub struct DevicePluginHandle {
+    plugin: Arc<Plugin>,
+    stop: Arc<crate::shutdown::Trigger>,
+    tasks: Vec<JoinHandle<()>>,
+    admin_addr: Option<std::net::SocketAddr>,
+}
+
+impl DevicePluginHandle {
+    /// Path of the plugin's socket.
+    pub fn socket_path(&self) -> PathBuf {
+        self.plugin.socket_path()
+    }
+
+    /// The admin server's address, when it runs.
+    pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
+        self.admin_addr
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.plugin.metrics
+    }
+
+    /// The metrics in the Prometheus text format.
+    pub fn render_metrics(&self) -> String {
+        self.plugin.admin.render_metrics()
+    }
+
+    /// The GPUs served, with their unit counts.
+    pub fn gpus(&self) -> &[ServedGpu] {
+        &self.plugin.gpus
+    }
+
+    /// The allocations answered (most recent last).
+    pub async fn allocations(&self) -> Vec<AllocationRecord> {
+        self.plugin
+            .allocations
+            .lock()
+            .await
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// Asks the PodResources reconciler to run now.
+    pub fn reconcile_now(&self) {
+        self.plugin.reconcile_now.notify_one();
+    }
+
+    /// Stops serving, ends the ListAndWatch streams and removes the socket.
+    pub async fn stop(self) {
+        self.stop.trigger();
+        for task in self.tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
+        let _ = std::fs::remove_file(self.plugin.socket_path());
+    }
+}
+
+/// Starts the device plugin in-process: reads the node and the GPUs, checks the message size,
+/// publishes the node facts, starts the pod watch, the gRPC server (with kubelet registration
+/// and restart handling), the health task, the reconciler and the admin server. Returns once
+/// the socket is served; registration continues in the background until it succeeds.
+pub async fn start(
+    config: &Config,
+    client: kube::Client,
+    backend: Arc<dyn GpuBackend>,
+    shutdown: Shutdown,
+) -> anyhow::Result<DevicePluginHandle> {
+    let dp = config.device_plugin.clone();
+    let node = dp.node_name.trim().to_string();
+    anyhow::ensure!(
+        !node.is_empty(),
+        "the node name is required (--node-name or NODE_NAME)"
+    );
+    let inventory = backend
+        .inventory()
+        .map_err(|e| anyhow::anyhow!("reading the GPUs: {e}"))?;
+    anyhow::ensure!(
+        !inventory.devices.is_empty(),
+        "the {} backend found no GPU on this node",
+        inventory.backend
+    );
+    devices::check_message_size(&inventory, dp.memory_unit)?;
+    let gpus = devices::served_gpus(&inventory, dp.memory_unit);
+    let facts = node::read_node(&client, &node).await?;
+    node::publish_gpu_count(&client, &node, gpus.len()).await?;
+    node::publish_devices(
+        &client,
+        &node,
+        &node::device_annotations(&gpus, dp.memory_unit, |_| true),
+    )
+    .await?;
+
+    let admin = AdminState::new();
+    let metrics = Metrics::new(&admin);
+    let tracker = HealthTracker::new(
+        gpus.iter().map(|g| g.uuid.clone()),
+        Duration::from_secs(dp.health_recovery_secs),
+    );
+    let first = devices::list_and_watch_response(&gpus, |_| true);
+    let (devices_tx, _) = watch::channel(Arc::new(first));
+    let plugin = Arc::new(Plugin {
+        config: dp.clone(),
+        node: node.clone(),
+        node_uid: facts.uid,
+        cgpu_disable: facts.cgpu_disable,
+        client: client.clone(),
+        backend: backend.clone(),
+        gpus,
+        health: std::sync::Mutex::new(tracker),
+        devices_tx,
+        pods: PodStore::default(),
+        allocations: Mutex::new(VecDeque::new()),
+        reconcile_now: Notify::new(),
+        metrics,
+        admin: admin.clone(),
+    });
+
+    // One internal stop that fires on the caller's shutdown or on `stop()`.
+    let (stop_trigger, stop) = crate::shutdown::channel();
+    let stop_trigger = Arc::new(stop_trigger);
+    let mut tasks = Vec::new();
+    {
+        let outer = shutdown.clone();
+        let inner = stop.clone();
+        let trigger = stop_trigger.clone();
+        tasks.push(tokio::spawn(async move {
+            tokio::select! {
+                _ = outer.wait() => trigger.trigger(),
+                _ = inner.wait() => {}
+            }
+        }));
+    }
+    tasks.push(tokio::spawn(plugin.pods.clone().run(
+        client.clone(),
+        node.clone(),
+        stop.clone(),
+    )));
+    let served = registration::serve(plugin.clone(), stop.clone()).await?;
+    tasks.push(served);
+    if dp.health_check {
+        match backend.watch_health() {
+            Ok(rx) => tasks.push(tokio::spawn(health_task(plugin.clone(), rx, stop.clone()))),
+            Err(e) => tracing::warn!(error = %e, "GPU health events unavailable; health check off"),
+        }
+    }
+    tasks.push(tokio::spawn(reconcile::run(plugin.clone(), stop.clone())));
+    let admin_addr = if dp.admin_address.trim().is_empty() {
+        None
+    } else {
+        let (addr, task) =
+            admin_http::serve(dp.admin_address.trim(), admin.clone(), stop.clone()).await?;
+        tasks.push(task);
+        Some(addr)
+    };
+    Ok(DevicePluginHandle {
+        plugin,
+        stop: stop_trigger,
+        tasks,
+        admin_addr,
+    })
+}
+
+/// Applies health events and recoveries until `stop`.
+async fn health_task(
+    plugin: Arc<Plugin>,
+    mut events: tokio::sync::mpsc::Receiver<crate::gpu::HealthEvent>,
+    stop: Shutdown,
+) {
+    let stop_fut = stop.wait();
+    tokio::pin!(stop_fut);
+    let mut events_open = true;
+    loop {
+        let next = plugin
+            .health
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .next_recovery();
+        let wake = async {
+            match next {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let changes = tokio::select! {
+            _ = &mut stop_fut => return,
+            ev = events.recv(), if events_open => match ev {
+                Some(ev) => {
+                    tracing::info!(event = ?ev, "GPU health event");
+                    plugin.health.lock().unwrap_or_else(|p| p.into_inner())
+                        .apply(&ev, tokio::time::Instant::now())
+                }
+                None => { events_open = false; Vec::new() }
+            },
+            _ = wake => {
+                let present: Vec<String> = plugin.backend.inventory()
+                    .map(|inv| inv.devices.into_iter().map(|d| d.uuid).collect())
+                    .unwrap_or_default();
+                plugin.health.lock().unwrap_or_else(|p| p.into_inner())
+                    .recover(tokio::time::Instant::now(), |u| present.iter().any(|p| p == u))
+            }
+        };
+        if changes.is_empty() {
+            continue;
+        }
+        plugin.refresh_devices();
+        let annotations = {
+            let tracker = plugin.health.lock().unwrap_or_else(|p| p.into_inner());
+            node::device_annotations(&plugin.gpus, plugin.config.memory_unit, |u| {
+                tracker.is_healthy(u)
+            })
+        };
+        if let Err(e) = node::publish_devices(&plugin.client, &plugin.node, &annotations).await {
+            tracing::warn!(error = %e, "could not publish GPU health on the node");
+        }
+        for change in changes {
+            let index = plugin
+                .gpu_by_uuid(&change.uuid)
+                .map(|g| g.index.to_string())
+                .unwrap_or_default();
+            if change.healthy {
+                tracing::info!(
+                    gpu = index,
+                    uuid = change.uuid,
+                    reason = change.reason,
+                    "GPU healthy again"
+                );
+            } else {
+                tracing::warn!(
+                    gpu = index,
+                    uuid = change.uuid,
+                    reason = change.reason,
+                    "GPU unhealthy"
+                );
+                node::warn_event(
+                    &plugin.client,
+                    &plugin.node,
+                    &plugin.node_uid,
+                    "GpuUnhealthy",
+                    &format!(
+                        "GPU {index} ({}) is unhealthy: {}",
+                        change.uuid, change.reason
+                    ),
+                )
+                .await;
+            }
+        }
+    }
 }
