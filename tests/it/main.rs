@@ -4,4 +4,5 @@
 mod cli;
 mod inspect;
 mod sandbox_kubelet;
+mod gpu;
 mod support;
