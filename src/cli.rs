@@ -127,13 +127,21 @@ pub fn main_with_args(args: Vec<OsString>) -> ExitCode {
         Command::Doctor(a) => a.overrides(&mut flags),
         Command::Demo(_) | Command::Version => {}
     }
-    let config = match config::load(global.config.as_deref(), flags) {
+    let mut config = match config::load(global.config.as_deref(), flags) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("gpushare: {e}");
             return ExitCode::from(config::EXIT_CONFIG);
         }
     };
+    // The demo prints its own walkthrough: keep logs to warnings unless a level was asked for.
+    let level_asked = global.log_level.is_some()
+        || ["LOG_LEVEL", "GPUSHARE_LOG__LEVEL", "RUST_LOG"]
+            .iter()
+            .any(|v| std::env::var_os(v).is_some());
+    if matches!(command, Command::Demo(_)) && !level_asked {
+        config.log.level = LogLevel::Warn;
+    }
     crate::telemetry::init(&config.log);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -1,20 +1,63 @@
-//! `gpushare demo`: the self-contained demo.
-//! Not implemented yet.
+//! `gpushare demo`: the first command a newcomer runs. On any machine — no cluster, no GPU —
+//! it starts the sandbox API server, a fake kubelet, the real `device-plugin` (fake GPUs,
+//! gRPC over a unix socket) and the real `extender` (HTTP) in-process, then plays
+//! kube-scheduler and kubelet for the two upstream demos:
+//!
+//! 1. binpack: three pods of half a GPU each land on GPU 0, GPU 0, GPU 1;
+//! 2. a pod whose request fits the node's free memory but no single GPU stays Pending with
+//!    the extender's reason.
+//!
+//! It prints each step and the `inspect` table after it, and exits 0 only if every
+//! expectation held. `--keep-running` leaves the sandbox up with a kubeconfig so `kubectl`
+//! and `kubectl inspect gpushare` can be pointed at it.
+//!
+//! The demo is a walkthrough, not a test harness: the same behaviour is asserted in
+//! `tests/it/demo.rs` by running this very scenario.
+
+mod scenario;
 
 use std::process::ExitCode;
 
 use crate::config::{Config, FlagOverrides};
 
+pub use scenario::{DemoOutcome, run_scenario};
+
 /// Flags of `gpushare demo`.
-#[derive(Clone, Debug, Default, clap::Args)]
-pub struct Args {}
+#[derive(Clone, Debug, clap::Args)]
+pub struct Args {
+    /// GPUs of the demo node, e.g. 2x16GiB, 4x24GiB or 16GiB,24GiB
+    #[arg(long, default_value = "2x16GiB", value_name = "SPEC")]
+    pub fake_gpus: String,
+    /// Leave the sandbox running after the demo and print a kubeconfig for kubectl
+    #[arg(long)]
+    pub keep_running: bool,
+}
 
 impl Args {
-    /// The flags as configuration overrides.
+    /// The demo takes no configuration overrides: it configures its own in-process roles.
     pub fn overrides(&self, _flags: &mut FlagOverrides) {}
 }
 
-/// Runs demo.
-pub async fn run(_args: Args, _config: Config) -> anyhow::Result<ExitCode> {
-    crate::cli::not_implemented("demo").await
+/// Runs the demo.
+pub async fn run(args: Args, _config: Config) -> anyhow::Result<ExitCode> {
+    let Args {
+        fake_gpus,
+        keep_running,
+    } = args;
+    let mut out = std::io::stdout();
+    let outcome = run_scenario(&fake_gpus, &mut out, keep_running).await?;
+    if outcome.failures.is_empty() {
+        println!("\nAll {} expectations held.", outcome.checks);
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!(
+            "\n{} of {} expectations FAILED:",
+            outcome.failures.len(),
+            outcome.checks
+        );
+        for f in &outcome.failures {
+            println!("  - {f}");
+        }
+        Ok(ExitCode::FAILURE)
+    }
 }

@@ -1,0 +1,40 @@
+//! `gpushare demo`: the newcomer's walkthrough must hold every expectation, in-process and as
+//! the real binary.
+
+use crate::support::{run, stdout};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_scenario_holds_every_expectation() {
+    let mut out = Vec::new();
+    let outcome = gpushare::demo::run_scenario("2x16GiB", &mut out, false)
+        .await
+        .expect("the demo runs");
+    let text = String::from_utf8_lossy(&out);
+    assert!(
+        outcome.failures.is_empty(),
+        "{:?}\n{text}",
+        outcome.failures
+    );
+    assert_eq!(outcome.checks, 5, "{text}");
+    assert!(text.contains("bind chose GPU 1"), "{text}");
+    assert!(
+        text.contains("0/1 nodes are available: 1 Insufficient GPU Memory in one device."),
+        "{text}"
+    );
+    assert!(text.contains("24/32 (75%)"), "{text}");
+}
+
+#[test]
+fn the_demo_binary_exits_zero_and_rejects_bad_gpus() {
+    let out = run(&["demo"]);
+    assert!(out.status.success(), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("All 5 expectations held."),
+        "{}",
+        stdout(&out)
+    );
+    let out = run(&["demo", "--fake-gpus", "1x16GiB"]);
+    assert_eq!(out.status.code(), Some(1));
+    let out = run(&["demo", "--fake-gpus", "lots"]);
+    assert_eq!(out.status.code(), Some(1));
+}
