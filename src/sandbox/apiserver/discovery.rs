@@ -1,0 +1,304 @@
+//! The resources the sandbox API server knows, and its discovery documents (`/version`,
+//! `/api`, `/api/v1`, `/apis`, `/apis/<group>[/<version>]`). Plain (non-aggregated)
+//! discovery only.
+
+use std::net::SocketAddr;
+
+use serde_json::{Value, json};
+
+/// One served resource (a plural in one group/version).
+pub(super) struct ResourceDef {
+    /// The key used by the test controls and the store: the plural, or `plural.group` for
+    /// a second resource with the same plural.
+    pub id: &'static str,
+    /// API group (`""` for core).
+    pub group: &'static str,
+    pub version: &'static str,
+    pub plural: &'static str,
+    pub singular: &'static str,
+    pub kind: &'static str,
+    pub namespaced: bool,
+    pub short_names: &'static [&'static str],
+    pub verbs: &'static [&'static str],
+    /// Has a `status` subresource (main-resource writes keep `.status`).
+    pub status: bool,
+    /// Has the `binding` subresource (pods).
+    pub binding: bool,
+    /// Objects are kept in the store (false for review-style resources).
+    pub stored: bool,
+}
+
+impl ResourceDef {
+    /// `v1` or `group/version`.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_string()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// `PodList` etc.
+    pub fn list_kind(&self) -> String {
+        format!("{}List", self.kind)
+    }
+
+    /// `pods` or `leases.coordination.k8s.io`, as used in error messages.
+    pub fn qualified(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.to_string()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+}
+
+const ALL_VERBS: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
+
+/// Every served resource.
+pub(super) static RESOURCES: &[ResourceDef] = &[
+    ResourceDef {
+        id: "pods",
+        group: "",
+        version: "v1",
+        plural: "pods",
+        singular: "pod",
+        kind: "Pod",
+        namespaced: true,
+        short_names: &["po"],
+        verbs: ALL_VERBS,
+        status: true,
+        binding: true,
+        stored: true,
+    },
+    ResourceDef {
+        id: "nodes",
+        group: "",
+        version: "v1",
+        plural: "nodes",
+        singular: "node",
+        kind: "Node",
+        namespaced: false,
+        short_names: &["no"],
+        verbs: ALL_VERBS,
+        status: true,
+        binding: false,
+        stored: true,
+    },
+    ResourceDef {
+        id: "configmaps",
+        group: "",
+        version: "v1",
+        plural: "configmaps",
+        singular: "configmap",
+        kind: "ConfigMap",
+        namespaced: true,
+        short_names: &["cm"],
+        verbs: ALL_VERBS,
+        status: false,
+        binding: false,
+        stored: true,
+    },
+    ResourceDef {
+        id: "events",
+        group: "",
+        version: "v1",
+        plural: "events",
+        singular: "event",
+        kind: "Event",
+        namespaced: true,
+        short_names: &["ev"],
+        verbs: ALL_VERBS,
+        status: false,
+        binding: false,
+        stored: true,
+    },
+    ResourceDef {
+        id: "namespaces",
+        group: "",
+        version: "v1",
+        plural: "namespaces",
+        singular: "namespace",
+        kind: "Namespace",
+        namespaced: false,
+        short_names: &["ns"],
+        verbs: &[
+            "create", "delete", "get", "list", "patch", "update", "watch",
+        ],
+        status: true,
+        binding: false,
+        stored: true,
+    },
+    ResourceDef {
+        id: "leases",
+        group: "coordination.k8s.io",
+        version: "v1",
+        plural: "leases",
+        singular: "lease",
+        kind: "Lease",
+        namespaced: true,
+        short_names: &[],
+        verbs: ALL_VERBS,
+        status: false,
+        binding: false,
+        stored: true,
+    },
+    ResourceDef {
+        id: "events.events.k8s.io",
+        group: "events.k8s.io",
+        version: "v1",
+        plural: "events",
+        singular: "event",
+        kind: "Event",
+        namespaced: true,
+        short_names: &["ev"],
+        verbs: ALL_VERBS,
+        status: false,
+        binding: false,
+        stored: true,
+    },
+    ResourceDef {
+        id: "selfsubjectaccessreviews",
+        group: "authorization.k8s.io",
+        version: "v1",
+        plural: "selfsubjectaccessreviews",
+        singular: "selfsubjectaccessreview",
+        kind: "SelfSubjectAccessReview",
+        namespaced: false,
+        short_names: &[],
+        verbs: &["create"],
+        status: false,
+        binding: false,
+        stored: false,
+    },
+];
+
+/// The groups served under `/apis`.
+const GROUPS: &[&str] = &[
+    "coordination.k8s.io",
+    "authorization.k8s.io",
+    "events.k8s.io",
+];
+
+/// The resource served at `/<prefix>/<group>/<version>/.../<plural>`.
+pub(super) fn by_path(group: &str, version: &str, plural: &str) -> Option<&'static ResourceDef> {
+    RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.version == version && r.plural == plural)
+}
+
+/// The resource with this test-control id (`pods`, `events.events.k8s.io`, ...).
+pub(super) fn by_id(id: &str) -> Option<&'static ResourceDef> {
+    RESOURCES.iter().find(|r| r.id == id && r.stored)
+}
+
+/// The stored resource for an object's `apiVersion` and `kind`.
+pub(super) fn by_kind(api_version: &str, kind: &str) -> Option<&'static ResourceDef> {
+    RESOURCES
+        .iter()
+        .find(|r| r.stored && r.kind == kind && r.api_version() == api_version)
+}
+
+/// `/version`.
+pub(super) fn version() -> Value {
+    json!({
+        "major": "1",
+        "minor": "33",
+        "gitVersion": "v1.33.0-gpushare-sandbox",
+        "gitCommit": "0000000000000000000000000000000000000000",
+        "gitTreeState": "clean",
+        "buildDate": "2025-04-23T00:00:00Z",
+        "goVersion": "go1.24.2",
+        "compiler": "gc",
+        "platform": "linux/amd64",
+    })
+}
+
+/// `/api`.
+pub(super) fn core_versions(addr: SocketAddr) -> Value {
+    json!({
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{ "clientCIDR": "0.0.0.0/0", "serverAddress": addr.to_string() }],
+    })
+}
+
+fn group_doc(group: &str) -> Value {
+    let gv = json!({ "groupVersion": format!("{group}/v1"), "version": "v1" });
+    json!({ "kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": [gv.clone()], "preferredVersion": gv })
+}
+
+/// `/apis`.
+pub(super) fn group_list() -> Value {
+    let groups: Vec<Value> = GROUPS
+        .iter()
+        .map(|g| {
+            let mut doc = group_doc(g);
+            if let Some(o) = doc.as_object_mut() {
+                o.remove("kind");
+                o.remove("apiVersion");
+            }
+            doc
+        })
+        .collect();
+    json!({ "kind": "APIGroupList", "apiVersion": "v1", "groups": groups })
+}
+
+/// `/apis/<group>`, when served.
+pub(super) fn group(group: &str) -> Option<Value> {
+    GROUPS.contains(&group).then(|| group_doc(group))
+}
+
+/// `/api/v1` or `/apis/<group>/<version>`, when served.
+pub(super) fn resource_list(group: &str, version: &str) -> Option<Value> {
+    let mut resources = Vec::new();
+    for r in RESOURCES
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+    {
+        let mut entry = json!({
+            "name": r.plural, "singularName": r.singular, "namespaced": r.namespaced,
+            "kind": r.kind, "verbs": r.verbs,
+        });
+        if !r.short_names.is_empty() && r.group.is_empty() {
+            entry["shortNames"] = json!(r.short_names);
+        }
+        if r.plural == "pods" || r.plural == "nodes" {
+            entry["categories"] = json!(["all"]);
+        }
+        resources.push(entry);
+        if r.binding {
+            resources.push(
+                json!({ "name": format!("{}/binding", r.plural), "singularName": "",
+                "namespaced": r.namespaced, "kind": "Binding", "verbs": ["create"] }),
+            );
+        }
+        if r.status {
+            resources.push(
+                json!({ "name": format!("{}/status", r.plural), "singularName": "",
+                "namespaced": r.namespaced, "kind": r.kind, "verbs": ["get", "patch", "update"] }),
+            );
+        }
+    }
+    if resources.is_empty() {
+        return None;
+    }
+    let group_version = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(json!({
+        "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version,
+        "resources": resources,
+    }))
+}

@@ -1,0 +1,916 @@
+//! The HTTP side of the sandbox API server: the accept loop (hyper HTTP/1.1), request
+//! logging and fault injection, routing of discovery and resource paths, and watch streams
+//! (newline-delimited JSON, chunked).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{ACCEPT, CONTENT_TYPE};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt as _, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::sync::{broadcast, mpsc};
+
+use super::discovery::{self, ResourceDef};
+use super::patch::PatchKind;
+use super::selector::Selectors;
+use super::store::{ApiError, EventType, Part, StoredEvent, meta_str};
+use super::table::{self, IncludeObject};
+use super::{FaultAction, RecordedRequest, Shared};
+
+type Body = BoxBody<Bytes, std::io::Error>;
+
+/// Largest request body accepted.
+const MAX_BODY: usize = 16 << 20;
+/// Interval between watch bookmarks, when asked for.
+const BOOKMARK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Resolves once shutdown is signalled (or its sender is gone).
+async fn stopped(shutdown: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+/// Accepts connections until shutdown.
+pub(super) async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+    let mut shutdown = shared.shutdown.clone();
+    loop {
+        let accepted = tokio::select! {
+            _ = stopped(&mut shutdown) => break,
+            accepted = listener.accept() => accepted,
+        };
+        let Ok((stream, _)) = accepted else {
+            continue;
+        };
+        let shared = shared.clone();
+        let mut conn_shutdown = shared.shutdown.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| handle(shared.clone(), req));
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = conn => {}
+                _ = stopped(&mut conn_shutdown) => {}
+            }
+        });
+    }
+}
+
+fn full(code: u16, body: Bytes) -> Response<Body> {
+    let mut response = Response::new(
+        Full::new(body)
+            .map_err(|never: Infallible| match never {})
+            .boxed(),
+    );
+    *response.status_mut() =
+        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn json_response(code: u16, value: &Value) -> Response<Body> {
+    full(code, Bytes::from(value.to_string()))
+}
+
+fn error_response(err: &ApiError) -> Response<Body> {
+    json_response(err.code, &err.to_status())
+}
+
+fn respond(result: Result<(u16, Value), ApiError>) -> Response<Body> {
+    match result {
+        Ok((code, value)) => json_response(code, &value),
+        Err(err) => error_response(&err),
+    }
+}
+
+/// One request: record, apply faults, route.
+async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, std::io::Error> {
+    let (parts, body) = req.into_parts();
+    let bytes = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(err) => return Err(std::io::Error::other(err)),
+    };
+    let path = parts.uri.path().to_string();
+    let query = parts.uri.query().unwrap_or("").to_string();
+    let content_type = parts
+        .headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    shared.record(RecordedRequest {
+        method: parts.method.clone(),
+        path: path.clone(),
+        query: query.clone(),
+        content_type: content_type.clone(),
+        body: String::from_utf8_lossy(&bytes).into_owned(),
+    });
+    let path_and_query = if query.is_empty() {
+        path.clone()
+    } else {
+        format!("{path}?{query}")
+    };
+    if let Some(action) = shared.take_fault(&parts.method, &path_and_query) {
+        match action {
+            FaultAction::Status(code) => return Ok(error_response(&ApiError::from_code(code))),
+            FaultAction::Delay(delay) => tokio::time::sleep(delay).await,
+            FaultAction::DropConnection => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionAborted,
+                    "injected fault: connection dropped",
+                ));
+            }
+            FaultAction::CutWatch => {}
+        }
+    }
+    if bytes.len() > MAX_BODY {
+        return Ok(error_response(&ApiError::with_code(
+            413,
+            "RequestEntityTooLarge",
+            "the request body is too large",
+        )));
+    }
+    let request = Req {
+        method: parts.method,
+        path,
+        query: parse_query(&query),
+        path_and_query,
+        content_type,
+        accept: parts
+            .headers
+            .get(ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
+        body: bytes,
+    };
+    Ok(route(&shared, &request))
+}
+
+/// A request, parsed.
+struct Req {
+    method: Method,
+    path: String,
+    query: Vec<(String, String)>,
+    path_and_query: String,
+    content_type: Option<String>,
+    accept: Option<String>,
+    body: Bytes,
+}
+
+impl Req {
+    fn param(&self, name: &str) -> Option<&str> {
+        self.query
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn flag(&self, name: &str) -> bool {
+        matches!(self.param(name), Some("true" | "1"))
+    }
+
+    fn json_body(&self) -> Result<Value, ApiError> {
+        if self.body.is_empty() {
+            return Err(ApiError::bad_request("the request has no body"));
+        }
+        match serde_json::from_slice::<Value>(&self.body) {
+            Ok(v) => Ok(v),
+            Err(json_err) => std::str::from_utf8(&self.body)
+                .ok()
+                .and_then(|text| serde_yaml::from_str::<Value>(text).ok())
+                .filter(Value::is_object)
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!("error decoding the request body: {json_err}"))
+                }),
+        }
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'+', _) => out.push(b' '),
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 2;
+            }
+            (b, _) => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn parse_query(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) => (percent_decode(k), percent_decode(v)),
+            None => (percent_decode(p), String::new()),
+        })
+        .collect()
+}
+
+/// Where a resource path points.
+enum Target {
+    Collection {
+        def: &'static ResourceDef,
+        namespace: Option<String>,
+    },
+    Object {
+        def: &'static ResourceDef,
+        namespace: Option<String>,
+        name: String,
+        subresource: Option<String>,
+    },
+}
+
+fn resource_target(group: &str, version: &str, rest: &[&str]) -> Option<Target> {
+    let def = |plural: &str| discovery::by_path(group, version, plural);
+    match rest {
+        [plural] => Some(Target::Collection {
+            def: def(plural)?,
+            namespace: None,
+        }),
+        ["namespaces", ns, plural, tail @ ..] if def(plural).is_some_and(|d| d.namespaced) => {
+            let def = def(plural)?;
+            match tail {
+                [] => Some(Target::Collection {
+                    def,
+                    namespace: Some(ns.to_string()),
+                }),
+                [name] => Some(Target::Object {
+                    def,
+                    namespace: Some(ns.to_string()),
+                    name: name.to_string(),
+                    subresource: None,
+                }),
+                [name, sub] => Some(Target::Object {
+                    def,
+                    namespace: Some(ns.to_string()),
+                    name: name.to_string(),
+                    subresource: Some(sub.to_string()),
+                }),
+                _ => None,
+            }
+        }
+        [plural, name, tail @ ..] => {
+            let def = def(plural).filter(|d| !d.namespaced)?;
+            let subresource = match tail {
+                [] => None,
+                [sub] => Some(sub.to_string()),
+                _ => return None,
+            };
+            Some(Target::Object {
+                def,
+                namespace: None,
+                name: name.to_string(),
+                subresource,
+            })
+        }
+        _ => None,
+    }
+}
+
+fn route(shared: &Arc<Shared>, req: &Req) -> Response<Body> {
+    let segments: Vec<&str> = req.path.split('/').filter(|s| !s.is_empty()).collect();
+    let discovery_doc = match segments.as_slice() {
+        ["version"] => Some(discovery::version()),
+        ["api"] => Some(discovery::core_versions(shared.addr)),
+        ["api", "v1"] => discovery::resource_list("", "v1"),
+        ["apis"] => Some(discovery::group_list()),
+        ["apis", group] => discovery::group(group),
+        ["apis", group, version] => discovery::resource_list(group, version),
+        _ => None,
+    };
+    if let Some(doc) = discovery_doc {
+        if req.method != Method::GET {
+            return error_response(&ApiError::method_not_allowed(&req.method));
+        }
+        return json_response(200, &doc);
+    }
+    let target = match segments.as_slice() {
+        ["api", "v1", rest @ ..] if !rest.is_empty() => resource_target("", "v1", rest),
+        ["apis", group, version, rest @ ..] if !rest.is_empty() => {
+            resource_target(group, version, rest)
+        }
+        _ => None,
+    };
+    let Some(target) = target else {
+        return error_response(&ApiError::path_not_found());
+    };
+    match target {
+        Target::Collection { def, namespace } => collection(shared, req, def, namespace.as_deref()),
+        Target::Object {
+            def,
+            namespace,
+            name,
+            subresource,
+        } => object(
+            shared,
+            req,
+            def,
+            namespace.as_deref(),
+            &name,
+            subresource.as_deref(),
+        ),
+    }
+}
+
+fn selectors(req: &Req) -> Result<Selectors, ApiError> {
+    Selectors::parse(req.param("labelSelector"), req.param("fieldSelector"))
+        .map_err(ApiError::bad_request)
+}
+
+fn collection(
+    shared: &Arc<Shared>,
+    req: &Req,
+    def: &'static ResourceDef,
+    namespace: Option<&str>,
+) -> Response<Body> {
+    if !def.stored {
+        return if req.method == Method::POST {
+            respond(access_review(shared, req))
+        } else {
+            error_response(&ApiError::method_not_allowed(&req.method))
+        };
+    }
+    match req.method {
+        Method::GET if req.flag("watch") => match selectors(req) {
+            Ok(selectors) => watch(shared, req, def, namespace, selectors),
+            Err(err) => error_response(&err),
+        },
+        Method::GET => list(shared, req, def, namespace),
+        Method::POST => respond(
+            req.json_body()
+                .and_then(|obj| shared.store().create(def, namespace, obj))
+                .map(|obj| (201, obj)),
+        ),
+        Method::DELETE => respond(delete_collection(shared, req, def, namespace)),
+        _ => error_response(&ApiError::method_not_allowed(&req.method)),
+    }
+}
+
+fn encode_continue(ns: &str, name: &str) -> String {
+    format!("{ns}/{name}")
+        .bytes()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn decode_continue(token: &str) -> Option<(String, String)> {
+    if token.len() % 2 != 0 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..token.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(token.get(i..i + 2)?, 16).ok())
+        .collect();
+    let text = String::from_utf8(bytes?).ok()?;
+    let (ns, name) = text.split_once('/')?;
+    Some((ns.to_string(), name.to_string()))
+}
+
+fn list(
+    shared: &Arc<Shared>,
+    req: &Req,
+    def: &'static ResourceDef,
+    namespace: Option<&str>,
+) -> Response<Body> {
+    let selectors = match selectors(req) {
+        Ok(s) => s,
+        Err(err) => return error_response(&err),
+    };
+    let after = match req.param("continue").filter(|c| !c.is_empty()) {
+        Some(token) => match decode_continue(token) {
+            Some(position) => Some(position),
+            None => {
+                return error_response(&ApiError::bad_request(format!(
+                    "invalid continue token {token:?}"
+                )));
+            }
+        },
+        None => None,
+    };
+    let limit = match req.param("limit").filter(|l| !l.is_empty()) {
+        Some(l) => match l.parse::<usize>() {
+            Ok(n) => n,
+            Err(_) => {
+                return error_response(&ApiError::bad_request(format!("invalid limit {l:?}")));
+            }
+        },
+        None => 0,
+    };
+    let (mut items, rv) = {
+        let store = shared.store();
+        let items = store.list(def, namespace, after.as_ref(), &|obj| {
+            selectors.matches(obj)
+        });
+        (items, store.resource_version())
+    };
+    let mut metadata = json!({ "resourceVersion": rv.to_string() });
+    if limit > 0 && items.len() > limit {
+        let remaining = items.len() - limit;
+        items.truncate(limit);
+        if let Some((ns, name, _)) = items.last() {
+            metadata["continue"] = json!(encode_continue(ns, name));
+            metadata["remainingItemCount"] = json!(remaining);
+        }
+    }
+    let objects: Vec<Value> = items.into_iter().map(|(_, _, obj)| obj).collect();
+    if table::wants_table(req.accept.as_deref()) {
+        let include = IncludeObject::from_query(req.param("includeObject"));
+        return json_response(200, &table::table(def, &objects, include, metadata, true));
+    }
+    json_response(
+        200,
+        &json!({ "kind": def.list_kind(), "apiVersion": def.api_version(), "metadata": metadata, "items": objects }),
+    )
+}
+
+fn delete_collection(
+    shared: &Arc<Shared>,
+    req: &Req,
+    def: &'static ResourceDef,
+    namespace: Option<&str>,
+) -> Result<(u16, Value), ApiError> {
+    let selectors = selectors(req)?;
+    let mut store = shared.store();
+    let doomed = store.list(def, namespace, None, &|obj| selectors.matches(obj));
+    let mut items = Vec::new();
+    for (ns, name, _) in doomed {
+        let ns = (!ns.is_empty()).then_some(ns);
+        items.push(store.delete(def, ns.as_deref(), &name, None, None)?);
+    }
+    let rv = store.resource_version();
+    Ok((
+        200,
+        json!({ "kind": def.list_kind(), "apiVersion": def.api_version(),
+                "metadata": { "resourceVersion": rv.to_string() }, "items": items }),
+    ))
+}
+
+fn object(
+    shared: &Arc<Shared>,
+    req: &Req,
+    def: &'static ResourceDef,
+    namespace: Option<&str>,
+    name: &str,
+    subresource: Option<&str>,
+) -> Response<Body> {
+    if !def.stored {
+        return error_response(&ApiError::method_not_allowed(&req.method));
+    }
+    let part = match subresource {
+        None => Part::Main,
+        Some("status") if def.status => Part::Status,
+        Some("binding") if def.binding => {
+            return if req.method == Method::POST {
+                respond(req.json_body().and_then(|binding| {
+                    shared
+                        .store()
+                        .bind(namespace.unwrap_or("default"), name, &binding)?;
+                    Ok((
+                        201,
+                        json!({ "kind": "Status", "apiVersion": "v1", "metadata": {},
+                                "status": "Success", "code": 201 }),
+                    ))
+                }))
+            } else {
+                error_response(&ApiError::method_not_allowed(&req.method))
+            };
+        }
+        Some(_) => return error_response(&ApiError::path_not_found()),
+    };
+    match req.method {
+        Method::GET => {
+            let result = shared.store().get(def, namespace, name);
+            match result {
+                Ok(obj) if table::wants_table(req.accept.as_deref()) => {
+                    let include = IncludeObject::from_query(req.param("includeObject"));
+                    let rv = meta_str(&obj, "resourceVersion").unwrap_or("").to_string();
+                    json_response(
+                        200,
+                        &table::table(def, &[obj], include, json!({ "resourceVersion": rv }), true),
+                    )
+                }
+                other => respond(other.map(|obj| (200, obj))),
+            }
+        }
+        Method::PUT => respond(
+            req.json_body()
+                .and_then(|obj| shared.store().update(def, namespace, name, obj, part))
+                .map(|obj| (200, obj)),
+        ),
+        Method::PATCH => {
+            let content_type = req.content_type.as_deref().unwrap_or("");
+            let Some(kind) = PatchKind::from_content_type(content_type) else {
+                return error_response(&ApiError::unsupported_media_type(content_type));
+            };
+            respond(
+                shared
+                    .store()
+                    .patch(def, namespace, name, kind, &req.body, part)
+                    .map(|(obj, created)| (if created { 201 } else { 200 }, obj)),
+            )
+        }
+        Method::DELETE if part == Part::Main => {
+            let options: Value = if req.body.is_empty() {
+                json!({})
+            } else {
+                match serde_json::from_slice(&req.body) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        return error_response(&ApiError::bad_request(format!(
+                            "error decoding DeleteOptions: {e}"
+                        )));
+                    }
+                }
+            };
+            let uid = options
+                .pointer("/preconditions/uid")
+                .and_then(Value::as_str);
+            let rv = options
+                .pointer("/preconditions/resourceVersion")
+                .and_then(Value::as_str);
+            respond(
+                shared
+                    .store()
+                    .delete(def, namespace, name, uid, rv)
+                    .map(|obj| (200, obj)),
+            )
+        }
+        _ => error_response(&ApiError::method_not_allowed(&req.method)),
+    }
+}
+
+fn access_review(shared: &Arc<Shared>, req: &Req) -> Result<(u16, Value), ApiError> {
+    let mut review = req.json_body()?;
+    if !review.is_object() {
+        return Err(ApiError::bad_request("the review is not a JSON object"));
+    }
+    let attributes = review.pointer("/spec/resourceAttributes");
+    let field = |f: &str| {
+        attributes
+            .and_then(|a| a.get(f))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let verb = field("verb");
+    let resource = match field("subresource").as_str() {
+        "" => field("resource"),
+        sub => format!("{}/{sub}", field("resource")),
+    };
+    let allowed = !shared.is_denied(&verb, &resource);
+    review["apiVersion"] = json!("authorization.k8s.io/v1");
+    review["kind"] = json!("SelfSubjectAccessReview");
+    review["status"] = if allowed {
+        json!({ "allowed": true, "reason": "sandbox API server allows everything" })
+    } else {
+        json!({ "allowed": false, "denied": true,
+                "reason": format!("sandbox API server denies {verb} on {resource}") })
+    };
+    Ok((201, review))
+}
+
+/// One watch event line.
+fn event_line(kind: &str, object: &Value) -> Bytes {
+    let mut line = json!({ "type": kind, "object": object }).to_string();
+    line.push('\n');
+    Bytes::from(line)
+}
+
+/// What a watch forwards, and how.
+struct WatchFilter {
+    def: &'static ResourceDef,
+    namespace: Option<String>,
+    selectors: Selectors,
+    table: Option<IncludeObject>,
+}
+
+impl WatchFilter {
+    /// The line for `event`, as this watch sees it (selector moves become ADDED/DELETED).
+    fn line(&self, event: &StoredEvent, first: &mut bool) -> Option<Bytes> {
+        if event.resource != self.def.id
+            || self
+                .namespace
+                .as_deref()
+                .is_some_and(|ns| ns != event.namespace)
+        {
+            return None;
+        }
+        let now = self.selectors.matches(&event.object);
+        let before = event
+            .old
+            .as_ref()
+            .is_some_and(|old| self.selectors.matches(old));
+        let kind = match (event.kind, before, now) {
+            (EventType::Modified, true, true) => EventType::Modified,
+            (EventType::Modified, false, true) => EventType::Added,
+            (EventType::Modified, true, false) => EventType::Deleted,
+            (EventType::Modified, false, false) => return None,
+            (kind, _, true) => kind,
+            (_, _, false) => return None,
+        };
+        Some(self.render(kind.as_str(), &event.object, first))
+    }
+
+    fn render(&self, kind: &str, object: &Value, first: &mut bool) -> Bytes {
+        match self.table {
+            Some(include) => {
+                let rv = meta_str(object, "resourceVersion")
+                    .unwrap_or("")
+                    .to_string();
+                let t = table::table(
+                    self.def,
+                    std::slice::from_ref(object),
+                    include,
+                    json!({ "resourceVersion": rv }),
+                    *first,
+                );
+                *first = false;
+                event_line(kind, &t)
+            }
+            None => event_line(kind, object),
+        }
+    }
+
+    fn bookmark(&self, rv: u64, initial_end: bool) -> Bytes {
+        let mut metadata = json!({ "resourceVersion": rv.to_string() });
+        if initial_end {
+            metadata["annotations"] = json!({ "k8s.io/initial-events-end": "true" });
+        }
+        event_line(
+            "BOOKMARK",
+            &json!({ "kind": self.def.kind, "apiVersion": self.def.api_version(), "metadata": metadata }),
+        )
+    }
+}
+
+type Chunk = Result<Frame<Bytes>, std::io::Error>;
+
+fn watch(
+    shared: &Arc<Shared>,
+    req: &Req,
+    def: &'static ResourceDef,
+    namespace: Option<&str>,
+    selectors: Selectors,
+) -> Response<Body> {
+    let filter = WatchFilter {
+        def,
+        namespace: namespace.map(str::to_string),
+        selectors,
+        table: table::wants_table(req.accept.as_deref())
+            .then(|| IncludeObject::from_query(req.param("includeObject"))),
+    };
+    let requested = req.param("resourceVersion").unwrap_or("");
+    let requested_rv = match requested {
+        "" | "0" => None,
+        rv => match rv.parse::<u64>() {
+            Ok(n) => Some(n),
+            Err(_) => {
+                return error_response(&ApiError::bad_request(format!(
+                    "invalid resourceVersion {rv:?}"
+                )));
+            }
+        },
+    };
+    let send_initial = req.flag("sendInitialEvents");
+    let bookmarks = req.flag("allowWatchBookmarks");
+    let timeout = req
+        .param("timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .filter(|t| *t > 0)
+        .map(Duration::from_secs);
+
+    // Snapshot and subscribe under one lock, so no event falls in between.
+    let (initial, live, start_rv, gone) = {
+        let store = shared.store();
+        let live = store.subscribe();
+        let rv = store.resource_version();
+        match (requested_rv, send_initial) {
+            (Some(from), false) => match store.events_since(from) {
+                Some(events) => (Initial::Events(events), live, rv, false),
+                None => (Initial::Events(Vec::new()), live, rv, true),
+            },
+            _ => {
+                let objects = store
+                    .list(def, namespace, None, &|obj| filter.selectors.matches(obj))
+                    .into_iter()
+                    .map(|(_, _, obj)| obj)
+                    .collect();
+                (Initial::Objects(objects), live, rv, false)
+            }
+        }
+    };
+    let (watch_id, cut, cut_now) = shared.open_watch(&req.path_and_query);
+    let (tx, rx) = mpsc::channel::<Chunk>(64);
+    let shared = shared.clone();
+    let requested = requested.to_string();
+    tokio::spawn(async move {
+        run_watch(WatchRun {
+            filter,
+            initial,
+            live,
+            start_rv,
+            gone,
+            requested,
+            send_initial,
+            bookmarks,
+            timeout,
+            cut,
+            cut_now,
+            tx,
+            shutdown: shared.shutdown.clone(),
+        })
+        .await;
+        shared.close_watch(watch_id);
+    });
+    let body = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx)).boxed();
+    let mut response = Response::new(body);
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+enum Initial {
+    Events(Vec<Arc<StoredEvent>>),
+    Objects(Vec<Value>),
+}
+
+struct WatchRun {
+    filter: WatchFilter,
+    initial: Initial,
+    live: broadcast::Receiver<Arc<StoredEvent>>,
+    start_rv: u64,
+    gone: bool,
+    requested: String,
+    send_initial: bool,
+    bookmarks: bool,
+    timeout: Option<Duration>,
+    cut: tokio::sync::oneshot::Receiver<()>,
+    cut_now: bool,
+    tx: mpsc::Sender<Chunk>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
+fn abort() -> Chunk {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        "watch cut",
+    ))
+}
+
+async fn run_watch(mut run: WatchRun) {
+    let tx = run.tx.clone();
+    let send = |bytes: Bytes| {
+        let tx = tx.clone();
+        async move { tx.send(Ok(Frame::data(bytes))).await.is_ok() }
+    };
+    if run.gone {
+        let status = ApiError::gone(format!(
+            "too old resource version: {} ({})",
+            run.requested, run.start_rv
+        ))
+        .to_status();
+        let _ = send(event_line("ERROR", &status)).await;
+        return;
+    }
+    let mut first = true;
+    match std::mem::replace(&mut run.initial, Initial::Events(Vec::new())) {
+        Initial::Events(events) => {
+            for event in events {
+                if let Some(line) = run.filter.line(&event, &mut first)
+                    && !send(line).await
+                {
+                    return;
+                }
+            }
+        }
+        Initial::Objects(objects) => {
+            for object in objects {
+                if !send(run.filter.render("ADDED", &object, &mut first)).await {
+                    return;
+                }
+            }
+            if run.send_initial && !send(run.filter.bookmark(run.start_rv, true)).await {
+                return;
+            }
+        }
+    }
+    if run.cut_now {
+        let _ = tx.send(abort()).await;
+        return;
+    }
+    let mut seen_rv = run.start_rv;
+    let deadline = run.timeout.map(|t| tokio::time::Instant::now() + t);
+    let mut ticker = tokio::time::interval(BOOKMARK_INTERVAL);
+    ticker.tick().await;
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut run.cut => {
+                let _ = tx.send(abort()).await;
+                return;
+            }
+            _ = stopped(&mut run.shutdown) => return,
+            _ = tx.closed() => return,
+            _ = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            } => return,
+            _ = ticker.tick(), if run.bookmarks => {
+                if !send(run.filter.bookmark(seen_rv, false)).await {
+                    return;
+                }
+            }
+            event = run.live.recv() => match event {
+                Ok(event) => {
+                    if event.rv <= seen_rv {
+                        continue;
+                    }
+                    seen_rv = event.rv;
+                    if let Some(line) = run.filter.line(&event, &mut first)
+                        && !send(line).await
+                    {
+                        return;
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    let _ = tx.send(abort()).await;
+                    return;
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn continue_tokens_round_trip() {
+        let token = encode_continue("ns", "pod-1");
+        assert_eq!(decode_continue(&token), Some(("ns".into(), "pod-1".into())));
+        assert_eq!(decode_continue("zz"), None);
+        assert_eq!(decode_continue("abc"), None);
+    }
+
+    #[test]
+    fn queries_decode() {
+        let q = parse_query("labelSelector=app%3Dx%2Ctier+in+%28a%29&watch=1&flag&bad=%zz%4");
+        assert_eq!(q[0], ("labelSelector".into(), "app=x,tier in (a)".into()));
+        assert_eq!(q[1], ("watch".into(), "1".into()));
+        assert_eq!(q[2], ("flag".into(), String::new()));
+        assert_eq!(q[3], ("bad".into(), "%zz%4".into()));
+    }
+
+    #[test]
+    fn resource_paths() {
+        assert!(matches!(
+            resource_target("", "v1", &["namespaces", "ns", "pods", "p", "binding"]),
+            Some(Target::Object { subresource: Some(ref s), .. }) if s == "binding"
+        ));
+        assert!(matches!(
+            resource_target("", "v1", &["namespaces", "ns"]),
+            Some(Target::Object { def, .. }) if def.id == "namespaces"
+        ));
+        assert!(matches!(
+            resource_target("", "v1", &["pods"]),
+            Some(Target::Collection {
+                namespace: None,
+                ..
+            })
+        ));
+        assert!(resource_target("", "v1", &["pods", "p"]).is_none());
+        assert!(resource_target("", "v1", &["widgets"]).is_none());
+        assert!(
+            resource_target("", "v1", &["namespaces", "ns", "pods", "p", "status", "x"]).is_none()
+        );
+    }
+}

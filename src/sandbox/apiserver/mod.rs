@@ -1,0 +1,470 @@
+//! An in-process Kubernetes API server for tests and `gpushare demo` — a test double, never
+//! for production.
+//!
+//! [`ApiServer::start`] serves real HTTP/1.1 on `127.0.0.1:<random port>` from an in-memory
+//! store and writes a kubeconfig file for it, so that kube-rs ([`ApiServer::client`]) and
+//! the real `kubectl` binaries (`--kubeconfig` [`ApiServer::kubeconfig_path`]) talk to it as
+//! to a cluster.
+//!
+//! # Supported surface
+//! - Discovery: `/version`, `/api`, `/api/v1`, `/apis`, `/apis/<group>[/<version>]`.
+//!   Aggregated discovery requests are answered with the plain documents (clients fall back).
+//!   `/openapi/v2` and `/openapi/v3` answer 404, so kubectl skips client-side validation.
+//! - Resources: core/v1 `pods` (namespaced and all-namespaces), `nodes`, `configmaps`,
+//!   `events`, `namespaces`; `events.k8s.io/v1` `events` (stored apart from core events, id
+//!   `events.events.k8s.io`); `coordination.k8s.io/v1` `leases`;
+//!   `authorization.k8s.io/v1` `selfsubjectaccessreviews` (create only, allowed unless a
+//!   rule from [`ApiServer::deny_access`] matches).
+//! - Verbs: get; list with `labelSelector` (`k=v`, `k==v`, `k!=v`, `k`, `!k`, `k in (..)`,
+//!   `k notin (..)`), `fieldSelector` (any dotted field path with `=`, `==`, `!=`, a missing
+//!   field reads as empty) and `limit`/`continue`; watch (`watch=true|1`,
+//!   `resourceVersion`, `allowWatchBookmarks`, `timeoutSeconds`, `sendInitialEvents`), with
+//!   `410 Gone` (an `ERROR` event) for a version older than the retained history; create
+//!   (409 AlreadyExists, `generateName`); update (409 Conflict on a stale
+//!   `resourceVersion`); delete (immediate, with uid/resourceVersion preconditions) and
+//!   delete-collection; patch as JSON merge, strategic merge (merge semantics; `$` directives
+//!   dropped), JSON patch (RFC 6902) and server-side apply (merge of the given fields,
+//!   creates a missing object, no field ownership); the subresources `pods/status`,
+//!   `nodes/status` (only `.status` changes) and `pods/binding` (sets `spec.nodeName`, 409
+//!   when bound or on a UID precondition mismatch). `kubectl get` receives server-side
+//!   `Table`s for pods and nodes.
+//! - Errors are real `Status` objects with the matching HTTP code; malformed input answers
+//!   400, unknown paths 404, unsupported methods 405. Bad input never panics.
+//! - Test controls: [`ApiServer::seed_yaml`], [`ApiServer::get_object`],
+//!   [`ApiServer::set_pod_phase`], fault injection ([`Fault`]), a request log
+//!   ([`ApiServer::requests`]) and access denials.
+//!
+//! # Limits (it is a test double)
+//! No authentication or authorization (every request is allowed; only
+//! SelfSubjectAccessReview answers can be denied), no admission, no defaulting beyond a
+//! pod's `Pending` phase, no validation of object schemas, no garbage collection, graceful
+//! deletion or finalizers, no namespace lifecycle (objects may live in any namespace), no
+//! field managers, protobuf or CBOR, JSON only. Strategic merge patches merge lists by
+//! replacing them. One global `resourceVersion` counter for all kinds, as etcd does.
+
+mod discovery;
+mod http_api;
+mod patch;
+mod selector;
+mod store;
+mod table;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde_json::Value;
+use tokio::sync::{oneshot, watch};
+
+use store::Store;
+
+/// A fault to inject into matching requests, `times` times, then it expires.
+#[derive(Clone, Debug)]
+pub struct Fault {
+    /// The method to match; `None` matches any.
+    pub method: Option<http::Method>,
+    /// A substring of the request's path and query (`/api/v1/pods?watch=true`).
+    pub path_contains: String,
+    /// What to do with a matching request.
+    pub action: FaultAction,
+    /// How many matching requests it applies to.
+    pub times: usize,
+}
+
+impl Fault {
+    /// A fault applying once to requests with `method` (any when `None`) whose path and query
+    /// contain `path_contains`.
+    pub fn new(
+        method: Option<http::Method>,
+        path_contains: impl Into<String>,
+        action: FaultAction,
+    ) -> Fault {
+        Fault {
+            method,
+            path_contains: path_contains.into(),
+            action,
+            times: 1,
+        }
+    }
+
+    /// Applies the fault to `n` matching requests.
+    pub fn times(mut self, n: usize) -> Fault {
+        self.times = n;
+        self
+    }
+
+    fn matches(&self, method: &http::Method, path_and_query: &str) -> bool {
+        self.method.as_ref().is_none_or(|m| m == method)
+            && path_and_query.contains(&self.path_contains)
+    }
+}
+
+/// What an injected fault does.
+#[derive(Clone, Debug)]
+pub enum FaultAction {
+    /// Answer a `Status` object with this HTTP code (409 Conflict, 500 InternalError, ...).
+    Status(u16),
+    /// Wait this long, then serve the request normally.
+    Delay(Duration),
+    /// Close the connection without an answer.
+    DropConnection,
+    /// End matching watch streams abruptly: open ones at once, later ones right after their
+    /// headers. Requests that are not watches are not affected.
+    CutWatch,
+}
+
+/// One request as the server received it.
+#[derive(Clone, Debug)]
+pub struct RecordedRequest {
+    /// The HTTP method.
+    pub method: http::Method,
+    /// The path, without the query.
+    pub path: String,
+    /// The raw query string (empty when none).
+    pub query: String,
+    /// The `Content-Type` header.
+    pub content_type: Option<String>,
+    /// The body, as (lossy) UTF-8.
+    pub body: String,
+}
+
+/// An open watch stream, cuttable by a [`FaultAction::CutWatch`].
+struct OpenWatch {
+    path_and_query: String,
+    cut: Option<oneshot::Sender<()>>,
+}
+
+/// Test-control state shared by the HTTP side and the handles.
+struct Controls {
+    faults: Vec<Fault>,
+    requests: Vec<RecordedRequest>,
+    denied: Vec<(String, String)>,
+    watches: Vec<(u64, OpenWatch)>,
+    next_watch_id: u64,
+}
+
+/// State shared by the server tasks and the handles.
+pub(crate) struct Shared {
+    store: Mutex<Store>,
+    controls: Mutex<Controls>,
+    addr: SocketAddr,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Shared {
+    fn store(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn controls(&self) -> MutexGuard<'_, Controls> {
+        self.controls.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes the first live fault (other than `CutWatch`) matching the request.
+    fn take_fault(&self, method: &http::Method, path_and_query: &str) -> Option<FaultAction> {
+        let mut controls = self.controls();
+        let index = controls.faults.iter().position(|f| {
+            !matches!(f.action, FaultAction::CutWatch) && f.matches(method, path_and_query)
+        })?;
+        let fault = &mut controls.faults[index];
+        let action = fault.action.clone();
+        fault.times = fault.times.saturating_sub(1);
+        if fault.times == 0 {
+            controls.faults.remove(index);
+        }
+        Some(action)
+    }
+
+    /// Registers a new watch stream; returns its id, its cut signal, and whether a pending
+    /// `CutWatch` fault already applies to it.
+    fn open_watch(&self, path_and_query: &str) -> (u64, oneshot::Receiver<()>, bool) {
+        let mut controls = self.controls();
+        let cut_now = match controls.faults.iter().position(|f| {
+            matches!(f.action, FaultAction::CutWatch)
+                && f.matches(&http::Method::GET, path_and_query)
+        }) {
+            Some(index) => {
+                let fault = &mut controls.faults[index];
+                fault.times = fault.times.saturating_sub(1);
+                if fault.times == 0 {
+                    controls.faults.remove(index);
+                }
+                true
+            }
+            None => false,
+        };
+        let (tx, rx) = oneshot::channel();
+        controls.next_watch_id += 1;
+        let id = controls.next_watch_id;
+        controls.watches.push((
+            id,
+            OpenWatch {
+                path_and_query: path_and_query.to_string(),
+                cut: Some(tx),
+            },
+        ));
+        (id, rx, cut_now)
+    }
+
+    fn close_watch(&self, id: u64) {
+        self.controls().watches.retain(|(w, _)| *w != id);
+    }
+
+    fn record(&self, request: RecordedRequest) {
+        self.controls().requests.push(request);
+    }
+
+    fn is_denied(&self, verb: &str, resource: &str) -> bool {
+        self.controls()
+            .denied
+            .iter()
+            .any(|(v, r)| (v == verb || v == "*") && (r == resource || r == "*"))
+    }
+}
+
+/// Owns the server task; dropping the last [`ApiServer`] handle stops it.
+struct Inner {
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    kubeconfig: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+/// The sandbox API server (see the module docs). Cheap to clone; all clones share one server.
+#[derive(Clone)]
+pub struct ApiServer {
+    inner: Arc<Inner>,
+}
+
+impl ApiServer {
+    /// Starts a server on `127.0.0.1:0` with namespaces `default`, `kube-system`,
+    /// `kube-public` and `kube-node-lease`, and writes its kubeconfig.
+    pub async fn start() -> anyhow::Result<ApiServer> {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .context("binding the sandbox API server to 127.0.0.1")?;
+        let addr = listener.local_addr()?;
+        let (stop, shutdown) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            store: Mutex::new(Store::new()),
+            controls: Mutex::new(Controls {
+                faults: Vec::new(),
+                requests: Vec::new(),
+                denied: Vec::new(),
+                watches: Vec::new(),
+                next_watch_id: 0,
+            }),
+            addr,
+            shutdown,
+        });
+        for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+            shared
+                .store()
+                .create_value(serde_json::json!({
+                    "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": ns },
+                    "spec": { "finalizers": ["kubernetes"] }, "status": { "phase": "Active" },
+                }))
+                .map_err(anyhow::Error::from)?;
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("gpushare-sandbox-apiserver")
+            .tempdir()
+            .context("creating the sandbox kubeconfig folder")?;
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, kubeconfig_text(addr))
+            .with_context(|| format!("writing {}", kubeconfig.display()))?;
+        let task = tokio::spawn(http_api::serve(listener, shared.clone()));
+        Ok(ApiServer {
+            inner: Arc::new(Inner {
+                shared,
+                stop,
+                task: Mutex::new(Some(task)),
+                kubeconfig,
+                _dir: dir,
+            }),
+        })
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.inner.shared
+    }
+
+    /// The base URL, `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.inner.shared.addr)
+    }
+
+    /// The listening address.
+    pub fn addr(&self) -> SocketAddr {
+        self.inner.shared.addr
+    }
+
+    /// A kubeconfig file for this server (context `sandbox`, namespace `default`, no
+    /// credentials), usable by kube-rs and kubectl. It lives as long as the server.
+    pub fn kubeconfig_path(&self) -> PathBuf {
+        self.inner.kubeconfig.clone()
+    }
+
+    /// A kube-rs client for this server (plain HTTP, default namespace `default`).
+    ///
+    /// Must be called inside a tokio runtime, like every kube client constructor.
+    pub fn client(&self) -> kube::Client {
+        let uri: http::Uri = match self.url().parse() {
+            Ok(uri) => uri,
+            // The URL is built from a SocketAddr, so it always parses.
+            Err(_) => http::Uri::from_static("http://127.0.0.1"),
+        };
+        let config = kube::Config::new(uri);
+        match kube::Client::try_from(config) {
+            Ok(client) => client,
+            Err(err) => panic!("a kube client for a plain-HTTP URL always builds: {err}"),
+        }
+    }
+
+    /// Creates every document of a (multi-document) YAML text, of any supported kind.
+    /// Fills `uid`, `resourceVersion`, `creationTimestamp` and the `default` namespace.
+    pub fn seed_yaml(&self, yaml: &str) -> anyhow::Result<()> {
+        for document in serde_yaml::Deserializer::from_str(yaml) {
+            let value: Value = serde::Deserialize::deserialize(document)
+                .context("parsing a seed YAML document")?;
+            if value.is_null() {
+                continue;
+            }
+            self.create_object(value)?;
+        }
+        Ok(())
+    }
+
+    /// Creates one object (its `apiVersion` and `kind` pick the resource); returns it as
+    /// stored.
+    pub fn create_object(&self, obj: Value) -> anyhow::Result<Value> {
+        Ok(self.shared().store().create_value(obj)?)
+    }
+
+    /// The stored object, or `None`. `resource` is the plural (`pods`, `nodes`,
+    /// `configmaps`, `events`, `namespaces`, `leases`, `events.events.k8s.io`).
+    pub fn get_object(&self, resource: &str, namespace: Option<&str>, name: &str) -> Option<Value> {
+        self.shared().store().get_by_id(resource, namespace, name)
+    }
+
+    /// The stored object decoded as `K` (e.g. `k8s_openapi::api::core::v1::Pod`), or `None`
+    /// when missing or not decodable.
+    pub fn get_as<K: serde::de::DeserializeOwned>(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Option<K> {
+        serde_json::from_value(self.get_object(resource, namespace, name)?).ok()
+    }
+
+    /// All stored objects of `resource`, in one namespace or (`None`) all, ordered by
+    /// namespace then name.
+    pub fn list_objects(&self, resource: &str, namespace: Option<&str>) -> Vec<Value> {
+        self.shared().store().list_by_id(resource, namespace)
+    }
+
+    /// Deletes an object (a `DELETED` watch event).
+    pub fn delete_object(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> anyhow::Result<()> {
+        self.shared()
+            .store()
+            .delete_by_id(resource, namespace, name)?;
+        Ok(())
+    }
+
+    /// Sets a pod's `status.phase` (a `MODIFIED` watch event).
+    pub fn set_pod_phase(&self, namespace: &str, name: &str, phase: &str) -> anyhow::Result<()> {
+        self.shared()
+            .store()
+            .set_pod_phase(namespace, name, phase)?;
+        Ok(())
+    }
+
+    /// Keeps only the last `n` watch events (default 10 000); a watch from an older
+    /// `resourceVersion` then gets `410 Gone`. Applies at once.
+    pub fn set_history_limit(&self, n: usize) {
+        self.shared().store().set_history_limit(n);
+    }
+
+    /// The current global `resourceVersion`.
+    pub fn resource_version(&self) -> u64 {
+        self.shared().store().resource_version()
+    }
+
+    /// Injects a fault. A `CutWatch` first cuts matching open watch streams.
+    pub fn inject(&self, fault: Fault) {
+        let mut controls = self.shared().controls();
+        let mut fault = fault;
+        if matches!(fault.action, FaultAction::CutWatch) {
+            for (_, open) in controls.watches.iter_mut() {
+                if fault.times == 0 {
+                    break;
+                }
+                if fault.matches(&http::Method::GET, &open.path_and_query)
+                    && let Some(cut) = open.cut.take()
+                {
+                    let _ = cut.send(());
+                    fault.times -= 1;
+                }
+            }
+        }
+        if fault.times > 0 {
+            controls.faults.push(fault);
+        }
+    }
+
+    /// Removes every pending fault.
+    pub fn clear_faults(&self) {
+        self.shared().controls().faults.clear();
+    }
+
+    /// Every request received so far, in order.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.shared().controls().requests.clone()
+    }
+
+    /// Makes SelfSubjectAccessReviews for `verb` on `resource` (`pods`, `pods/binding`,
+    /// `*` for any) answer `allowed: false`. Only the reviews change; requests still succeed.
+    pub fn deny_access(&self, verb: &str, resource: &str) {
+        self.shared()
+            .controls()
+            .denied
+            .push((verb.to_string(), resource.to_string()));
+    }
+
+    /// Stops the server: no new connections, open watches end. Waits for the accept loop.
+    pub async fn shutdown(self) {
+        let _ = self.inner.stop.send(true);
+        let task = self
+            .inner
+            .task
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+    }
+}
+
+fn kubeconfig_text(addr: SocketAddr) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: sandbox\n  cluster:\n    server: http://{addr}\n\
+         contexts:\n- name: sandbox\n  context:\n    cluster: sandbox\n    user: sandbox\n    namespace: default\n\
+         current-context: sandbox\nusers:\n- name: sandbox\n  user: {{}}\npreferences: {{}}\n"
+    )
+}
