@@ -1,16 +1,111 @@
-//! `gpushare doctor`: the node and control-plane preflight. Not implemented yet.
+//! `gpushare doctor`: finds the set-up mistakes behind most GPU-sharing trouble (wrong default
+//! container runtime, NVML out of reach, node not labelled, scheduler configuration not
+//! applied, extender unreachable, a memory unit too fine for ListAndWatch) and says how to fix
+//! each one.
+//!
+//! Each check has a stable id, a status (ok / warn / fail / skip), what it saw and a fix
+//! ([`report`]). Node checks read host files under `--root` ([`host`], [`runtime`]) and ask
+//! the GPU backend ([`gpus`]); control-plane checks ask the API server ([`cluster`]) and read
+//! the kube-scheduler configuration ([`scheduler`]). `extender` and `device-plugin` run
+//! [`preflight`] before they start. Doctor only reads: it changes nothing on the host or in the
+//! cluster, and every probe has a short deadline.
 
+pub mod cluster;
+pub mod gpus;
+pub mod host;
+pub mod report;
+pub mod runtime;
+pub mod scheduler;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::config::{Config, FlagOverrides};
+use crate::config::{Config, FlagOverrides, GpuBackendKind};
+use crate::core::MemoryUnit;
+use cluster::{ApiState, DEVICE_PLUGIN_PERMISSIONS, EXTENDER_PERMISSIONS};
+use host::HostRoot;
+use report::{Check, Report, Status};
+
+/// Output format of `gpushare doctor`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// A checklist for people.
+    #[default]
+    Text,
+    /// `{"role", "checks": [{"id", "title", "status", "detail", "hint"}], "summary"}`.
+    Json,
+}
 
 /// Flags of `gpushare doctor`.
 #[derive(Clone, Debug, Default, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Which checks to run
+    #[arg(long, value_enum, default_value_t = Role::All)]
+    pub role: Role,
+    /// Output format
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+    /// Read every host file under DIR (e.g. /host in a pod that mounts the host's root)
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    pub root: PathBuf,
+    /// Exit 1 on warnings too
+    #[arg(long)]
+    pub strict: bool,
+    /// kube-scheduler configuration file [default: found through
+    /// /etc/kubernetes/manifests/kube-scheduler.yaml]
+    #[arg(long, value_name = "PATH")]
+    pub scheduler_config: Option<PathBuf>,
+    /// Extender URL to probe [default: the urlPrefix of the scheduler configuration]
+    #[arg(long, value_name = "URL")]
+    pub extender_url: Option<String>,
+    /// Do not contact the API server (its checks are skipped)
+    #[arg(long)]
+    pub no_cluster: bool,
+    /// This node's name [env: NODE_NAME; default: the host's /etc/hostname]
+    #[arg(long, value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// Check the CUDA MPS control daemon (device_plugin.mps)
+    #[arg(long)]
+    pub mps: bool,
+    /// kubelet's device-plugin directory (device_plugin.device_plugin_dir)
+    #[arg(long, value_name = "DIR")]
+    pub device_plugin_dir: Option<PathBuf>,
+    /// Size of one unit of aliyun.com/gpu-mem: GiB, MiB or e.g. 256MiB (device_plugin.memory_unit)
+    #[arg(long, value_name = "UNIT")]
+    pub memory_unit: Option<MemoryUnit>,
+    /// GPU backend (gpu.backend)
+    #[arg(long, value_enum)]
+    pub gpu_backend: Option<GpuBackendKind>,
+    /// Fake GPUs for --gpu-backend fake, e.g. 2x16GiB (gpu.fake_gpus)
+    #[arg(long, value_name = "SPEC")]
+    pub fake_gpus: Option<String>,
+    /// Path of libnvidia-ml.so.1 (gpu.nvml_library)
+    #[arg(long, value_name = "PATH")]
+    pub nvml_library: Option<String>,
+    /// The nvidia-smi program (gpu.nvidia_smi)
+    #[arg(long, value_name = "PATH")]
+    pub nvidia_smi: Option<String>,
+}
 
 impl Args {
     /// The flags as configuration overrides.
-    pub fn overrides(&self, _flags: &mut FlagOverrides) {}
+    pub fn overrides(&self, flags: &mut FlagOverrides) {
+        flags
+            .set("device_plugin.node_name", self.node_name.clone())
+            .set_flag("device_plugin.mps", self.mps)
+            .set(
+                "device_plugin.device_plugin_dir",
+                self.device_plugin_dir
+                    .as_ref()
+                    .map(|p| p.display().to_string()),
+            )
+            .set("device_plugin.memory_unit", self.memory_unit)
+            .set("gpu.backend", self.gpu_backend)
+            .set("gpu.fake_gpus", self.fake_gpus.clone())
+            .set("gpu.nvml_library", self.nvml_library.clone())
+            .set("gpu.nvidia_smi", self.nvidia_smi.clone());
+    }
 }
 
 /// Which checks to run.
@@ -25,14 +120,192 @@ pub enum Role {
     All,
 }
 
+impl Role {
+    /// `node`, `control-plane` or `all`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Node => "node",
+            Role::ControlPlane => "control-plane",
+            Role::All => "all",
+        }
+    }
+
+    fn node(self) -> bool {
+        matches!(self, Role::Node | Role::All)
+    }
+
+    fn control_plane(self) -> bool {
+        matches!(self, Role::ControlPlane | Role::All)
+    }
+}
+
+/// What one doctor run looks at, beyond the configuration.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Which checks.
+    pub role: Role,
+    /// Host files are read under this directory.
+    pub root: PathBuf,
+    /// Running before a role starts: only the checks that matter to it, as that process
+    /// sees the host.
+    pub preflight: bool,
+    /// Skip the API server.
+    pub no_cluster: bool,
+    /// `--scheduler-config`.
+    pub scheduler_config: Option<PathBuf>,
+    /// `--extender-url`.
+    pub extender_url: Option<String>,
+}
+
+impl Options {
+    /// The preflight of `role`.
+    pub fn preflight(role: Role) -> Options {
+        Options {
+            role,
+            root: PathBuf::from("/"),
+            preflight: true,
+            no_cluster: false,
+            scheduler_config: None,
+            extender_url: None,
+        }
+    }
+}
+
+/// Runs the checks `opts` selects and returns the report (never fails, never hangs).
+pub async fn diagnose(opts: &Options, config: &Config) -> Report {
+    let role = opts.role;
+    let host = HostRoot::new(&opts.root);
+    let dp = &config.device_plugin;
+    let probe_gpus = async {
+        if role.node() {
+            Some(gpus::probe(&config.gpu).await)
+        } else {
+            None
+        }
+    };
+    let (probe, api) = tokio::join!(probe_gpus, cluster::connect(config, opts.no_cluster));
+    let mut checks: Vec<Check> = Vec::new();
+    if let Some(probe) = &probe {
+        let fake = config.gpu.backend == GpuBackendKind::Fake;
+        checks.push(gpus::driver_version(&host, probe));
+        checks.push(gpus::gpu_access(probe, &config.gpu));
+        if !opts.preflight {
+            checks.push(host::nvml_library(&host, &config.gpu.nvml_library, fake));
+            checks.push(runtime::check(&host));
+            checks.push(host::nvidia_toolkit(&host));
+        }
+        checks.push(host::device_plugin_dir(&host, &dp.device_plugin_dir));
+        checks.push(host::kubelet_socket(
+            &host,
+            &dp.device_plugin_dir,
+            !opts.preflight,
+        ));
+        checks.push(gpus::memory_unit(dp.memory_unit, probe.devices()));
+        checks.push(host::mps_daemon(&host, dp.mps, &dp.mps_pipe_dir));
+    }
+    checks.push(cluster::api_server(&api, config));
+    if role.node() {
+        let name = cluster::node_name(config, &host);
+        let node = match (&api, &name) {
+            (ApiState::Up { .. }, Some((n, _))) => cluster::get_node(&api, n).await,
+            _ => Err("not asked".to_string()),
+        };
+        if !opts.preflight {
+            checks.push(cluster::node_label(&api, name.as_ref(), &node));
+        }
+        checks.push(plugin_conflict(&host, dp, opts.preflight, &node));
+    }
+    let mut sets: Vec<(&str, &[cluster::Permission])> = Vec::new();
+    if role.control_plane() {
+        sets.push(("extender", EXTENDER_PERMISSIONS));
+    }
+    if role.node() {
+        sets.push(("device plugin", DEVICE_PLUGIN_PERMISSIONS));
+    }
+    checks.push(cluster::rbac(&api, &sets, config.extender.leader_elect).await);
+    if role.control_plane() && !opts.preflight {
+        let minor = match &api {
+            ApiState::Up { minor, .. } => *minor,
+            _ => None,
+        };
+        let (check, url) =
+            scheduler::scheduler_config(&host, opts.scheduler_config.as_deref(), minor);
+        checks.push(check);
+        let (target, from_flag) = match &opts.extender_url {
+            Some(u) => (Some(u.clone()), true),
+            None => (url, false),
+        };
+        checks.push(scheduler::extender_reachable(target.as_deref(), from_flag).await);
+    }
+    Report::new(role.name(), checks)
+}
+
+/// `plugin-conflict`: another plugin serves `aliyun.com/gpu-mem`, or NVIDIA's plugin serves
+/// the same GPUs (both would hand out the same memory).
+fn plugin_conflict(
+    host: &HostRoot,
+    dp: &crate::config::DevicePluginConfig,
+    preflight: bool,
+    node: &Result<Option<k8s_openapi::api::core::v1::Node>, String>,
+) -> Check {
+    const ID: &str = "plugin-conflict";
+    const TITLE: &str = "no other device plugin on these GPUs";
+    let (mut conflicts, notes) = host::plugin_conflicts(host, &dp.device_plugin_dir, preflight);
+    if let Ok(Some(n)) = node
+        && let Some(count) = cluster::capacity(n, "nvidia.com/gpu").filter(|c| c != "0")
+    {
+        conflicts.push(format!(
+            "the node advertises nvidia.com/gpu: {count}: NVIDIA's device plugin hands out whole GPUs gpushare shares"
+        ));
+    }
+    let mut lines = conflicts.clone();
+    lines.extend(notes);
+    if conflicts.is_empty() {
+        if lines.is_empty() {
+            lines.push("no NVIDIA device plugin or second gpu-mem plugin seen".to_string());
+        }
+        return Check::new(ID, TITLE, Status::Ok, lines.join("\n"));
+    }
+    Check::new(ID, TITLE, Status::Warn, lines.join("\n")).hint(
+        "run one device plugin per GPU: keep NVIDIA's device plugin off gpushare nodes (e.g. node affinity\n\
+         gpushare NotIn [true] on its DaemonSet) and remove Aliyun's gpushare-device-plugin before starting this one",
+    )
+}
+
 /// The preflight `extender` (ControlPlane) and `device-plugin` (Node) run before they start:
-/// prints the report and fails when a check failed. Callers skip it when `config.doctor.skip`.
+/// prints the report on stderr and fails when a check failed. Callers skip it when
+/// `config.doctor.skip`.
 pub async fn preflight(role: Role, config: &Config) -> anyhow::Result<()> {
-    let _ = (role, config);
+    let report = diagnose(&Options::preflight(role), config).await;
+    eprint!("{}", report.to_text(std::io::stderr().is_terminal()));
+    if report.failed(false) {
+        anyhow::bail!(
+            "preflight failed: {} (fix them, or start with --skip-doctor)",
+            report.ids_with(Status::Fail).join(", ")
+        );
+    }
     Ok(())
 }
 
-/// Runs doctor.
-pub async fn run(_args: Args, _config: Config) -> anyhow::Result<ExitCode> {
-    crate::cli::not_implemented("doctor").await
+/// Runs doctor: prints the report, exits 1 when a check failed (`--strict`: or warned).
+pub async fn run(args: Args, config: Config) -> anyhow::Result<ExitCode> {
+    let opts = Options {
+        role: args.role,
+        root: args.root.clone(),
+        preflight: false,
+        no_cluster: args.no_cluster,
+        scheduler_config: args.scheduler_config.clone(),
+        extender_url: args.extender_url.clone(),
+    };
+    let report = diagnose(&opts, &config).await;
+    let text = match args.output {
+        OutputFormat::Text => report.to_text(std::io::stdout().is_terminal()),
+        OutputFormat::Json => report.to_json(),
+    };
+    print!("{text}");
+    Ok(if report.failed(args.strict) {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
