@@ -1,21 +1,69 @@
-//! The `nvidia-smi` backend (being written): runs `nvidia-smi -q -x` and parses its XML.
+//! The `nvidia-smi` backend: runs `nvidia-smi -q -x` (under a timeout, never hanging) and
+//! parses its XML for the driver version and, per `<gpu>`, product name, UUID, minor number
+//! (`N/A` allowed), PCI bus id and `fb_memory_usage/total`. The index is the order of
+//! appearance (nvidia-smi lists GPUs in NVML enumeration order), never the minor number.
+//!
+//! This is how the static musl binary reaches the driver: it cannot dlopen
+//! `libnvidia-ml.so.1`, but it can run the driver's own glibc tool.
+//!
+//! Health, from a background thread per watcher:
+//! - polling nvidia-smi every [`NvidiaSmiOptions::poll_interval`]: a GPU that vanishes from
+//!   the list, or that nvidia-smi says it cannot reach ("Unable to determine the device handle
+//!   for GPU 0000:3B:00.0: GPU is lost"), is reported once as [`HealthEvent::Lost`];
+//! - tailing the kernel log (`/dev/kmsg` by default, only when readable) for
+//!   `NVRM: Xid (PCI:0000:3b:00): 79, …` lines, mapped from PCI bus id to UUID.
+//!
+//! It does not read ECC counters, utilisation or processes.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::{Error, GpuBackend, HealthEvent, Inventory};
+use super::{Error, GpuBackend, GpuDevice, HealthEvent, Inventory};
 
-/// How to run nvidia-smi.
+/// Default limit for one nvidia-smi run.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default health poll interval.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(30);
+/// Default kernel log.
+pub const DEFAULT_KMSG: &str = "/dev/kmsg";
+/// How often the kmsg reader looks for new lines when none are pending.
+const KMSG_IDLE: Duration = Duration::from_millis(200);
+/// Granularity of the poll thread's sleep, so it notices a dropped receiver soon.
+const POLL_STEP: Duration = Duration::from_millis(100);
+/// Linux `O_NONBLOCK` (the generic value: x86, arm, aarch64, riscv).
+const O_NONBLOCK: i32 = 0o4000;
+
+/// How to run nvidia-smi and where to watch for health.
 #[derive(Clone, Debug)]
 pub struct NvidiaSmiOptions {
     /// The program (a name on PATH or a path).
     pub program: String,
+    /// Limit for one run; the child is killed past it.
+    pub timeout: Duration,
+    /// How often the health thread re-runs nvidia-smi.
+    pub poll_interval: Duration,
+    /// The kernel log to tail for XIDs; `None` disables it.
+    pub kmsg: Option<PathBuf>,
 }
 
 impl NvidiaSmiOptions {
-    /// Defaults for `program`.
+    /// Defaults for `program`: 30 s timeout, 30 s polls, `/dev/kmsg`.
     pub fn new(program: &str) -> NvidiaSmiOptions {
         NvidiaSmiOptions {
-            program: program.to_string(),
+            program: if program.is_empty() {
+                "nvidia-smi"
+            } else {
+                program
+            }
+            .to_string(),
+            timeout: DEFAULT_TIMEOUT,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            kmsg: Some(PathBuf::from(DEFAULT_KMSG)),
         }
     }
 }
@@ -23,16 +71,17 @@ impl NvidiaSmiOptions {
 /// nvidia-smi as a GPU backend.
 #[derive(Debug)]
 pub struct NvidiaSmiBackend {
-    options: NvidiaSmiOptions,
+    options: Arc<NvidiaSmiOptions>,
 }
 
 impl NvidiaSmiBackend {
-    /// Runs nvidia-smi once to prove it works.
+    /// Runs nvidia-smi once to prove it works and its output parses.
     pub fn open(options: NvidiaSmiOptions) -> Result<NvidiaSmiBackend, Error> {
-        Err(Error::NvidiaSmi(format!(
-            "{}: not implemented yet",
-            options.program
-        )))
+        let backend = NvidiaSmiBackend {
+            options: Arc::new(options),
+        };
+        backend.inventory()?;
+        Ok(backend)
     }
 }
 
@@ -40,13 +89,487 @@ impl GpuBackend for NvidiaSmiBackend {
     fn name(&self) -> &'static str {
         "nvidia-smi"
     }
+
+    /// Blocking: runs nvidia-smi (call from a blocking context in async code).
     fn inventory(&self) -> Result<Inventory, Error> {
-        Err(Error::NvidiaSmi(format!(
-            "{}: not implemented yet",
-            self.options.program
-        )))
+        let run = run(&self.options)?;
+        if !run.success {
+            return Err(Error::NvidiaSmi(format!(
+                "`{} -q -x` {}: {}",
+                self.options.program,
+                run.status,
+                first_lines(&run.text())
+            )));
+        }
+        parse_xml(&run.stdout).map_err(|e| {
+            Error::NvidiaSmi(format!("output of `{} -q -x`: {e}", self.options.program))
+        })
     }
+
     fn watch_health(&self) -> Result<mpsc::Receiver<HealthEvent>, Error> {
-        Err(Error::NvidiaSmi("not implemented yet".to_string()))
+        let known = self.inventory()?.devices;
+        let (tx, rx) = mpsc::channel(64);
+        if let Some(kmsg) = &self.options.kmsg {
+            match open_kmsg(kmsg) {
+                Ok(file) => {
+                    let (tx, devices) = (tx.clone(), known.clone());
+                    std::thread::Builder::new()
+                        .name("kmsg-xid".to_string())
+                        .spawn(move || tail_kmsg(file, &devices, &tx))
+                        .map_err(|e| {
+                            Error::NvidiaSmi(format!("cannot start the kmsg thread: {e}"))
+                        })?;
+                }
+                Err(e) => tracing::info!(
+                    path = %kmsg.display(), error = %e,
+                    "kernel log not readable; XID health comes only from polling nvidia-smi"
+                ),
+            }
+        }
+        let options = Arc::clone(&self.options);
+        std::thread::Builder::new()
+            .name("nvidia-smi-poll".to_string())
+            .spawn(move || poll_health(&options, known, &tx))
+            .map_err(|e| Error::NvidiaSmi(format!("cannot start the poll thread: {e}")))?;
+        Ok(rx)
+    }
+}
+
+/// The outcome of one nvidia-smi run.
+struct Run {
+    success: bool,
+    status: String,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn text(&self) -> String {
+        format!("{}\n{}", self.stderr.trim(), self.stdout.trim())
+            .trim()
+            .to_string()
+    }
+}
+
+/// Runs `<program> -q -x` with a timeout; the child is killed when it runs past it.
+fn run(options: &NvidiaSmiOptions) -> Result<Run, Error> {
+    let program = &options.program;
+    let mut child = Command::new(program)
+        .args(["-q", "-x"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            Error::NvidiaSmi(format!(
+                "cannot run `{program}`: {e} (is the NVIDIA driver installed and nvidia-smi on \
+                 PATH, or [gpu] nvidia_smi set?)"
+            ))
+        })?;
+    let readers = [
+        child.stdout.take().map(|s| read_in_thread(Box::new(s))),
+        child.stderr.take().map(|s| read_in_thread(Box::new(s))),
+    ];
+    let deadline = Instant::now() + options.timeout;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(Error::NvidiaSmi(format!(
+                    "`{program} -q -x` did not finish within {}s; killed it",
+                    options.timeout.as_secs()
+                )));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => return Err(Error::NvidiaSmi(format!("waiting for `{program}`: {e}"))),
+        }
+    };
+    let [stdout, stderr] = readers.map(|r| r.and_then(|h| h.join().ok()).unwrap_or_default());
+    Ok(Run {
+        success: status.success(),
+        status: status.to_string(),
+        stdout,
+        stderr,
+    })
+}
+
+fn read_in_thread(mut pipe: Box<dyn Read + Send>) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = pipe.read_to_end(&mut bytes);
+        String::from_utf8_lossy(&bytes).into_owned()
+    })
+}
+
+fn first_lines(text: &str) -> String {
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .take(3)
+        .collect();
+    if lines.is_empty() {
+        "(no output)".to_string()
+    } else {
+        lines.join(" | ")
+    }
+}
+
+/// Parses `nvidia-smi -q -x` output.
+pub fn parse_xml(xml: &str) -> Result<Inventory, String> {
+    let options = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..Default::default()
+    };
+    let doc = roxmltree::Document::parse_with_options(xml, options)
+        .map_err(|e| format!("not the expected XML: {e}"))?;
+    let root = doc.root_element();
+    if root.tag_name().name() != "nvidia_smi_log" {
+        return Err(format!(
+            "root element is <{}>, expected <nvidia_smi_log>",
+            root.tag_name().name()
+        ));
+    }
+    let driver_version = child_text(root, "driver_version")
+        .ok_or("no <driver_version> in <nvidia_smi_log>")?
+        .to_string();
+    let mut devices = Vec::new();
+    for (i, gpu) in root
+        .children()
+        .filter(|n| n.has_tag_name("gpu"))
+        .enumerate()
+    {
+        let at = gpu.attribute("id").unwrap_or("?");
+        let index = u32::try_from(i).map_err(|_| "too many GPUs".to_string())?;
+        let uuid = child_text(gpu, "uuid")
+            .filter(|u| !is_na(u))
+            .ok_or_else(|| format!("GPU {i} ({at}): no <uuid>"))?
+            .to_string();
+        let name = child_text(gpu, "product_name").unwrap_or("").to_string();
+        let minor = match child_text(gpu, "minor_number") {
+            None => None,
+            Some(m) if is_na(m) => None,
+            Some(m) => Some(
+                m.parse()
+                    .map_err(|_| format!("GPU {i} ({at}): minor number {m:?} is not a number"))?,
+            ),
+        };
+        let pci_bus_id = gpu
+            .children()
+            .find(|n| n.has_tag_name("pci"))
+            .and_then(|pci| child_text(pci, "pci_bus_id"))
+            .or_else(|| gpu.attribute("id"))
+            .unwrap_or("")
+            .to_string();
+        let total = gpu
+            .children()
+            .find(|n| n.has_tag_name("fb_memory_usage"))
+            .and_then(|fb| child_text(fb, "total"))
+            .ok_or_else(|| format!("GPU {i} ({at}): no <fb_memory_usage><total>"))?;
+        let memory_bytes =
+            parse_memory(total).map_err(|e| format!("GPU {i} ({at}): memory total: {e}"))?;
+        devices.push(GpuDevice {
+            index,
+            uuid,
+            name,
+            minor,
+            pci_bus_id,
+            memory_bytes,
+        });
+    }
+    Ok(Inventory {
+        backend: "nvidia-smi",
+        driver_version,
+        devices,
+    })
+}
+
+fn child_text<'a>(node: roxmltree::Node<'a, '_>, tag: &str) -> Option<&'a str> {
+    node.children()
+        .find(|n| n.has_tag_name(tag))
+        .and_then(|n| n.text())
+        .map(str::trim)
+}
+
+fn is_na(text: &str) -> bool {
+    text.eq_ignore_ascii_case("N/A") || text.is_empty()
+}
+
+/// `16160 MiB` -> bytes (KiB, MiB, GiB accepted).
+fn parse_memory(text: &str) -> Result<u64, String> {
+    let mut parts = text.split_whitespace();
+    let (Some(number), Some(unit), None) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(format!("{text:?} is not `<number> MiB`"));
+    };
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not `<number> MiB`"))?;
+    let factor: u64 = match unit {
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        other => return Err(format!("unknown unit {other:?} in {text:?}")),
+    };
+    n.checked_mul(factor)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+/// A PCI location without the function: (domain, bus, device).
+type PciLocation = (u32, u32, u32);
+
+/// `00000000:3B:00.0`, `0000:3b:00` or `PCI:0000:3b:00` -> (domain, bus, device).
+pub fn pci_location(text: &str) -> Option<PciLocation> {
+    let text = text.trim();
+    let text = text.strip_prefix("PCI:").unwrap_or(text);
+    let mut parts = text.split(':');
+    let (domain, bus, rest) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() {
+        return None;
+    }
+    let device = rest.split('.').next()?;
+    Some((
+        u32::from_str_radix(domain, 16).ok()?,
+        u32::from_str_radix(bus, 16).ok()?,
+        u32::from_str_radix(device, 16).ok()?,
+    ))
+}
+
+/// One `NVRM: Xid` kernel line: where and which XID.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KmsgXid {
+    /// The PCI location as the driver printed it (`0000:3b:00`).
+    pub pci: String,
+    /// The XID number.
+    pub xid: u64,
+}
+
+/// Parses a kernel log line (a `/dev/kmsg` record or a `dmesg` line) for an NVIDIA XID:
+/// `NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, …`.
+pub fn parse_kmsg_xid(line: &str) -> Option<KmsgXid> {
+    let rest = &line[line.find("NVRM: Xid (")? + "NVRM: Xid (".len()..];
+    let (pci, rest) = rest.split_once("):")?;
+    let digits: String = rest
+        .trim_start()
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    let xid = digits.parse().ok()?;
+    let pci = pci
+        .trim()
+        .strip_prefix("PCI:")
+        .unwrap_or(pci.trim())
+        .to_string();
+    Some(KmsgXid { pci, xid })
+}
+
+/// The UUID of the device at `pci` among `devices`.
+fn uuid_at(devices: &[GpuDevice], pci: &str) -> Option<String> {
+    let wanted = pci_location(pci)?;
+    devices
+        .iter()
+        .find(|d| pci_location(&d.pci_bus_id) == Some(wanted))
+        .map(|d| d.uuid.clone())
+}
+
+fn open_kmsg(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(O_NONBLOCK)
+        .open(path)?;
+    // Only what is logged from now on: history is not news (and kmsg replays its buffer).
+    file.seek(SeekFrom::End(0))?;
+    Ok(file)
+}
+
+/// Reads new kernel log lines until `tx` closes; sends one event per XID line.
+fn tail_kmsg(mut file: std::fs::File, devices: &[GpuDevice], tx: &mpsc::Sender<HealthEvent>) {
+    let mut pending: Vec<u8> = Vec::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    while !tx.is_closed() {
+        match file.read(&mut buf) {
+            Ok(0) => std::thread::sleep(KMSG_IDLE),
+            Ok(n) => {
+                pending.extend_from_slice(&buf[..n]);
+                while let Some(end) = pending.iter().position(|&b| b == b'\n') {
+                    let line: Vec<u8> = pending.drain(..=end).collect();
+                    let line = String::from_utf8_lossy(&line);
+                    if let Some(found) = parse_kmsg_xid(&line) {
+                        let uuid = uuid_at(devices, &found.pci);
+                        if tx
+                            .blocking_send(HealthEvent::Xid {
+                                uuid,
+                                xid: found.xid,
+                            })
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(KMSG_IDLE),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            // kmsg: records were overwritten before we read them; carry on from the next.
+            Err(e) if e.raw_os_error() == Some(32) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the kernel log failed; XIDs from it stop");
+                return;
+            }
+        }
+    }
+}
+
+/// Re-runs nvidia-smi every poll interval; reports each GPU that vanished or is unreachable
+/// once (again only after it came back and went again).
+fn poll_health(options: &NvidiaSmiOptions, known: Vec<GpuDevice>, tx: &mpsc::Sender<HealthEvent>) {
+    let mut lost: Vec<String> = Vec::new();
+    loop {
+        let wake = Instant::now() + options.poll_interval;
+        while Instant::now() < wake {
+            if tx.is_closed() {
+                return;
+            }
+            std::thread::sleep(POLL_STEP.min(wake.saturating_duration_since(Instant::now())));
+        }
+        let missing = match run(options) {
+            Ok(r) if r.success => match parse_xml(&r.stdout) {
+                Ok(now) => known
+                    .iter()
+                    .filter(|k| !now.devices.iter().any(|d| d.uuid == k.uuid))
+                    .map(|k| k.uuid.clone())
+                    .collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "nvidia-smi output not understood during a health poll");
+                    continue;
+                }
+            },
+            Ok(r) => {
+                let unreachable = unreachable_gpus(&r.text(), &known);
+                if unreachable.is_empty() {
+                    tracing::warn!(output = %first_lines(&r.text()), "nvidia-smi failed during a health poll");
+                    continue;
+                }
+                unreachable
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "nvidia-smi health poll failed");
+                continue;
+            }
+        };
+        lost.retain(|uuid| missing.contains(uuid));
+        for uuid in missing {
+            if lost.contains(&uuid) {
+                continue;
+            }
+            lost.push(uuid.clone());
+            if tx.blocking_send(HealthEvent::Lost { uuid }).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// GPUs named in nvidia-smi's "Unable to determine the device handle for GPU <pci>: …" lines.
+fn unreachable_gpus(output: &str, known: &[GpuDevice]) -> Vec<String> {
+    const MARK: &str = "Unable to determine the device handle for GPU";
+    output
+        .lines()
+        .filter_map(|l| {
+            let rest = l[l.find(MARK)? + MARK.len()..].trim_start();
+            let pci = rest.split_whitespace().next()?;
+            uuid_at(known, pci.trim_end_matches(':'))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kmsg_lines_of_several_shapes() {
+        let cases = [
+            (
+                "4,1234,5678901234,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.",
+                Some(("0000:3b:00", 79)),
+            ),
+            (
+                "[123456.789012] NVRM: Xid (PCI:0000:86:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.",
+                Some(("0000:86:00", 48)),
+            ),
+            (
+                "NVRM: Xid (0000:07:00): 31, Ch 00000008, engmask 00000101, intr 10000000",
+                Some(("0000:07:00", 31)),
+            ),
+            (
+                "NVRM: GPU at PCI:0000:3b:00: GPU-8f4c3a62-1d2b-8a8e-7c0a-3e5f1b2c4d6e",
+                None,
+            ),
+            ("NVRM: Xid (PCI:0000:3b:00): , garbage", None),
+            ("usb 1-1: new high-speed USB device", None),
+        ];
+        for (line, want) in cases {
+            let got = parse_kmsg_xid(line);
+            let want = want.map(|(pci, xid)| KmsgXid {
+                pci: pci.to_string(),
+                xid,
+            });
+            assert_eq!(got, want, "{line}");
+        }
+    }
+
+    #[test]
+    fn pci_locations_match_across_formats() {
+        assert_eq!(pci_location("00000000:3B:00.0"), Some((0, 0x3b, 0)));
+        assert_eq!(pci_location("0000:3b:00"), Some((0, 0x3b, 0)));
+        assert_eq!(pci_location("PCI:0000:3b:00"), Some((0, 0x3b, 0)));
+        assert_eq!(pci_location("00000001:00:1E.0"), Some((1, 0, 0x1e)));
+        assert_eq!(pci_location("nonsense"), None);
+    }
+
+    #[test]
+    fn memory_totals() {
+        assert_eq!(parse_memory("16160 MiB"), Ok(16160 << 20));
+        assert_eq!(parse_memory("80 GiB"), Ok(80 << 30));
+        assert!(parse_memory("N/A").is_err());
+        assert!(parse_memory("12 MB").is_err());
+    }
+
+    #[test]
+    fn garbage_is_a_clear_error() {
+        assert!(
+            parse_xml("NVIDIA-SMI has failed")
+                .unwrap_err()
+                .contains("not the expected XML")
+        );
+        assert!(
+            parse_xml("<other/>")
+                .unwrap_err()
+                .contains("expected <nvidia_smi_log>")
+        );
+        assert!(
+            parse_xml("<nvidia_smi_log/>")
+                .unwrap_err()
+                .contains("driver_version")
+        );
+        let no_uuid = "<nvidia_smi_log><driver_version>1</driver_version><gpu id=\"x\"></gpu></nvidia_smi_log>";
+        assert!(parse_xml(no_uuid).unwrap_err().contains("no <uuid>"));
+    }
+
+    #[test]
+    fn unreachable_lines_name_the_gpu() {
+        let known = vec![GpuDevice {
+            index: 0,
+            uuid: "GPU-a".into(),
+            name: "x".into(),
+            minor: Some(0),
+            pci_bus_id: "00000000:3B:00.0".into(),
+            memory_bytes: 1,
+        }];
+        let out = "Unable to determine the device handle for GPU 0000:3B:00.0: GPU is lost.  Reboot the system to recover this GPU";
+        assert_eq!(unreachable_gpus(out, &known), vec!["GPU-a".to_string()]);
+        assert!(unreachable_gpus("No devices were found", &known).is_empty());
     }
 }
