@@ -2,7 +2,8 @@
 //! harness (binary runner, fixtures).
 
 mod cli;
-mod inspect;
-mod sandbox_kubelet;
 mod gpu;
+mod inspect;
+mod packaging;
+mod sandbox_kubelet;
 mod support;

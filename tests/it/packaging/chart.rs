@@ -1,0 +1,568 @@
+//! The Helm chart: rendered (by `helm_lite`, release `gpushare` in `kube-system`) it equals
+//! `packaging/manifests/`, every object is a valid Kubernetes object, and the upstream names,
+//! labels and ports existing clusters depend on are kept.
+//!
+//! `GPUSHARE_UPDATE_GOLDEN=1 cargo test --test it packaging` rewrites `packaging/manifests/`
+//! from the chart (one file per template, same name).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_yaml::Value;
+
+use gpushare::core::wire;
+
+use super::helm_lite::{self, Context};
+use super::{read, repo_path, yaml_documents};
+
+const CHART: &str = "packaging/helm/gpushare";
+const MANIFESTS: &str = "packaging/manifests";
+const RELEASE: &str = "gpushare";
+const NAMESPACE: &str = "kube-system";
+
+fn default_values() -> Value {
+    serde_yaml::from_str(&read(&format!("{CHART}/values.yaml"))).expect("values.yaml parses")
+}
+
+/// `base` with `overlay` merged in (maps deeply, everything else replaced), like `--set`.
+fn merged(base: &Value, overlay: &Value) -> Value {
+    match (base, overlay) {
+        (Value::Mapping(b), Value::Mapping(o)) => {
+            let mut out = b.clone();
+            for (k, v) in o {
+                let merged_v = match b.get(k) {
+                    Some(bv) => merged(bv, v),
+                    None => v.clone(),
+                };
+                out.insert(k.clone(), merged_v);
+            }
+            Value::Mapping(out)
+        }
+        (_, o) => o.clone(),
+    }
+}
+
+/// Every template's rendered text, by file name (sorted).
+fn render_chart(values: Value) -> BTreeMap<String, String> {
+    let ctx = Context::new(
+        &read(&format!("{CHART}/Chart.yaml")),
+        values,
+        RELEASE,
+        NAMESPACE,
+    )
+    .expect("chart context");
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(repo_path(&format!("{CHART}/templates"))).expect("templates dir")
+    {
+        let path = entry.expect("dir entry").path();
+        let name = file_name(&path);
+        if !name.ends_with(".yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("template readable");
+        let rendered = helm_lite::render(&name, &text, &ctx).unwrap_or_else(|e| panic!("{e}"));
+        out.insert(name, rendered);
+    }
+    assert!(!out.is_empty(), "no templates found");
+    out
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+fn golden_header(template: &str) -> String {
+    format!(
+        "# Rendered from {CHART}/templates/{template} (release {RELEASE}, namespace {NAMESPACE},\n\
+         # default values). Do not edit: change the chart, then regenerate with\n\
+         #   GPUSHARE_UPDATE_GOLDEN=1 cargo test --test it packaging\n"
+    )
+}
+
+/// The manifests as (file name, documents).
+fn manifest_documents() -> BTreeMap<String, Vec<Value>> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(repo_path(MANIFESTS)).expect("manifests dir") {
+        let path = entry.expect("dir entry").path();
+        let name = file_name(&path);
+        let text = std::fs::read_to_string(&path).expect("manifest readable");
+        out.insert(name.clone(), yaml_documents(&name, &text));
+    }
+    out
+}
+
+#[test]
+fn rendered_chart_equals_the_plain_manifests() {
+    let rendered = render_chart(default_values());
+    if std::env::var_os("GPUSHARE_UPDATE_GOLDEN").is_some_and(|v| v == "1") {
+        let dir = repo_path(MANIFESTS);
+        for entry in std::fs::read_dir(&dir).expect("manifests dir") {
+            let path = entry.expect("dir entry").path();
+            if !rendered.contains_key(&file_name(&path)) {
+                std::fs::remove_file(&path).expect("remove stale manifest");
+            }
+        }
+        for (name, text) in &rendered {
+            let body = text.trim_start_matches('\n');
+            std::fs::write(dir.join(name), format!("{}{body}", golden_header(name)))
+                .expect("write manifest");
+        }
+    }
+    let manifests = manifest_documents();
+    assert_eq!(
+        manifests.keys().collect::<Vec<_>>(),
+        rendered.keys().collect::<Vec<_>>(),
+        "packaging/manifests/ must hold one file per chart template \
+         (regenerate: GPUSHARE_UPDATE_GOLDEN=1 cargo test --test it packaging)"
+    );
+    for (name, text) in &rendered {
+        let docs = yaml_documents(name, text);
+        assert!(!docs.is_empty(), "{name} renders no object");
+        assert_eq!(
+            &docs, &manifests[name],
+            "{MANIFESTS}/{name} differs from the chart \
+             (regenerate: GPUSHARE_UPDATE_GOLDEN=1 cargo test --test it packaging)"
+        );
+    }
+}
+
+/// Parses `doc` as `T` and serializes it back: equal only if every field is one `T` knows,
+/// with the right type (k8s-openapi's deserializers alone ignore unknown fields).
+fn round_trip<T: DeserializeOwned + Serialize>(doc: &Value) -> Result<(), String> {
+    let typed: T = serde_yaml::from_value(doc.clone()).map_err(|e| e.to_string())?;
+    let back = serde_json::to_value(&typed).map_err(|e| e.to_string())?;
+    let original = serde_json::to_value(doc).map_err(|e| e.to_string())?;
+    if back == original {
+        Ok(())
+    } else {
+        Err(format!(
+            "fields lost or changed by the typed round trip:\n--- as written\n{}\n--- as {}\n{}",
+            serde_json::to_string_pretty(&original).unwrap_or_default(),
+            std::any::type_name::<T>(),
+            serde_json::to_string_pretty(&back).unwrap_or_default()
+        ))
+    }
+}
+
+/// Checks `doc` against the k8s-openapi type its `kind` names; returns the kind.
+fn check_typed(doc: &Value) -> Result<String, String> {
+    let kind = doc
+        .get("kind")
+        .and_then(Value::as_str)
+        .ok_or("document without kind")?
+        .to_string();
+    match kind.as_str() {
+        "Deployment" => round_trip::<Deployment>(doc),
+        "DaemonSet" => round_trip::<DaemonSet>(doc),
+        "Service" => round_trip::<Service>(doc),
+        "ServiceAccount" => round_trip::<ServiceAccount>(doc),
+        "ClusterRole" => round_trip::<ClusterRole>(doc),
+        "ClusterRoleBinding" => round_trip::<ClusterRoleBinding>(doc),
+        "Role" => round_trip::<Role>(doc),
+        "RoleBinding" => round_trip::<RoleBinding>(doc),
+        "ConfigMap" => round_trip::<ConfigMap>(doc),
+        other => Err(format!("unexpected kind {other}")),
+    }?;
+    Ok(kind)
+}
+
+#[test]
+fn every_manifest_is_a_valid_kubernetes_object() {
+    let mut kinds = std::collections::BTreeSet::new();
+    for (name, docs) in manifest_documents() {
+        for doc in &docs {
+            match check_typed(doc) {
+                Ok(kind) => kinds.insert(kind),
+                Err(e) => panic!("{MANIFESTS}/{name}: {e}"),
+            };
+        }
+    }
+    let expected = [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "DaemonSet",
+        "Deployment",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+    ];
+    assert_eq!(kinds.into_iter().collect::<Vec<_>>(), expected);
+}
+
+#[test]
+fn every_chart_option_renders_valid_objects() {
+    let variants = [
+        "extender: {leaderElect: false, replicas: 1, hostNetwork: true, nodeSelector: {node-role.kubernetes.io/control-plane: ''}}",
+        "devicePlugin: {kmsg: true, mps: true, hostNetwork: true, runtimeClassName: nvidia, tolerations: []}",
+        "skipDoctor: true\nlogFormat: json\ndevicePlugin: {memoryUnit: 256MiB, healthCheck: false}",
+        "extender: {tolerations: [], affinity: {}}",
+    ];
+    for overlay in variants {
+        let values = merged(
+            &default_values(),
+            &serde_yaml::from_str(overlay).expect("variant parses"),
+        );
+        for (name, text) in render_chart(values) {
+            for doc in yaml_documents(&name, &text) {
+                if let Err(e) = check_typed(&doc) {
+                    panic!("{name} with {overlay}: {e}");
+                }
+            }
+        }
+    }
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+fn all_documents(values: Value) -> Vec<Value> {
+    render_chart(values)
+        .iter()
+        .flat_map(|(name, text)| yaml_documents(name, text))
+        .collect()
+}
+
+fn args(container: &Value) -> Vec<String> {
+    container["args"]
+        .as_sequence()
+        .expect("args")
+        .iter()
+        .filter_map(|a| a.as_str().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn upstream_names_labels_and_ports_are_kept() {
+    let docs = all_documents(default_values());
+    let labels = |pairs: &[(&str, &str)]| -> Value {
+        serde_yaml::to_value(pairs.iter().copied().collect::<BTreeMap<_, _>>()).expect("labels")
+    };
+    let extender_labels = labels(&[
+        ("app", "gpushare"),
+        (wire::LABEL_COMPONENT, wire::EXTENDER_COMPONENT),
+    ]);
+
+    // Service: name, namespace, NodePort 32766 -> 12345 named http, upstream selector.
+    let svc = find(&docs, "Service", wire::EXTENDER_COMPONENT);
+    assert_eq!(svc["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(svc["spec"]["type"], "NodePort");
+    let port = &svc["spec"]["ports"][0];
+    assert_eq!(
+        (port["name"].as_str(), port["port"].as_u64()),
+        (Some("http"), Some(12345))
+    );
+    assert_eq!(
+        (port["targetPort"].as_u64(), port["nodePort"].as_u64()),
+        (Some(12345), Some(32766))
+    );
+    assert_eq!(svc["spec"]["selector"], extender_labels);
+
+    // Deployment: same selector, pods carry it, served on 12345, probes, HA defaults.
+    let dep = find(&docs, "Deployment", wire::EXTENDER_COMPONENT);
+    assert_eq!(dep["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(dep["spec"]["selector"]["matchLabels"], extender_labels);
+    assert_eq!(dep["spec"]["replicas"], 2);
+    let pod = &dep["spec"]["template"];
+    for (k, v) in extender_labels.as_mapping().expect("map") {
+        assert_eq!(&pod["metadata"]["labels"][k], v);
+    }
+    assert_eq!(pod["spec"]["serviceAccountName"], wire::EXTENDER_COMPONENT);
+    // EXT#36: no master-only node selector; control-plane and master taints tolerated.
+    assert!(pod["spec"].get("nodeSelector").is_none());
+    let tolerated: Vec<&str> = pod["spec"]["tolerations"]
+        .as_sequence()
+        .expect("tolerations")
+        .iter()
+        .filter_map(|t| t["key"].as_str())
+        .collect();
+    for key in [
+        "node-role.kubernetes.io/control-plane",
+        "node-role.kubernetes.io/master",
+    ] {
+        assert!(tolerated.contains(&key), "extender must tolerate {key}");
+    }
+    let c = &pod["spec"]["containers"][0];
+    assert_eq!(c["ports"][0]["containerPort"], 12345);
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    let a = args(c);
+    assert_eq!(a[0], "extender");
+    for flag in [
+        "--port=12345",
+        "--leader-elect",
+        "--lease-namespace=kube-system",
+    ] {
+        assert!(
+            a.iter().any(|x| x == flag),
+            "extender args lack {flag}: {a:?}"
+        );
+    }
+
+    // DaemonSet: upstream name, labels, selector, node label, sockets.
+    let ds = find(&docs, "DaemonSet", "gpushare-device-plugin-ds");
+    assert_eq!(ds["metadata"]["namespace"], NAMESPACE);
+    let ds_labels = labels(&[
+        ("app", "gpushare"),
+        (wire::LABEL_COMPONENT, wire::DEVICE_PLUGIN_COMPONENT),
+        ("name", "gpushare-device-plugin-ds"),
+    ]);
+    assert_eq!(ds["spec"]["selector"]["matchLabels"], ds_labels);
+    let pod = &ds["spec"]["template"];
+    for (k, v) in ds_labels.as_mapping().expect("map") {
+        assert_eq!(&pod["metadata"]["labels"][k], v);
+        assert_eq!(&ds["metadata"]["labels"][k], v);
+    }
+    assert_eq!(
+        pod["spec"]["nodeSelector"],
+        labels(&[(wire::LABEL_GPUSHARE, "true")])
+    );
+    assert_eq!(
+        pod["spec"]["serviceAccountName"],
+        wire::DEVICE_PLUGIN_COMPONENT
+    );
+    assert_eq!(pod["spec"]["priorityClassName"], "system-node-critical");
+    let host_paths: Vec<&str> = pod["spec"]["volumes"]
+        .as_sequence()
+        .expect("volumes")
+        .iter()
+        .filter_map(|v| v["hostPath"]["path"].as_str())
+        .collect();
+    assert!(
+        host_paths.contains(&wire::DEFAULT_DEVICE_PLUGIN_DIR),
+        "{host_paths:?}"
+    );
+    let pod_resources_dir = Path::new(wire::DEFAULT_POD_RESOURCES_SOCKET)
+        .parent()
+        .and_then(Path::to_str)
+        .expect("socket dir");
+    assert!(host_paths.contains(&pod_resources_dir), "{host_paths:?}");
+    let c = &pod["spec"]["containers"][0];
+    let mounts: Vec<&str> = c["volumeMounts"]
+        .as_sequence()
+        .expect("mounts")
+        .iter()
+        .filter_map(|m| m["mountPath"].as_str())
+        .collect();
+    assert!(
+        mounts.contains(&wire::DEFAULT_DEVICE_PLUGIN_DIR),
+        "{mounts:?}"
+    );
+    let env: BTreeMap<&str, &Value> = c["env"]
+        .as_sequence()
+        .expect("env")
+        .iter()
+        .filter_map(|e| Some((e["name"].as_str()?, e)))
+        .collect();
+    assert_eq!(
+        env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"],
+        "spec.nodeName"
+    );
+    assert_eq!(env[wire::ENV_VISIBLE_DEVICES]["value"], "all");
+    assert_eq!(env["NVIDIA_DRIVER_CAPABILITIES"]["value"], "utility");
+    assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+    assert_eq!(c["securityContext"]["capabilities"]["drop"][0], "ALL");
+    assert_eq!(args(c)[0], "device-plugin");
+    assert!(args(c).iter().any(|a| a == "--memory-unit=GiB"));
+
+    // ServiceAccounts and cluster roles keep the upstream names.
+    for name in [wire::EXTENDER_COMPONENT, wire::DEVICE_PLUGIN_COMPONENT] {
+        find(&docs, "ServiceAccount", name);
+        find(&docs, "ClusterRole", name);
+        find(&docs, "ClusterRoleBinding", name);
+    }
+}
+
+/// The (group, resource, verb) triples a set of RBAC rules grants.
+fn grants(rules: &Value) -> std::collections::BTreeSet<(String, String, String)> {
+    let mut out = std::collections::BTreeSet::new();
+    for rule in rules.as_sequence().into_iter().flatten() {
+        let list = |k: &str| -> Vec<String> {
+            rule[k]
+                .as_sequence()
+                .map(|s| {
+                    s.iter()
+                        .filter_map(|v| v.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        for g in list("apiGroups") {
+            for r in list("resources") {
+                for v in list("verbs") {
+                    out.insert((g.clone(), r.clone(), v));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn triples(spec: &[(&str, &str, &[&str])]) -> std::collections::BTreeSet<(String, String, String)> {
+    spec.iter()
+        .flat_map(|(g, r, verbs)| {
+            verbs
+                .iter()
+                .map(move |v| (g.to_string(), r.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn rbac_grants_exactly_what_each_role_uses() {
+    let docs = all_documents(default_values());
+    let ext = find(&docs, "ClusterRole", wire::EXTENDER_COMPONENT);
+    assert_eq!(
+        grants(&ext["rules"]),
+        triples(&[
+            ("", "pods", &["get", "list", "watch", "patch"]),
+            ("", "pods/binding", &["create"]),
+            ("", "bindings", &["create"]),
+            ("", "nodes", &["get", "list", "watch"]),
+            ("", "events", &["create", "patch"]),
+            ("events.k8s.io", "events", &["create", "patch"]),
+        ])
+    );
+    // ConfigMaps: read-only and only in the namespace of the unhealthy-gpu-* maps.
+    let cm_role = docs
+        .iter()
+        .find(|d| d["kind"] == "Role" && grants(&d["rules"]).iter().any(|g| g.1 == "configmaps"))
+        .expect("a Role for configmaps");
+    assert_eq!(
+        cm_role["metadata"]["namespace"],
+        wire::UNHEALTHY_CONFIGMAP_NAMESPACE
+    );
+    assert_eq!(
+        grants(&cm_role["rules"]),
+        triples(&[("", "configmaps", &["get", "list", "watch"])])
+    );
+    // Leases: a Role in the release namespace, get/update limited to the extender's Lease.
+    let lease_role = find(&docs, "Role", "gpushare-schd-extender-lease");
+    assert_eq!(lease_role["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(
+        grants(&lease_role["rules"]),
+        triples(&[(
+            "coordination.k8s.io",
+            "leases",
+            &["create", "get", "update"]
+        )])
+    );
+    assert_eq!(
+        lease_role["rules"][1]["resourceNames"][0],
+        "gpushare-schd-extender"
+    );
+    // Without leader election there is no Lease access at all.
+    let single = all_documents(merged(
+        &default_values(),
+        &serde_yaml::from_str("extender: {leaderElect: false}").expect("overlay"),
+    ));
+    assert!(
+        !single
+            .iter()
+            .any(|d| grants(&d["rules"]).iter().any(|g| g.1 == "leases"))
+    );
+
+    let dp = find(&docs, "ClusterRole", wire::DEVICE_PLUGIN_COMPONENT);
+    assert_eq!(
+        grants(&dp["rules"]),
+        triples(&[
+            ("", "pods", &["get", "list", "watch", "patch"]),
+            ("", "nodes", &["get", "list", "watch", "patch"]),
+            ("", "nodes/status", &["patch"]),
+            ("", "events", &["create", "patch"]),
+            ("events.k8s.io", "events", &["create", "patch"]),
+        ])
+    );
+    // Every binding points at its role and the right ServiceAccount.
+    for d in docs
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRoleBinding" || d["kind"] == "RoleBinding")
+    {
+        let role = d["roleRef"]["name"].as_str().expect("roleRef");
+        let role_kind = if d["kind"] == "RoleBinding" {
+            "Role"
+        } else {
+            "ClusterRole"
+        };
+        let role_doc = find(&docs, role_kind, role);
+        if role_kind == "Role" {
+            assert_eq!(
+                role_doc["metadata"]["namespace"],
+                d["metadata"]["namespace"]
+            );
+        }
+        assert_eq!(d["subjects"][0]["kind"], "ServiceAccount");
+        assert_eq!(d["subjects"][0]["namespace"], NAMESPACE);
+        let sa = d["subjects"][0]["name"].as_str().expect("subject");
+        assert!(role.starts_with(sa), "{role} bound to {sa}");
+    }
+}
+
+/// The extender block every copy of the scheduler configuration must carry.
+pub(super) fn assert_scheduler_config(cfg: &Value, url: &str) {
+    assert_eq!(cfg["apiVersion"], "kubescheduler.config.k8s.io/v1");
+    assert_eq!(cfg["kind"], "KubeSchedulerConfiguration");
+    assert_eq!(
+        cfg["clientConnection"]["kubeconfig"],
+        "/etc/kubernetes/scheduler.conf"
+    );
+    let extenders = cfg["extenders"].as_sequence().expect("extenders");
+    assert_eq!(extenders.len(), 1);
+    let e = &extenders[0];
+    assert_eq!(e["urlPrefix"], url);
+    assert_eq!(e["filterVerb"], "filter");
+    assert_eq!(e["prioritizeVerb"], "prioritize");
+    assert_eq!(e["bindVerb"], "bind");
+    assert_eq!(e["weight"], 1);
+    assert_eq!(e["enableHTTPS"], false);
+    assert_eq!(e["nodeCacheCapable"], true);
+    assert_eq!(e["httpTimeout"], "10s");
+    assert_eq!(e["ignorable"], false);
+    let managed = e["managedResources"]
+        .as_sequence()
+        .expect("managedResources");
+    assert_eq!(managed.len(), 1);
+    assert_eq!(managed[0]["name"], wire::RESOURCE_GPU_MEM);
+    assert_eq!(managed[0]["ignoredByScheduler"], false);
+}
+
+/// The default extender URL: the Service's NodePort on the loopback.
+pub(super) fn default_extender_url() -> String {
+    format!("http://127.0.0.1:32766{}", wire::EXTENDER_URL_PREFIX)
+}
+
+#[test]
+fn scheduler_config_is_the_same_in_chart_and_file() {
+    let file: Value =
+        serde_yaml::from_str(&read("packaging/scheduler/scheduler-config.yaml")).expect("parses");
+    assert_scheduler_config(&file, &default_extender_url());
+    let docs = all_documents(default_values());
+    let cm = find(&docs, "ConfigMap", "gpushare-scheduler-config");
+    let embedded: Value = serde_yaml::from_str(
+        cm["data"]["scheduler-config.yaml"]
+            .as_str()
+            .expect("scheduler-config.yaml key"),
+    )
+    .expect("embedded config parses");
+    assert_eq!(embedded, file);
+}
+
+#[test]
+fn chart_version_follows_the_crate() {
+    let chart: Value = serde_yaml::from_str(&read(&format!("{CHART}/Chart.yaml"))).expect("parses");
+    assert_eq!(chart["apiVersion"], "v2");
+    assert_eq!(chart["name"], "gpushare");
+    assert_eq!(chart["appVersion"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(default_values()["image"]["tag"], env!("CARGO_PKG_VERSION"));
+}

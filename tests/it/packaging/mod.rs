@@ -1,0 +1,33 @@
+//! Packaging: the Helm chart and the plain manifests rendered from it, the scheduler
+//! configuration, the kubeadm install script, the systemd units, the image and the krew
+//! manifest. Nothing here needs a cluster, Helm, Docker or a running systemd.
+
+mod chart;
+mod helm_lite;
+mod image;
+mod kubeadm;
+mod systemd;
+
+use std::path::PathBuf;
+
+/// A path in the source tree.
+fn repo_path(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+/// Text of a file in the source tree.
+fn read(rel: &str) -> String {
+    let path = repo_path(rel);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// The YAML documents of `text`, empty documents left out (as `kubectl apply` and Helm do).
+fn yaml_documents(name: &str, text: &str) -> Vec<serde_yaml::Value> {
+    use serde::Deserialize;
+    serde_yaml::Deserializer::from_str(text)
+        .map(|d| {
+            serde_yaml::Value::deserialize(d).unwrap_or_else(|e| panic!("{name}: bad YAML: {e}"))
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
