@@ -414,3 +414,34 @@ async fn gpus_vanishing_from_nvidia_smi_are_reported_lost() {
         .collect();
     assert_eq!(lost, expected);
 }
+
+// ---- real hardware (`make test-gpu`) ----
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver"]
+fn gpu_nvml_and_nvidia_smi_agree_on_the_real_gpus() {
+    let nvml = NvmlBackend::open("").expect("NVML loads on a GPU node");
+    let from_nvml = nvml.inventory().expect("NVML inventory");
+    assert!(!from_nvml.devices.is_empty(), "a GPU node has GPUs");
+    let smi = NvidiaSmiBackend::open(NvidiaSmiOptions::new("nvidia-smi")).expect("nvidia-smi runs");
+    let from_smi = smi.inventory().expect("nvidia-smi inventory");
+    assert_eq!(from_smi.driver_version, from_nvml.driver_version);
+    assert_eq!(from_smi.devices.len(), from_nvml.devices.len());
+    for (a, b) in from_nvml.devices.iter().zip(&from_smi.devices) {
+        assert_eq!(a.index, b.index);
+        assert_eq!(a.uuid, b.uuid);
+        assert_eq!(a.name, b.name);
+        assert_eq!(a.minor, b.minor);
+        assert_eq!(a.pci_bus_id, b.pci_bus_id);
+        // nvidia-smi rounds to MiB.
+        assert_eq!(a.memory_bytes >> 20, b.memory_bytes >> 20, "{}", a.uuid);
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs an NVIDIA GPU and driver"]
+async fn gpu_nvml_event_set_registers_on_the_real_gpus() {
+    let nvml = NvmlBackend::open("").expect("NVML loads on a GPU node");
+    let events = nvml.watch_health().expect("XID event set registers");
+    drop(events);
+}
