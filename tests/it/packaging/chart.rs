@@ -18,7 +18,7 @@ use serde_yaml::Value;
 use gpushare::core::wire;
 
 use super::helm_lite::{self, Context};
-use super::{read, repo_path, yaml_documents};
+use super::{assert_cli_accepts, read, repo_path, yaml_documents};
 
 const CHART: &str = "packaging/helm/gpushare";
 const MANIFESTS: &str = "packaging/manifests";
@@ -216,9 +216,34 @@ fn every_chart_option_renders_valid_objects() {
                 if let Err(e) = check_typed(&doc) {
                     panic!("{name} with {overlay}: {e}");
                 }
+                for c in doc["spec"]["template"]["spec"]["containers"]
+                    .as_sequence()
+                    .into_iter()
+                    .flatten()
+                {
+                    assert_cli_accepts(&args(c), &format!("{name} with {overlay}"));
+                }
             }
         }
     }
+}
+
+#[test]
+fn the_binary_accepts_the_manifests_arguments() {
+    let mut checked = 0;
+    for (name, docs) in manifest_documents() {
+        for doc in docs {
+            for c in doc["spec"]["template"]["spec"]["containers"]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+            {
+                assert_cli_accepts(&args(c), &name);
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 2, "extender and device-plugin containers");
 }
 
 fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {

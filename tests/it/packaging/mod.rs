@@ -31,3 +31,16 @@ fn yaml_documents(name: &str, text: &str) -> Vec<serde_yaml::Value> {
         .filter(|v| !v.is_null())
         .collect()
 }
+
+/// Asserts that the real `gpushare` command line accepts `args` (a subcommand and its flags,
+/// as a manifest or unit writes them): clap validates every flag before `--help` stops it.
+fn assert_cli_accepts(args: &[String], what: &str) {
+    let mut argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    argv.push("--help");
+    let out = crate::support::run(&argv);
+    assert!(
+        out.status.success(),
+        "{what}: gpushare rejects {args:?}:\n{}",
+        crate::support::stderr(&out)
+    );
+}

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use super::{read, repo_path};
+use super::{assert_cli_accepts, read, repo_path};
 
 const INSTALLED_BIN: &str = "/usr/local/bin/gpushare";
 const UNITS: [&str; 3] = [
@@ -153,4 +153,35 @@ fn extender_and_doctor_units() {
         }
     }
     assert!(repo_path("systemd/gpushare.env").is_file());
+}
+
+#[test]
+fn the_binary_accepts_the_units_commands() {
+    let role = |unit: &str| {
+        section(unit, "Service")["Environment"]
+            .iter()
+            .find_map(|e| e.strip_prefix("GPUSHARE_DOCTOR_ROLE=").map(str::to_string))
+    };
+    for unit_name in UNITS {
+        let unit = read(&format!("systemd/{unit_name}"));
+        let s = section(&unit, "Service");
+        let commands = s
+            .get("ExecStartPre")
+            .into_iter()
+            .flatten()
+            .chain(&s["ExecStart"]);
+        for command in commands {
+            // The units' argument variables are empty by default; the doctor role is `node`.
+            let args: Vec<String> = command
+                .split_whitespace()
+                .skip(1)
+                .filter(|w| !(w.starts_with('$') && !w.starts_with("${")))
+                .map(|w| match w {
+                    "${GPUSHARE_DOCTOR_ROLE}" => role(&unit).expect("a default role"),
+                    w => w.to_string(),
+                })
+                .collect();
+            assert_cli_accepts(&args, unit_name);
+        }
+    }
 }
