@@ -24,7 +24,7 @@
 //!   "notes": [ "..." ] }
 //! ```
 //!
-//! Amounts are integers in the node's unit. `state` is one of `allocated`, `assumed`,
+//! Amounts are integers in the node's unit. `state` is one of `assigned`, `assumed`,
 //! `bound`, `allocation-annotation` (on a GPU), `no-index`, `index-out-of-range` (pending),
 //! or whatever the extender reports. New keys may be added; existing keys keep their meaning.
 //!

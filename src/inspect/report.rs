@@ -108,7 +108,7 @@ pub struct PodShare {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PodState {
     /// The device plugin served it (`ALIYUN_COM_GPU_MEM_ASSIGNED=true`).
-    Allocated,
+    Assigned,
     /// The extender bound it; the device plugin has not served it yet (`ASSIGNED=false`).
     Assumed,
     /// It has a GPU index but no `ASSIGNED` annotation.
@@ -125,7 +125,7 @@ impl PodState {
     /// The name used in the output.
     pub fn as_str(self) -> &'static str {
         match self {
-            PodState::Allocated => "allocated",
+            PodState::Assigned => "assigned",
             PodState::Assumed => "assumed",
             PodState::Bound => "bound",
             PodState::AllocationAnnotation => "allocation-annotation",
@@ -365,7 +365,7 @@ fn place_pod(node: &mut NodeReport, pod: &Pod) {
         return;
     }
     let state = match annotations.assigned {
-        Some(true) => PodState::Allocated,
+        Some(true) => PodState::Assigned,
         Some(false) => PodState::Assumed,
         None => PodState::Bound,
     };
@@ -381,7 +381,7 @@ fn place_pod(node: &mut NodeReport, pod: &Pod) {
 }
 
 /// The extender's `/inspect` answer (upstream keys, plus the optional extras our extender
-/// adds: node `unit` and `address`, device `healthy`, pod `uid` and `state`).
+/// adds: node `unit`, `address` and `pending` pods, device `healthy`, pod `uid` and `state`).
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct ExtenderInspect {
     /// Nodes.
@@ -414,6 +414,9 @@ pub struct ExtenderNode {
     /// Address (ours).
     #[serde(default)]
     pub address: Option<String>,
+    /// Pods on the node whose GPU index it does not have (ours).
+    #[serde(default)]
+    pub pending: Vec<ExtenderPod>,
 }
 
 /// A GPU in the extender's answer.
@@ -509,6 +512,9 @@ impl Report {
             for d in n.devs.iter().filter(|d| d.id < 0) {
                 report.pending.extend(d.pods.iter().map(|p| share(p, true)));
             }
+            report
+                .pending
+                .extend(n.pending.iter().map(|p| share(p, true)));
             report.finish();
             nodes.push(report);
         }
@@ -564,7 +570,7 @@ items:
         assert_eq!(n.address, "10.0.0.1");
         assert_eq!(n.unit, "GiB");
         assert_eq!(n.gpus[1].used, 4);
-        assert_eq!(n.gpus[1].pods[0].state, "allocated");
+        assert_eq!(n.gpus[1].pods[0].state, "assigned");
         assert_eq!(n.gpus[0].used, 0, "finished pods hold nothing");
         assert_eq!(n.pending[0].name, "a");
         assert_eq!(n.pending[0].state, "index-out-of-range");

@@ -32,7 +32,9 @@ fn golden_path(name: &str) -> PathBuf {
 fn check_golden(name: &str, actual: &str) {
     let path = golden_path(name);
     if std::env::var("GPUSHARE_UPDATE_GOLDEN").as_deref() == Ok("1") {
-        std::fs::write(&path, actual).expect("golden file written");
+        let tmp = path.with_extension("txt.new");
+        std::fs::write(&tmp, actual).expect("golden file written");
+        std::fs::rename(&tmp, &path).expect("golden file replaced");
         return;
     }
     let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
@@ -332,4 +334,149 @@ fn an_unreachable_api_server_is_one_line_and_exit_1() {
         );
         assert!(stdout(&out).is_empty());
     }
+}
+
+/// The kubectl binaries the end-to-end test drives (Google Cloud SDK layout).
+const KUBECTLS: [&str; 2] = [
+    "/usr/lib/google-cloud-sdk/bin/kubectl.1.27",
+    "/usr/lib/google-cloud-sdk/bin/kubectl.1.33",
+];
+
+/// Seeds the sandbox API server with every item of a fixture `List`.
+fn seed_fixture(server: &gpushare::sandbox::apiserver::ApiServer, fixture_name: &str) {
+    let text = std::fs::read_to_string(fixture(&format!("inspect/{fixture_name}.yaml")))
+        .expect("fixture readable");
+    let list: serde_json::Value = serde_yaml::from_str(&text).expect("fixture parses");
+    for item in list["items"].as_array().expect("a List") {
+        server
+            .create_object(item.clone())
+            .unwrap_or_else(|e| panic!("seeding {item}: {e:#}"));
+    }
+}
+
+#[test]
+fn kubectl_runs_the_plugin_against_the_sandbox_api_server() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let server = runtime
+        .block_on(gpushare::sandbox::apiserver::ApiServer::start())
+        .expect("sandbox API server starts");
+    seed_fixture(&server, "userguide");
+    let kubeconfig = server.kubeconfig_path();
+    let plugin_dir = tempfile::tempdir().expect("temp dir");
+    std::os::unix::fs::symlink(
+        crate::support::bin(),
+        plugin_dir.path().join("kubectl-inspect-gpushare"),
+    )
+    .expect("symlink");
+    // The in-process rendering, which `golden_userguide_cluster` checks against the golden
+    // files (reading those here would race with their rewrite under GPUSHARE_UPDATE_GOLDEN).
+    let expected = report_of("userguide");
+    let table = render_report(&expected, Format::Table, false);
+    let details = render_report(&expected, Format::Table, true);
+    let mut ran = 0;
+    for kubectl in KUBECTLS {
+        let kubectl = std::path::Path::new(kubectl);
+        if !kubectl.exists() {
+            eprintln!("skipping {}: not installed", kubectl.display());
+            continue;
+        }
+        let kubectl_dir = kubectl.parent().expect("a folder");
+        let path = std::env::join_paths([plugin_dir.path(), kubectl_dir]).expect("PATH");
+        let command = || {
+            let mut c = std::process::Command::new(kubectl);
+            // A clean environment: the test's own GPUSHARE_UPDATE_GOLDEN would otherwise
+            // reach the binary's configuration (GPUSHARE_* variables are configuration).
+            c.env_clear().env("PATH", &path);
+            if let Some(home) = std::env::var_os("HOME") {
+                c.env("HOME", home);
+            }
+            c
+        };
+        // kubectl refuses flags before the plugin name: they go after it.
+        let out = command()
+            .args(["inspect", "gpushare", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .output()
+            .expect("kubectl runs");
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            kubectl.display(),
+            stderr(&out)
+        );
+        assert_eq!(
+            stdout(&out),
+            table,
+            "{} inspect gpushare",
+            kubectl.display()
+        );
+        let out = command()
+            .args(["inspect", "gpushare", "-d"])
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+            .expect("kubectl runs");
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            kubectl.display(),
+            stderr(&out)
+        );
+        assert_eq!(
+            stdout(&out),
+            details,
+            "{} inspect gpushare -d",
+            kubectl.display()
+        );
+        ran += 1;
+    }
+    // A named node reads only that node's pods (field selector) and prints only that row.
+    let out = run(&[
+        "inspect",
+        "cn-shanghai.i-uf61h64dz1tmlob9hmtc",
+        "--kubeconfig",
+        &kubeconfig.to_string_lossy(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("192.168.0.70  3/15"), "{text}");
+    assert!(!text.contains("hmtb"), "{text}");
+    // $KUBECONFIG with several files, merged as kubectl does; --context picks one.
+    let other = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(
+        other.path(),
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: elsewhere\n  cluster:\n    \
+         server: http://127.0.0.1:1\ncontexts:\n- name: elsewhere\n  context:\n    \
+         cluster: elsewhere\n    user: nobody\nusers:\n- name: nobody\n  user: {}\n",
+    )
+    .expect("kubeconfig written");
+    let list = std::env::join_paths([other.path(), kubeconfig.as_path()]).expect("list");
+    let list = list.to_string_lossy().into_owned();
+    let out = run_with_env(&["inspect", "-o", "json"], &[("KUBECONFIG", &list)]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    assert_eq!(json["used"], 9);
+    let out = run_with_env(
+        &["inspect", "--context", "elsewhere"],
+        &[("KUBECONFIG", &list)],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("cannot reach the API server at http://127.0.0.1:1"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(&[
+        "inspect",
+        "no-such-node",
+        "--kubeconfig",
+        &kubeconfig.to_string_lossy(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+    runtime.block_on(server.shutdown());
+    eprintln!("kubectl versions exercised: {ran}");
 }
