@@ -302,3 +302,72 @@ pub(super) fn resource_list(group: &str, version: &str) -> Option<Value> {
         "resources": resources,
     }))
 }
+
+/// The group/version path keys (`api/v1`, `apis/<group>/<version>`) of the OpenAPI v3 root.
+fn openapi_keys() -> Vec<(String, &'static str, &'static str)> {
+    let mut keys = vec![("api/v1".to_string(), "", "v1")];
+    for g in GROUPS {
+        keys.push((format!("apis/{g}/v1"), g, "v1"));
+    }
+    keys
+}
+
+/// `/openapi/v3`: the index of per-group-version documents. kubectl reads it to learn that
+/// the server validates fields itself (`fieldValidation`), and then skips client-side
+/// schema validation (which would need `/openapi/v2`, not served).
+pub(super) fn openapi_v3_root() -> Value {
+    let paths: serde_json::Map<String, Value> = openapi_keys()
+        .into_iter()
+        .map(|(key, _, _)| {
+            let url = format!("/openapi/v3/{key}?hash=gpushare-sandbox-1");
+            (key, json!({ "serverRelativeURL": url }))
+        })
+        .collect();
+    json!({ "paths": paths })
+}
+
+/// `/openapi/v3/<api/v1 | apis/group/version>`: a minimal OpenAPI 3 document listing, per
+/// resource, the PATCH operation with its group-version-kind and the `fieldValidation`
+/// parameter. No schemas.
+pub(super) fn openapi_v3_group_version(key: &str) -> Option<Value> {
+    let (_, group, version) = openapi_keys().into_iter().find(|(k, _, _)| k == key)?;
+    let mut paths = serde_json::Map::new();
+    for r in RESOURCES
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+    {
+        let gvk = json!({ "group": r.group, "version": r.version, "kind": r.kind });
+        let params = json!([
+            { "name": "dryRun", "in": "query", "schema": { "type": "string" } },
+            { "name": "fieldManager", "in": "query", "schema": { "type": "string" } },
+            { "name": "fieldValidation", "in": "query", "schema": { "type": "string" } },
+        ]);
+        let op = |action: &str| {
+            json!({ "x-kubernetes-group-version-kind": gvk, "x-kubernetes-action": action,
+                    "parameters": params, "responses": { "200": { "description": "OK" } } })
+        };
+        let prefix = if group.is_empty() {
+            format!("/api/{version}")
+        } else {
+            format!("/apis/{group}/{version}")
+        };
+        let collection = if r.namespaced {
+            format!("{prefix}/namespaces/{{namespace}}/{}", r.plural)
+        } else {
+            format!("{prefix}/{}", r.plural)
+        };
+        if r.stored {
+            paths.insert(
+                format!("{collection}/{{name}}"),
+                json!({ "patch": op("patch"), "put": op("put") }),
+            );
+        }
+        paths.insert(collection, json!({ "post": op("post") }));
+    }
+    Some(json!({
+        "openapi": "3.0.0",
+        "info": { "title": "Kubernetes (gpushare sandbox)", "version": "v1.33.0" },
+        "paths": paths,
+        "components": { "schemas": {} },
+    }))
+}

@@ -299,6 +299,8 @@ fn route(shared: &Arc<Shared>, req: &Req) -> Response<Body> {
         ["apis"] => Some(discovery::group_list()),
         ["apis", group] => discovery::group(group),
         ["apis", group, version] => discovery::resource_list(group, version),
+        ["openapi", "v3"] => Some(discovery::openapi_v3_root()),
+        ["openapi", "v3", rest @ ..] => discovery::openapi_v3_group_version(&rest.join("/")),
         _ => None,
     };
     if let Some(doc) = discovery_doc {
