@@ -3,7 +3,8 @@
 //! labels and ports existing clusters depend on are kept.
 //!
 //! `GPUSHARE_UPDATE_GOLDEN=1 cargo test --test it packaging` rewrites `packaging/manifests/`
-//! from the chart (one file per template, same name).
+//! from the chart (one file per template, same name); tests that read the manifests may run
+//! while it writes them, so run the command once more to see everything pass.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -590,4 +591,68 @@ fn chart_version_follows_the_crate() {
     assert_eq!(chart["name"], "gpushare");
     assert_eq!(chart["appVersion"], env!("CARGO_PKG_VERSION"));
     assert_eq!(default_values()["image"]["tag"], env!("CARGO_PKG_VERSION"));
+}
+
+fn pod_spec_of<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    &find(docs, kind, name)["spec"]["template"]["spec"]
+}
+
+#[test]
+fn optional_features_switch_what_they_should() {
+    let with = |overlay: &str| {
+        all_documents(merged(
+            &default_values(),
+            &serde_yaml::from_str(overlay).expect("overlay parses"),
+        ))
+    };
+    let defaults = with("{}");
+    let dp = pod_spec_of(&defaults, "DaemonSet", "gpushare-device-plugin-ds");
+    assert!(dp.get("hostNetwork").is_none() && dp.get("runtimeClassName").is_none());
+    assert!(
+        !args(&dp["containers"][0])
+            .iter()
+            .any(|a| a.starts_with("--mps"))
+    );
+
+    // /dev/kmsg: mounted, and the container privileged (the device cgroup demands it), which
+    // Kubernetes only accepts without allowPrivilegeEscalation: false.
+    let docs =
+        with("devicePlugin: {kmsg: true, mps: true, hostNetwork: true, runtimeClassName: nvidia}");
+    let dp = pod_spec_of(&docs, "DaemonSet", "gpushare-device-plugin-ds");
+    let c = &dp["containers"][0];
+    assert_eq!(c["securityContext"]["privileged"], true);
+    assert!(
+        c["securityContext"]
+            .get("allowPrivilegeEscalation")
+            .is_none()
+    );
+    let volumes = dp["volumes"].as_sequence().expect("volumes");
+    let kmsg = volumes
+        .iter()
+        .find(|v| v["hostPath"]["path"] == "/dev/kmsg")
+        .expect("kmsg volume");
+    assert_eq!(kmsg["hostPath"]["type"], "CharDevice");
+    assert!(
+        volumes
+            .iter()
+            .any(|v| v["hostPath"]["path"] == "/tmp/nvidia-mps")
+    );
+    let a = args(c);
+    assert!(
+        a.iter().any(|x| x == "--mps") && a.iter().any(|x| x == "--mps-pipe-dir=/tmp/nvidia-mps")
+    );
+    assert_eq!(dp["hostNetwork"], true);
+    assert_eq!(dp["dnsPolicy"], "ClusterFirstWithHostNet");
+    assert_eq!(dp["runtimeClassName"], "nvidia");
+
+    let docs = with("extender: {leaderElect: false, replicas: 1, hostNetwork: true}");
+    let dep = find(&docs, "Deployment", wire::EXTENDER_COMPONENT);
+    assert_eq!(dep["spec"]["replicas"], 1);
+    let pod = &dep["spec"]["template"]["spec"];
+    assert_eq!(pod["hostNetwork"], true);
+    assert!(
+        !args(&pod["containers"][0])
+            .iter()
+            .any(|a| a.starts_with("--lease") || a == "--leader-elect")
+    );
 }
