@@ -15,6 +15,8 @@ use crate::{demo, deviceplugin, doctor, extender, inspect};
 
 /// Name under which the binary acts as `gpushare inspect`.
 pub const KUBECTL_PLUGIN_NAME: &str = "kubectl-inspect-gpushare";
+/// The same, as krew links it (`-` in a plugin name becomes `_`).
+pub const KREW_PLUGIN_NAME: &str = "kubectl-inspect_gpushare";
 
 /// Flags every subcommand takes.
 #[derive(Clone, Debug, Default, clap::Args)]
@@ -103,7 +105,10 @@ pub fn main_with_args(args: Vec<OsString>) -> ExitCode {
         .and_then(|a| Path::new(a).file_name())
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let (global, command) = if invoked_as.starts_with(KUBECTL_PLUGIN_NAME) {
+    // krew links plugins whose names hold a dash as `kubectl-inspect_gpushare`.
+    let as_plugin = invoked_as.starts_with(KUBECTL_PLUGIN_NAME)
+        || invoked_as.starts_with(KREW_PLUGIN_NAME);
+    let (global, command) = if as_plugin {
         match InspectCli::try_parse_from(&args) {
             Ok(cli) => (cli.global, Command::Inspect(cli.inspect)),
             Err(e) => return clap_exit(e),
