@@ -82,4 +82,13 @@ fn invoked_as_kubectl_plugin_it_is_inspect() {
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("Usage: kubectl-inspect-gpushare"), "{text}");
+    // krew links it under this name.
+    let krew = dir.path().join("kubectl-inspect_gpushare");
+    std::os::unix::fs::symlink(bin(), &krew).unwrap();
+    let out = std::process::Command::new(&krew)
+        .arg("--help")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Usage: kubectl-inspect-gpushare"), "{text}");
 }
