@@ -119,6 +119,20 @@ impl Plugin {
         }
     }
 
+    /// Matches from the store; on a miss, catches up with one LIST and tries again.
+    async fn find_match(&self, units: GpuMem) -> Result<Match, Vec<matching::NotMatched>> {
+        let known = |i: u32| self.gpu_by_index(i).is_some();
+        match matching::find_match(&self.pods.snapshot(), units, known) {
+            Ok(m) => Ok(m),
+            Err(_) => {
+                if let Err(e) = self.pods.refresh(&self.client, &self.node).await {
+                    tracing::debug!(error = %e, "pod refresh after a miss failed");
+                }
+                matching::find_match(&self.pods.snapshot(), units, known)
+            }
+        }
+    }
+
     /// Merge-patches the pod after serving `m`; returns the updated pod into the store.
     async fn record_on_pod(&self, m: &Match) -> Result<(), kube::Error> {
         let patch = PodGpuAnnotations::allocated_patch(&m.allocated_after, m.complete, now_ns());
@@ -147,8 +161,7 @@ impl Plugin {
         let mut result = Ok(());
         for creq in &request.container_requests {
             let units = GpuMem::new(creq.devices_ids.len() as u64);
-            let snapshot = self.pods.snapshot();
-            match matching::find_match(&snapshot, units, |i| self.gpu_by_index(i).is_some()) {
+            match self.find_match(units).await {
                 Ok(m) => {
                     if let Err(e) = self.record_on_pod(&m).await {
                         self.metrics.allocation("patch_failed");
@@ -237,27 +250,24 @@ impl Plugin {
     ) -> PreferredAllocationResponse {
         let _serialised = self.allocations.lock().await;
         let _ = self.pods.wait_synced(SYNC_WAIT).await;
-        let snapshot = self.pods.snapshot();
-        let container_responses = request
-            .container_requests
-            .iter()
-            .map(|creq| {
-                let size = usize::try_from(creq.allocation_size.max(0)).unwrap_or(0);
-                let units = GpuMem::new(size as u64);
-                let target =
-                    matching::find_match(&snapshot, units, |i| self.gpu_by_index(i).is_some())
-                        .ok()
-                        .and_then(|m| self.gpu_by_index(m.gpu_index))
-                        .map(|g| g.uuid.as_str());
-                let ids = matching::preferred_ids(
-                    &creq.available_device_i_ds,
-                    &creq.must_include_device_i_ds,
-                    size,
-                    target,
-                );
-                ContainerPreferredAllocationResponse { device_i_ds: ids }
-            })
-            .collect();
+        let mut container_responses = Vec::with_capacity(request.container_requests.len());
+        for creq in &request.container_requests {
+            let size = usize::try_from(creq.allocation_size.max(0)).unwrap_or(0);
+            let units = GpuMem::new(size as u64);
+            let target = self
+                .find_match(units)
+                .await
+                .ok()
+                .and_then(|m| self.gpu_by_index(m.gpu_index))
+                .map(|g| g.uuid.as_str());
+            let ids = matching::preferred_ids(
+                &creq.available_device_i_ds,
+                &creq.must_include_device_i_ds,
+                size,
+                target,
+            );
+            container_responses.push(ContainerPreferredAllocationResponse { device_i_ds: ids });
+        }
         PreferredAllocationResponse {
             container_responses,
         }

@@ -113,36 +113,27 @@ pub struct Args {
     /// Do not run the node preflight (doctor) before starting
     #[arg(long)]
     pub skip_doctor: bool,
-    /// Upstream glog flag; ignored.
-    #[arg(long = "logtostderr", hide = true, num_args = 0..=1, default_missing_value = "true")]
-    pub legacy_logtostderr: Option<String>,
-    /// Upstream glog flag; ignored.
-    #[arg(long = "alsologtostderr", hide = true, num_args = 0..=1, default_missing_value = "true")]
-    pub legacy_alsologtostderr: Option<String>,
-    /// Upstream glog verbosity; ignored (use --log-level).
-    #[arg(long = "v", hide = true)]
-    pub legacy_v: Option<String>,
-    /// Upstream: query kubelet for pods; ignored (pods come from a watch).
-    #[arg(long = "query-kubelet", hide = true, num_args = 0..=1, default_missing_value = "true")]
-    pub legacy_query_kubelet: Option<String>,
-    /// Upstream kubelet client flag; ignored.
-    #[arg(long = "kubelet-address", hide = true)]
-    pub legacy_kubelet_address: Option<String>,
-    /// Upstream kubelet client flag; ignored.
-    #[arg(long = "kubelet-port", hide = true)]
-    pub legacy_kubelet_port: Option<String>,
-    /// Upstream kubelet client flag; ignored.
-    #[arg(long = "client-cert", hide = true)]
-    pub legacy_client_cert: Option<String>,
-    /// Upstream kubelet client flag; ignored.
-    #[arg(long = "client-key", hide = true)]
-    pub legacy_client_key: Option<String>,
-    /// Upstream kubelet client flag; ignored.
-    #[arg(long = "token", hide = true)]
-    pub legacy_token: Option<String>,
-    /// Upstream kubelet client flag; ignored.
-    #[arg(long = "timeout", hide = true)]
-    pub legacy_timeout: Option<String>,
+    /// Upstream switches, accepted and ignored: the glog `--logtostderr`,
+    /// `--alsologtostderr` and `--query-kubelet` (pods come from a watch).
+    #[arg(
+        long = "logtostderr",
+        aliases = ["alsologtostderr", "query-kubelet"],
+        hide = true,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Append
+    )]
+    pub legacy_switches: Vec<String>,
+    /// Upstream flags with a value, accepted and ignored: glog `--v` (use --log-level) and the
+    /// kubelet client flags `--kubelet-address`, `--kubelet-port`, `--client-cert`,
+    /// `--client-key`, `--token`, `--timeout`.
+    #[arg(
+        long = "v",
+        aliases = ["kubelet-address", "kubelet-port", "client-cert", "client-key", "token", "timeout"],
+        hide = true,
+        action = clap::ArgAction::Append
+    )]
+    pub legacy_values: Vec<String>,
 }
 
 impl Args {

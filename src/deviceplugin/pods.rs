@@ -124,6 +124,17 @@ impl PodStore {
             .is_ok_and(|r| r.is_ok())
     }
 
+    /// Catches up with the API by one LIST of `node`'s pods (only when a match missed: the
+    /// watch may lag behind a pod bound a moment ago).
+    pub async fn refresh(&self, client: &kube::Client, node: &str) -> Result<(), kube::Error> {
+        let api: Api<Pod> = Api::all(client.clone());
+        let params = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
+        for pod in api.list(&params).await?.items {
+            self.apply(&pod);
+        }
+        Ok(())
+    }
+
     /// Runs the watch of `node`'s pods into this store until `shutdown`.
     pub async fn run(self, client: kube::Client, node: String, shutdown: Shutdown) {
         let api: Api<Pod> = Api::all(client);

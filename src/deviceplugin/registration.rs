@@ -152,7 +152,7 @@ async fn supervise(plugin: Arc<Plugin>, stop: Shutdown, first: Generation) {
                     break kubelet_inode;
                 }
                 Err(e) => {
-                    if failures % 20 == 0 {
+                    if failures.is_multiple_of(20) {
                         tracing::warn!(error = %e, "registration with kubelet failed; retrying");
                     }
                     failures += 1;

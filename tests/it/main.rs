@@ -2,6 +2,7 @@
 //! harness (binary runner, fixtures).
 
 mod cli;
+mod deviceplugin;
 mod gpu;
 mod inspect;
 mod packaging;
