@@ -1,1 +1,686 @@
-fn main() {}
+//! `make bench`: the extender at scale, against the sandbox API server, in ONE process.
+//!
+//! With `--bench` (what `cargo bench` passes): 5,000 nodes × 8 GPUs and 150,000 bound,
+//! annotated pods seeded straight into the sandbox store, then `gpushare::extender::start`
+//! against it, and these figures next to their budgets:
+//! time to ready (full sync), resident memory (the process's `VmRSS`, which also holds the
+//! sandbox's store; the extender's share is the growth across its sync, and a ledger-only
+//! figure comes from building the ledger alone first), filter and prioritize latency for 500
+//! candidate `NodeNames` over one HTTP keep-alive connection, bind throughput with 1 ms of API
+//! latency injected on every PATCH and Binding, and the device plugin's idle footprint and
+//! Allocate latency with 110 pods on its node. The table is printed and written as markdown
+//! to `target/bench-report.md` (or `$CARGO_TARGET_DIR/bench-report.md`).
+//!
+//! Without `--bench` (`cargo test --all-targets` runs benches as tests) it runs a tiny smoke
+//! version of the same path (10 nodes) and exits, so the bench cannot rot unnoticed.
+//!
+//! It is not a timed test: figures depend on the machine; FAIL lines are reported, not fatal.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use gpushare::config::Config;
+use gpushare::core::wire::{
+    ANN_ASSIGNED, ANN_ASSUME_TIME, ANN_DEVICE_MEM, ANN_GPU_INDEX, ANN_POD_MEM, RESOURCE_GPU_COUNT,
+    RESOURCE_GPU_MEM,
+};
+use gpushare::extender::cache::{Cache, Placement, PodFacts};
+use gpushare::sandbox::apiserver::{ApiServer, Fault, FaultAction};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+
+/// GiB units per GPU.
+const GPU_UNITS: u64 = 16;
+const GPUS_PER_NODE: u64 = 8;
+
+/// The sizes of one run.
+#[derive(Clone, Copy, Debug)]
+struct Size {
+    nodes: usize,
+    pods: usize,
+    candidates: usize,
+    filters: usize,
+    prioritizes: usize,
+    binds: usize,
+    bind_concurrency: usize,
+    dp_pods: usize,
+}
+
+impl Size {
+    fn full() -> Size {
+        Size {
+            nodes: 5_000,
+            pods: 150_000,
+            candidates: 500,
+            filters: 2_000,
+            prioritizes: 1_000,
+            binds: 2_000,
+            bind_concurrency: 64,
+            dp_pods: 110,
+        }
+    }
+
+    fn smoke() -> Size {
+        Size {
+            nodes: 10,
+            pods: 50,
+            candidates: 10,
+            filters: 20,
+            prioritizes: 10,
+            binds: 10,
+            bind_concurrency: 4,
+            dp_pods: 5,
+        }
+    }
+}
+
+/// One line of the report.
+struct Figure {
+    name: &'static str,
+    value: String,
+    budget: &'static str,
+    /// `Some(pass)` when there is a budget.
+    pass: Option<bool>,
+}
+
+fn main() -> std::process::ExitCode {
+    let bench = std::env::args().any(|a| a == "--bench");
+    let size = if bench { Size::full() } else { Size::smoke() };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("scale: cannot start a tokio runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(size)) {
+        Ok(figures) => {
+            let table = render(&figures, size, bench);
+            println!("{table}");
+            if bench {
+                let path = report_path();
+                match std::fs::write(&path, &table) {
+                    Ok(()) => println!("written to {}", path.display()),
+                    Err(e) => eprintln!("scale: cannot write {}: {e}", path.display()),
+                }
+            }
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("scale: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn report_path() -> std::path::PathBuf {
+    let dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"));
+    dir.join("bench-report.md")
+}
+
+/// `VmRSS` of this process, in bytes.
+fn rss_bytes() -> u64 {
+    rss_of("/proc/self/status")
+}
+
+fn rss_of(status_path: &str) -> u64 {
+    std::fs::read_to_string(status_path)
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+fn node_name(i: usize) -> String {
+    format!("gpu-node-{i:05}")
+}
+
+/// A deterministic xorshift, so runs are comparable.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+fn node_object(i: usize) -> Value {
+    node_named(&node_name(i))
+}
+
+fn node_named(name: &str) -> Value {
+    let units = (GPU_UNITS * GPUS_PER_NODE).to_string();
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": { "name": name, "labels": { "gpushare": "true" } },
+        "status": {
+            "capacity": { RESOURCE_GPU_MEM: units, RESOURCE_GPU_COUNT: GPUS_PER_NODE.to_string(),
+                          "cpu": "64", "memory": "512Gi", "pods": "110" },
+            "allocatable": { RESOURCE_GPU_MEM: units, RESOURCE_GPU_COUNT: GPUS_PER_NODE.to_string(),
+                             "cpu": "64", "memory": "512Gi", "pods": "110" },
+        },
+    })
+}
+
+fn pod_spec(mem: u64) -> Value {
+    json!({
+        "containers": [{ "name": "main", "image": "registry.local/train:1",
+            "resources": { "limits": { RESOURCE_GPU_MEM: mem.to_string() } } }],
+    })
+}
+
+/// A pod bound to `node` holding `mem` units of GPU `gpu`, as the device plugin leaves it.
+fn bound_pod(i: usize, node: &str, gpu: u64, mem: u64) -> Value {
+    let mut spec = pod_spec(mem);
+    spec["nodeName"] = json!(node);
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": format!("job-{i:06}"), "namespace": "default",
+            "annotations": {
+                ANN_GPU_INDEX: gpu.to_string(), ANN_POD_MEM: mem.to_string(),
+                ANN_DEVICE_MEM: GPU_UNITS.to_string(), ANN_ASSIGNED: "true",
+                ANN_ASSUME_TIME: "1700000000000000000",
+            },
+        },
+        "spec": spec,
+        "status": { "phase": "Running" },
+    })
+}
+
+fn pending_pod(name: &str, mem: u64) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": name, "namespace": "default" },
+        "spec": pod_spec(mem),
+        "status": { "phase": "Pending" },
+    })
+}
+
+/// The ledger alone, fed directly: its resident growth per pod.
+fn ledger_only(size: Size) -> (u64, usize) {
+    let before = rss_bytes();
+    let cache = Cache::new();
+    let specs: Vec<gpushare::core::GpuSpec> = (0..GPUS_PER_NODE)
+        .map(|_| gpushare::core::GpuSpec {
+            total: gpushare::core::GpuMem::new(GPU_UNITS),
+            healthy: true,
+        })
+        .collect();
+    for n in 0..size.nodes {
+        cache.apply_node(
+            &node_name(n),
+            gpushare::k8s::NodeGpus {
+                gpus: specs.clone(),
+                capacity: gpushare::core::GpuMem::new(GPU_UNITS * GPUS_PER_NODE),
+                ..Default::default()
+            },
+        );
+    }
+    for i in 0..size.pods {
+        cache.observe_pod(PodFacts {
+            uid: format!("00000000-0000-4000-8000-{i:012}"),
+            namespace: "default".to_string(),
+            name: format!("job-{i:06}"),
+            placement: Some(Placement {
+                node: node_name(i % size.nodes),
+                gpu: (i as u64 % GPUS_PER_NODE) as u32,
+                mem: gpushare::core::GpuMem::new(2),
+                state: gpushare::core::PodState::Assigned,
+            }),
+        });
+    }
+    let grown = rss_bytes().saturating_sub(before);
+    let pods = cache.stats().pods;
+    drop(cache);
+    (grown, pods)
+}
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+async fn post(client: &HttpClient, url: &str, body: Bytes) -> anyhow::Result<(u16, Bytes)> {
+    let req = http::Request::post(url)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(body))
+        .context("building a request")?;
+    let resp = client.request(req).await.context("sending a request")?;
+    let status = resp.status().as_u16();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .context("reading a response")?
+        .to_bytes();
+    Ok((status, body))
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1000.0)
+}
+
+async fn timed_requests(
+    client: &HttpClient,
+    url: &str,
+    bodies: &[Bytes],
+    count: usize,
+) -> anyhow::Result<Vec<Duration>> {
+    let mut took = Vec::with_capacity(count);
+    for i in 0..count {
+        let body = bodies[i % bodies.len()].clone();
+        let started = Instant::now();
+        let (status, resp) = post(client, url, body).await?;
+        took.push(started.elapsed());
+        if status != 200 {
+            bail!(
+                "{url} answered {status}: {}",
+                String::from_utf8_lossy(&resp)
+            );
+        }
+    }
+    took.sort();
+    Ok(took)
+}
+
+async fn run(size: Size) -> anyhow::Result<Vec<Figure>> {
+    let mut figures = Vec::new();
+
+    // 1. The ledger alone.
+    let (ledger_grown, ledger_pods) = ledger_only(size);
+    let per_pod_ledger = ledger_grown as f64 / ledger_pods.max(1) as f64;
+    figures.push(Figure {
+        name: "ledger alone: resident growth per pod",
+        value: format!(
+            "{per_pod_ledger:.0} B ({ledger_pods} pods, {:.1} MiB)",
+            mib(ledger_grown)
+        ),
+        budget: "< 1 KiB",
+        pass: Some(per_pod_ledger < 1024.0),
+    });
+
+    // 2. The sandbox, seeded straight into its store.
+    let rss_start = rss_bytes();
+    let api = ApiServer::start().await?;
+    let seeding = Instant::now();
+    for n in 0..size.nodes {
+        api.create_object(node_object(n))?;
+    }
+    let per_node = size.pods / size.nodes.max(1);
+    for i in 0..size.pods {
+        let node = node_name(i % size.nodes);
+        // Two units each; at most per_node pods spread over the node's GPUs.
+        let slot = (i / size.nodes) as u64;
+        api.create_object(bound_pod(i, &node, slot % GPUS_PER_NODE, 2))?;
+    }
+    let seeded_in = seeding.elapsed();
+    let rss_seeded = rss_bytes();
+    figures.push(Figure {
+        name: "sandbox seeded (not the extender)",
+        value: format!(
+            "{} nodes, {} pods ({per_node}/node) in {:.1} s; store {:.0} MiB",
+            size.nodes,
+            size.pods,
+            seeded_in.as_secs_f64(),
+            mib(rss_seeded.saturating_sub(rss_start))
+        ),
+        budget: "",
+        pass: None,
+    });
+
+    // 3. The extender: time to ready.
+    let mut config = Config::default();
+    config.extender.bind_address = [127, 0, 0, 1].into();
+    config.extender.port = 0;
+    config.extender.leader_elect = false;
+    let (trigger, shutdown) = gpushare::shutdown::channel();
+    let started = Instant::now();
+    let handle = gpushare::extender::start(&config, api.client(), shutdown).await?;
+    let mut ready = handle.state().ready_watch();
+    tokio::time::timeout(Duration::from_secs(600), ready.wait_for(|r| *r))
+        .await
+        .context("the extender did not become ready within 600 s")?
+        .context("the extender stopped before it became ready")?;
+    let ready_in = started.elapsed();
+    let rss_ready = rss_bytes();
+    let stats = handle.state().cache().stats();
+    if stats.pods != size.pods || stats.nodes != size.nodes {
+        bail!(
+            "the ledger holds {} pods on {} nodes, expected {} on {}",
+            stats.pods,
+            stats.nodes,
+            size.pods,
+            size.nodes
+        );
+    }
+    figures.push(Figure {
+        name: "time to ready (full list of nodes and pods)",
+        value: format!("{:.2} s", ready_in.as_secs_f64()),
+        budget: "< 10 s",
+        pass: Some(ready_in < Duration::from_secs(10)),
+    });
+    let extender_grown = rss_ready.saturating_sub(rss_seeded);
+    figures.push(Figure {
+        name: "resident memory: extender's growth across its sync",
+        value: format!(
+            "{:.1} MiB ({:.0} B per pod, incl. transient list buffers)",
+            mib(extender_grown),
+            extender_grown as f64 / size.pods.max(1) as f64
+        ),
+        budget: "< 256 MiB",
+        pass: Some(extender_grown < 256 * 1024 * 1024),
+    });
+    figures.push(Figure {
+        name: "resident memory: whole process (sandbox store + extender)",
+        value: format!("{:.1} MiB", mib(rss_ready)),
+        budget: "",
+        pass: None,
+    });
+
+    // 4. Filter and prioritize over one keep-alive connection.
+    let base = format!("http://{}{}", handle.addr, config.extender.url_prefix);
+    let client: HttpClient = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(size.bind_concurrency.max(1))
+        .build_http();
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut bodies = Vec::new();
+    for b in 0..16 {
+        let names: Vec<String> = (0..size.candidates)
+            .map(|_| node_name(rng.below(size.nodes)))
+            .collect();
+        let mut pod = pending_pod(&format!("probe-{b}"), 4);
+        pod["metadata"]["uid"] = json!(format!("probe-uid-{b}"));
+        let args = json!({ "Pod": pod, "NodeNames": names });
+        bodies.push(Bytes::from(serde_json::to_vec(&args)?));
+    }
+    let filter = timed_requests(&client, &format!("{base}/filter"), &bodies, size.filters).await?;
+    let p99 = percentile(&filter, 0.99);
+    figures.push(Figure {
+        name: "filter latency p50 (500 NodeNames, HTTP keep-alive)",
+        value: ms(percentile(&filter, 0.50)),
+        budget: "",
+        pass: None,
+    });
+    figures.push(Figure {
+        name: "filter latency p99",
+        value: format!("{} ({} requests)", ms(p99), filter.len()),
+        budget: "< 1 ms",
+        pass: Some(p99 < Duration::from_millis(1)),
+    });
+    let prio = timed_requests(
+        &client,
+        &format!("{base}/prioritize"),
+        &bodies,
+        size.prioritizes,
+    )
+    .await?;
+    figures.push(Figure {
+        name: "prioritize latency p50 / p99",
+        value: format!(
+            "{} / {} ({} requests)",
+            ms(percentile(&prio, 0.50)),
+            ms(percentile(&prio, 0.99)),
+            prio.len()
+        ),
+        budget: "",
+        pass: None,
+    });
+
+    // 5. Bind throughput with 1 ms of API latency on every PATCH and Binding.
+    let mut targets = Vec::with_capacity(size.binds);
+    for b in 0..size.binds {
+        let name = format!("bind-{b:05}");
+        let created = api.create_object(pending_pod(&name, 1))?;
+        let uid = created["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let node = node_name(rng.below(size.nodes));
+        let args =
+            json!({ "PodName": name, "PodNamespace": "default", "PodUID": uid, "Node": node });
+        targets.push(Bytes::from(serde_json::to_vec(&args)?));
+    }
+    let delay = FaultAction::Delay(Duration::from_millis(1));
+    api.inject(
+        Fault::new(Some(http::Method::PATCH), "/pods/", delay.clone()).times(usize::MAX / 2),
+    );
+    api.inject(Fault::new(Some(http::Method::POST), "/binding", delay).times(usize::MAX / 2));
+    let targets = Arc::new(targets);
+    let next = Arc::new(AtomicUsize::new(0));
+    let failures = Arc::new(AtomicUsize::new(0));
+    let bind_url: Arc<str> = Arc::from(format!("{base}/bind"));
+    let bind_started = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..size.bind_concurrency {
+        let (targets, next, failures, client, url) = (
+            targets.clone(),
+            next.clone(),
+            failures.clone(),
+            client.clone(),
+            bind_url.clone(),
+        );
+        workers.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                let Some(body) = targets.get(i) else { break };
+                match post(&client, &url, body.clone()).await {
+                    Ok((200, _)) => {}
+                    _ => {
+                        failures.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }
+        }));
+    }
+    for w in workers {
+        let _ = w.await;
+    }
+    let bind_took = bind_started.elapsed();
+    api.clear_faults();
+    let failed = failures.load(Ordering::SeqCst);
+    if failed > 0 {
+        bail!("{failed} of {} binds failed", size.binds);
+    }
+    let rate = size.binds as f64 / bind_took.as_secs_f64().max(1e-9);
+    figures.push(Figure {
+        name: "bind throughput (1 ms API latency on PATCH and Binding)",
+        value: format!(
+            "{rate:.0} binds/s ({} binds, {} concurrent)",
+            size.binds, size.bind_concurrency
+        ),
+        budget: ">= 500 binds/s",
+        pass: Some(rate >= 500.0),
+    });
+
+    trigger.trigger();
+    handle.stop().await;
+    drop(api);
+
+    // 6. The device plugin, in a process of its own.
+    figures.extend(device_plugin_figures(size).await?);
+    Ok(figures)
+}
+
+/// The device plugin's figures: the real `gpushare device-plugin` binary in a process of its
+/// own (fake GPU backend, 8 × 16 GiB), registered with the sandbox kubelet and watching a
+/// small sandbox API server that holds `dp_pods` pods bound to its node; its idle `VmRSS`
+/// and kubelet's Allocate (GetPreferredAllocation + Allocate, as kubelet calls them) for each
+/// pod.
+async fn device_plugin_figures(size: Size) -> anyhow::Result<Vec<Figure>> {
+    use gpushare::sandbox::kubelet::Kubelet;
+
+    let dir = tempfile::Builder::new()
+        .prefix("gpushare-bench-dp")
+        .tempdir()
+        .context("temporary folder")?;
+    let kubelet = Kubelet::start(dir.path()).await?;
+    let api = ApiServer::start().await?;
+    let node = "dp-node";
+    api.create_object(node_named(node))?;
+    for i in 0..size.dp_pods {
+        let mut pod = bound_pod(i, node, i as u64 % GPUS_PER_NODE, 1);
+        pod["metadata"]["annotations"][ANN_ASSIGNED] = json!("false");
+        pod["metadata"]["annotations"][ANN_ASSUME_TIME] =
+            json!((1_700_000_000_000_000_000u64 + i as u64).to_string());
+        pod["status"]["phase"] = json!("Pending");
+        api.create_object(pod)?;
+    }
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpushare"))
+        .arg("device-plugin")
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("KUBECONFIG", api.kubeconfig_path())
+        .env("NODE_NAME", node)
+        .env("LOG_LEVEL", "warn")
+        .env("GPUSHARE_DOCTOR__SKIP", "true")
+        .env("GPUSHARE_GPU__BACKEND", "fake")
+        .env(
+            "GPUSHARE_GPU__FAKE_GPUS",
+            format!("{GPUS_PER_NODE}x{GPU_UNITS}GiB"),
+        )
+        .env(
+            "GPUSHARE_DEVICE_PLUGIN__DEVICE_PLUGIN_DIR",
+            kubelet.device_plugin_dir(),
+        )
+        .env(
+            "GPUSHARE_DEVICE_PLUGIN__POD_RESOURCES_SOCKET",
+            kubelet.pod_resources_socket(),
+        )
+        .env("GPUSHARE_DEVICE_PLUGIN__ADMIN_ADDRESS", "")
+        .kill_on_drop(true)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .context("starting gpushare device-plugin")?;
+    let pid = child.id().context("the device plugin exited at once")?;
+    let status_path = format!("/proc/{pid}/status");
+    kubelet
+        .wait_registered(RESOURCE_GPU_MEM)
+        .await
+        .context("the device plugin did not register")?;
+    let idle = rss_of(&status_path);
+    let mut took = Vec::with_capacity(size.dp_pods);
+    for i in 0..size.dp_pods {
+        let pod = format!("job-{i:06}");
+        let started = Instant::now();
+        let (_, resp) = kubelet
+            .allocate_container(RESOURCE_GPU_MEM, "default", &pod, "main", 1)
+            .await
+            .with_context(|| format!("Allocate for {pod}"))?;
+        took.push(started.elapsed());
+        let visible = resp
+            .envs
+            .get(gpushare::core::wire::ENV_VISIBLE_DEVICES)
+            .cloned()
+            .unwrap_or_default();
+        if visible.is_empty() || visible.starts_with("no-gpu-has") {
+            bail!("Allocate for {pod} did not get a GPU: NVIDIA_VISIBLE_DEVICES={visible:?}");
+        }
+    }
+    let after = rss_of(&status_path);
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+    kubelet.stop().await;
+    took.sort();
+    Ok(vec![
+        Figure {
+            name: "device plugin: idle resident memory (own process)",
+            value: format!(
+                "{:.1} MiB ({:.1} MiB after the Allocates)",
+                mib(idle),
+                mib(after)
+            ),
+            budget: "< 32 MiB",
+            pass: Some(idle > 0 && idle < 32 * 1024 * 1024),
+        },
+        Figure {
+            name: "device plugin: Allocate latency p50 / p99",
+            value: format!(
+                "{} / {} ({} pods on the node)",
+                ms(percentile(&took, 0.50)),
+                ms(percentile(&took, 0.99)),
+                size.dp_pods
+            ),
+            budget: "",
+            pass: None,
+        },
+    ])
+}
+
+fn render(figures: &[Figure], size: Size, bench: bool) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "## gpushare scale bench ({})\n",
+        if bench { "full" } else { "smoke" }
+    );
+    let _ = writeln!(
+        out,
+        "{} nodes × {GPUS_PER_NODE} GPUs ({GPU_UNITS} GiB each), {} pods; extender and sandbox API \
+         server in one process.\n",
+        size.nodes, size.pods
+    );
+    let _ = writeln!(out, "| figure | measured | budget | verdict |");
+    let _ = writeln!(out, "| --- | --- | --- | --- |");
+    for f in figures {
+        let verdict = match f.pass {
+            Some(true) => "PASS",
+            Some(false) => "FAIL",
+            None => "",
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} |",
+            f.name, f.value, f.budget, verdict
+        );
+    }
+    let mut counts = BTreeMap::new();
+    for f in figures {
+        if let Some(p) = f.pass {
+            *counts.entry(p).or_insert(0) += 1;
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\n{} PASS, {} FAIL",
+        counts.get(&true).unwrap_or(&0),
+        counts.get(&false).unwrap_or(&0)
+    );
+    out
+}

@@ -7,4 +7,7 @@ mod gpu;
 mod inspect;
 mod packaging;
 mod sandbox_kubelet;
+mod ha;
+mod hostile;
+mod watch_churn;
 mod support;

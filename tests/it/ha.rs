@@ -1,0 +1,626 @@
+//! High availability: Lease leader election between replicas, against the sandbox API server.
+//!
+//! Elector-level tests use sub-second timings (lease 2 s, renew deadline 1 s, retry 200 ms);
+//! waits are on the leading flags or on polled conditions with a deadline, never sleeps.
+
+use std::time::Duration;
+
+use gpushare::extender::leader::{LeaderElector, Leadership, LeaseTiming};
+use gpushare::sandbox::apiserver::{ApiServer, Fault, FaultAction};
+use gpushare::shutdown::{self, Trigger};
+use tokio::sync::watch;
+
+const NS: &str = "kube-system";
+const LEASE: &str = "gpushare-ha-test";
+const DEADLINE: Duration = Duration::from_secs(20);
+
+fn timing() -> LeaseTiming {
+    LeaseTiming::new(
+        Duration::from_secs(2),
+        Duration::from_secs(1),
+        Duration::from_millis(200),
+    )
+    .expect("valid timing")
+}
+
+struct Candidate {
+    id: &'static str,
+    trigger: Trigger,
+    leadership: Leadership,
+}
+
+fn candidate(api: &ApiServer, id: &'static str) -> Candidate {
+    let (trigger, handle) = shutdown::channel();
+    let leadership =
+        LeaderElector::new(api.client(), NS, LEASE, id.to_string(), timing()).spawn(handle);
+    Candidate {
+        id,
+        trigger,
+        leadership,
+    }
+}
+
+/// Waits until `rx` reads `want`, or fails after [`DEADLINE`].
+async fn wait_flag(rx: &mut watch::Receiver<bool>, want: bool, what: &str) {
+    // (`wait_for`'s `Ref` holds the channel's read lock: drop it at once.)
+    let waited = matches!(
+        tokio::time::timeout(DEADLINE, rx.wait_for(|v| *v == want)).await,
+        Ok(Ok(_))
+    );
+    assert!(waited, "timed out waiting for {what} to become {want}");
+}
+
+/// Waits for whichever of two flags turns true first; returns its index.
+async fn first_leader(a: &mut watch::Receiver<bool>, b: &mut watch::Receiver<bool>) -> usize {
+    let race = async {
+        tokio::select! {
+            _ = a.wait_for(|v| *v) => 0,
+            _ = b.wait_for(|v| *v) => 1,
+        }
+    };
+    tokio::time::timeout(DEADLINE, race)
+        .await
+        .expect("someone becomes leader")
+}
+
+/// Watches two flags and records whether they were ever both true at once.
+fn never_both(
+    mut a: watch::Receiver<bool>,
+    mut b: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<bool> {
+    tokio::spawn(async move {
+        loop {
+            if *a.borrow_and_update() && *b.borrow_and_update() {
+                return false;
+            }
+            tokio::select! {
+                r = a.changed() => if r.is_err() { return true },
+                r = b.changed() => if r.is_err() { return true },
+            }
+        }
+    })
+}
+
+fn lease_field(api: &ApiServer, field: &str) -> serde_json::Value {
+    api.get_object("leases", Some(NS), LEASE)
+        .and_then(|l| l.get("spec").and_then(|s| s.get(field)).cloned())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// Polls `cond` every 20 ms until it holds or [`DEADLINE`] passes.
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let end = tokio::time::Instant::now() + DEADLINE;
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_one_leads_and_the_other_takes_over_when_the_leader_stops() {
+    let api = ApiServer::start().await.expect("api server");
+    let a = candidate(&api, "replica-a");
+    let b = candidate(&api, "replica-b");
+    let overlap = never_both(a.leadership.subscribe(), b.leadership.subscribe());
+    let (mut ra, mut rb) = (a.leadership.subscribe(), b.leadership.subscribe());
+    let first = first_leader(&mut ra, &mut rb).await;
+    let (leader, follower) = if first == 0 { (a, b) } else { (b, a) };
+    assert!(!follower.leadership.is_leader());
+    assert_eq!(lease_field(&api, "holderIdentity"), leader.id);
+    assert_eq!(lease_field(&api, "leaseDurationSeconds"), 2);
+    let renew = lease_field(&api, "renewTime");
+    let renew = renew.as_str().unwrap_or_default();
+    let micros = renew
+        .strip_suffix('Z')
+        .and_then(|s| s.rsplit_once('.'))
+        .map(|(_, frac)| frac.len());
+    assert_eq!(
+        micros,
+        Some(6),
+        "renewTime {renew:?} is RFC 3339 with microseconds"
+    );
+
+    // Stop the leader: it releases the lease and the follower takes over.
+    let mut follower_rx = follower.leadership.subscribe();
+    leader.trigger.trigger();
+    let leader_rx = leader.leadership.subscribe();
+    tokio::time::timeout(DEADLINE, leader.leadership.join())
+        .await
+        .expect("the stopped leader's election task ends");
+    assert!(!*leader_rx.borrow(), "a stopped replica does not lead");
+    wait_flag(&mut follower_rx, true, "the follower's leading flag").await;
+    assert_eq!(lease_field(&api, "holderIdentity"), follower.id);
+    assert!(
+        lease_field(&api, "leaseTransitions").as_i64().unwrap_or(0) >= 1,
+        "a takeover counts as a transition"
+    );
+    follower.trigger.trigger();
+    tokio::time::timeout(DEADLINE, follower.leadership.join())
+        .await
+        .expect("election task ends");
+    assert!(overlap.await.unwrap_or(false), "two replicas led at once");
+    // The last leader released the lease on its way out.
+    assert_eq!(lease_field(&api, "holderIdentity"), serde_json::Value::Null);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_leader_steps_down_and_the_other_takes_over() {
+    let api = ApiServer::start().await.expect("api server");
+    let a = candidate(&api, "replica-a");
+    let b = candidate(&api, "replica-b");
+    let overlap = never_both(a.leadership.subscribe(), b.leadership.subscribe());
+    let (mut ra, mut rb) = (a.leadership.subscribe(), b.leadership.subscribe());
+    let first = first_leader(&mut ra, &mut rb).await;
+    let (leader, follower) = if first == 0 { (a, b) } else { (b, a) };
+
+    // Every lease write of the leader fails from now on (its reads still work).
+    api.inject(
+        Fault::new(
+            Some(http::Method::PUT),
+            format!("fieldManager={}", leader.id),
+            FaultAction::Status(500),
+        )
+        .times(100_000),
+    );
+    let mut leader_rx = leader.leadership.subscribe();
+    let mut follower_rx = follower.leadership.subscribe();
+    wait_flag(&mut leader_rx, false, "the partitioned leader's flag").await;
+    wait_flag(&mut follower_rx, true, "the follower's flag").await;
+    assert_eq!(lease_field(&api, "holderIdentity"), follower.id);
+
+    // Heal the partition: the old leader sees a live lease held by another and follows.
+    api.clear_faults();
+    let lease_path = format!("/leases/{LEASE}");
+    let lease_reads = |api: &ApiServer| {
+        api.requests()
+            .iter()
+            .filter(|r| r.method == http::Method::GET && r.path.ends_with(&lease_path))
+            .count()
+    };
+    let before = lease_reads(&api);
+    eventually("ten more lease reads after the heal", || {
+        lease_reads(&api) >= before + 10
+    })
+    .await;
+    assert!(!leader.leadership.is_leader());
+    assert!(follower.leadership.is_leader());
+    leader.trigger.trigger();
+    follower.trigger.trigger();
+    leader.leadership.join().await;
+    follower.leadership.join().await;
+    assert!(overlap.await.unwrap_or(false), "two replicas led at once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_lease_of_a_stranger_is_respected_until_released() {
+    let api = ApiServer::start().await.expect("api server");
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now);
+    let stamp = serde_json::to_value(&now).expect("micro time");
+    api.create_object(serde_json::json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": { "name": LEASE, "namespace": NS },
+        "spec": { "holderIdentity": "stranger", "leaseDurationSeconds": 3600,
+                  "acquireTime": stamp, "renewTime": stamp },
+    }))
+    .expect("seed lease");
+    let me = candidate(&api, "replica-a");
+    let lease_path = format!("/leases/{LEASE}");
+    eventually("three reads of the lease", || {
+        api.requests()
+            .iter()
+            .filter(|r| r.method == http::Method::GET && r.path.ends_with(&lease_path))
+            .count()
+            >= 3
+    })
+    .await;
+    assert!(!me.leadership.is_leader());
+    assert!(
+        !api.requests()
+            .iter()
+            .any(|r| r.method == http::Method::PUT && r.path.ends_with(&lease_path)),
+        "a live foreign lease is never written"
+    );
+    // The stranger releases it: we take it.
+    let mut lease = api
+        .get_object("leases", Some(NS), LEASE)
+        .expect("lease exists");
+    lease["spec"]["holderIdentity"] = serde_json::Value::Null;
+    api.delete_object("leases", Some(NS), LEASE)
+        .expect("delete");
+    if let Some(meta) = lease.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+        meta.remove("resourceVersion");
+        meta.remove("uid");
+    }
+    api.create_object(lease).expect("recreate released lease");
+    let mut rx = me.leadership.subscribe();
+    wait_flag(&mut rx, true, "our flag").await;
+    assert_eq!(lease_field(&api, "holderIdentity"), me.id);
+    me.trigger.trigger();
+    me.leadership.join().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Harness shared with `watch_churn` and `hostile`: a sandbox with GPU nodes, extenders on
+// loopback, a plain HTTP client, and the ledger/truth comparison.
+
+use std::collections::BTreeMap;
+
+use gpushare::config::Config;
+use gpushare::core::wire::{
+    ANN_ASSIGNED, ANN_ASSUME_TIME, ANN_DEVICE_MEM, ANN_GPU_INDEX, ANN_POD_MEM, RESOURCE_GPU_COUNT,
+    RESOURCE_GPU_MEM,
+};
+use gpushare::extender::ExtenderHandle;
+use http_body_util::{BodyExt, Full};
+use serde_json::{Value, json};
+
+/// Per (node, GPU index): pod UID → memory units held.
+pub(crate) type Holdings = BTreeMap<(String, u32), BTreeMap<String, u64>>;
+
+/// A node object offering `gpus` GPUs of `units` each (the upstream even split).
+pub(crate) fn gpu_node(name: &str, gpus: u64, units: u64) -> Value {
+    let total = (gpus * units).to_string();
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": { "name": name },
+        "status": {
+            "capacity": { RESOURCE_GPU_MEM: total, RESOURCE_GPU_COUNT: gpus.to_string() },
+            "allocatable": { RESOURCE_GPU_MEM: total, RESOURCE_GPU_COUNT: gpus.to_string() },
+        },
+    })
+}
+
+/// A pending pod asking for `mem` units.
+pub(crate) fn pending_pod(name: &str, mem: u64) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": name, "namespace": "default" },
+        "spec": { "containers": [{ "name": "main", "image": "x",
+            "resources": { "limits": { RESOURCE_GPU_MEM: mem.to_string() } } }] },
+        "status": { "phase": "Pending" },
+    })
+}
+
+/// A pod already bound to `node` and holding `mem` units of GPU `gpu`.
+pub(crate) fn bound_pod(name: &str, node: &str, gpu: u32, mem: u64, units: u64) -> Value {
+    let mut pod = pending_pod(name, mem);
+    pod["spec"]["nodeName"] = json!(node);
+    pod["status"]["phase"] = json!("Running");
+    pod["metadata"]["annotations"] = json!({
+        ANN_GPU_INDEX: gpu.to_string(), ANN_POD_MEM: mem.to_string(),
+        ANN_DEVICE_MEM: units.to_string(), ANN_ASSIGNED: "true",
+        ANN_ASSUME_TIME: "1700000000000000000",
+    });
+    pod
+}
+
+/// A sandbox API server with nodes `node-0..n` of `gpus` × `units`.
+pub(crate) async fn sandbox(nodes: usize, gpus: u64, units: u64) -> ApiServer {
+    let api = ApiServer::start().await.expect("api server");
+    for n in 0..nodes {
+        api.create_object(gpu_node(&format!("node-{n}"), gpus, units))
+            .expect("seed node");
+    }
+    api
+}
+
+/// Extender configuration for loopback tests; with leader election, timings of 3/2/1 s (the
+/// shortest the whole-second settings allow with retry < renew deadline < lease).
+pub(crate) fn extender_config(leader_elect: bool) -> Config {
+    let mut config = Config::default();
+    config.extender.bind_address = [127, 0, 0, 1].into();
+    config.extender.port = 0;
+    config.extender.leader_elect = leader_elect;
+    config.extender.lease_name = "gpushare-ha-extenders".to_string();
+    config.extender.lease_duration_secs = 3;
+    config.extender.renew_deadline_secs = 2;
+    config.extender.retry_period_secs = 1;
+    config.extender.bind_timeout_ms = 900;
+    config
+}
+
+pub(crate) async fn start_extender(api: &ApiServer, config: &Config) -> ExtenderHandle {
+    gpushare::extender::start(config, api.client(), shutdown::Shutdown::never())
+        .await
+        .expect("extender starts")
+}
+
+/// One HTTP/1.1 request on a fresh connection; `(status, body)`, or `None` when the
+/// connection failed.
+pub(crate) async fn http(
+    method: http::Method,
+    url: &str,
+    body: Option<Vec<u8>>,
+) -> Option<(u16, Vec<u8>)> {
+    let client: hyper_util::client::legacy::Client<_, Full<bytes::Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http();
+    let req = http::Request::builder()
+        .method(method)
+        .uri(url)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(bytes::Bytes::from(body.unwrap_or_default())))
+        .ok()?;
+    let resp = tokio::time::timeout(DEADLINE, client.request(req))
+        .await
+        .ok()?
+        .ok()?;
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.ok()?.to_bytes().to_vec();
+    Some((status, body))
+}
+
+/// What the API server's pods say is held: bound, not finished, with a GPU index.
+pub(crate) fn truth(api: &ApiServer) -> Holdings {
+    let mut out = Holdings::new();
+    for pod in api.list_objects("pods", None) {
+        let node = pod["spec"]["nodeName"].as_str().unwrap_or_default();
+        let phase = pod["status"]["phase"].as_str().unwrap_or_default();
+        let ann = &pod["metadata"]["annotations"];
+        let gpu = ann[ANN_GPU_INDEX]
+            .as_str()
+            .and_then(|v| v.parse::<u32>().ok());
+        let mem = ann[ANN_POD_MEM]
+            .as_str()
+            .and_then(|v| v.parse::<u64>().ok());
+        let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
+        if node.is_empty() || matches!(phase, "Succeeded" | "Failed") {
+            continue;
+        }
+        if let (Some(gpu), Some(mem)) = (gpu, mem) {
+            out.entry((node.to_string(), gpu))
+                .or_default()
+                .insert(uid.to_string(), mem);
+        }
+    }
+    out
+}
+
+/// The extender's ledger from `GET {prefix}/inspect` (pods on GPUs and pending ones).
+pub(crate) async fn ledger(addr: std::net::SocketAddr) -> Option<Holdings> {
+    let url = format!("http://{addr}/gpushare-scheduler/inspect");
+    let (status, body) = http(http::Method::GET, &url, None).await?;
+    if status != 200 {
+        return None;
+    }
+    let v: Value = serde_json::from_slice(&body).ok()?;
+    let mut out = Holdings::new();
+    for node in v["nodes"].as_array()? {
+        let name = node["name"].as_str()?.to_string();
+        for dev in node["devs"].as_array()? {
+            let id = u32::try_from(dev["id"].as_u64()?).ok()?;
+            for pod in dev["pods"].as_array()? {
+                out.entry((name.clone(), id))
+                    .or_default()
+                    .insert(pod["uid"].as_str()?.to_string(), pod["usedGPU"].as_u64()?);
+            }
+        }
+        if !node["pending"].as_array()?.is_empty() {
+            out.entry((name, u32::MAX)).or_default();
+        }
+    }
+    Some(out)
+}
+
+/// Polls `/inspect` until the ledger equals the API's truth (or fails with both).
+pub(crate) async fn converge(api: &ApiServer, addr: std::net::SocketAddr) {
+    let end = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let want = truth(api);
+        let got = ledger(addr).await;
+        if got.as_ref() == Some(&want) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "the ledger never converged with the API's pods:\n{}",
+            describe_difference(api, got.as_ref(), &want)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The pods counted differently by the ledger and the API, with what the API says of them.
+fn describe_difference(api: &ApiServer, got: Option<&Holdings>, want: &Holdings) -> String {
+    let Some(got) = got else {
+        return "the extender's /inspect did not answer".to_string();
+    };
+    let flatten = |h: &Holdings| -> BTreeMap<String, (String, u32, u64)> {
+        h.iter()
+            .flat_map(|((n, g), pods)| {
+                pods.iter()
+                    .map(move |(u, m)| (u.clone(), (n.clone(), *g, *m)))
+            })
+            .collect()
+    };
+    let (got, want) = (flatten(got), flatten(want));
+    let pods = api.list_objects("pods", None);
+    let describe = |uid: &str| -> String {
+        pods.iter()
+            .find(|p| p["metadata"]["uid"].as_str() == Some(uid))
+            .map(|p| {
+                format!(
+                    "{} phase={} node={} annotations={}",
+                    p["metadata"]["name"],
+                    p["status"]["phase"],
+                    p["spec"]["nodeName"],
+                    p["metadata"]["annotations"]
+                )
+            })
+            .unwrap_or_else(|| "no such pod in the API (deleted)".to_string())
+    };
+    let mut out = String::new();
+    for (uid, place) in &got {
+        if want.get(uid) != Some(place) {
+            out.push_str(&format!(
+                "ledger counts {uid} at {place:?}, API has {:?}: {}\n",
+                want.get(uid),
+                describe(uid)
+            ));
+        }
+    }
+    for (uid, place) in &want {
+        if !got.contains_key(uid) {
+            out.push_str(&format!(
+                "ledger misses {uid} at {place:?}: {}\n",
+                describe(uid)
+            ));
+        }
+    }
+    out
+}
+
+/// Fails if any GPU holds more than `units` according to the API's pods.
+pub(crate) fn assert_not_overcommitted(api: &ApiServer, units: u64) {
+    for ((node, gpu), pods) in truth(api) {
+        let used: u64 = pods.values().sum();
+        assert!(
+            used <= units,
+            "GPU {gpu} of {node} is over-committed: {used} > {units} units ({pods:?})"
+        );
+    }
+}
+
+fn binding_args(api: &ApiServer, name: &str, node: &str) -> Vec<u8> {
+    let uid = api
+        .get_object("pods", Some("default"), name)
+        .and_then(|p| p["metadata"]["uid"].as_str().map(str::to_string))
+        .unwrap_or_default();
+    serde_json::to_vec(&json!({
+        "PodName": name, "PodNamespace": "default", "PodUID": uid, "Node": node,
+    }))
+    .unwrap_or_default()
+}
+
+/// Binds `name` to `node` through the extender at `addr`; the HTTP status, `None` when the
+/// connection failed (a stopped replica).
+pub(crate) async fn bind_via(
+    api: &ApiServer,
+    addr: std::net::SocketAddr,
+    name: &str,
+    node: &str,
+) -> Option<u16> {
+    let url = format!("http://{addr}/gpushare-scheduler/bind");
+    http(
+        http::Method::POST,
+        &url,
+        Some(binding_args(api, name, node)),
+    )
+    .await
+    .map(|(s, _)| s)
+}
+
+async fn wait_ready_or_leading(a: &ExtenderHandle, b: &ExtenderHandle) -> usize {
+    let (mut ra, mut rb) = (a.state().ready_watch(), b.state().ready_watch());
+    first_leader(&mut ra, &mut rb).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_between_two_extenders_never_double_allocates() {
+    const UNITS: u64 = 8;
+    let api = sandbox(4, 2, UNITS).await;
+    let config = extender_config(true);
+    let a = start_extender(&api, &config).await;
+    let b = start_extender(&api, &config).await;
+    let first = wait_ready_or_leading(&a, &b).await;
+    let (leader, standby) = if first == 0 { (a, b) } else { (b, a) };
+
+    // The standby answers 503 on the scheduling verbs and /readyz; /healthz is fine.
+    let standby_url = format!("http://{}", standby.addr);
+    let filter = http(
+        http::Method::POST,
+        &format!("{standby_url}/gpushare-scheduler/filter"),
+        Some(br#"{"Pod":{"metadata":{"name":"x"}},"NodeNames":["node-0"]}"#.to_vec()),
+    )
+    .await;
+    assert_eq!(filter.map(|r| r.0), Some(503));
+    let readyz = http(http::Method::GET, &format!("{standby_url}/readyz"), None).await;
+    assert_eq!(readyz.map(|r| r.0), Some(503));
+    let healthz = http(http::Method::GET, &format!("{standby_url}/healthz"), None).await;
+    assert_eq!(healthz.map(|r| r.0), Some(200));
+
+    // 48 pods of 3 units for 4 nodes × 2 GPUs × 8 units: far more than fits.
+    let names: Vec<String> = (0..48).map(|i| format!("job-{i:02}")).collect();
+    for n in &names {
+        api.create_object(pending_pod(n, 3)).expect("seed pod");
+    }
+    // Phase 1: the leader binds some.
+    let mut ok_before = 0;
+    for (i, n) in names[..8].iter().enumerate() {
+        if bind_via(&api, leader.addr, n, &format!("node-{}", i % 4)).await == Some(200) {
+            ok_before += 1;
+        }
+    }
+    assert!(ok_before > 0, "the leader binds");
+
+    // Phase 2: binds at both replicas while the leader stops.
+    let api_for_binds = api.clone();
+    let (leader_addr, standby_addr) = (leader.addr, standby.addr);
+    let rest: Vec<String> = names[8..].to_vec();
+    let driver = tokio::spawn(async move {
+        let mut outcomes = Vec::new();
+        for (i, n) in rest.iter().enumerate() {
+            let node = format!("node-{}", i % 4);
+            let at = if i % 2 == 0 {
+                leader_addr
+            } else {
+                standby_addr
+            };
+            let first = bind_via(&api_for_binds, at, n, &node).await;
+            // What kube-scheduler does after an error: try again (the Service now routes to
+            // whoever is ready).
+            let second = if first == Some(200) {
+                None
+            } else {
+                let other = if at == leader_addr {
+                    standby_addr
+                } else {
+                    leader_addr
+                };
+                bind_via(&api_for_binds, other, n, &node).await
+            };
+            outcomes.push((first, second));
+        }
+        outcomes
+    });
+    let mut standby_ready = standby.state().ready_watch();
+    leader.stop().await;
+    // (The `Ref` that `wait_for` returns holds the channel's read lock: never keep it.)
+    let took_over = matches!(
+        tokio::time::timeout(DEADLINE, standby_ready.wait_for(|r| *r)).await,
+        Ok(Ok(_))
+    );
+    assert!(took_over, "the standby takes over");
+    let outcomes = driver.await.expect("driver");
+    for (first, second) in &outcomes {
+        for s in [first, second].into_iter().flatten() {
+            assert!(
+                matches!(s, 200 | 500 | 503),
+                "a bind answered {s}; expected 200, 500 (does not fit) or 503 (not leader)"
+            );
+        }
+    }
+    // After the takeover, the new leader binds what still fits.
+    let mut ok_after = 0;
+    for (i, n) in names.iter().enumerate() {
+        let bound = api
+            .get_object("pods", Some("default"), n)
+            .and_then(|p| p["spec"]["nodeName"].as_str().map(str::to_string));
+        if bound.is_none()
+            && bind_via(&api, standby.addr, n, &format!("node-{}", i % 4)).await == Some(200)
+        {
+            ok_after += 1;
+        }
+    }
+    let holdings = truth(&api);
+    let used: u64 = holdings.values().flat_map(|p| p.values()).sum();
+    assert!(used > 0 && ok_after + ok_before > 0);
+    assert_not_overcommitted(&api, UNITS);
+    // The new leader's ledger is the annotations' truth.
+    converge(&api, standby.addr).await;
+    standby.stop().await;
+}
