@@ -142,7 +142,7 @@ const fn perm(
 }
 
 const CORE: &[&str] = &[""];
-const EVENTS: &[&str] = &["events.k8s.io", ""];
+const EVENTS: &[&str] = &[""];
 const LEASES: &[&str] = &["coordination.k8s.io"];
 
 /// What `gpushare extender` does with the API.

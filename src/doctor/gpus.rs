@@ -137,29 +137,29 @@ pub fn gpu_access(probe: &Probe, config: &GpuConfig) -> Check {
             format!("nvml (library {})", config.nvml_library)
         }
         GpuBackendKind::NvidiaSmi => format!("nvidia-smi (program {})", config.nvidia_smi),
-        GpuBackendKind::Fake => format!("fake ({:?})", config.fake_gpus),
+        GpuBackendKind::Fake => format!("fake, fake GPUs {:?}", config.fake_gpus),
         other => backend_label(other).to_string(),
     };
     let mut lines = Vec::new();
     let status = match &probe.result {
         Ok(inv) => {
+            let driver = if inv.driver_version.is_empty() {
+                "unknown"
+            } else {
+                &inv.driver_version
+            };
             lines.push(format!(
-                "backend {} serves (asked for {asked}); driver {}; {} GPU(s)",
+                "backend {} serves {} GPU(s), driver {driver} (asked for {asked})",
                 inv.backend,
-                if inv.driver_version.is_empty() {
-                    "unknown"
-                } else {
-                    &inv.driver_version
-                },
                 inv.devices.len()
             ));
             for d in &inv.devices {
                 lines.push(format!(
-                    "GPU {}: {} {} {} MiB",
+                    "GPU {}: {}, {} MiB, {}",
                     d.index,
-                    d.uuid,
                     d.name,
-                    d.memory_bytes / (1024 * 1024)
+                    d.memory_bytes / (1024 * 1024),
+                    d.uuid
                 ));
             }
             if inv.devices.is_empty() {

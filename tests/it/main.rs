@@ -3,6 +3,7 @@
 
 mod cli;
 mod deviceplugin;
+mod doctor;
 mod gpu;
 mod inspect;
 mod packaging;
