@@ -304,6 +304,19 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_cluster_prints_the_upstream_frame() {
+        let report = Report::from_nodes("api", Vec::new());
+        assert_eq!(
+            table(&report),
+            "NAME  IPADDRESS  GPU Memory(GiB)\n\nAllocated/Total GPU Memory In Cluster:\n0/0 (0%)  \n"
+        );
+        assert_eq!(
+            details(&report),
+            "\n\nAllocated/Total GPU Memory In Cluster:  0/0 (0%)  \n"
+        );
+    }
+
+    #[test]
     fn bars_show_any_use_and_cap_at_full() {
         assert_eq!(bar(6, 15), "[####------]");
         assert_eq!(bar(0, 15), "[----------]");
