@@ -4,6 +4,7 @@
 mod cli;
 mod deviceplugin;
 mod doctor;
+mod extender;
 mod gpu;
 mod inspect;
 mod packaging;

@@ -1,0 +1,845 @@
+//! The extender's ledger of the cluster: per node, its GPUs (from the Node object, the device
+//! plugin's published devices and the `unhealthy-gpu-<node>` ConfigMap) and a
+//! [`NodeLedger`] of the pods holding memory on them; plus a slim per-pod index
+//! (`uid → node, GPU, memory, state, namespace/name`). Whole Pod objects are never kept.
+//!
+//! Locking: the node map is a `RwLock<HashMap<name, Arc<NodeSlot>>>` and every node has its
+//! own `RwLock<NodeEntry>`. Filter and prioritize take read locks only (map, then node) and
+//! never wait for a bind's API calls: a bind serialises with other binds of the same node
+//! through the node's async `bind_lock`, and holds the node's entry lock only for the moment
+//! it takes to choose and reserve a GPU. Every mutation takes the pod index lock first, then
+//! the map, then a node entry — one order, so no deadlock.
+//!
+//! A reservation made by bind is kept while the bind runs and until the watch shows the pod
+//! bound (or deleted), so a watch event that still shows the pod unbound cannot drop it.
+//!
+//! This module does no I/O: `sync` feeds it from watches, `bind` from the API calls it makes.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::core::placement::{self, NoFit};
+use crate::core::{
+    GpuMem, GpuPolicy, GpuSpec, LedgerPod, MemoryUnit, NodeLedger, NodePolicy, PodState,
+};
+use crate::k8s::NodeGpus;
+
+/// A pod UID, shared between the index and the node ledgers.
+pub type Uid = Arc<str>;
+
+fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Where a counted pod sits and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// Node name.
+    pub node: String,
+    /// GPU index on the node.
+    pub gpu: u32,
+    /// Memory held.
+    pub mem: GpuMem,
+    /// Assumed or assigned.
+    pub state: PodState,
+}
+
+/// What a pod event says about one pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodFacts {
+    /// UID.
+    pub uid: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// `Some` when the pod holds GPU memory on a node; `None` when it holds nothing (not
+    /// bound, no valid annotation, finished).
+    pub placement: Option<Placement>,
+}
+
+/// Why a record is in the index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hold {
+    /// Seen bound with a valid annotation in the watch.
+    Observed,
+    /// Reserved by our bind; `in_flight` while the bind still runs.
+    Reserved { in_flight: bool },
+}
+
+#[derive(Debug, Clone)]
+struct PodRecord {
+    node: Arc<str>,
+    gpu: u32,
+    mem: GpuMem,
+    state: PodState,
+    namespace: Box<str>,
+    name: Box<str>,
+    hold: Hold,
+}
+
+/// One node as the extender knows it.
+#[derive(Debug, Default)]
+struct NodeEntry {
+    /// Whether the Node object exists (false: only orphan pods or a ConfigMap point here).
+    exists: bool,
+    /// GPUs as the Node object describes them.
+    gpus: NodeGpus,
+    /// GPU indices the `unhealthy-gpu-<node>` ConfigMap lists.
+    unhealthy: BTreeSet<u32>,
+    /// The ledger.
+    ledger: NodeLedger<Uid>,
+}
+
+impl NodeEntry {
+    fn refresh(&mut self) {
+        let specs: Vec<GpuSpec> = if self.exists {
+            self.gpus
+                .gpus
+                .iter()
+                .enumerate()
+                .map(|(i, g)| GpuSpec {
+                    total: g.total,
+                    healthy: g.healthy && !self.unhealthy.contains(&(i as u32)),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        self.ledger.set_gpus(&specs);
+    }
+
+    fn shares_gpus(&self) -> bool {
+        self.exists && !self.gpus.capacity.is_zero() && !self.ledger.gpus().is_empty()
+    }
+
+    fn is_droppable(&self) -> bool {
+        !self.exists && self.ledger.pod_count() == 0 && self.unhealthy.is_empty()
+    }
+}
+
+/// A node's entry plus its bind lock.
+#[derive(Debug)]
+pub struct NodeSlot {
+    entry: RwLock<NodeEntry>,
+    /// Serialises binds to this node (held across the bind's API calls).
+    pub bind_lock: tokio::sync::Mutex<()>,
+}
+
+impl NodeSlot {
+    fn new() -> Arc<NodeSlot> {
+        Arc::new(NodeSlot {
+            entry: RwLock::new(NodeEntry::default()),
+            bind_lock: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// Whether a pod requesting `request` fits this node now.
+    pub fn fit(&self, request: GpuMem) -> Fit {
+        let e = read(&self.entry);
+        if !e.shares_gpus() {
+            return Fit::NotForGpuShare;
+        }
+        match placement::check_fit(&e.ledger, request) {
+            Ok(()) => Fit::Fits,
+            Err(no) => Fit::NoFit(no),
+        }
+    }
+
+    /// The prioritize score of `request` on this node (0 when it does not fit).
+    pub fn score(&self, request: GpuMem, policy: NodePolicy) -> u8 {
+        let e = read(&self.entry);
+        if !e.shares_gpus() {
+            return 0;
+        }
+        placement::node_score(&e.ledger, request, policy)
+    }
+}
+
+/// The filter verdict for one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fit {
+    /// Some healthy GPU has room.
+    Fits,
+    /// The node offers no shared GPUs (unknown node, no `aliyun.com/gpu-mem`).
+    NotForGpuShare,
+    /// The node has GPUs, but none fits.
+    NoFit(NoFit),
+}
+
+/// Why a reservation could not be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReserveError {
+    /// The node is unknown or offers no shared GPUs.
+    #[error("the node {0} is not for GPU share")]
+    NotForGpuShare(String),
+    /// No GPU fits.
+    #[error("{0}")]
+    NoFit(String),
+    /// The pod already holds memory.
+    #[error("pod {namespace}/{name} already holds GPU {gpu} on node {node}")]
+    AlreadyPlaced {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Node.
+        node: String,
+        /// GPU.
+        gpu: u32,
+    },
+}
+
+/// A reservation made for a bind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reservation {
+    /// GPU index.
+    pub gpu: u32,
+    /// That GPU's total memory (the DEV annotation).
+    pub device_total: GpuMem,
+}
+
+/// Read-only view of one pod on a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodView {
+    /// UID.
+    pub uid: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// GPU index.
+    pub gpu: u32,
+    /// Memory held.
+    pub mem: GpuMem,
+    /// Assumed or assigned.
+    pub state: PodState,
+}
+
+/// Read-only view of one GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuView {
+    /// Index.
+    pub index: u32,
+    /// Total memory.
+    pub total: GpuMem,
+    /// Memory held.
+    pub used: GpuMem,
+    /// Whether it may receive pods.
+    pub healthy: bool,
+    /// Pods on it, sorted by namespace/name.
+    pub pods: Vec<PodView>,
+}
+
+/// Read-only view of one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeView {
+    /// Name.
+    pub name: String,
+    /// Whether the Node object exists.
+    pub exists: bool,
+    /// `capacity[aliyun.com/gpu-mem]`.
+    pub capacity: GpuMem,
+    /// The unit the device plugin declared.
+    pub unit: Option<MemoryUnit>,
+    /// GPUs by index.
+    pub gpus: Vec<GpuView>,
+    /// Pods whose GPU index is not on this node (the node shrank or is gone).
+    pub pending: Vec<PodView>,
+}
+
+impl NodeView {
+    /// Sum of GPU sizes.
+    pub fn total(&self) -> GpuMem {
+        self.gpus.iter().map(|g| g.total).sum()
+    }
+    /// Sum of memory held on the GPUs.
+    pub fn used(&self) -> GpuMem {
+        self.gpus.iter().map(|g| g.used).sum()
+    }
+}
+
+/// Counters for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Nodes known (Node object exists).
+    pub nodes: usize,
+    /// Pods holding memory.
+    pub pods: usize,
+    /// Of which assumed (bound, not yet allocated by the device plugin).
+    pub assumed: usize,
+}
+
+/// The ledger of the whole cluster.
+#[derive(Debug, Default)]
+pub struct Cache {
+    pods: RwLock<HashMap<Uid, PodRecord>>,
+    nodes: RwLock<HashMap<Arc<str>, Arc<NodeSlot>>>,
+}
+
+impl Cache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Cache::default()
+    }
+
+    /// The slot of `node`, if known.
+    pub fn slot(&self, node: &str) -> Option<Arc<NodeSlot>> {
+        read(&self.nodes).get(node).cloned()
+    }
+
+    /// The slots of `names`, in order (one map lock for all).
+    pub fn slots<'a>(
+        &self,
+        names: impl IntoIterator<Item = &'a str>,
+    ) -> Vec<Option<Arc<NodeSlot>>> {
+        let map = read(&self.nodes);
+        names.into_iter().map(|n| map.get(n).cloned()).collect()
+    }
+
+    /// The filter verdict for `node`.
+    pub fn fit(&self, node: &str, request: GpuMem) -> Fit {
+        match self.slot(node) {
+            Some(s) => s.fit(request),
+            None => Fit::NotForGpuShare,
+        }
+    }
+
+    fn slot_or_create(map: &mut HashMap<Arc<str>, Arc<NodeSlot>>, node: &str) -> Arc<NodeSlot> {
+        if let Some(s) = map.get(node) {
+            return s.clone();
+        }
+        let s = NodeSlot::new();
+        map.insert(Arc::from(node), s.clone());
+        s
+    }
+
+    fn drop_if_empty(map: &mut HashMap<Arc<str>, Arc<NodeSlot>>, node: &str) {
+        if map.get(node).is_some_and(|s| read(&s.entry).is_droppable()) {
+            map.remove(node);
+        }
+    }
+
+    /// Removes `uid` from the node ledger it sits in (index lock held by the caller).
+    fn unplace(map: &mut HashMap<Arc<str>, Arc<NodeSlot>>, uid: &Uid, rec: &PodRecord) {
+        if let Some(slot) = map.get(&*rec.node) {
+            write(&slot.entry).ledger.remove_pod(&**uid);
+        }
+        Self::drop_if_empty(map, &rec.node);
+    }
+
+    /// Applies what a pod event says. Returns whether the pod is now counted.
+    pub fn observe_pod(&self, facts: PodFacts) -> bool {
+        let mut pods = write(&self.pods);
+        let mut map = write(&self.nodes);
+        let key: Uid = match pods.get_key_value(facts.uid.as_str()) {
+            Some((k, _)) => k.clone(),
+            None => Arc::from(facts.uid.as_str()),
+        };
+        let Some(p) = facts.placement else {
+            if let Some(rec) = pods.get(&key) {
+                if matches!(rec.hold, Hold::Reserved { .. }) {
+                    return true;
+                }
+                let rec = rec.clone();
+                pods.remove(&key);
+                Self::unplace(&mut map, &key, &rec);
+            }
+            return false;
+        };
+        if let Some(old) = pods.get(&key).cloned()
+            && *old.node != *p.node
+        {
+            Self::unplace(&mut map, &key, &old);
+        }
+        let slot = Self::slot_or_create(&mut map, &p.node);
+        write(&slot.entry).ledger.apply_pod(
+            key.clone(),
+            LedgerPod {
+                gpu: p.gpu,
+                mem: p.mem,
+                state: p.state,
+            },
+        );
+        let node: Arc<str> = match map.get_key_value(p.node.as_str()) {
+            Some((k, _)) => k.clone(),
+            None => Arc::from(p.node.as_str()),
+        };
+        pods.insert(
+            key,
+            PodRecord {
+                node,
+                gpu: p.gpu,
+                mem: p.mem,
+                state: p.state,
+                namespace: facts.namespace.into(),
+                name: facts.name.into(),
+                hold: Hold::Observed,
+            },
+        );
+        true
+    }
+
+    /// The pod is gone (watch delete): release whatever it held, reservations included.
+    pub fn forget_pod(&self, uid: &str) {
+        let mut pods = write(&self.pods);
+        if let Some((key, rec)) = pods.remove_entry(uid) {
+            let mut map = write(&self.nodes);
+            Self::unplace(&mut map, &key, &rec);
+        }
+    }
+
+    /// After a full re-list of pods: forget every pod not in `seen`, except reservations of
+    /// binds still running.
+    pub fn retain_pods(&self, seen: &HashSet<String>) -> usize {
+        let mut pods = write(&self.pods);
+        let mut map = write(&self.nodes);
+        let gone: Vec<Uid> = pods
+            .iter()
+            .filter(|(uid, rec)| {
+                !seen.contains(&***uid) && rec.hold != (Hold::Reserved { in_flight: true })
+            })
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in &gone {
+            if let Some(rec) = pods.remove(uid) {
+                Self::unplace(&mut map, uid, &rec);
+            }
+        }
+        gone.len()
+    }
+
+    /// A Node was added or changed: re-read its GPUs.
+    pub fn apply_node(&self, name: &str, gpus: NodeGpus) {
+        let _pods = read(&self.pods);
+        let mut map = write(&self.nodes);
+        let slot = Self::slot_or_create(&mut map, name);
+        let mut e = write(&slot.entry);
+        e.exists = true;
+        e.gpus = gpus;
+        e.refresh();
+    }
+
+    /// A Node was deleted: its pods stay (as pending) until they are deleted too.
+    pub fn remove_node(&self, name: &str) {
+        let _pods = read(&self.pods);
+        let mut map = write(&self.nodes);
+        if let Some(slot) = map.get(name) {
+            let mut e = write(&slot.entry);
+            e.exists = false;
+            e.gpus = NodeGpus::default();
+            e.refresh();
+        }
+        Self::drop_if_empty(&mut map, name);
+    }
+
+    /// After a full re-list of nodes: every node not in `seen` is deleted.
+    pub fn retain_nodes(&self, seen: &HashSet<String>) {
+        let gone: Vec<String> = read(&self.nodes)
+            .iter()
+            .filter(|(n, s)| !seen.contains(&***n) && read(&s.entry).exists)
+            .map(|(n, _)| n.to_string())
+            .collect();
+        for n in gone {
+            self.remove_node(&n);
+        }
+    }
+
+    /// Sets the GPUs the `unhealthy-gpu-<node>` ConfigMap lists (empty clears).
+    pub fn set_unhealthy(&self, node: &str, gpus: BTreeSet<u32>) {
+        let _pods = read(&self.pods);
+        let mut map = write(&self.nodes);
+        if gpus.is_empty() && !map.contains_key(node) {
+            return;
+        }
+        let slot = Self::slot_or_create(&mut map, node);
+        {
+            let mut e = write(&slot.entry);
+            e.unhealthy = gpus;
+            e.refresh();
+        }
+        Self::drop_if_empty(&mut map, node);
+    }
+
+    /// After a full re-list of the ConfigMaps: clear the nodes not in `seen`.
+    pub fn retain_unhealthy(&self, seen: &HashSet<String>) {
+        let stale: Vec<String> = read(&self.nodes)
+            .iter()
+            .filter(|(n, s)| !seen.contains(&***n) && !read(&s.entry).unhealthy.is_empty())
+            .map(|(n, _)| n.to_string())
+            .collect();
+        for n in stale {
+            self.set_unhealthy(&n, BTreeSet::new());
+        }
+    }
+
+    /// Chooses a GPU of `node` for the pod and reserves it (as Assumed, bind in flight).
+    pub fn reserve(
+        &self,
+        uid: &str,
+        namespace: &str,
+        name: &str,
+        node: &str,
+        request: GpuMem,
+        policy: GpuPolicy,
+    ) -> Result<Reservation, ReserveError> {
+        let mut pods = write(&self.pods);
+        if let Some(rec) = pods.get(uid) {
+            return Err(ReserveError::AlreadyPlaced {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                node: rec.node.to_string(),
+                gpu: rec.gpu,
+            });
+        }
+        let map = read(&self.nodes);
+        let Some((node_key, slot)) = map.get_key_value(node) else {
+            return Err(ReserveError::NotForGpuShare(node.to_string()));
+        };
+        let mut e = write(&slot.entry);
+        if !e.shares_gpus() {
+            return Err(ReserveError::NotForGpuShare(node.to_string()));
+        }
+        let gpu = placement::choose_gpu(&e.ledger, request, policy)
+            .map_err(|no| ReserveError::NoFit(no.reason(request)))?;
+        let device_total = e
+            .ledger
+            .gpus()
+            .get(gpu as usize)
+            .map(|g| g.total)
+            .unwrap_or_default();
+        let key: Uid = Arc::from(uid);
+        e.ledger.apply_pod(
+            key.clone(),
+            LedgerPod {
+                gpu,
+                mem: request,
+                state: PodState::Assumed,
+            },
+        );
+        pods.insert(
+            key,
+            PodRecord {
+                node: node_key.clone(),
+                gpu,
+                mem: request,
+                state: PodState::Assumed,
+                namespace: namespace.into(),
+                name: name.into(),
+                hold: Hold::Reserved { in_flight: true },
+            },
+        );
+        Ok(Reservation { gpu, device_total })
+    }
+
+    /// The bind finished: keep the reservation until the watch shows the pod bound.
+    pub fn confirm(&self, uid: &str) {
+        if let Some(rec) = write(&self.pods).get_mut(uid)
+            && rec.hold == (Hold::Reserved { in_flight: true })
+        {
+            rec.hold = Hold::Reserved { in_flight: false };
+        }
+    }
+
+    /// The bind failed: drop the reservation if it is still the one made for it.
+    pub fn rollback(&self, uid: &str, node: &str, gpu: u32) -> bool {
+        let mut pods = write(&self.pods);
+        let ours = pods.get(uid).is_some_and(|rec| {
+            matches!(rec.hold, Hold::Reserved { .. }) && *rec.node == *node && rec.gpu == gpu
+        });
+        if !ours {
+            return false;
+        }
+        if let Some((key, rec)) = pods.remove_entry(uid) {
+            let mut map = write(&self.nodes);
+            Self::unplace(&mut map, &key, &rec);
+        }
+        true
+    }
+
+    /// Where the pod `uid` is counted.
+    pub fn pod_placement(&self, uid: &str) -> Option<Placement> {
+        read(&self.pods).get(uid).map(|r| Placement {
+            node: r.node.to_string(),
+            gpu: r.gpu,
+            mem: r.mem,
+            state: r.state,
+        })
+    }
+
+    /// Names of the nodes whose Node object exists, sorted.
+    pub fn node_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = read(&self.nodes)
+            .iter()
+            .filter(|(_, s)| read(&s.entry).exists)
+            .map(|(n, _)| n.to_string())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// A view of one node (also one that only orphan pods point at).
+    pub fn node_view(&self, node: &str) -> Option<NodeView> {
+        let pods = read(&self.pods);
+        let slot = read(&self.nodes).get(node).cloned()?;
+        let e = read(&slot.entry);
+        let view_of = |uid: &Uid, p: &LedgerPod| {
+            let (namespace, name) = pods
+                .get(uid)
+                .map(|r| (r.namespace.to_string(), r.name.to_string()))
+                .unwrap_or_default();
+            PodView {
+                uid: uid.to_string(),
+                namespace,
+                name,
+                gpu: p.gpu,
+                mem: p.mem,
+                state: p.state,
+            }
+        };
+        let mut gpus: Vec<GpuView> = e
+            .ledger
+            .gpus()
+            .iter()
+            .enumerate()
+            .map(|(i, g)| GpuView {
+                index: i as u32,
+                total: g.total,
+                used: g.used,
+                healthy: g.healthy,
+                pods: Vec::new(),
+            })
+            .collect();
+        let mut pending = Vec::new();
+        for (uid, p) in e.ledger.pods() {
+            match gpus.get_mut(p.gpu as usize) {
+                Some(g) => g.pods.push(view_of(uid, p)),
+                None => pending.push(view_of(uid, p)),
+            }
+        }
+        let order = |a: &PodView, b: &PodView| {
+            (&a.namespace, &a.name, &a.uid).cmp(&(&b.namespace, &b.name, &b.uid))
+        };
+        for g in &mut gpus {
+            g.pods.sort_by(order);
+        }
+        pending.sort_by(order);
+        Some(NodeView {
+            name: node.to_string(),
+            exists: e.exists,
+            capacity: e.gpus.capacity,
+            unit: e.gpus.unit,
+            gpus,
+            pending,
+        })
+    }
+
+    /// Views of every node that exists and offers shared GPUs or holds pods, sorted by name.
+    pub fn views(&self) -> Vec<NodeView> {
+        let mut names: Vec<String> = read(&self.nodes)
+            .iter()
+            .filter(|(_, s)| {
+                let e = read(&s.entry);
+                e.exists && (e.shares_gpus() || e.ledger.pod_count() > 0)
+            })
+            .map(|(n, _)| n.to_string())
+            .collect();
+        names.sort();
+        names.iter().filter_map(|n| self.node_view(n)).collect()
+    }
+
+    /// Counters for metrics.
+    pub fn stats(&self) -> CacheStats {
+        let pods = read(&self.pods);
+        let nodes = read(&self.nodes)
+            .values()
+            .filter(|s| read(&s.entry).exists)
+            .count();
+        CacheStats {
+            nodes,
+            pods: pods.len(),
+            assumed: pods
+                .values()
+                .filter(|r| r.state == PodState::Assumed)
+                .count(),
+        }
+    }
+
+    /// Every (node, GPU index, total, used) for the memory gauges.
+    pub fn gpu_rows(&self) -> Vec<(String, u32, GpuMem, GpuMem)> {
+        let map = read(&self.nodes);
+        let mut rows = Vec::new();
+        for (name, slot) in map.iter() {
+            let e = read(&slot.entry);
+            if !e.exists {
+                continue;
+            }
+            for (i, g) in e.ledger.gpus().iter().enumerate() {
+                rows.push((name.to_string(), i as u32, g.total, g.used));
+            }
+        }
+        rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpus(totals: &[u64]) -> NodeGpus {
+        NodeGpus {
+            gpus: totals
+                .iter()
+                .map(|t| GpuSpec {
+                    total: GpuMem::new(*t),
+                    healthy: true,
+                })
+                .collect(),
+            capacity: GpuMem::new(totals.iter().sum()),
+            unit: None,
+            published: false,
+        }
+    }
+
+    fn facts(uid: &str, node: &str, gpu: u32, mem: u64) -> PodFacts {
+        PodFacts {
+            uid: uid.into(),
+            namespace: "ns".into(),
+            name: uid.into(),
+            placement: Some(Placement {
+                node: node.into(),
+                gpu,
+                mem: GpuMem::new(mem),
+                state: PodState::Assigned,
+            }),
+        }
+    }
+
+    fn used(c: &Cache, node: &str) -> Vec<u64> {
+        c.node_view(node)
+            .unwrap()
+            .gpus
+            .iter()
+            .map(|g| g.used.units())
+            .collect()
+    }
+
+    #[test]
+    fn pods_count_once_and_move_between_nodes() {
+        let c = Cache::new();
+        c.apply_node("a", gpus(&[16, 16]));
+        c.apply_node("b", gpus(&[16]));
+        assert!(c.observe_pod(facts("p", "a", 1, 4)));
+        assert!(c.observe_pod(facts("p", "a", 1, 4)));
+        assert_eq!(used(&c, "a"), [0, 4]);
+        c.observe_pod(facts("p", "b", 0, 4));
+        assert_eq!(used(&c, "a"), [0, 0]);
+        assert_eq!(used(&c, "b"), [4]);
+        c.forget_pod("p");
+        assert_eq!(used(&c, "b"), [0]);
+        assert_eq!(c.stats().pods, 0);
+    }
+
+    #[test]
+    fn node_changes_are_picked_up_and_deleted_nodes_keep_pods_pending() {
+        let c = Cache::new();
+        c.apply_node("a", gpus(&[16, 16]));
+        c.observe_pod(facts("p", "a", 1, 4));
+        c.apply_node("a", gpus(&[8]));
+        let v = c.node_view("a").unwrap();
+        assert_eq!(v.gpus.len(), 1);
+        assert_eq!(v.pending.len(), 1);
+        c.remove_node("a");
+        assert_eq!(c.fit("a", GpuMem::new(1)), Fit::NotForGpuShare);
+        assert!(c.views().is_empty());
+        assert_eq!(c.node_view("a").unwrap().pending.len(), 1);
+        c.forget_pod("p");
+        assert!(
+            c.node_view("a").is_none(),
+            "empty unknown nodes are dropped"
+        );
+        // A pod pointing at a node never seen is kept pending, nothing panics.
+        c.observe_pod(facts("q", "ghost", 3, 4));
+        assert_eq!(c.fit("ghost", GpuMem::new(1)), Fit::NotForGpuShare);
+        c.apply_node("ghost", gpus(&[16; 4]));
+        assert_eq!(used(&c, "ghost"), [0, 0, 0, 4]);
+    }
+
+    #[test]
+    fn unhealthy_gpus_are_skipped() {
+        let c = Cache::new();
+        c.apply_node("a", gpus(&[16, 16]));
+        c.set_unhealthy("a", BTreeSet::from([0]));
+        let r = c
+            .reserve("u", "ns", "p", "a", GpuMem::new(4), GpuPolicy::Binpack)
+            .unwrap();
+        assert_eq!(r.gpu, 1);
+        assert_eq!(
+            c.fit("a", GpuMem::new(16)),
+            Fit::NoFit(NoFit::InsufficientInOneDevice)
+        );
+        c.set_unhealthy("a", BTreeSet::from([0, 1]));
+        assert_eq!(
+            c.fit("a", GpuMem::new(16)),
+            Fit::NoFit(NoFit::LargerThanAnyGpu {
+                largest: GpuMem::ZERO
+            })
+        );
+        c.retain_unhealthy(&HashSet::new());
+        assert_eq!(c.fit("a", GpuMem::new(16)), Fit::Fits);
+    }
+
+    #[test]
+    fn reservations_survive_unbound_views_until_rollback_or_bound() {
+        let c = Cache::new();
+        c.apply_node("a", gpus(&[16, 16]));
+        let r = c
+            .reserve("u", "ns", "p", "a", GpuMem::new(10), GpuPolicy::Binpack)
+            .unwrap();
+        assert_eq!(r.device_total, GpuMem::new(16));
+        // The watch sees the annotated but not yet bound pod: the reservation stays.
+        let unbound = PodFacts {
+            placement: None,
+            ..facts("u", "a", 0, 10)
+        };
+        assert!(c.observe_pod(unbound.clone()));
+        assert_eq!(c.fit("a", GpuMem::new(10)), Fit::Fits);
+        let r2 = c
+            .reserve("v", "ns", "q", "a", GpuMem::new(10), GpuPolicy::Binpack)
+            .unwrap();
+        assert_ne!(r.gpu, r2.gpu);
+        assert_eq!(
+            c.fit("a", GpuMem::new(10)),
+            Fit::NoFit(NoFit::InsufficientInOneDevice)
+        );
+        // A re-list that misses an in-flight reservation keeps it.
+        assert_eq!(c.retain_pods(&HashSet::new()), 0);
+        assert!(c.rollback("v", "a", r2.gpu));
+        assert!(!c.rollback("v", "a", r2.gpu));
+        c.confirm("u");
+        c.observe_pod(facts("u", "a", r.gpu, 10));
+        assert!(!c.observe_pod(unbound), "observed pods follow the watch");
+        assert_eq!(used(&c, "a"), [0, 0]);
+        assert!(matches!(
+            c.reserve("w", "ns", "w", "nope", GpuMem::new(1), GpuPolicy::Binpack),
+            Err(ReserveError::NotForGpuShare(_))
+        ));
+    }
+
+    #[test]
+    fn relists_drop_pods_and_nodes_not_seen_again() {
+        let c = Cache::new();
+        c.apply_node("a", gpus(&[16]));
+        c.apply_node("b", gpus(&[16]));
+        c.observe_pod(facts("p", "a", 0, 4));
+        c.observe_pod(facts("q", "a", 0, 4));
+        assert_eq!(c.retain_pods(&HashSet::from(["q".to_string()])), 1);
+        assert_eq!(used(&c, "a"), [4]);
+        c.retain_nodes(&HashSet::from(["a".to_string()]));
+        assert_eq!(c.node_names(), ["a"]);
+    }
+}

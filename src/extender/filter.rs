@@ -1,0 +1,99 @@
+//! The filter verb: which candidate nodes have ONE healthy GPU with room for the pod.
+//!
+//! Pure in-memory work on the ledger (read locks only, no API call). Rejection reasons keep
+//! upstream wording; a node whose largest healthy GPU is smaller than the request goes to
+//! `FailedAndUnresolvableNodes`, since preemption cannot help there.
+
+use std::collections::BTreeMap;
+
+use super::cache::Fit;
+use super::state::ExtenderState;
+use super::wire::{Candidates, ExtenderArgs, FilterResult, NodeList};
+use crate::core::{GpuMem, NoFit};
+
+/// The rejection reason for nodes that offer no shared GPUs (upstream wording).
+pub fn not_for_gpu_share(node: &str) -> String {
+    format!("The node {node} is not for GPU share, need skip")
+}
+
+/// The pod's request, or a message for a 400 answer.
+pub fn pod_request(pod: &k8s_openapi::api::core::v1::Pod) -> Result<GpuMem, String> {
+    crate::k8s::pod_gpu_request(pod)
+        .map(|r| r.total())
+        .map_err(|e| format!("ExtenderArgs.Pod: {e}"))
+}
+
+/// Runs filter; `Err` is a bad request.
+pub fn filter(state: &ExtenderState, args: ExtenderArgs) -> Result<FilterResult, String> {
+    let request = pod_request(&args.pod)?;
+    let metrics = state.metrics();
+    let mut passing = Vec::new();
+    let mut failed = BTreeMap::new();
+    let mut unresolvable = BTreeMap::new();
+    let names = args.candidates.names();
+    let slots = state.cache().slots(names.iter().copied());
+    for (i, (name, slot)) in names.iter().zip(slots).enumerate() {
+        if request.is_zero() {
+            // kube-scheduler only sends gpu-mem pods; be lenient with the others.
+            passing.push(i);
+            continue;
+        }
+        let fit = slot.map(|s| s.fit(request)).unwrap_or(Fit::NotForGpuShare);
+        let reason_label = match fit {
+            Fit::Fits => {
+                passing.push(i);
+                continue;
+            }
+            Fit::NotForGpuShare => {
+                failed.insert(name.to_string(), not_for_gpu_share(name));
+                "not_for_gpu_share"
+            }
+            Fit::NoFit(no) if no.is_resolvable() => {
+                failed.insert(name.to_string(), no.reason(request));
+                "insufficient_in_one_device"
+            }
+            Fit::NoFit(no @ NoFit::LargerThanAnyGpu { .. }) => {
+                unresolvable.insert(name.to_string(), no.reason(request));
+                "larger_than_any_gpu"
+            }
+            Fit::NoFit(no) => {
+                failed.insert(name.to_string(), no.reason(request));
+                "other"
+            }
+        };
+        metrics
+            .rejections
+            .get_or_create(&super::metrics::ReasonLabels {
+                reason: reason_label,
+            })
+            .inc();
+    }
+    let mut result = FilterResult {
+        failed_nodes: failed,
+        failed_and_unresolvable: (!unresolvable.is_empty()).then_some(unresolvable),
+        ..FilterResult::default()
+    };
+    match args.candidates {
+        Candidates::Names(names) => {
+            let mut names: Vec<Option<String>> = names.into_iter().map(Some).collect();
+            result.node_names = Some(
+                passing
+                    .iter()
+                    .filter_map(|&i| names.get_mut(i).and_then(Option::take))
+                    .collect(),
+            );
+        }
+        Candidates::Nodes(nodes) => {
+            let mut nodes: Vec<Option<serde_json::Value>> =
+                nodes.into_iter().map(|(_, v)| Some(v)).collect();
+            result.nodes = Some(NodeList {
+                metadata: serde_json::Map::new(),
+                items: passing
+                    .iter()
+                    .filter_map(|&i| nodes.get_mut(i).and_then(Option::take))
+                    .collect(),
+            });
+        }
+    }
+    Ok(result)
+}

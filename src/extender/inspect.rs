@@ -1,0 +1,108 @@
+//! The inspect endpoint: the ledger as JSON, in upstream's shape
+//! (`{"nodes":[{"name","totalGPU","usedGPU","devs":[{"id","totalGPU","usedGPU","pods":[…]}]}]}`)
+//! with added fields: node `unit` and `pending` (pods whose GPU index is not on the node),
+//! GPU `healthy`, pod `uid` and `state`. Nodes are sorted by name, pods by namespace/name.
+
+use serde::Serialize;
+
+use super::cache::{NodeView, PodView};
+use crate::core::PodState;
+
+/// The whole answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct Inspect {
+    /// Nodes.
+    pub nodes: Vec<InspectNode>,
+}
+
+/// One node.
+#[derive(Debug, Clone, Serialize)]
+pub struct InspectNode {
+    /// Node name.
+    pub name: String,
+    /// Sum of the GPUs' memory (units).
+    #[serde(rename = "totalGPU")]
+    pub total_gpu: u64,
+    /// Memory held on the GPUs (units).
+    #[serde(rename = "usedGPU")]
+    pub used_gpu: u64,
+    /// The device plugin's unit, when it declared one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
+    /// GPUs.
+    pub devs: Vec<InspectDev>,
+    /// Pods recorded on the node whose GPU index it does not have.
+    pub pending: Vec<InspectPod>,
+}
+
+/// One GPU.
+#[derive(Debug, Clone, Serialize)]
+pub struct InspectDev {
+    /// GPU index.
+    pub id: u32,
+    /// GPU memory.
+    #[serde(rename = "totalGPU")]
+    pub total_gpu: u64,
+    /// Memory held.
+    #[serde(rename = "usedGPU")]
+    pub used_gpu: u64,
+    /// Whether it may receive pods.
+    pub healthy: bool,
+    /// Pods on it.
+    pub pods: Vec<InspectPod>,
+}
+
+/// One pod.
+#[derive(Debug, Clone, Serialize)]
+pub struct InspectPod {
+    /// Pod name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Memory held.
+    #[serde(rename = "usedGPU")]
+    pub used_gpu: u64,
+    /// UID.
+    pub uid: String,
+    /// assumed | assigned.
+    pub state: PodState,
+}
+
+fn pod(p: &PodView) -> InspectPod {
+    InspectPod {
+        name: p.name.clone(),
+        namespace: p.namespace.clone(),
+        used_gpu: p.mem.units(),
+        uid: p.uid.clone(),
+        state: p.state,
+    }
+}
+
+/// One node's entry.
+pub fn node(v: &NodeView) -> InspectNode {
+    InspectNode {
+        name: v.name.clone(),
+        total_gpu: v.total().units(),
+        used_gpu: v.used().units(),
+        unit: v.unit.map(|u| u.to_string()),
+        devs: v
+            .gpus
+            .iter()
+            .map(|g| InspectDev {
+                id: g.index,
+                total_gpu: g.total.units(),
+                used_gpu: g.used.units(),
+                healthy: g.healthy,
+                pods: g.pods.iter().map(pod).collect(),
+            })
+            .collect(),
+        pending: v.pending.iter().map(pod).collect(),
+    }
+}
+
+/// The answer for `views`.
+pub fn inspect(views: &[NodeView]) -> Inspect {
+    Inspect {
+        nodes: views.iter().map(node).collect(),
+    }
+}

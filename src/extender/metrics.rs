@@ -1,0 +1,168 @@
+//! The extender's Prometheus metrics: requests and latency per verb and outcome, filter
+//! rejections by reason, bind retries, and — refreshed from the ledger at every scrape —
+//! total and allocated memory per node and GPU, pods held, assumed pods and the sync state.
+//!
+//! Registered in the role's [`AdminState`] registry; rendering is `AdminState::render_metrics`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+
+use super::cache::Cache;
+use crate::admin::AdminState;
+
+/// Labels of the request metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// filter | prioritize | bind | inspect.
+    pub verb: &'static str,
+    /// ok | rejected | error | bad_request | unavailable.
+    pub outcome: &'static str,
+}
+
+/// Labels of the rejection counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// not_for_gpu_share | insufficient_in_one_device | larger_than_any_gpu.
+    pub reason: &'static str,
+}
+
+/// Labels of the per-GPU gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GpuLabels {
+    /// Node name.
+    pub node: String,
+    /// GPU index.
+    pub gpu: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 50 µs … ~3.3 s.
+    Histogram::new(exponential_buckets(0.00005, 2.0, 17))
+}
+
+/// The metric handles.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    /// `gpushare_extender_requests_total{verb,outcome}`.
+    pub requests: Family<RequestLabels, Counter>,
+    /// `gpushare_extender_request_duration_seconds{verb,outcome}`.
+    pub latency: Family<RequestLabels, Histogram, fn() -> Histogram>,
+    /// `gpushare_extender_filter_rejections_total{reason}`.
+    pub rejections: Family<ReasonLabels, Counter>,
+    /// `gpushare_extender_bind_retries_total`.
+    pub bind_retries: Counter,
+    gpu_total: Family<GpuLabels, Gauge>,
+    gpu_used: Family<GpuLabels, Gauge>,
+    pods: Gauge,
+    assumed: Gauge,
+    nodes: Gauge,
+    synced: Gauge,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them with `admin`.
+    pub fn register(admin: &AdminState) -> Metrics {
+        let m = Metrics {
+            requests: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            rejections: Family::default(),
+            bind_retries: Counter::default(),
+            gpu_total: Family::default(),
+            gpu_used: Family::default(),
+            pods: Gauge::default(),
+            assumed: Gauge::default(),
+            nodes: Gauge::default(),
+            synced: Gauge::default(),
+        };
+        admin.with_registry(|r| {
+            r.register(
+                "gpushare_extender_requests",
+                "Scheduling and inspect requests by verb and outcome",
+                m.requests.clone(),
+            );
+            r.register(
+                "gpushare_extender_request_duration_seconds",
+                "Time to answer a request, by verb and outcome",
+                m.latency.clone(),
+            );
+            r.register(
+                "gpushare_extender_filter_rejections",
+                "Nodes rejected by filter, by reason",
+                m.rejections.clone(),
+            );
+            r.register(
+                "gpushare_extender_bind_retries",
+                "API calls of bind retried after a transient error",
+                m.bind_retries.clone(),
+            );
+            r.register(
+                "gpushare_extender_gpu_memory_total_units",
+                "GPU memory per node and GPU, in the device plugin's unit",
+                m.gpu_total.clone(),
+            );
+            r.register(
+                "gpushare_extender_gpu_memory_allocated_units",
+                "GPU memory held by pods per node and GPU, in the device plugin's unit",
+                m.gpu_used.clone(),
+            );
+            r.register(
+                "gpushare_extender_pods",
+                "Pods holding GPU memory in the ledger",
+                m.pods.clone(),
+            );
+            r.register(
+                "gpushare_extender_assumed_pods",
+                "Pods bound by the extender that the device plugin has not allocated yet",
+                m.assumed.clone(),
+            );
+            r.register(
+                "gpushare_extender_nodes",
+                "Nodes known to the ledger",
+                m.nodes.clone(),
+            );
+            r.register(
+                "gpushare_extender_ledger_synced",
+                "1 once the ledger holds a full sync of pods, nodes and ConfigMaps",
+                m.synced.clone(),
+            );
+        });
+        m
+    }
+
+    /// Counts one request and its duration.
+    pub fn observe(&self, verb: &'static str, outcome: &'static str, seconds: f64) {
+        let labels = RequestLabels { verb, outcome };
+        self.requests.get_or_create(&labels).inc();
+        self.latency.get_or_create(&labels).observe(seconds);
+    }
+
+    /// Refreshes the ledger gauges (called at scrape time).
+    pub fn refresh(&self, cache: &Cache, synced: bool) {
+        self.gpu_total.clear();
+        self.gpu_used.clear();
+        for (node, gpu, total, used) in cache.gpu_rows() {
+            let labels = GpuLabels {
+                node,
+                gpu: gpu.to_string(),
+            };
+            self.gpu_total
+                .get_or_create(&labels)
+                .set(clamp(total.units()));
+            self.gpu_used
+                .get_or_create(&labels)
+                .set(clamp(used.units()));
+        }
+        let stats = cache.stats();
+        self.pods.set(clamp(stats.pods as u64));
+        self.assumed.set(clamp(stats.assumed as u64));
+        self.nodes.set(clamp(stats.nodes as u64));
+        self.synced.set(i64::from(synced));
+    }
+}
+
+fn clamp(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,26 @@
+//! The prioritize verb: a 0–10 score per candidate node under `--node-policy` (binpack:
+//! fuller nodes first; spread: emptier nodes first). Nodes where the pod does not fit, or that
+//! offer no shared GPUs, score 0. Pure in-memory work, like filter.
+
+use super::filter::pod_request;
+use super::state::ExtenderState;
+use super::wire::{ExtenderArgs, HostPriority};
+
+/// Runs prioritize; `Err` is a bad request.
+pub fn prioritize(state: &ExtenderState, args: ExtenderArgs) -> Result<Vec<HostPriority>, String> {
+    let request = pod_request(&args.pod)?;
+    let policy = state.config().node_policy;
+    let names = args.candidates.names();
+    let slots = state.cache().slots(names.iter().copied());
+    Ok(names
+        .iter()
+        .zip(slots)
+        .map(|(name, slot)| HostPriority {
+            host: name.to_string(),
+            score: match (request.is_zero(), slot) {
+                (false, Some(s)) => i64::from(s.score(request, policy)),
+                _ => 0,
+            },
+        })
+        .collect())
+}

@@ -1,0 +1,340 @@
+//! Feeds the ledger from the cluster: watches of Pods (all namespaces), Nodes, and the
+//! `unhealthy-gpu-<node>` ConfigMaps in `kube-system`, projected into cache operations.
+//!
+//! Each watch applies its first full list, then events; on a re-list (after a 410 Gone or a
+//! dropped stream, kube-runtime's `Init … InitDone`) objects not listed again are removed, so
+//! nothing is lost or counted twice. The ledger is "synced" once all three watches have
+//! completed their first list. Watch errors are logged and retried with backoff; they never
+//! stop the extender.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use kube::api::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use tokio::sync::watch;
+
+use super::cache::{Placement, PodFacts};
+use super::state::ExtenderState;
+use crate::core::PodState;
+use crate::core::wire::{
+    UNHEALTHY_CONFIGMAP_KEY, UNHEALTHY_CONFIGMAP_NAMESPACE, UNHEALTHY_CONFIGMAP_PREFIX,
+};
+use crate::k8s::{node_gpus, pod_annotations, pod_gpu_request, pod_is_terminal};
+use crate::shutdown::Shutdown;
+
+/// What a pod event means for the ledger.
+pub fn pod_facts(pod: &Pod) -> Option<PodFacts> {
+    let uid = pod.metadata.uid.clone()?;
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let (ann, errors) = pod_annotations(pod);
+    let request = match pod_gpu_request(pod) {
+        Ok(r) => r.total(),
+        Err(e) => {
+            if ann.gpu_index.is_some() {
+                tracing::warn!(pod = %format!("{namespace}/{name}"), error = %e, "unreadable gpu-mem limit");
+            }
+            crate::core::GpuMem::ZERO
+        }
+    };
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .filter(|n| !n.is_empty());
+    let placement = match (node, ann.gpu_index) {
+        (Some(node), Some(gpu)) if !pod_is_terminal(pod) => {
+            let mem = ann.pod_mem.filter(|m| !m.is_zero()).unwrap_or(request);
+            (!mem.is_zero()).then_some(Placement {
+                node,
+                gpu,
+                mem,
+                state: if ann.assigned == Some(true) {
+                    PodState::Assigned
+                } else {
+                    PodState::Assumed
+                },
+            })
+        }
+        _ => None,
+    };
+    if placement.is_some() {
+        for e in errors {
+            tracing::warn!(pod = %format!("{namespace}/{name}"), error = %e, "bad gpushare annotation");
+        }
+    }
+    Some(PodFacts {
+        uid,
+        namespace,
+        name,
+        placement,
+    })
+}
+
+/// The GPU indices listed in an `unhealthy-gpu-<node>` ConfigMap value, parsed strictly:
+/// bad entries are ignored with a warning (upstream read them as GPU 0).
+pub fn parse_unhealthy(node: &str, value: &str) -> BTreeSet<u32> {
+    let mut out = BTreeSet::new();
+    for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        match entry.parse::<u32>() {
+            Ok(i) => {
+                out.insert(i);
+            }
+            Err(_) => tracing::warn!(
+                node,
+                entry,
+                "ignoring a bad entry in the unhealthy-gpu ConfigMap (expected GPU indices like \"0,2\")"
+            ),
+        }
+    }
+    out
+}
+
+/// Which watches have completed their first list.
+#[derive(Debug, Default)]
+struct SyncFlags {
+    pods: bool,
+    nodes: bool,
+    configmaps: bool,
+}
+
+/// Spawns the three watches; they stop when `shutdown` fires.
+pub fn spawn(state: Arc<ExtenderState>, shutdown: Shutdown) -> Vec<tokio::task::JoinHandle<()>> {
+    let (tx, rx) = watch::channel(SyncFlags::default());
+    let tx = Arc::new(tx);
+    let mut tasks = Vec::new();
+    {
+        let state = state.clone();
+        let mut rx = rx;
+        tasks.push(tokio::spawn(async move {
+            // An error means the watches were stopped before they synced: not synced.
+            if rx
+                .wait_for(|f| f.pods && f.nodes && f.configmaps)
+                .await
+                .is_ok()
+            {
+                tracing::info!("ledger synced with the cluster");
+                state.set_synced(true);
+            }
+        }));
+    }
+    tasks.push(tokio::spawn(watch_pods(
+        state.clone(),
+        tx.clone(),
+        shutdown.clone(),
+    )));
+    tasks.push(tokio::spawn(watch_nodes(
+        state.clone(),
+        tx.clone(),
+        shutdown.clone(),
+    )));
+    tasks.push(tokio::spawn(watch_configmaps(state, tx, shutdown)));
+    tasks
+}
+
+async fn watch_pods(
+    state: Arc<ExtenderState>,
+    tx: Arc<watch::Sender<SyncFlags>>,
+    shutdown: Shutdown,
+) {
+    let api: Api<Pod> = Api::all(state.client().clone());
+    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    let mut seen: HashSet<String> = HashSet::new();
+    let stop = shutdown.wait();
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let ev = tokio::select! {
+            _ = &mut stop => return,
+            ev = stream.next() => ev,
+        };
+        let Some(ev) = ev else { return };
+        let cache = state.cache();
+        match ev {
+            Err(e) => tracing::warn!(error = %e, "pod watch failed; retrying"),
+            Ok(Event::Init) => seen.clear(),
+            Ok(Event::InitApply(pod)) => {
+                if let Some(f) = pod_facts(&pod) {
+                    seen.insert(f.uid.clone());
+                    cache.observe_pod(f);
+                }
+            }
+            Ok(Event::InitDone) => {
+                let dropped = cache.retain_pods(&seen);
+                if dropped > 0 {
+                    tracing::info!(dropped, "pods gone while the watch was down");
+                }
+                seen = HashSet::new();
+                tx.send_modify(|f| f.pods = true);
+            }
+            Ok(Event::Apply(pod)) => {
+                if let Some(f) = pod_facts(&pod) {
+                    cache.observe_pod(f);
+                }
+            }
+            Ok(Event::Delete(pod)) => {
+                if let Some(uid) = pod.metadata.uid.as_deref() {
+                    cache.forget_pod(uid);
+                }
+            }
+        }
+    }
+}
+
+async fn watch_nodes(
+    state: Arc<ExtenderState>,
+    tx: Arc<watch::Sender<SyncFlags>>,
+    shutdown: Shutdown,
+) {
+    let api: Api<Node> = Api::all(state.client().clone());
+    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    let mut seen: HashSet<String> = HashSet::new();
+    let stop = shutdown.wait();
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let ev = tokio::select! {
+            _ = &mut stop => return,
+            ev = stream.next() => ev,
+        };
+        let Some(ev) = ev else { return };
+        let cache = state.cache();
+        match ev {
+            Err(e) => tracing::warn!(error = %e, "node watch failed; retrying"),
+            Ok(Event::Init) => seen.clear(),
+            Ok(Event::InitApply(node)) | Ok(Event::Apply(node)) => {
+                if let Some(name) = node.metadata.name.as_deref() {
+                    seen.insert(name.to_string());
+                    cache.apply_node(name, node_gpus(&node, false));
+                }
+            }
+            Ok(Event::InitDone) => {
+                cache.retain_nodes(&seen);
+                seen = HashSet::new();
+                tx.send_modify(|f| f.nodes = true);
+            }
+            Ok(Event::Delete(node)) => {
+                if let Some(name) = node.metadata.name.as_deref() {
+                    cache.remove_node(name);
+                }
+            }
+        }
+    }
+}
+
+fn configmap_node(cm: &ConfigMap) -> Option<&str> {
+    cm.metadata
+        .name
+        .as_deref()?
+        .strip_prefix(UNHEALTHY_CONFIGMAP_PREFIX)
+        .filter(|n| !n.is_empty())
+}
+
+async fn watch_configmaps(
+    state: Arc<ExtenderState>,
+    tx: Arc<watch::Sender<SyncFlags>>,
+    shutdown: Shutdown,
+) {
+    let api: Api<ConfigMap> =
+        Api::namespaced(state.client().clone(), UNHEALTHY_CONFIGMAP_NAMESPACE);
+    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    let mut seen: HashSet<String> = HashSet::new();
+    let stop = shutdown.wait();
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let ev = tokio::select! {
+            _ = &mut stop => return,
+            ev = stream.next() => ev,
+        };
+        let Some(ev) = ev else { return };
+        let cache = state.cache();
+        match ev {
+            Err(e) => tracing::warn!(error = %e, "ConfigMap watch failed; retrying"),
+            Ok(Event::Init) => seen.clear(),
+            Ok(Event::InitApply(cm)) | Ok(Event::Apply(cm)) => {
+                if let Some(node) = configmap_node(&cm) {
+                    let value = cm
+                        .data
+                        .as_ref()
+                        .and_then(|d| d.get(UNHEALTHY_CONFIGMAP_KEY))
+                        .map(String::as_str)
+                        .unwrap_or("");
+                    seen.insert(node.to_string());
+                    cache.set_unhealthy(node, parse_unhealthy(node, value));
+                }
+            }
+            Ok(Event::InitDone) => {
+                cache.retain_unhealthy(&seen);
+                seen = HashSet::new();
+                tx.send_modify(|f| f.configmaps = true);
+            }
+            Ok(Event::Delete(cm)) => {
+                if let Some(node) = configmap_node(&cm) {
+                    cache.set_unhealthy(node, BTreeSet::new());
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unhealthy_lists_are_strict() {
+        assert_eq!(parse_unhealthy("n", "0,2"), BTreeSet::from([0, 2]));
+        assert_eq!(
+            parse_unhealthy("n", " 1 , x, -1,,3"),
+            BTreeSet::from([1, 3])
+        );
+        assert!(parse_unhealthy("n", "").is_empty(), "never GPU 0");
+        assert!(parse_unhealthy("n", "x").is_empty(), "never GPU 0");
+    }
+
+    fn pod(json: serde_json::Value) -> Pod {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn pods_count_when_bound_with_an_index_and_not_finished() {
+        let base = serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u",
+                "annotations": {"ALIYUN_COM_GPU_MEM_IDX": "1", "ALIYUN_COM_GPU_MEM_POD": "3",
+                                "ALIYUN_COM_GPU_MEM_ASSIGNED": "true"}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c",
+                "resources": {"limits": {"aliyun.com/gpu-mem": "5"}}}]},
+            "status": {"phase": "Running"}
+        });
+        let f = pod_facts(&pod(base.clone())).unwrap();
+        let p = f.placement.unwrap();
+        assert_eq!(
+            (p.node.as_str(), p.gpu, p.mem.units(), p.state),
+            ("n1", 1, 3, PodState::Assigned)
+        );
+        // Falls back to the spec's request without the POD annotation.
+        let mut b = base.clone();
+        b["metadata"]["annotations"] = serde_json::json!({"ALIYUN_COM_GPU_MEM_IDX": "0"});
+        let p = pod_facts(&pod(b)).unwrap().placement.unwrap();
+        assert_eq!((p.mem.units(), p.state), (5, PodState::Assumed));
+        // Finished pods hold nothing; terminating ones keep their memory.
+        let mut b = base.clone();
+        b["status"]["phase"] = "Succeeded".into();
+        assert!(pod_facts(&pod(b)).unwrap().placement.is_none());
+        let mut b = base.clone();
+        b["metadata"]["deletionTimestamp"] = "2024-01-01T00:00:00Z".into();
+        assert!(pod_facts(&pod(b)).unwrap().placement.is_some());
+        // Unbound, or bad index: nothing.
+        let mut b = base.clone();
+        b["spec"]["nodeName"] = serde_json::Value::Null;
+        assert!(pod_facts(&pod(b)).unwrap().placement.is_none());
+        let mut b = base;
+        b["metadata"]["annotations"]["ALIYUN_COM_GPU_MEM_IDX"] = "-1".into();
+        assert!(pod_facts(&pod(b)).unwrap().placement.is_none());
+    }
+}

@@ -1,0 +1,371 @@
+//! The scheduler-extender API v1 on the wire: `ExtenderArgs`, `ExtenderFilterResult`,
+//! `HostPriorityList`, `ExtenderBindingArgs`, `ExtenderBindingResult`.
+//!
+//! Input keys are matched case-insensitively, as Go's decoder does (kube-scheduler ≤ 1.15 sent
+//! `pod`, `nodes`, `nodenames`; newer ones send `Pod`, `Nodes`, `NodeNames`). Only the keys of
+//! the extender structs themselves are folded; the embedded Pod and Node objects are ordinary
+//! Kubernetes JSON. Output is PascalCase exactly as Go's untagged structs encode it, with
+//! `null` where Go emits a nil slice or map.
+//!
+//! This module decodes and encodes; it decides nothing.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+/// A request body that cannot be used, with a message naming the field at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct DecodeError(pub String);
+
+/// Where the filter and prioritize candidates came from.
+#[derive(Debug, Clone)]
+pub enum Candidates {
+    /// `NodeNames` (kube-scheduler with `nodeCacheCapable: true`).
+    Names(Vec<String>),
+    /// `Nodes.items`: the node objects, kept as given, with their names.
+    Nodes(Vec<(String, Value)>),
+}
+
+impl Candidates {
+    /// The candidate node names, in order.
+    pub fn names(&self) -> Vec<&str> {
+        match self {
+            Candidates::Names(n) => n.iter().map(String::as_str).collect(),
+            Candidates::Nodes(n) => n.iter().map(|(name, _)| name.as_str()).collect(),
+        }
+    }
+}
+
+/// `ExtenderArgs`, decoded.
+#[derive(Debug, Clone)]
+pub struct ExtenderArgs {
+    /// The pod being scheduled.
+    pub pod: Pod,
+    /// The candidate nodes.
+    pub candidates: Candidates,
+}
+
+/// `ExtenderBindingArgs`, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BindingArgs {
+    /// `PodName`.
+    pub pod_name: String,
+    /// `PodNamespace`.
+    pub pod_namespace: String,
+    /// `PodUID`.
+    pub pod_uid: String,
+    /// `Node`.
+    pub node: String,
+}
+
+/// Parses a body as a JSON object whose keys are folded to lowercase (values untouched).
+fn folded_object(body: &[u8], what: &str) -> Result<Map<String, Value>, DecodeError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| DecodeError(format!("{what}: body is not valid JSON: {e}")))?;
+    let Value::Object(map) = value else {
+        return Err(DecodeError(format!(
+            "{what}: body must be a JSON object, got {}",
+            kind(&value)
+        )));
+    };
+    let mut out = Map::with_capacity(map.len());
+    for (k, v) in map {
+        // Go keeps the last of duplicate keys; so do we.
+        out.insert(k.to_ascii_lowercase(), v);
+    }
+    Ok(out)
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Decodes `ExtenderArgs` (filter and prioritize).
+pub fn decode_extender_args(body: &[u8]) -> Result<ExtenderArgs, DecodeError> {
+    let mut map = folded_object(body, "ExtenderArgs")?;
+    let pod = match map.remove("pod") {
+        None | Some(Value::Null) => {
+            return Err(DecodeError("ExtenderArgs.Pod: missing".to_string()));
+        }
+        Some(v @ Value::Object(_)) => serde_json::from_value::<Pod>(v)
+            .map_err(|e| DecodeError(format!("ExtenderArgs.Pod: {e}")))?,
+        Some(other) => {
+            return Err(DecodeError(format!(
+                "ExtenderArgs.Pod: expected an object, got {}",
+                kind(&other)
+            )));
+        }
+    };
+    let candidates = match map.remove("nodenames") {
+        Some(Value::Array(items)) => {
+            let mut names = Vec::with_capacity(items.len());
+            for (i, item) in items.into_iter().enumerate() {
+                match item {
+                    Value::String(s) => names.push(s),
+                    other => {
+                        return Err(DecodeError(format!(
+                            "ExtenderArgs.NodeNames[{i}]: expected a string, got {}",
+                            kind(&other)
+                        )));
+                    }
+                }
+            }
+            Some(Candidates::Names(names))
+        }
+        None | Some(Value::Null) => None,
+        Some(other) => {
+            return Err(DecodeError(format!(
+                "ExtenderArgs.NodeNames: expected an array of strings, got {}",
+                kind(&other)
+            )));
+        }
+    };
+    let candidates = match candidates {
+        Some(c) => c,
+        None => match map.remove("nodes") {
+            Some(Value::Object(list)) => Candidates::Nodes(decode_node_list(list)?),
+            None | Some(Value::Null) => {
+                return Err(DecodeError(
+                    "ExtenderArgs: neither NodeNames nor Nodes given (cannot get node names)"
+                        .to_string(),
+                ));
+            }
+            Some(other) => {
+                return Err(DecodeError(format!(
+                    "ExtenderArgs.Nodes: expected a NodeList object, got {}",
+                    kind(&other)
+                )));
+            }
+        },
+    };
+    Ok(ExtenderArgs { pod, candidates })
+}
+
+fn decode_node_list(list: Map<String, Value>) -> Result<Vec<(String, Value)>, DecodeError> {
+    let items = list
+        .into_iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("items"))
+        .map(|(_, v)| v);
+    let items = match items {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(items)) => items,
+        Some(other) => {
+            return Err(DecodeError(format!(
+                "ExtenderArgs.Nodes.items: expected an array, got {}",
+                kind(&other)
+            )));
+        }
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for (i, node) in items.into_iter().enumerate() {
+        let name = node
+            .get("metadata")
+            .and_then(|m| m.get("name"))
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        match name {
+            Some(name) if !name.is_empty() => out.push((name, node)),
+            _ => {
+                return Err(DecodeError(format!(
+                    "ExtenderArgs.Nodes.items[{i}].metadata.name: missing or not a string"
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Decodes `ExtenderBindingArgs`.
+pub fn decode_binding_args(body: &[u8]) -> Result<BindingArgs, DecodeError> {
+    let mut map = folded_object(body, "ExtenderBindingArgs")?;
+    let mut field = |key: &str, shown: &str, required: bool| -> Result<String, DecodeError> {
+        match map.remove(key) {
+            Some(Value::String(s)) if !(required && s.is_empty()) => Ok(s),
+            Some(Value::String(_)) | None | Some(Value::Null) if !required => Ok(String::new()),
+            Some(Value::String(_)) | None | Some(Value::Null) => {
+                Err(DecodeError(format!("ExtenderBindingArgs.{shown}: missing")))
+            }
+            Some(other) => Err(DecodeError(format!(
+                "ExtenderBindingArgs.{shown}: expected a string, got {}",
+                kind(&other)
+            ))),
+        }
+    };
+    let pod_name = field("podname", "PodName", true)?;
+    let pod_namespace = field("podnamespace", "PodNamespace", false)?;
+    let pod_uid = field("poduid", "PodUID", false)?;
+    let node = field("node", "Node", true)?;
+    let pod_namespace = if pod_namespace.is_empty() {
+        "default".to_string()
+    } else {
+        pod_namespace
+    };
+    Ok(BindingArgs {
+        pod_name,
+        pod_namespace,
+        pod_uid,
+        node,
+    })
+}
+
+/// `ExtenderFilterResult`, encoded as Go encodes the untagged struct.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct FilterResult {
+    /// `Nodes`: a NodeList of the passing nodes, or `null`.
+    #[serde(rename = "Nodes")]
+    pub nodes: Option<NodeList>,
+    /// `NodeNames`: the passing node names, or `null`.
+    #[serde(rename = "NodeNames")]
+    pub node_names: Option<Vec<String>>,
+    /// `FailedNodes`: node → reason (preemption may help).
+    #[serde(rename = "FailedNodes")]
+    pub failed_nodes: BTreeMap<String, String>,
+    /// `FailedAndUnresolvableNodes`: node → reason (preemption cannot help); `null` when empty.
+    #[serde(rename = "FailedAndUnresolvableNodes")]
+    pub failed_and_unresolvable: Option<BTreeMap<String, String>>,
+    /// `Error`: empty on success.
+    #[serde(rename = "Error")]
+    pub error: String,
+}
+
+/// A `v1.NodeList` holding node objects as they were given.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct NodeList {
+    /// Always `{}`.
+    pub metadata: Map<String, Value>,
+    /// The nodes.
+    pub items: Vec<Value>,
+}
+
+/// One `HostPriority`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct HostPriority {
+    /// `Host`.
+    #[serde(rename = "Host")]
+    pub host: String,
+    /// `Score` (0–10).
+    #[serde(rename = "Score")]
+    pub score: i64,
+}
+
+/// `ExtenderBindingResult` and the error body of every verb: `{"Error": "..."}`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ErrorBody {
+    /// `Error`: empty on success.
+    #[serde(rename = "Error")]
+    pub error: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POD: &str = r#"{"metadata":{"name":"p","namespace":"ns","uid":"u1"},
+        "spec":{"containers":[{"name":"c","resources":{"limits":{"aliyun.com/gpu-mem":"4"}}}]}}"#;
+
+    #[test]
+    fn keys_are_case_insensitive() {
+        for (pod_key, names_key) in [
+            ("Pod", "NodeNames"),
+            ("pod", "nodenames"),
+            ("POD", "nodeNames"),
+        ] {
+            let body = format!(r#"{{"{pod_key}":{POD},"{names_key}":["a","b"]}}"#);
+            let args = decode_extender_args(body.as_bytes()).unwrap();
+            assert_eq!(args.pod.metadata.name.as_deref(), Some("p"));
+            assert_eq!(args.candidates.names(), ["a", "b"]);
+        }
+        for key in ["PodName", "podName", "podname"] {
+            let body = format!(r#"{{"{key}":"p","PodNamespace":"ns","poduid":"u","NODE":"n1"}}"#);
+            let args = decode_binding_args(body.as_bytes()).unwrap();
+            assert_eq!(args.pod_name, "p");
+            assert_eq!(args.pod_uid, "u");
+            assert_eq!(args.node, "n1");
+        }
+    }
+
+    #[test]
+    fn node_lists_keep_the_objects() {
+        let body = format!(
+            r#"{{"Pod":{POD},"Nodes":{{"metadata":{{}},"items":[{{"metadata":{{"name":"n1"}},"x":1}}]}}}}"#
+        );
+        let args = decode_extender_args(body.as_bytes()).unwrap();
+        match args.candidates {
+            Candidates::Nodes(n) => {
+                assert_eq!(n[0].0, "n1");
+                assert_eq!(n[0].1["x"], 1);
+            }
+            Candidates::Names(_) => panic!("expected nodes"),
+        }
+        // NodeNames wins when both are given, as kube-scheduler's nodeCacheCapable does.
+        let body = format!(r#"{{"Pod":{POD},"Nodes":{{"items":[]}},"NodeNames":["z"]}}"#);
+        assert_eq!(
+            decode_extender_args(body.as_bytes())
+                .unwrap()
+                .candidates
+                .names(),
+            ["z"]
+        );
+    }
+
+    #[test]
+    fn bad_input_names_the_field() {
+        let e = |b: &str| decode_extender_args(b.as_bytes()).unwrap_err().0;
+        assert!(e("{").contains("not valid JSON"));
+        assert!(e("[]").contains("must be a JSON object"));
+        assert!(e(r#"{"NodeNames":["a"]}"#).contains("Pod: missing"));
+        assert!(e(r#"{"Pod":7,"NodeNames":["a"]}"#).contains("Pod: expected an object"));
+        assert!(e(&format!(r#"{{"Pod":{POD}}}"#)).contains("neither NodeNames nor Nodes"));
+        assert!(e(&format!(r#"{{"Pod":{POD},"NodeNames":[1]}}"#)).contains("NodeNames[0]"));
+        assert!(e(&format!(r#"{{"Pod":{POD},"NodeNames":"a"}}"#)).contains("NodeNames"));
+        assert!(
+            e(r#"{"Pod":{"spec":{"containers":"x"}},"NodeNames":[]}"#)
+                .starts_with("ExtenderArgs.Pod:")
+        );
+        assert!(
+            e(&format!(r#"{{"Pod":{POD},"Nodes":{{"items":[{{}}]}}}}"#))
+                .contains("items[0].metadata.name")
+        );
+        let b = |b: &str| decode_binding_args(b.as_bytes()).unwrap_err().0;
+        assert!(b(r#"{"PodName":"p"}"#).contains("Node: missing"));
+        assert!(b(r#"{"PodName":5,"Node":"n"}"#).contains("PodName: expected a string"));
+    }
+
+    #[test]
+    fn results_encode_like_go() {
+        let r = FilterResult {
+            node_names: Some(vec!["a".into()]),
+            failed_nodes: BTreeMap::from([("b".into(), "why".into())]),
+            ..FilterResult::default()
+        };
+        assert_eq!(
+            serde_json::to_string(&r).unwrap(),
+            r#"{"Nodes":null,"NodeNames":["a"],"FailedNodes":{"b":"why"},"FailedAndUnresolvableNodes":null,"Error":""}"#
+        );
+        let p = vec![HostPriority {
+            host: "a".into(),
+            score: 7,
+        }];
+        assert_eq!(
+            serde_json::to_string(&p).unwrap(),
+            r#"[{"Host":"a","Score":7}]"#
+        );
+        assert_eq!(
+            serde_json::to_string(&ErrorBody {
+                error: String::new()
+            })
+            .unwrap(),
+            r#"{"Error":""}"#
+        );
+    }
+}
