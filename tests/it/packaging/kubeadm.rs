@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_yaml::Value;
 
 use super::chart::{assert_scheduler_config, default_extender_url};
-use super::{assert_cli_accepts, read, repo_path};
+use super::{read, repo_path};
 
 const SCRIPT: &str = "packaging/kubeadm/install-scheduler-extender.sh";
 const MANIFEST: &str = "etc/kubernetes/manifests/kube-scheduler.yaml";

@@ -175,7 +175,7 @@ fn the_binary_accepts_the_units_commands() {
             let args: Vec<String> = command
                 .split_whitespace()
                 .skip(1)
-                .filter(|w| !(w.starts_with('$') && !w.starts_with("${")))
+                .filter(|w| !w.starts_with('$') || w.starts_with("${"))
                 .map(|w| match w {
                     "${GPUSHARE_DOCTOR_ROLE}" => role(&unit).expect("a default role"),
                     w => w.to_string(),
