@@ -106,8 +106,8 @@ pub fn main_with_args(args: Vec<OsString>) -> ExitCode {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     // krew links plugins whose names hold a dash as `kubectl-inspect_gpushare`.
-    let as_plugin = invoked_as.starts_with(KUBECTL_PLUGIN_NAME)
-        || invoked_as.starts_with(KREW_PLUGIN_NAME);
+    let as_plugin =
+        invoked_as.starts_with(KUBECTL_PLUGIN_NAME) || invoked_as.starts_with(KREW_PLUGIN_NAME);
     let (global, command) = if as_plugin {
         match InspectCli::try_parse_from(&args) {
             Ok(cli) => (cli.global, Command::Inspect(cli.inspect)),
