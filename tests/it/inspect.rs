@@ -480,3 +480,70 @@ fn kubectl_runs_the_plugin_against_the_sandbox_api_server() {
     runtime.block_on(server.shutdown());
     eprintln!("kubectl versions exercised: {ran}");
 }
+
+#[test]
+fn from_extender_agrees_with_the_api_view_of_the_same_cluster() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let server = runtime
+        .block_on(gpushare::sandbox::apiserver::ApiServer::start())
+        .expect("sandbox API server starts");
+    seed_fixture(&server, "userguide");
+    let mut config = gpushare::config::Config::default();
+    config.extender.bind_address = std::net::IpAddr::from([127, 0, 0, 1]);
+    config.extender.port = 0;
+    let (stop, stopped) = gpushare::shutdown::channel();
+    let extender = runtime
+        .block_on(async {
+            let handle = gpushare::extender::start(&config, server.client(), stopped).await?;
+            handle.wait_ready().await?;
+            anyhow::Ok(handle)
+        })
+        .expect("the extender starts and syncs");
+    let kubeconfig = server.kubeconfig_path().to_string_lossy().into_owned();
+    let from_api = run(&["inspect", "-o", "json", "--kubeconfig", &kubeconfig]);
+    assert!(from_api.status.success(), "{}", stderr(&from_api));
+    let url = format!("http://{}", extender.addr);
+    let from_ext = run(&["inspect", "-o", "json", "--from-extender", &url]);
+    assert!(from_ext.status.success(), "{}", stderr(&from_ext));
+    let api: Report = serde_json::from_str(&stdout(&from_api)).expect("JSON");
+    let ext: Report = serde_json::from_str(&stdout(&from_ext)).expect("JSON");
+    assert_eq!((ext.used, ext.total), (api.used, api.total));
+    assert_eq!(ext.nodes.len(), api.nodes.len());
+    for (e, a) in ext.nodes.iter().zip(&api.nodes) {
+        assert_eq!(e.name, a.name);
+        assert_eq!(e.gpus.len(), a.gpus.len());
+        for (eg, ag) in e.gpus.iter().zip(&a.gpus) {
+            assert_eq!(
+                (eg.total, eg.used),
+                (ag.total, ag.used),
+                "{} GPU {}",
+                e.name,
+                eg.index
+            );
+            let names = |g: &gpushare::inspect::report::GpuReport| {
+                g.pods
+                    .iter()
+                    .map(|p| (p.namespace.clone(), p.name.clone(), p.memory))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(names(eg), names(ag));
+        }
+    }
+    // The same pods per GPU in the details view, whichever the source.
+    let details = run(&["inspect", "-d", "--from-extender", &url]);
+    assert!(details.status.success(), "{}", stderr(&details));
+    assert!(
+        stdout(&details).contains("binpack-2-0  demo"),
+        "{}",
+        stdout(&details)
+    );
+    stop.trigger();
+    runtime.block_on(async {
+        extender.stop().await;
+        server.shutdown().await;
+    });
+}
