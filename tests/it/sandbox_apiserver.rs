@@ -956,7 +956,7 @@ async fn bad_input_gets_status_objects() {
     assert_eq!(code, 404);
     assert_eq!(status["reason"], "NotFound");
     assert_eq!(
-        raw(&server, "GET", "/openapi/v2", "application/json", "")
+        raw(&server, "GET", "/openapi/v9", "application/json", "")
             .await
             .0,
         404
@@ -1410,4 +1410,26 @@ async fn kubectl_on_path_patches_deletes_and_watches() {
         err.contains("NotFound") || err.contains("not found"),
         "{err}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_sdk_kubectl_lists_and_creates() {
+    for minor in 28..=32 {
+        let name = format!("kubectl.1.{minor}");
+        let server = seeded().await;
+        let k = Kubectl::new(&name, &server);
+        let pods = k.ok(&["get", "pods", "-A"]).await;
+        assert!(
+            pods.contains("trainer") && pods.contains("ml"),
+            "{name}: {pods}"
+        );
+        let file = fixture("apiserver/new-pod.yaml");
+        let created = k
+            .ok(&["create", "-f", file.to_str().expect("a UTF-8 path")])
+            .await;
+        assert!(
+            created.contains("created-by-kubectl created"),
+            "{name}: {created}"
+        );
+    }
 }

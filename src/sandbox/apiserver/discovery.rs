@@ -371,3 +371,118 @@ pub(super) fn openapi_v3_group_version(key: &str) -> Option<Value> {
         "components": { "schemas": {} },
     }))
 }
+
+/// The `(path, group, version, kind)` of every PATCH operation in the OpenAPI v2 document.
+fn patch_operations() -> Vec<(String, &'static str, &'static str, &'static str)> {
+    RESOURCES
+        .iter()
+        .filter(|r| r.stored)
+        .map(|r| {
+            let prefix = if r.group.is_empty() {
+                format!("/api/{}", r.version)
+            } else {
+                format!("/apis/{}/{}", r.group, r.version)
+            };
+            let path = if r.namespaced {
+                format!("{prefix}/namespaces/{{namespace}}/{}/{{name}}", r.plural)
+            } else {
+                format!("{prefix}/{}/{{name}}", r.plural)
+            };
+            (path, r.group, r.version, r.kind)
+        })
+        .collect()
+}
+
+/// `/openapi/v2` as JSON: a Swagger 2.0 document with only the PATCH operations and their
+/// `fieldValidation` parameter (what kubectl 1.27's field-validation check reads). No
+/// definitions.
+pub(super) fn openapi_v2_json() -> Value {
+    let mut paths = serde_json::Map::new();
+    for (path, group, version, kind) in patch_operations() {
+        paths.insert(
+            path,
+            json!({ "patch": {
+                "x-kubernetes-group-version-kind": { "group": group, "version": version, "kind": kind },
+                "parameters": [{ "name": "fieldValidation", "in": "query", "type": "string", "uniqueItems": true }],
+                "responses": { "200": { "description": "OK" } },
+            }}),
+        );
+    }
+    json!({
+        "swagger": "2.0",
+        "info": { "title": "Kubernetes (gpushare sandbox)", "version": "v1.33.0" },
+        "paths": paths,
+        "definitions": {},
+    })
+}
+
+/// Protobuf wire encoding, just enough for the gnostic `openapi.v2.Document` below.
+struct Proto(Vec<u8>);
+
+impl Proto {
+    fn varint(&mut self, mut v: u64) {
+        while v >= 0x80 {
+            self.0.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        self.0.push(v as u8);
+    }
+
+    fn bytes(mut self, field: u32, data: &[u8]) -> Proto {
+        self.varint(u64::from(field) << 3 | 2);
+        self.varint(data.len() as u64);
+        self.0.extend_from_slice(data);
+        self
+    }
+
+    fn string(self, field: u32, s: &str) -> Proto {
+        self.bytes(field, s.as_bytes())
+    }
+
+    fn message(self, field: u32, inner: Proto) -> Proto {
+        self.bytes(field, &inner.0)
+    }
+}
+
+/// `/openapi/v2` as protobuf (`application/com.github.proto-openapi.spec.v2.v1.0+protobuf`),
+/// the form kubectl asks for: gnostic `openapi.v2.Document` with the same content as
+/// [`openapi_v2_json`].
+pub(super) fn openapi_v2_protobuf() -> Vec<u8> {
+    let mut paths = Proto(Vec::new());
+    for (path, group, version, kind) in patch_operations() {
+        // QueryParameterSubSchema { in = 2, name = 4, type = 6 }
+        let query = Proto(Vec::new())
+            .string(2, "query")
+            .string(4, "fieldValidation")
+            .string(6, "string");
+        // ParametersItem { parameter = 1 { non_body_parameter = 2 { query = 3 } } }
+        let parameter = Proto(Vec::new()).message(
+            1,
+            Proto(Vec::new()).message(2, Proto(Vec::new()).message(3, query)),
+        );
+        // NamedAny { name = 1, value = 2 { yaml = 2 } }
+        let yaml = format!("group: \"{group}\"\nkind: {kind}\nversion: {version}\n");
+        let gvk = Proto(Vec::new())
+            .string(1, "x-kubernetes-group-version-kind")
+            .message(2, Proto(Vec::new()).string(2, &yaml));
+        // Operation { parameters = 8, vendor_extension = 13 }
+        let operation = Proto(Vec::new()).message(8, parameter).message(13, gvk);
+        // NamedPathItem { name = 1, value = 2 { patch = 8 } }
+        let item = Proto(Vec::new())
+            .string(1, &path)
+            .message(2, Proto(Vec::new()).message(8, operation));
+        // Paths { path = 2 }
+        paths = paths.message(2, item);
+    }
+    // Document { swagger = 1, info = 2 { title = 1, version = 2 }, paths = 8 }
+    Proto(Vec::new())
+        .string(1, "2.0")
+        .message(
+            2,
+            Proto(Vec::new())
+                .string(1, "Kubernetes (gpushare sandbox)")
+                .string(2, "v1.33.0"),
+        )
+        .message(8, paths)
+        .0
+}

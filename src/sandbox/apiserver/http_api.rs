@@ -303,6 +303,23 @@ fn route(shared: &Arc<Shared>, req: &Req) -> Response<Body> {
         ["openapi", "v3", rest @ ..] => discovery::openapi_v3_group_version(&rest.join("/")),
         _ => None,
     };
+    if segments.as_slice() == ["openapi", "v2"] && req.method == Method::GET {
+        if req
+            .accept
+            .as_deref()
+            .is_some_and(|a| a.contains("protobuf"))
+        {
+            let mut response = full(200, Bytes::from(discovery::openapi_v2_protobuf()));
+            response.headers_mut().insert(
+                CONTENT_TYPE,
+                http::HeaderValue::from_static(
+                    "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+                ),
+            );
+            return response;
+        }
+        return json_response(200, &discovery::openapi_v2_json());
+    }
     if let Some(doc) = discovery_doc {
         if req.method != Method::GET {
             return error_response(&ApiError::method_not_allowed(&req.method));
@@ -379,7 +396,7 @@ fn encode_continue(ns: &str, name: &str) -> String {
 }
 
 fn decode_continue(token: &str) -> Option<(String, String)> {
-    if token.len() % 2 != 0 {
+    if !token.len().is_multiple_of(2) {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..token.len())

@@ -10,8 +10,9 @@
 //! - Discovery: `/version`, `/api`, `/api/v1`, `/apis`, `/apis/<group>[/<version>]`.
 //!   Aggregated discovery requests are answered with the plain documents (clients fall back).
 //!   `/openapi/v3` lists minimal per-group-version documents that declare server-side
-//!   field validation, so kubectl skips client-side schema validation; `/openapi/v2`
-//!   answers 404 (no schemas are served: `kubectl explain` and client-side apply do not work).
+//!   field validation, and `/openapi/v2` (JSON or the protobuf kubectl asks for) declares
+//!   the same for kubectl 1.27, so kubectl skips client-side schema validation. No schemas
+//!   are served: `kubectl explain` and client-side `kubectl apply` do not work.
 //! - Resources: core/v1 `pods` (namespaced and all-namespaces), `nodes`, `configmaps`,
 //!   `events`, `namespaces`; `events.k8s.io/v1` `events` (stored apart from core events, id
 //!   `events.events.k8s.io`); `coordination.k8s.io/v1` `leases`;
