@@ -2,14 +2,16 @@
 //! harness (binary runner, fixtures).
 
 mod cli;
+mod demo;
 mod deviceplugin;
 mod doctor;
 mod extender;
 mod gpu;
-mod inspect;
-mod packaging;
-mod sandbox_kubelet;
 mod ha;
 mod hostile;
-mod watch_churn;
+mod inspect;
+mod packaging;
+mod sandbox_apiserver;
+mod sandbox_kubelet;
 mod support;
+mod watch_churn;
