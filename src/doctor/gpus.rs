@@ -336,7 +336,7 @@ pub fn memory_unit(unit: MemoryUnit, devices: Option<&[GpuDevice]>) -> Check {
         "unit {unit}: {units} device IDs, ListAndWatch about {} KiB of the {} KiB limit ({}%)",
         bytes.div_ceil(1024),
         limit / 1024,
-        bytes * 100 / limit
+        bytes.saturating_mul(100) / limit
     );
     let finest_fit = CANDIDATE_UNITS_MIB
         .iter()

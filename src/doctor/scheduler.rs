@@ -381,11 +381,22 @@ fn manages_gpu_mem(extender: &serde_yaml::Value) -> bool {
         .any(|r| get_ci(r, "name").and_then(|n| n.as_str()) == Some(wire::RESOURCE_GPU_MEM))
 }
 
-/// `http://host:port/prefix` → `("http", "host:port")`.
-fn split_url(url: &str) -> Option<(&str, &str)> {
+/// `http://host:port/prefix` → `("http", "host:port")`; the scheme's port when none is given.
+fn split_url(url: &str) -> Option<(&str, String)> {
     let (scheme, rest) = url.split_once("://")?;
-    let authority = rest.split('/').next()?;
-    (!authority.is_empty()).then_some((scheme, authority))
+    let authority = rest.split(['/', '?']).next()?;
+    if authority.is_empty() {
+        return None;
+    }
+    let has_port = match authority.rsplit_once(']') {
+        Some((_, after)) => after.starts_with(':'),
+        None => authority.contains(':'),
+    };
+    if has_port {
+        return Some((scheme, authority.to_string()));
+    }
+    let port = if scheme == "https" { 443 } else { 80 };
+    Some((scheme, format!("{authority}:{port}")))
 }
 
 /// One plain-HTTP GET with a deadline: status and body.
@@ -469,8 +480,11 @@ pub async fn extender_reachable(url: Option<&str>, from_flag: bool) -> Check {
                             is its Service gpushare-schd-extender (NodePort 32766) reachable from the scheduler's host?\n\
                             127.0.0.1 NodePorts depend on kube-proxy's settings: use the node's IP or the ClusterIP";
     if scheme == "https" {
-        let open =
-            tokio::time::timeout(HTTP_TIMEOUT, tokio::net::TcpStream::connect(authority)).await;
+        let open = tokio::time::timeout(
+            HTTP_TIMEOUT,
+            tokio::net::TcpStream::connect(authority.as_str()),
+        )
+        .await;
         return match open {
             Ok(Ok(_)) => Check::new(
                 REACH_ID,
@@ -508,6 +522,7 @@ pub async fn extender_reachable(url: Option<&str>, from_flag: bool) -> Check {
         );
     }
     let head = format!("{url} (from {source})");
+    let authority = authority.as_str();
     let version = match get(authority, "/version").await {
         Ok((200, body)) => body,
         Ok((code, body)) => {
@@ -657,7 +672,15 @@ mod tests {
     fn urls_split_into_scheme_and_authority() {
         assert_eq!(
             split_url("http://127.0.0.1:32766/gpushare-scheduler"),
-            Some(("http", "127.0.0.1:32766"))
+            Some(("http", "127.0.0.1:32766".to_string()))
+        );
+        assert_eq!(
+            split_url("https://extender.kube-system"),
+            Some(("https", "extender.kube-system:443".to_string()))
+        );
+        assert_eq!(
+            split_url("http://[::1]/x"),
+            Some(("http", "[::1]:80".to_string()))
         );
         assert_eq!(split_url("127.0.0.1"), None);
     }
