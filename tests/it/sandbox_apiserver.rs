@@ -1433,3 +1433,116 @@ async fn every_sdk_kubectl_lists_and_creates() {
         );
     }
 }
+
+#[tokio::test]
+async fn watches_send_bookmarks_end_on_timeout_and_stream_initial_events() {
+    let server = seeded().await;
+    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    let rv = server.resource_version().to_string();
+    let mut bookmarked = cms
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .expect("watch opens")
+        .boxed();
+    match next_event(&mut bookmarked).await {
+        WatchEvent::Bookmark(b) => assert_eq!(b.metadata.resource_version, rv),
+        other => panic!("expected a BOOKMARK, got {other:?}"),
+    }
+    let mut timed = cms
+        .watch(&WatchParams::default().disable_bookmarks().timeout(1), &rv)
+        .await
+        .expect("watch opens")
+        .boxed();
+    let end = tokio::time::timeout(DEADLINE, timed.next())
+        .await
+        .expect("the watch ends after timeoutSeconds");
+    assert!(end.is_none(), "no event, just the end: {end:?}");
+
+    // Streaming lists (sendInitialEvents + the initial-events-end bookmark).
+    server
+        .create_object(serde_json::to_value(configmap("before")).expect("json"))
+        .expect("creates");
+    let (reader, writer) = reflector::store();
+    let config = watcher::Config::default().streaming_lists();
+    let mut stream = reflector(writer, watcher(cms, config)).boxed();
+    drive_until(&mut stream, &reader, "the streamed initial state", |s| {
+        s == ["before"]
+    })
+    .await;
+    server
+        .create_object(serde_json::to_value(configmap("streamed")).expect("json"))
+        .expect("creates");
+    drive_until(&mut stream, &reader, "a change after the stream", |s| {
+        s.contains(&"streamed".to_string())
+    })
+    .await;
+    assert!(
+        server
+            .requests()
+            .iter()
+            .any(|r| r.query.contains("sendInitialEvents=true")),
+        "the watcher used a streaming list"
+    );
+}
+
+#[tokio::test]
+async fn leases_and_events_round_trip() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::events::v1::Event as NewEvent;
+    let server = ApiServer::start().await.expect("starts");
+    let client = server.client();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-system");
+    let lease: Lease = serde_json::from_value(json!({
+        "metadata": { "name": "gpushare-extender" },
+        "spec": { "holderIdentity": "a", "leaseDurationSeconds": 15 },
+    }))
+    .expect("a lease");
+    let created = leases
+        .create(&PostParams::default(), &lease)
+        .await
+        .expect("creates");
+    let mut taken = created.clone();
+    taken
+        .spec
+        .get_or_insert_with(Default::default)
+        .holder_identity = Some("b".into());
+    leases
+        .replace("gpushare-extender", &PostParams::default(), &taken)
+        .await
+        .expect("the first replace wins");
+    let err = leases
+        .replace("gpushare-extender", &PostParams::default(), &created)
+        .await
+        .expect_err("a stale replace loses");
+    assert_eq!(api_code(err), 409);
+    let held: Lease = server
+        .get_as("leases", Some("kube-system"), "gpushare-extender")
+        .expect("stored");
+    assert_eq!(
+        held.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("b")
+    );
+
+    let events: Api<NewEvent> = Api::namespaced(client.clone(), "default");
+    let event: NewEvent = serde_json::from_value(json!({
+        "metadata": { "generateName": "pod-" },
+        "eventTime": "2026-01-01T00:00:00.000000Z",
+        "reason": "GpuAllocated", "action": "Binding", "type": "Normal",
+        "reportingController": "gpushare.io/extender", "reportingInstance": "x",
+        "note": "allocated",
+    }))
+    .expect("an event");
+    let stored = events
+        .create(&PostParams::default(), &event)
+        .await
+        .expect("creates");
+    let name = stored.metadata.name.expect("a generated name");
+    assert!(name.starts_with("pod-") && name.len() == 9, "{name}");
+    let listed = server.list_objects("events.events.k8s.io", Some("default"));
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0]["reason"], "GpuAllocated");
+    assert!(
+        server.list_objects("events", Some("default")).is_empty(),
+        "core events are apart"
+    );
+}
