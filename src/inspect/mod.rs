@@ -208,9 +208,7 @@ async fn from_api(args: &Args, config: &Config) -> anyhow::Result<Report> {
             let url = api_server_url(kubeconfig, args.context.as_deref())
                 .await
                 .unwrap_or_else(|| "(unknown)".to_string());
-            let e = e.context(format!("cannot reach the API server at {url}"));
-            // Put the URL first, then the causes, on one line.
-            Err(e)
+            Err(e.context(format!("cannot reach the API server at {url}")))
         }
     }
 }

@@ -149,12 +149,12 @@ pub fn cluster_from_yaml(text: &str) -> anyhow::Result<(Vec<Node>, Vec<Pod>)> {
         let value = serde_yaml::Value::deserialize(doc)?;
         let items = match value {
             serde_yaml::Value::Sequence(items) => items,
-            serde_yaml::Value::Mapping(ref m) if m.get("items").is_some() => match m.get("items") {
-                Some(serde_yaml::Value::Sequence(items)) => items.clone(),
-                _ => Vec::new(),
+            serde_yaml::Value::Mapping(mut m) => match m.remove("items") {
+                Some(serde_yaml::Value::Sequence(items)) => items,
+                Some(_) => Vec::new(),
+                None => vec![serde_yaml::Value::Mapping(m)],
             },
-            serde_yaml::Value::Null => Vec::new(),
-            other => vec![other],
+            _ => Vec::new(),
         };
         for item in items {
             match item.get("kind").and_then(|k| k.as_str()) {
@@ -589,6 +589,14 @@ items:
             Report::from_cluster(&nodes, &pods, Some("n1")).nodes.len(),
             1
         );
+    }
+
+    #[test]
+    fn fixtures_may_be_lists_sequences_or_documents() {
+        let docs = "kind: Node\nmetadata: {name: a}\n---\n- kind: Pod\n  metadata: {name: p}\n- kind: Service\n";
+        let (nodes, pods) = cluster_from_yaml(docs).unwrap();
+        assert_eq!((nodes.len(), pods.len()), (1, 1));
+        assert!(cluster_from_yaml("kind: Node\nmetadata: 7\n").is_err());
     }
 
     #[test]
