@@ -412,7 +412,13 @@ pub async fn start(
         node.clone(),
         stop.clone(),
     )));
-    let served = registration::serve(plugin.clone(), stop.clone()).await?;
+    let served = match registration::serve(plugin.clone(), stop.clone()).await {
+        Ok(task) => task,
+        Err(e) => {
+            stop_trigger.trigger();
+            return Err(e);
+        }
+    };
     tasks.push(served);
     if dp.health_check {
         match backend.watch_health() {
@@ -424,10 +430,17 @@ pub async fn start(
     let admin_addr = if dp.admin_address.trim().is_empty() {
         None
     } else {
-        let (addr, task) =
-            admin_http::serve(dp.admin_address.trim(), admin.clone(), stop.clone()).await?;
-        tasks.push(task);
-        Some(addr)
+        match admin_http::serve(dp.admin_address.trim(), admin.clone(), stop.clone()).await {
+            Ok((addr, task)) => {
+                tasks.push(task);
+                Some(addr)
+            }
+            Err(e) => {
+                // Stops the tasks started so far (and removes the plugin socket).
+                stop_trigger.trigger();
+                return Err(e);
+            }
+        }
     };
     Ok(DevicePluginHandle {
         plugin,

@@ -424,7 +424,10 @@ async fn equal_pods_allocated_in_reverse_order_leave_no_wrong_gpu_recorded() {
         c.annotations("older")[wire::ANN_GPU_INDEX],
         second_gpu.to_string()
     );
-    assert!(c.plugin().metrics().swaps_corrected.get() >= 1);
+    c.wait_for("the swap to be counted", |c| {
+        c.plugin().metrics().swaps_corrected.get() >= 1
+    })
+    .await;
     c.wait_for("a swap Event on the node", |c| {
         !c.warning_events("GpuShareAllocationSwapped").is_empty()
     })
