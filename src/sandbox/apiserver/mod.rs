@@ -42,8 +42,11 @@
 //! SelfSubjectAccessReview answers can be denied), no admission, no defaulting beyond a
 //! pod's `Pending` phase, no validation of object schemas, no garbage collection, graceful
 //! deletion or finalizers, no namespace lifecycle (objects may live in any namespace), no
-//! field managers, protobuf or CBOR, JSON only. Strategic merge patches merge lists by
-//! replacing them. One global `resourceVersion` counter for all kinds, as etcd does.
+//! field managers, protobuf or CBOR (JSON only), no legacy `/api/v1/watch/...` paths.
+//! Strategic merge patches merge only well-known lists (containers, conditions, env,
+//! volumes, ...) by key and replace the others. One global `resourceVersion` counter for
+//! all kinds, as etcd does. kube-rs clients retry 429/503/504 on their own, so a single
+//! injected 503 is invisible to them.
 
 mod discovery;
 mod http_api;
