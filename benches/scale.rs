@@ -84,7 +84,7 @@ impl Size {
 
 /// One line of the report.
 struct Figure {
-    name: &'static str,
+    name: String,
     value: String,
     budget: &'static str,
     /// `Some(pass)` when there is a budget.
@@ -105,7 +105,13 @@ fn main() -> std::process::ExitCode {
         }
     };
     match runtime.block_on(run(size)) {
-        Ok(figures) => {
+        Ok(mut figures) => {
+            if !bench {
+                // The budgets are for the full size; a smoke run only proves the path works.
+                for f in &mut figures {
+                    f.pass = None;
+                }
+            }
             let table = render(&figures, size, bench);
             println!("{table}");
             if bench {
@@ -326,7 +332,7 @@ async fn run(size: Size) -> anyhow::Result<Vec<Figure>> {
     let (ledger_grown, ledger_pods) = ledger_only(size);
     let per_pod_ledger = ledger_grown as f64 / ledger_pods.max(1) as f64;
     figures.push(Figure {
-        name: "ledger alone: resident growth per pod",
+        name: "ledger alone: resident growth per pod".to_string(),
         value: format!(
             "{per_pod_ledger:.0} B ({ledger_pods} pods, {:.1} MiB)",
             mib(ledger_grown)
@@ -352,7 +358,7 @@ async fn run(size: Size) -> anyhow::Result<Vec<Figure>> {
     let seeded_in = seeding.elapsed();
     let rss_seeded = rss_bytes();
     figures.push(Figure {
-        name: "sandbox seeded (not the extender)",
+        name: "sandbox seeded (not the extender)".to_string(),
         value: format!(
             "{} nodes, {} pods ({per_node}/node) in {:.1} s; store {:.0} MiB",
             size.nodes,
@@ -390,14 +396,14 @@ async fn run(size: Size) -> anyhow::Result<Vec<Figure>> {
         );
     }
     figures.push(Figure {
-        name: "time to ready (full list of nodes and pods)",
+        name: "time to ready (full list of nodes and pods)".to_string(),
         value: format!("{:.2} s", ready_in.as_secs_f64()),
         budget: "< 10 s",
         pass: Some(ready_in < Duration::from_secs(10)),
     });
     let extender_grown = rss_ready.saturating_sub(rss_seeded);
     figures.push(Figure {
-        name: "resident memory: extender's growth across its sync",
+        name: "resident memory: extender's growth across its sync".to_string(),
         value: format!(
             "{:.1} MiB ({:.0} B per pod, incl. transient list buffers)",
             mib(extender_grown),
@@ -407,7 +413,7 @@ async fn run(size: Size) -> anyhow::Result<Vec<Figure>> {
         pass: Some(extender_grown < 256 * 1024 * 1024),
     });
     figures.push(Figure {
-        name: "resident memory: whole process (sandbox store + extender)",
+        name: "resident memory: whole process (sandbox store + extender)".to_string(),
         value: format!("{:.1} MiB", mib(rss_ready)),
         budget: "",
         pass: None,
@@ -432,13 +438,16 @@ async fn run(size: Size) -> anyhow::Result<Vec<Figure>> {
     let filter = timed_requests(&client, &format!("{base}/filter"), &bodies, size.filters).await?;
     let p99 = percentile(&filter, 0.99);
     figures.push(Figure {
-        name: "filter latency p50 (500 NodeNames, HTTP keep-alive)",
+        name: format!(
+            "filter latency p50 ({} NodeNames, HTTP keep-alive)",
+            size.candidates
+        ),
         value: ms(percentile(&filter, 0.50)),
         budget: "",
         pass: None,
     });
     figures.push(Figure {
-        name: "filter latency p99",
+        name: "filter latency p99".to_string(),
         value: format!("{} ({} requests)", ms(p99), filter.len()),
         budget: "< 1 ms",
         pass: Some(p99 < Duration::from_millis(1)),
@@ -451,7 +460,7 @@ async fn run(size: Size) -> anyhow::Result<Vec<Figure>> {
     )
     .await?;
     figures.push(Figure {
-        name: "prioritize latency p50 / p99",
+        name: "prioritize latency p50 / p99".to_string(),
         value: format!(
             "{} / {} ({} requests)",
             ms(percentile(&prio, 0.50)),
@@ -519,7 +528,7 @@ async fn run(size: Size) -> anyhow::Result<Vec<Figure>> {
     }
     let rate = size.binds as f64 / bind_took.as_secs_f64().max(1e-9);
     figures.push(Figure {
-        name: "bind throughput (1 ms API latency on PATCH and Binding)",
+        name: "bind throughput (1 ms API latency on PATCH and Binding)".to_string(),
         value: format!(
             "{rate:.0} binds/s ({} binds, {} concurrent)",
             size.binds, size.bind_concurrency
@@ -620,7 +629,7 @@ async fn device_plugin_figures(size: Size) -> anyhow::Result<Vec<Figure>> {
     took.sort();
     Ok(vec![
         Figure {
-            name: "device plugin: idle resident memory (own process)",
+            name: "device plugin: idle resident memory (own process)".to_string(),
             value: format!(
                 "{:.1} MiB ({:.1} MiB after the Allocates)",
                 mib(idle),
@@ -630,7 +639,7 @@ async fn device_plugin_figures(size: Size) -> anyhow::Result<Vec<Figure>> {
             pass: Some(idle > 0 && idle < 32 * 1024 * 1024),
         },
         Figure {
-            name: "device plugin: Allocate latency p50 / p99",
+            name: "device plugin: Allocate latency p50 / p99".to_string(),
             value: format!(
                 "{} / {} ({} pods on the node)",
                 ms(percentile(&took, 0.50)),
@@ -653,8 +662,15 @@ fn render(figures: &[Figure], size: Size, bench: bool) -> String {
     let _ = writeln!(
         out,
         "{} nodes × {GPUS_PER_NODE} GPUs ({GPU_UNITS} GiB each), {} pods; extender and sandbox API \
-         server in one process.\n",
-        size.nodes, size.pods
+         server in one process; {} build on {} CPUs.\n",
+        size.nodes,
+        size.pods,
+        if cfg!(debug_assertions) {
+            "DEBUG (unoptimised: figures are not representative)"
+        } else {
+            "release"
+        },
+        std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     let _ = writeln!(out, "| figure | measured | budget | verdict |");
     let _ = writeln!(out, "| --- | --- | --- | --- |");
