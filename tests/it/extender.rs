@@ -1037,3 +1037,81 @@ async fn watch_restarts_neither_lose_nor_double_count_pods() {
     .await;
     env.ext.stop().await;
 }
+
+/// With `tls_cert`/`tls_key` the extender serves HTTPS (scheduler `enableHTTPS: true`).
+#[tokio::test]
+async fn tls_serves_https_with_the_given_certificate() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .args([
+            "-days",
+            "2",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+        .output();
+    if !made.is_ok_and(|o| o.status.success()) {
+        eprintln!("openssl is not available: skipping the TLS test");
+        return;
+    }
+    let mut c = config();
+    c.extender.tls_cert = cert.display().to_string();
+    c.extender.tls_key = key.display().to_string();
+    let env = Env::start_with(c, |api| {
+        create(api, node("n1", 1, 16));
+    })
+    .await;
+    let mut roots = rustls::RootCertStore::empty();
+    for der in CertificateDer::pem_file_iter(&cert).unwrap() {
+        roots.add(der.unwrap()).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls));
+    let tcp = tokio::net::TcpStream::connect(env.addr()).await.unwrap();
+    let name = ServerName::try_from("127.0.0.1").unwrap();
+    let mut stream = connector.connect(name, tcp).await.expect("TLS handshake");
+    stream
+        .write_all(b"GET /version HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.ok();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with(env!("CARGO_PKG_VERSION")), "{answer}");
+    // Plain HTTP on the TLS port gets no HTTP answer.
+    let mut plain = tokio::net::TcpStream::connect(env.addr()).await.unwrap();
+    plain
+        .write_all(b"GET /version HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    plain.read_to_end(&mut buf).await.ok();
+    assert!(!String::from_utf8_lossy(&buf).contains("200 OK"));
+    env.ext.stop().await;
+}
