@@ -264,6 +264,7 @@ fn ledger_only(size: Size) -> (u64, usize) {
                 mem: gpushare::core::GpuMem::new(2),
                 state: gpushare::core::PodState::Assigned,
             }),
+            settled: true,
         });
     }
     let grown = rss_bytes().saturating_sub(before);

@@ -98,8 +98,49 @@ struct InspectCli {
     inspect: inspect::Args,
 }
 
+/// Go-style single-dash long flags that upstream manifests pass (`-logtostderr --v=5`);
+/// rewritten to their double-dash form before parsing so those manifests keep working.
+const GO_STYLE_FLAGS: &[&str] = &[
+    "logtostderr",
+    "alsologtostderr",
+    "v",
+    "query-kubelet",
+    "kubelet-address",
+    "kubelet-port",
+    "client-cert",
+    "client-key",
+    "token",
+    "timeout",
+    "memory-unit",
+    "health-check",
+    "mps",
+];
+
+fn normalize_go_flags(args: Vec<OsString>) -> Vec<OsString> {
+    args.into_iter()
+        .enumerate()
+        .map(|(i, arg)| {
+            let Some(text) = arg.to_str().filter(|_| i > 0) else {
+                return arg;
+            };
+            match text.strip_prefix('-') {
+                Some(rest) if !rest.starts_with('-') => {
+                    let name = rest.split_once('=').map_or(rest, |(n, _)| n);
+                    if GO_STYLE_FLAGS.contains(&name) {
+                        OsString::from(format!("-{text}"))
+                    } else {
+                        arg
+                    }
+                }
+                _ => arg,
+            }
+        })
+        .collect()
+}
+
 /// Parses `args` (argv[0] included) and runs the chosen role. Never panics on bad input.
 pub fn main_with_args(args: Vec<OsString>) -> ExitCode {
+    let args = normalize_go_flags(args);
     let invoked_as = args
         .first()
         .and_then(|a| Path::new(a).file_name())
@@ -225,6 +266,37 @@ pub async fn not_implemented(role: &str) -> anyhow::Result<ExitCode> {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn go_style_single_dash_flags_are_rewritten() {
+        let args = [
+            "gpushare",
+            "device-plugin",
+            "-logtostderr",
+            "-v=5",
+            "--memory-unit=GiB",
+            "-d",
+            "-x",
+        ]
+        .map(OsString::from)
+        .to_vec();
+        let out: Vec<String> = normalize_go_flags(args)
+            .into_iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            out,
+            [
+                "gpushare",
+                "device-plugin",
+                "--logtostderr",
+                "--v=5",
+                "--memory-unit=GiB",
+                "-d",
+                "-x"
+            ]
+        );
+    }
 
     #[test]
     fn the_cli_is_well_formed() {

@@ -353,6 +353,16 @@ fn insert_dotted(dict: &mut Dict, key: &str, value: Value) {
     }
 }
 
+/// The configuration sections, as spelled in the file and in `GPUSHARE_<SECTION>__<KEY>`.
+const SECTIONS: &[&str] = &[
+    "log",
+    "cluster",
+    "extender",
+    "device_plugin",
+    "gpu",
+    "doctor",
+];
+
 /// The upstream environment knobs, mapped onto our keys.
 fn upstream_env() -> Env {
     Env::raw()
@@ -392,7 +402,17 @@ pub fn figment(config_file: Option<&Path>, flags: FlagOverrides) -> Result<Figme
     }
     Ok(fig
         .merge(upstream_env())
-        .merge(Env::prefixed("GPUSHARE_").split("__").global())
+        .merge(
+            // Only our sections: other GPUSHARE_* variables (a test harness's, an image's
+            // GPUSHARE_VERSION) are not configuration. Unknown keys inside a section still fail.
+            Env::prefixed("GPUSHARE_")
+                .filter(|key| {
+                    let key = key.as_str().to_ascii_lowercase();
+                    SECTIONS.iter().any(|s| key.starts_with(&format!("{s}__")))
+                })
+                .split("__")
+                .global(),
+        )
         .merge(flags))
 }
 
@@ -623,6 +643,13 @@ mod tests {
             flags.set("extender.port", Some(4000u16));
             let cfg = load(Some(Path::new("gpushare.toml")), flags).unwrap();
             assert_eq!(cfg.extender.port, 4000);
+            // Variables outside our sections are not configuration; typos inside one are.
+            jail.set_env("GPUSHARE_UPDATE_GOLDEN", "1");
+            load(Some(Path::new("gpushare.toml")), FlagOverrides::new()).unwrap();
+            jail.set_env("GPUSHARE_EXTENDER__PROT", "1");
+            let err = load(Some(Path::new("gpushare.toml")), FlagOverrides::new()).unwrap_err();
+            assert!(err.to_string().contains("prot"), "{err}");
+            jail.clear_env();
             jail.set_env("GPUSHARE_EXTENDER__PORT", "lots");
             let err = load(Some(Path::new("gpushare.toml")), FlagOverrides::new()).unwrap_err();
             let text = err.to_string();

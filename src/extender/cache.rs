@@ -60,6 +60,9 @@ pub struct PodFacts {
     /// `Some` when the pod holds GPU memory on a node; `None` when it holds nothing (not
     /// bound, no valid annotation, finished).
     pub placement: Option<Placement>,
+    /// The pod is bound to a node or finished: without a placement it holds nothing, not
+    /// even a reservation of ours (it finished, possibly while the watch was down).
+    pub settled: bool,
 }
 
 /// Why a record is in the index.
@@ -342,7 +345,9 @@ impl Cache {
         };
         let Some(p) = facts.placement else {
             if let Some(rec) = pods.get(&key) {
-                if matches!(rec.hold, Hold::Reserved { .. }) {
+                // An unbound, unfinished pod is what our own bind is about to turn into a
+                // placement: keep its reservation. A settled one releases it.
+                if matches!(rec.hold, Hold::Reserved { .. }) && !facts.settled {
                     return true;
                 }
                 let rec = rec.clone();
@@ -716,6 +721,7 @@ mod tests {
                 mem: GpuMem::new(mem),
                 state: PodState::Assigned,
             }),
+            settled: true,
         }
     }
 
@@ -804,6 +810,7 @@ mod tests {
         // The watch sees the annotated but not yet bound pod: the reservation stays.
         let unbound = PodFacts {
             placement: None,
+            settled: false,
             ..facts("u", "a", 0, 10)
         };
         assert!(c.observe_pod(unbound.clone()));

@@ -46,6 +46,7 @@ pub fn pod_facts(pod: &Pod) -> Option<PodFacts> {
         .as_ref()
         .and_then(|s| s.node_name.clone())
         .filter(|n| !n.is_empty());
+    let settled = node.is_some() || pod_is_terminal(pod);
     let placement = match (node, ann.gpu_index) {
         (Some(node), Some(gpu)) if !pod_is_terminal(pod) => {
             let mem = ann.pod_mem.filter(|m| !m.is_zero()).unwrap_or(request);
@@ -72,6 +73,7 @@ pub fn pod_facts(pod: &Pod) -> Option<PodFacts> {
         namespace,
         name,
         placement,
+        settled,
     })
 }
 

@@ -287,7 +287,7 @@ impl Kubelet {
                 .plugins
                 .get(resource)
                 .ok_or_else(|| anyhow!("no plugin registered for {resource}"))?;
-            let used: Vec<&String> = state
+            let used: std::collections::HashSet<&String> = state
                 .allocations
                 .iter()
                 .filter(|a| a.resource == resource)
@@ -296,7 +296,7 @@ impl Kubelet {
             let mut free: Vec<String> = plugin
                 .devices
                 .iter()
-                .filter(|d| d.health == wire::HEALTHY && !used.contains(&&d.id))
+                .filter(|d| d.health == wire::HEALTHY && !used.contains(&d.id))
                 .map(|d| d.id.clone())
                 .collect();
             free.sort();
@@ -327,7 +327,8 @@ impl Kubelet {
                     distinct.len()
                 );
             }
-            if let Some(bad) = preferred.iter().find(|id| !free.contains(id)) {
+            let free_set: std::collections::HashSet<&String> = free.iter().collect();
+            if let Some(bad) = preferred.iter().find(|id| !free_set.contains(id)) {
                 bail!("GetPreferredAllocation chose {bad}, which is not among the available IDs");
             }
             preferred

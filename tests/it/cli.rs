@@ -90,5 +90,20 @@ fn invoked_as_kubectl_plugin_it_is_inspect() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("Usage: kubectl-inspect-gpushare"), "{text}");
+    assert!(text.contains("Usage: kubectl-inspect_gpushare"), "{text}");
+    assert!(text.contains("--details"), "not inspect's help: {text}");
+}
+
+#[test]
+fn the_upstream_device_plugin_command_line_is_accepted() {
+    // DP:device-plugin-ds.yaml runs `gpushare-device-plugin-v2 -logtostderr --v=5 --memory-unit=GiB`.
+    let out = run(&[
+        "device-plugin",
+        "-logtostderr",
+        "--v=5",
+        "--memory-unit=GiB",
+        "--skip-doctor",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("node name"), "{}", stderr(&out));
 }

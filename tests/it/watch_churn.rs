@@ -29,8 +29,6 @@ impl Rng {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails until the extender fixes a leak: Cache::observe_pod keeps a confirmed bind \
-            reservation when a re-list shows the pod finished (see the HA helper's report)"]
 async fn cut_watches_and_410s_never_lose_or_double_count_a_pod() {
     let api = sandbox(NODES, GPUS, UNITS).await;
     // Reconnects from an old resourceVersion fall outside this history: 410 Gone, re-list.
@@ -122,8 +120,6 @@ async fn cut_watches_and_410s_never_lose_or_double_count_a_pod() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails until the extender fixes a leak: Cache::observe_pod keeps a confirmed bind \
-            reservation when a re-list shows the pod finished (see the HA helper's report)"]
 async fn a_pod_bound_and_finished_while_the_watch_is_down_releases_its_memory() {
     let api = sandbox(1, 1, UNITS).await;
     api.set_history_limit(4);
