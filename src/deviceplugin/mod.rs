@@ -42,9 +42,7 @@ use tokio::sync::{Mutex, Notify, watch};
 use tokio::task::JoinHandle;
 
 use crate::admin::AdminState;
-use crate::config::{
-    AllocateFailure, Config, DevicePluginConfig, FlagOverrides, GpuBackendKind, VisibleDevices,
-};
+use crate::config::{AllocateFailure, Config, DevicePluginConfig, FlagOverrides, VisibleDevices};
 use crate::core::MemoryUnit;
 use crate::core::wire::PLUGIN_SOCKET;
 use crate::gpu::GpuBackend;
@@ -101,15 +99,9 @@ pub struct Args {
     /// Address of /healthz, /readyz and /metrics; empty disables them [default: 0.0.0.0:9101]
     #[arg(long, value_name = "ADDR")]
     pub admin_address: Option<String>,
-    /// GPU access [default: auto]
-    #[arg(long, value_enum)]
-    pub gpu_backend: Option<GpuBackendKind>,
-    /// Fake GPUs for `--gpu-backend fake`: `2x16GiB`, `16GiB,24GiB` or `GPU-uuid=16GiB,…`
-    #[arg(long, value_name = "SPEC")]
-    pub fake_gpus: Option<String>,
-    /// Path of libnvidia-ml.so.1 [default: the loader's search path]
-    #[arg(long, value_name = "PATH")]
-    pub nvml_library: Option<String>,
+    /// GPU access.
+    #[command(flatten)]
+    pub gpu: crate::gpu::GpuArgs,
     /// Do not run the node preflight (doctor) before starting
     #[arg(long)]
     pub skip_doctor: bool,
@@ -159,9 +151,7 @@ impl Args {
             self.mps_active_thread_percentage,
         );
         flags.set(&dp("admin_address"), self.admin_address.clone());
-        flags.set("gpu.backend", self.gpu_backend);
-        flags.set("gpu.fake_gpus", self.fake_gpus.clone());
-        flags.set("gpu.nvml_library", self.nvml_library.clone());
+        self.gpu.overrides(flags);
         flags.set_flag("doctor.skip", self.skip_doctor);
     }
 }

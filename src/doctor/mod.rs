@@ -74,18 +74,9 @@ pub struct Args {
     /// Size of one unit of aliyun.com/gpu-mem: GiB, MiB or e.g. 256MiB (device_plugin.memory_unit)
     #[arg(long, value_name = "UNIT")]
     pub memory_unit: Option<MemoryUnit>,
-    /// GPU backend (gpu.backend)
-    #[arg(long, value_enum)]
-    pub gpu_backend: Option<GpuBackendKind>,
-    /// Fake GPUs for --gpu-backend fake, e.g. 2x16GiB (gpu.fake_gpus)
-    #[arg(long, value_name = "SPEC")]
-    pub fake_gpus: Option<String>,
-    /// Path of libnvidia-ml.so.1 (gpu.nvml_library)
-    #[arg(long, value_name = "PATH")]
-    pub nvml_library: Option<String>,
-    /// The nvidia-smi program (gpu.nvidia_smi)
-    #[arg(long, value_name = "PATH")]
-    pub nvidia_smi: Option<String>,
+    /// The same GPU access as the device plugin.
+    #[command(flatten)]
+    pub gpu: crate::gpu::GpuArgs,
 }
 
 impl Args {
@@ -100,11 +91,8 @@ impl Args {
                     .as_ref()
                     .map(|p| p.display().to_string()),
             )
-            .set("device_plugin.memory_unit", self.memory_unit)
-            .set("gpu.backend", self.gpu_backend)
-            .set("gpu.fake_gpus", self.fake_gpus.clone())
-            .set("gpu.nvml_library", self.nvml_library.clone())
-            .set("gpu.nvidia_smi", self.nvidia_smi.clone());
+            .set("device_plugin.memory_unit", self.memory_unit);
+        self.gpu.overrides(flags);
     }
 }
 

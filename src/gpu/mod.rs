@@ -20,6 +20,43 @@ use serde::Serialize;
 
 use crate::config::{GpuBackendKind, GpuConfig};
 
+/// The GPU flags shared by `device-plugin` and `doctor` (doctor tests what the plugin will
+/// use), onto the `[gpu]` configuration keys.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct GpuArgs {
+    /// GPU access: auto (nvml where this build can load it, else nvidia-smi), nvml,
+    /// nvidia-smi, fake [config: gpu.backend; default auto]
+    #[arg(long, value_enum)]
+    pub gpu_backend: Option<crate::config::GpuBackendKind>,
+    /// Fake GPUs for `--gpu-backend fake`: `2x16GiB`, `16GiB,24GiB` or `GPU-uuid=16GiB,…`
+    /// [config: gpu.fake_gpus]
+    #[arg(long, value_name = "SPEC")]
+    pub fake_gpus: Option<String>,
+    /// Path of libnvidia-ml.so.1 [config: gpu.nvml_library; default: the loader's search path]
+    #[arg(long, value_name = "PATH")]
+    pub nvml_library: Option<String>,
+    /// The nvidia-smi program [config: gpu.nvidia_smi; default nvidia-smi on PATH]
+    #[arg(long, value_name = "PATH")]
+    pub nvidia_smi: Option<String>,
+}
+
+impl GpuArgs {
+    /// The flags as configuration overrides.
+    pub fn overrides(&self, flags: &mut crate::config::FlagOverrides) {
+        let GpuArgs {
+            gpu_backend,
+            fake_gpus,
+            nvml_library,
+            nvidia_smi,
+        } = self;
+        flags
+            .set("gpu.backend", *gpu_backend)
+            .set("gpu.fake_gpus", fake_gpus.clone())
+            .set("gpu.nvml_library", nvml_library.clone())
+            .set("gpu.nvidia_smi", nvidia_smi.clone());
+    }
+}
+
 /// One physical GPU.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct GpuDevice {
