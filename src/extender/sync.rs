@@ -138,15 +138,18 @@ pub fn spawn(state: Arc<ExtenderState>, shutdown: Shutdown) -> Vec<tokio::task::
     tasks
 }
 
-async fn watch_pods(
-    state: Arc<ExtenderState>,
-    tx: Arc<watch::Sender<SyncFlags>>,
+/// Drives one watch until shutdown or the end of its stream, handing every event to
+/// `on_event`; errors are logged and the watcher retries with backoff.
+async fn drive<K>(
+    api: Api<K>,
+    what: &'static str,
     shutdown: Shutdown,
-) {
-    let api: Api<Pod> = Api::all(state.client().clone());
+    mut on_event: impl FnMut(Event<K>),
+) where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
     let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
     let mut stream = std::pin::pin!(stream);
-    let mut seen: HashSet<String> = HashSet::new();
     let stop = shutdown.wait();
     let mut stop = std::pin::pin!(stop);
     loop {
@@ -154,18 +157,32 @@ async fn watch_pods(
             _ = &mut stop => return,
             ev = stream.next() => ev,
         };
-        let Some(ev) = ev else { return };
+        match ev {
+            None => return,
+            Some(Err(e)) => tracing::warn!(error = %e, "{what} watch failed; retrying"),
+            Some(Ok(ev)) => on_event(ev),
+        }
+    }
+}
+
+async fn watch_pods(
+    state: Arc<ExtenderState>,
+    tx: Arc<watch::Sender<SyncFlags>>,
+    shutdown: Shutdown,
+) {
+    let api: Api<Pod> = Api::all(state.client().clone());
+    let mut seen: HashSet<String> = HashSet::new();
+    drive(api, "pod", shutdown, |ev| {
         let cache = state.cache();
         match ev {
-            Err(e) => tracing::warn!(error = %e, "pod watch failed; retrying"),
-            Ok(Event::Init) => seen.clear(),
-            Ok(Event::InitApply(pod)) => {
+            Event::Init => seen.clear(),
+            Event::InitApply(pod) => {
                 if let Some(f) = pod_facts(&pod) {
                     seen.insert(f.uid.clone());
                     cache.observe_pod(f);
                 }
             }
-            Ok(Event::InitDone) => {
+            Event::InitDone => {
                 let dropped = cache.retain_pods(&seen);
                 if dropped > 0 {
                     tracing::info!(dropped, "pods gone while the watch was down");
@@ -173,18 +190,19 @@ async fn watch_pods(
                 seen = HashSet::new();
                 tx.send_modify(|f| f.pods = true);
             }
-            Ok(Event::Apply(pod)) => {
+            Event::Apply(pod) => {
                 if let Some(f) = pod_facts(&pod) {
                     cache.observe_pod(f);
                 }
             }
-            Ok(Event::Delete(pod)) => {
+            Event::Delete(pod) => {
                 if let Some(uid) = pod.metadata.uid.as_deref() {
                     cache.forget_pod(uid);
                 }
             }
         }
-    }
+    })
+    .await;
 }
 
 async fn watch_nodes(
@@ -193,39 +211,30 @@ async fn watch_nodes(
     shutdown: Shutdown,
 ) {
     let api: Api<Node> = Api::all(state.client().clone());
-    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
-    let mut stream = std::pin::pin!(stream);
     let mut seen: HashSet<String> = HashSet::new();
-    let stop = shutdown.wait();
-    let mut stop = std::pin::pin!(stop);
-    loop {
-        let ev = tokio::select! {
-            _ = &mut stop => return,
-            ev = stream.next() => ev,
-        };
-        let Some(ev) = ev else { return };
+    drive(api, "node", shutdown, |ev| {
         let cache = state.cache();
         match ev {
-            Err(e) => tracing::warn!(error = %e, "node watch failed; retrying"),
-            Ok(Event::Init) => seen.clear(),
-            Ok(Event::InitApply(node)) | Ok(Event::Apply(node)) => {
+            Event::Init => seen.clear(),
+            Event::InitApply(node) | Event::Apply(node) => {
                 if let Some(name) = node.metadata.name.as_deref() {
                     seen.insert(name.to_string());
                     cache.apply_node(name, node_gpus(&node, false));
                 }
             }
-            Ok(Event::InitDone) => {
+            Event::InitDone => {
                 cache.retain_nodes(&seen);
                 seen = HashSet::new();
                 tx.send_modify(|f| f.nodes = true);
             }
-            Ok(Event::Delete(node)) => {
+            Event::Delete(node) => {
                 if let Some(name) = node.metadata.name.as_deref() {
                     cache.remove_node(name);
                 }
             }
         }
-    }
+    })
+    .await;
 }
 
 fn configmap_node(cm: &ConfigMap) -> Option<&str> {
@@ -243,22 +252,12 @@ async fn watch_configmaps(
 ) {
     let api: Api<ConfigMap> =
         Api::namespaced(state.client().clone(), UNHEALTHY_CONFIGMAP_NAMESPACE);
-    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
-    let mut stream = std::pin::pin!(stream);
     let mut seen: HashSet<String> = HashSet::new();
-    let stop = shutdown.wait();
-    let mut stop = std::pin::pin!(stop);
-    loop {
-        let ev = tokio::select! {
-            _ = &mut stop => return,
-            ev = stream.next() => ev,
-        };
-        let Some(ev) = ev else { return };
+    drive(api, "ConfigMap", shutdown, |ev| {
         let cache = state.cache();
         match ev {
-            Err(e) => tracing::warn!(error = %e, "ConfigMap watch failed; retrying"),
-            Ok(Event::Init) => seen.clear(),
-            Ok(Event::InitApply(cm)) | Ok(Event::Apply(cm)) => {
+            Event::Init => seen.clear(),
+            Event::InitApply(cm) | Event::Apply(cm) => {
                 if let Some(node) = configmap_node(&cm) {
                     let value = cm
                         .data
@@ -270,18 +269,19 @@ async fn watch_configmaps(
                     cache.set_unhealthy(node, parse_unhealthy(node, value));
                 }
             }
-            Ok(Event::InitDone) => {
+            Event::InitDone => {
                 cache.retain_unhealthy(&seen);
                 seen = HashSet::new();
                 tx.send_modify(|f| f.configmaps = true);
             }
-            Ok(Event::Delete(cm)) => {
+            Event::Delete(cm) => {
                 if let Some(node) = configmap_node(&cm) {
                     cache.set_unhealthy(node, BTreeSet::new());
                 }
             }
         }
-    }
+    })
+    .await;
 }
 
 #[cfg(test)]
