@@ -55,10 +55,17 @@ struct Size {
 }
 
 impl Size {
+    /// The budgeted size; `GPUSHARE_BENCH_SCALE` (a fraction, e.g. `0.1`) shrinks the
+    /// cluster for a quick look while profiling (the verdicts then mean nothing).
     fn full() -> Size {
+        let scale = std::env::var("GPUSHARE_BENCH_SCALE")
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            .filter(|f| *f > 0.0 && *f <= 1.0)
+            .unwrap_or(1.0);
         Size {
-            nodes: 5_000,
-            pods: 150_000,
+            nodes: ((5_000.0 * scale) as usize).max(10),
+            pods: ((150_000.0 * scale) as usize).max(10),
             candidates: 500,
             filters: 2_000,
             prioritizes: 1_000,

@@ -438,22 +438,24 @@ fn list(
         },
         None => 0,
     };
-    let (mut items, rv) = {
+    let mut metadata = json!({});
+    let items = {
         let store = shared.store();
-        let items = store.list(def, namespace, after.as_ref(), &|obj| {
+        let (items, more) = store.list(def, namespace, after.as_ref(), limit, &|obj| {
             selectors.matches(obj)
         });
-        (items, store.resource_version())
-    };
-    let mut metadata = json!({ "resourceVersion": rv.to_string() });
-    if limit > 0 && items.len() > limit {
-        let remaining = items.len() - limit;
-        items.truncate(limit);
-        if let Some((ns, name, _)) = items.last() {
+        metadata["resourceVersion"] = json!(store.resource_version().to_string());
+        if more && let Some((ns, name, _)) = items.last() {
+            let position = (ns.clone(), name.clone());
             metadata["continue"] = json!(encode_continue(ns, name));
-            metadata["remainingItemCount"] = json!(remaining);
+            // As the real API server: only for unfiltered lists.
+            if selectors.is_empty() {
+                metadata["remainingItemCount"] =
+                    json!(store.count_after(def, namespace, &position));
+            }
         }
-    }
+        items
+    };
     let objects: Vec<Value> = items.into_iter().map(|(_, _, obj)| obj).collect();
     if table::wants_table(req.accept.as_deref()) {
         let include = IncludeObject::from_query(req.param("includeObject"));
@@ -473,7 +475,7 @@ fn delete_collection(
 ) -> Result<(u16, Value), ApiError> {
     let selectors = selectors(req)?;
     let mut store = shared.store();
-    let doomed = store.list(def, namespace, None, &|obj| selectors.matches(obj));
+    let (doomed, _) = store.list(def, namespace, None, 0, &|obj| selectors.matches(obj));
     let mut items = Vec::new();
     for (ns, name, _) in doomed {
         let ns = (!ns.is_empty()).then_some(ns);
@@ -733,7 +735,10 @@ fn watch(
             },
             _ => {
                 let objects = store
-                    .list(def, namespace, None, &|obj| filter.selectors.matches(obj))
+                    .list(def, namespace, None, 0, &|obj| {
+                        filter.selectors.matches(obj)
+                    })
+                    .0
                     .into_iter()
                     .map(|(_, _, obj)| obj)
                     .collect();

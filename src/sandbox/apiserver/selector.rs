@@ -52,6 +52,11 @@ impl Selectors {
         Ok(selectors)
     }
 
+    /// Whether there is no requirement at all (everything matches).
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty() && self.fields.is_empty()
+    }
+
     /// Whether `obj` matches every requirement.
     pub fn matches(&self, obj: &Value) -> bool {
         let labels = obj.get("metadata").and_then(|m| m.get("labels"));

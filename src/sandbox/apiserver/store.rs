@@ -400,23 +400,62 @@ impl Store {
     }
 
     /// Objects of `def` (in `namespace`, or all), ordered by namespace and name, that pass
-    /// `keep` and come after `after` (a `(namespace, name)` continue position).
+    /// `keep` and come after `after` (a `(namespace, name)` continue position); at most
+    /// `limit` of them (0: all). The second value says whether more matching objects follow.
+    ///
+    /// Walks only the key range from `after` on and stops after `limit + 1` matches, so a
+    /// paged list of N objects costs O(N) in all, not O(N²) (as an API server's watch cache).
     pub fn list(
         &self,
         def: &ResourceDef,
         namespace: Option<&str>,
         after: Option<&(String, String)>,
+        limit: usize,
         keep: &dyn Fn(&Value) -> bool,
-    ) -> Vec<(String, String, Value)> {
+    ) -> (Vec<(String, String, Value)>, bool) {
+        use std::ops::Bound;
+        let start: Key = match (after, namespace) {
+            (Some((a_ns, a_name)), _) => (def.id, a_ns.clone(), a_name.clone()),
+            (None, Some(ns)) => (def.id, ns.to_string(), String::new()),
+            (None, None) => (def.id, String::new(), String::new()),
+        };
+        let lower = if after.is_some() {
+            Bound::Excluded(start)
+        } else {
+            Bound::Included(start)
+        };
+        let mut out = Vec::new();
+        let mut more = false;
+        for ((id, ns, name), obj) in self.objects.range((lower, Bound::Unbounded)) {
+            if *id != def.id || namespace.is_some_and(|want| want < ns.as_str()) {
+                break;
+            }
+            if namespace.is_some_and(|want| want != ns) || !keep(obj) {
+                continue;
+            }
+            if limit > 0 && out.len() == limit {
+                more = true;
+                break;
+            }
+            out.push((ns.clone(), name.clone(), obj.clone()));
+        }
+        (out, more)
+    }
+
+    /// How many objects of `def` (in `namespace`, or all) come after `after`: the
+    /// `remainingItemCount` of an unfiltered page (not cloned, not matched).
+    pub fn count_after(
+        &self,
+        def: &ResourceDef,
+        namespace: Option<&str>,
+        after: &(String, String),
+    ) -> usize {
+        use std::ops::Bound;
+        let start: Key = (def.id, after.0.clone(), after.1.clone());
         self.objects
-            .iter()
-            .filter(|((id, ns, _), _)| *id == def.id && namespace.is_none_or(|want| want == ns))
-            .filter(|((_, ns, name), _)| {
-                after.is_none_or(|(a_ns, a_name)| (ns, name) > (a_ns, a_name))
-            })
-            .filter(|(_, obj)| keep(obj))
-            .map(|((_, ns, name), obj)| (ns.clone(), name.clone(), obj.clone()))
-            .collect()
+            .range((Bound::Excluded(start), Bound::Unbounded))
+            .take_while(|((id, ns, _), _)| *id == def.id && namespace.is_none_or(|want| want == ns))
+            .count()
     }
 
     /// Replaces an object (PUT); 409 when the body's resourceVersion is stale.
@@ -709,7 +748,10 @@ impl Store {
     pub fn list_by_id(&self, id: &str, namespace: Option<&str>) -> Vec<Value> {
         match Store::def_for_id(id) {
             Ok(def) => self
-                .list(def, namespace.filter(|_| def.namespaced), None, &|_| true)
+                .list(def, namespace.filter(|_| def.namespaced), None, 0, &|_| {
+                    true
+                })
+                .0
                 .into_iter()
                 .map(|(_, _, obj)| obj)
                 .collect(),
@@ -939,5 +981,63 @@ mod tests {
         }
         assert!(store.events_since(1).is_none());
         assert_eq!(store.events_since(2).map(|e| e.len()), Some(2));
+    }
+
+    #[test]
+    fn paged_lists_walk_their_range_and_stop_at_the_limit() {
+        let mut store = Store::new();
+        for (ns, name) in [
+            ("a", "x"),
+            ("b", "p1"),
+            ("b", "p2"),
+            ("b", "p3"),
+            ("c", "y"),
+        ] {
+            store
+                .create_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": name, "namespace": ns}}))
+                .expect("creates");
+        }
+        store
+            .create_value(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"}}))
+            .expect("creates");
+        let def = Store::def_for_id("configmaps").expect("a resource");
+        let names = |items: &[(String, String, Value)]| {
+            items
+                .iter()
+                .map(|(ns, n, _)| format!("{ns}/{n}"))
+                .collect::<Vec<_>>()
+        };
+        let all = |_: &Value| true;
+
+        // All namespaces, two at a time: pages end exactly, no other kind leaks in.
+        let (page, more) = store.list(def, None, None, 2, &all);
+        assert_eq!(
+            (names(&page), more),
+            (vec!["a/x".into(), "b/p1".into()], true)
+        );
+        let after = ("b".to_string(), "p1".to_string());
+        assert_eq!(store.count_after(def, None, &after), 3);
+        let (page, more) = store.list(def, None, Some(&after), 2, &all);
+        assert_eq!(
+            (names(&page), more),
+            (vec!["b/p2".into(), "b/p3".into()], true)
+        );
+        let after = ("b".to_string(), "p3".to_string());
+        let (page, more) = store.list(def, None, Some(&after), 2, &all);
+        assert_eq!((names(&page), more), (vec!["c/y".into()], false));
+
+        // One namespace: bounded on both sides; a limit equal to what is left says no more.
+        let (page, more) = store.list(def, Some("b"), None, 3, &all);
+        assert_eq!(names(&page).len(), 3);
+        assert!(!more);
+        let after = ("b".to_string(), "p1".to_string());
+        assert_eq!(store.count_after(def, Some("b"), &after), 2);
+
+        // A filter skips without ending the page early; 0 means everything.
+        let only_p2 = |o: &Value| meta_str(o, "name") == Some("p2");
+        let (page, more) = store.list(def, None, None, 1, &only_p2);
+        assert_eq!((names(&page), more), (vec!["b/p2".into()], false));
+        assert_eq!(store.list(def, None, None, 0, &all).0.len(), 5);
     }
 }
