@@ -100,11 +100,20 @@ impl NoFit {
     }
 }
 
-/// Whether some healthy GPU has `request` free.
+/// Whether some healthy GPU has `request` free. Stops at the first that has (filter's hot
+/// path); only a miss walks every GPU, through [`choose_gpu`], for the reason.
 pub fn check_fit<K: Eq + std::hash::Hash + Clone>(
     ledger: &NodeLedger<K>,
     request: GpuMem,
 ) -> Result<(), NoFit> {
+    if !request.is_zero()
+        && ledger
+            .gpus()
+            .iter()
+            .any(|g| g.healthy && g.free() >= request)
+    {
+        return Ok(());
+    }
     choose_gpu(ledger, request, GpuPolicy::Binpack).map(|_| ())
 }
 

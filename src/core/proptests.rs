@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use super::annotations::PodGpuAnnotations;
 use super::ledger::{GpuSpec, LedgerPod, NodeLedger, PodState};
 use super::memory::GpuMem;
-use super::placement::{GpuPolicy, choose_gpu};
+use super::placement::{GpuPolicy, check_fit, choose_gpu};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -66,6 +66,14 @@ proptest! {
             }
             for slot in ledger.gpus() {
                 prop_assert!(slot.used <= slot.total, "over-committed: {:?}", slot);
+            }
+            // Filter's early-exit check agrees with the full choice, whatever the request.
+            for mem in [0u64, 1, 4, 16, 31] {
+                let request = GpuMem::new(mem);
+                prop_assert_eq!(
+                    check_fit(&ledger, request),
+                    choose_gpu(&ledger, request, GpuPolicy::Binpack).map(|_| ())
+                );
             }
         }
         // Rebuild from annotations alone, as an extender does at start.

@@ -295,13 +295,19 @@ impl Cache {
         read(&self.nodes).get(node).cloned()
     }
 
-    /// The slots of `names`, in order (one map lock for all).
-    pub fn slots<'a>(
+    /// `per_node` of each of `names`' slots (`None`: unknown node), in order, under one
+    /// read lock of the map (no slot is cloned out; each node's entry is read-locked by
+    /// `per_node` itself, as filter and prioritize do).
+    pub fn map_slots<'a, T>(
         &self,
         names: impl IntoIterator<Item = &'a str>,
-    ) -> Vec<Option<Arc<NodeSlot>>> {
+        mut per_node: impl FnMut(Option<&NodeSlot>) -> T,
+    ) -> Vec<T> {
         let map = read(&self.nodes);
-        names.into_iter().map(|n| map.get(n).cloned()).collect()
+        names
+            .into_iter()
+            .map(|n| per_node(map.get(n).map(|s| &**s)))
+            .collect()
     }
 
     /// The filter verdict for `node`.

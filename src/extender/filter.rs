@@ -31,14 +31,15 @@ pub fn filter(state: &ExtenderState, args: ExtenderArgs) -> Result<FilterResult,
     let mut failed = BTreeMap::new();
     let mut unresolvable = BTreeMap::new();
     let names = args.candidates.names();
-    let slots = state.cache().slots(names.iter().copied());
-    for (i, (name, slot)) in names.iter().zip(slots).enumerate() {
+    let fits = state.cache().map_slots(names.iter().copied(), |slot| {
+        slot.map_or(Fit::NotForGpuShare, |s| s.fit(request))
+    });
+    for (i, (name, fit)) in names.iter().zip(fits).enumerate() {
         if request.is_zero() {
             // kube-scheduler only sends gpu-mem pods; be lenient with the others.
             passing.push(i);
             continue;
         }
-        let fit = slot.map(|s| s.fit(request)).unwrap_or(Fit::NotForGpuShare);
         let reason_label = match fit {
             Fit::Fits => {
                 passing.push(i);

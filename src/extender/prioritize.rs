@@ -11,16 +11,18 @@ pub fn prioritize(state: &ExtenderState, args: ExtenderArgs) -> Result<Vec<HostP
     let request = pod_request(&args.pod)?;
     let policy = state.config().node_policy;
     let names = args.candidates.names();
-    let slots = state.cache().slots(names.iter().copied());
+    let scores = state.cache().map_slots(names.iter().copied(), |slot| {
+        match (request.is_zero(), slot) {
+            (false, Some(s)) => i64::from(s.score(request, policy)),
+            _ => 0,
+        }
+    });
     Ok(names
         .iter()
-        .zip(slots)
-        .map(|(name, slot)| HostPriority {
+        .zip(scores)
+        .map(|(name, score)| HostPriority {
             host: name.to_string(),
-            score: match (request.is_zero(), slot) {
-                (false, Some(s)) => i64::from(s.score(request, policy)),
-                _ => 0,
-            },
+            score,
         })
         .collect())
 }

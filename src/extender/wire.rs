@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 /// A request body that cannot be used, with a message naming the field at fault.
@@ -90,8 +91,57 @@ fn kind(v: &Value) -> &'static str {
     }
 }
 
+/// The top-level members of a JSON object, keys folded to lowercase, values as their raw
+/// JSON text (not parsed); the last of duplicate keys wins, as in Go. `None` when the body is
+/// not a JSON object.
+fn folded_raw_members(body: &[u8]) -> Option<Vec<(String, &RawValue)>> {
+    struct Members;
+    impl<'de> serde::de::Visitor<'de> for Members {
+        type Value = Vec<(String, &'de RawValue)>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out: Vec<(String, &'de RawValue)> = Vec::new();
+            while let Some((key, value)) =
+                map.next_entry::<std::borrow::Cow<'de, str>, &'de RawValue>()?
+            {
+                let key = key.to_ascii_lowercase();
+                out.retain(|(k, _)| *k != key);
+                out.push((key, value));
+            }
+            Ok(out)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let members = serde::Deserializer::deserialize_map(&mut de, Members).ok()?;
+    de.end().ok()?;
+    Some(members)
+}
+
+/// The common, well-formed `ExtenderArgs` (a Pod and `NodeNames`), decoded in one pass: the
+/// Pod straight into its type and the names into strings, with no intermediate JSON tree.
+/// `None` for anything else (`Nodes`, a missing Pod, a wrong type, …): the caller then takes
+/// the tree path, which names the field at fault.
+fn decode_extender_args_direct(body: &[u8]) -> Option<ExtenderArgs> {
+    let members = folded_raw_members(body)?;
+    let member = |key: &str| members.iter().find(|(k, _)| k == key).map(|(_, v)| v.get());
+    let pod: Pod = serde_json::from_str(member("pod").filter(|raw| raw.starts_with('{'))?).ok()?;
+    let names: Vec<String> = serde_json::from_str(member("nodenames")?).ok()?;
+    Some(ExtenderArgs {
+        pod,
+        candidates: Candidates::Names(names),
+    })
+}
+
 /// Decodes `ExtenderArgs` (filter and prioritize).
 pub fn decode_extender_args(body: &[u8]) -> Result<ExtenderArgs, DecodeError> {
+    if let Some(args) = decode_extender_args_direct(body) {
+        return Ok(args);
+    }
     let mut map = folded_object(body, "ExtenderArgs")?;
     let pod = match map.remove("pod") {
         None | Some(Value::Null) => {
@@ -292,6 +342,50 @@ mod tests {
             assert_eq!(args.pod_uid, "u");
             assert_eq!(args.node, "n1");
         }
+    }
+
+    #[test]
+    fn the_direct_path_agrees_with_the_tree_path() {
+        let bodies = [
+            format!(r#"{{"Pod":{POD},"NodeNames":["a","b"]}}"#),
+            format!(r#"{{"pod":{POD},"NODENAMES":[],"Nodes":null}}"#),
+            // The last of duplicate keys wins, whatever their case.
+            format!(
+                r#"{{"Pod":{{"metadata":{{"name":"first"}}}},"pod":{POD},"NodeNames":["x"],"nodenames":["y"]}}"#
+            ),
+            format!(r#"{{"Pod":{POD},"NodeNames":["\u0061\n"]}}"#),
+        ];
+        for body in &bodies {
+            let direct = decode_extender_args_direct(body.as_bytes()).expect("the direct path");
+            let mut map = folded_object(body.as_bytes(), "ExtenderArgs").unwrap();
+            let pod: Pod = serde_json::from_value(map.remove("pod").unwrap()).unwrap();
+            let names: Vec<String> =
+                serde_json::from_value(map.remove("nodenames").unwrap()).unwrap();
+            assert_eq!(direct.pod, pod, "{body}");
+            assert_eq!(direct.candidates.names(), names, "{body}");
+        }
+        // What the direct path leaves to the tree path, which explains the fault.
+        for body in [
+            format!(r#"{{"Pod":{POD},"Nodes":{{"items":[]}}}}"#),
+            format!(r#"{{"Pod":{POD},"NodeNames":null}}"#),
+            format!(r#"{{"Pod":{POD},"NodeNames":["a",1]}}"#),
+            r#"{"Pod":null,"NodeNames":["a"]}"#.to_string(),
+            r#"{"Pod":"p","NodeNames":["a"]}"#.to_string(),
+            format!(r#"{{"Pod":{POD},"NodeNames":["a"]}} trailing"#),
+            "[1]".to_string(),
+        ] {
+            assert!(
+                decode_extender_args_direct(body.as_bytes()).is_none(),
+                "{body}"
+            );
+        }
+        let err =
+            decode_extender_args(format!(r#"{{"Pod":{POD},"NodeNames":["a",1]}}"#).as_bytes())
+                .unwrap_err();
+        assert_eq!(
+            err.0,
+            "ExtenderArgs.NodeNames[1]: expected a string, got a number"
+        );
     }
 
     #[test]
