@@ -6,7 +6,7 @@ STATIC_BIN := target/$(MUSL_TARGET)/release/gpushare
 GLIBC_TARGET := x86_64-unknown-linux-gnu.2.17
 CI_FLAGS := $(if $(CI),--locked,)
 
-.PHONY: help build static glibc test test-cluster test-gpu lint fmt bench demo ci check-static setup
+.PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -51,7 +51,25 @@ check-static: ## prove $(STATIC_BIN) is statically linked and under 20 MiB
 glibc: ## gpushare-glibc: glibc 2.17+ build with NVML (cargo-zigbuild; zig from PyPI)
 	./packaging/build-glibc.sh
 
-bench: ## benchmarks (scale of the extender, device plugin footprint); results in README
-	$(CARGO) bench $(CI_FLAGS) --bench scale
+bench: static ## benchmarks of the static binary that ships (extender at scale, device plugin); results in README
+	GPUSHARE_BENCH_BIN=$(CURDIR)/$(STATIC_BIN) $(CARGO) bench $(CI_FLAGS) --bench scale
+
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := extender_json annotations
+# What cargo-fuzz passes, minus the nightly-only sanitizer: SanitizerCoverage instruments the
+# code for libFuzzer on stable Rust. --target keeps it off build scripts and proc macros.
+FUZZ_RUSTFLAGS := --cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
+  -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
+  -Cllvm-args=-sanitizer-coverage-trace-compares -Cdebug-assertions -Coverflow-checks
+
+fuzz: ## coverage-guided fuzzing of the request and annotation decoders on stable Rust, FUZZ_SECONDS (60) per target
+	cd fuzz && CARGO_TARGET_DIR=$(CURDIR)/target/fuzz RUSTFLAGS="$(FUZZ_RUSTFLAGS)" \
+	  $(CARGO) build --release --bins --target x86_64-unknown-linux-gnu
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p target/fuzz/corpus/$$t target/fuzz/artifacts/$$t; \
+	  echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
+	  target/fuzz/x86_64-unknown-linux-gnu/release/$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 \
+	    -artifact_prefix=target/fuzz/artifacts/$$t/ target/fuzz/corpus/$$t fuzz/seeds/$$t || exit 1; \
+	done
 
 ci: lint test static ## everything CI runs: lint, tests, static release build
