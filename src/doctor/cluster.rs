@@ -90,8 +90,9 @@ fn skipped(id: &'static str, title: &'static str, api: &ApiState) -> Option<Chec
     }
 }
 
-/// `api-server`.
-pub fn api_server(api: &ApiState, config: &Config) -> Check {
+/// `api-server`. `preflight`: the check runs before a role starts, where the way out is
+/// `--skip-doctor` (`--no-cluster` is a flag of `gpushare doctor` only).
+pub fn api_server(api: &ApiState, config: &Config, preflight: bool) -> Check {
     const ID: &str = "api-server";
     const TITLE: &str = "API server reachable";
     let via = if config.cluster.kubeconfig.is_empty() {
@@ -102,8 +103,13 @@ pub fn api_server(api: &ApiState, config: &Config) -> Check {
     match api {
         ApiState::Off => Check::new(ID, TITLE, Status::Skip, "--no-cluster: not asked"),
         ApiState::Down(e) => Check::new(ID, TITLE, Status::Fail, format!("via {via}: {e}")).hint(
-            "pass --kubeconfig (or set KUBECONFIG) to a kubeconfig that `kubectl version` accepts;\n\
-             in a pod, the service account token must be mounted; --no-cluster checks this host only",
+            if preflight {
+                "pass --kubeconfig (or set KUBECONFIG) to a kubeconfig that `kubectl version` accepts;\n\
+                 in a pod, the service account token must be mounted"
+            } else {
+                "pass --kubeconfig (or set KUBECONFIG) to a kubeconfig that `kubectl version` accepts;\n\
+                 in a pod, the service account token must be mounted; --no-cluster checks this host only"
+            },
         ),
         ApiState::Up { version, .. } => {
             Check::new(ID, TITLE, Status::Ok, format!("Kubernetes {version} via {via}"))

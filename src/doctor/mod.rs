@@ -191,7 +191,7 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
         checks.push(gpus::memory_unit(dp.memory_unit, probe.devices()));
         checks.push(host::mps_daemon(&host, dp.mps, &dp.mps_pipe_dir));
     }
-    checks.push(cluster::api_server(&api, config));
+    checks.push(cluster::api_server(&api, config, opts.preflight));
     if role.node() {
         let name = cluster::node_name(config, &host);
         let node = match (&api, &name) {

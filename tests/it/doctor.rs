@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use gpushare::config::{Config, GpuBackendKind};
-use gpushare::doctor::{Role, preflight};
+use gpushare::doctor::{Options, Role, diagnose, preflight};
 use gpushare::sandbox::apiserver::ApiServer;
 use serde_json::Value;
 
@@ -793,5 +793,21 @@ async fn preflight_passes_a_sound_setup_and_refuses_a_broken_one() {
         .await
         .expect_err("device-plugin-dir fails");
     assert!(format!("{err:#}").contains("device-plugin-dir"), "{err:#}");
+
+    // No API server: the preflight's hint names what a server role accepts, not doctor's
+    // own --no-cluster.
+    let mut broken = preflight_config(&api, &plugins);
+    broken.cluster.kubeconfig = root.path().join("no-such-kubeconfig").display().to_string();
+    let report = diagnose(&Options::preflight(Role::ControlPlane), &broken).await;
+    let check = report
+        .checks
+        .iter()
+        .find(|c| c.id == "api-server")
+        .expect("an api-server check");
+    assert!(
+        check.hint.contains("--kubeconfig") && !check.hint.contains("--no-cluster"),
+        "{}",
+        check.hint
+    );
     api.shutdown().await;
 }
