@@ -294,6 +294,21 @@ async fn post(client: &HttpClient, url: &str, body: Bytes) -> anyhow::Result<(u1
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(Full::new(body))
         .context("building a request")?;
+    send(client, req).await
+}
+
+async fn get(client: &HttpClient, url: &str) -> anyhow::Result<(u16, Bytes)> {
+    let req = http::Request::get(url)
+        .body(Full::new(Bytes::new()))
+        .context("building a request")?;
+    send(client, req).await
+}
+
+/// Sends `req` and reads the whole answer: its status and body.
+async fn send(
+    client: &HttpClient,
+    req: http::Request<Full<Bytes>>,
+) -> anyhow::Result<(u16, Bytes)> {
     let resp = client.request(req).await.context("sending a request")?;
     let status = resp.status().as_u16();
     let body = resp
@@ -482,21 +497,6 @@ impl Extender {
         let _ = self.child.start_kill();
         let _ = self.child.wait().await;
     }
-}
-
-async fn get(client: &HttpClient, url: &str) -> anyhow::Result<(u16, Bytes)> {
-    let req = http::Request::get(url)
-        .body(Full::new(Bytes::new()))
-        .context("building a request")?;
-    let resp = client.request(req).await.context("sending a request")?;
-    let status = resp.status().as_u16();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .context("reading a response")?
-        .to_bytes();
-    Ok((status, body))
 }
 
 /// `gpushare_extender_pods` and `gpushare_extender_nodes` from `/metrics`.

@@ -31,6 +31,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
+use tonic::service::Routes;
 use tonic::transport::{Channel, Endpoint, Server, Uri};
 use tonic::{Request, Response, Status};
 
@@ -571,19 +572,7 @@ fn serve_registration(inner: &Arc<Inner>) -> anyhow::Result<ServerHandle> {
     let service = RegistrationServer::new(RegistrationService {
         inner: Arc::clone(inner),
     });
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        let result = Server::builder()
-            .add_service(service)
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
-                let _ = stopped.await;
-            })
-            .await;
-        if let Err(e) = result {
-            tracing::warn!(error = %e, "fake kubelet registration server failed");
-        }
-    });
-    Ok(ServerHandle { stop, task })
+    Ok(serve(listener, Routes::new(service), "registration"))
 }
 
 fn serve_pod_resources(inner: &Arc<Inner>) -> anyhow::Result<ServerHandle> {
@@ -591,19 +580,24 @@ fn serve_pod_resources(inner: &Arc<Inner>) -> anyhow::Result<ServerHandle> {
     let service = PodResourcesListerServer::new(PodResourcesService {
         inner: Arc::clone(inner),
     });
+    Ok(serve(listener, Routes::new(service), "pod-resources"))
+}
+
+/// Serves `routes` on `listener` until the handle is stopped.
+fn serve(listener: UnixListener, routes: Routes, what: &'static str) -> ServerHandle {
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         let result = Server::builder()
-            .add_service(service)
+            .add_routes(routes)
             .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
                 let _ = stopped.await;
             })
             .await;
         if let Err(e) = result {
-            tracing::warn!(error = %e, "fake kubelet pod-resources server failed");
+            tracing::warn!(error = %e, "fake kubelet {what} server failed");
         }
     });
-    Ok(ServerHandle { stop, task })
+    ServerHandle { stop, task }
 }
 
 /// A gRPC channel over the unix socket at `path`.
