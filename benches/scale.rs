@@ -247,6 +247,111 @@ fn pending_pod(name: &str, mem: u64) -> Value {
     })
 }
 
+/// A pod as a real cluster's API server sends it (about 4 KiB): `managedFields` from three
+/// managers, a sidecar, env, mounts, probes, volumes and container statuses.
+fn realistic_pod(i: usize) -> Value {
+    let mut pod = bound_pod(i, "gpu-node-00001", 1, 2);
+    let container = |name: &str, gpu: bool| {
+        let mut limits = json!({ "cpu": "4", "memory": "16Gi" });
+        if gpu {
+            limits[RESOURCE_GPU_MEM] = json!("2");
+        }
+        json!({
+            "name": name, "image": format!("registry.local/team/{name}:2026.11.3"),
+            "imagePullPolicy": "IfNotPresent",
+            "args": ["--model", "/models/llm-7b", "--port", "8080", "--max-batch", "16"],
+            "env": (0..12).map(|e| json!({ "name": format!("SETTING_{e}"), "value": format!("value-{e}-{i}") })).collect::<Vec<_>>(),
+            "ports": [{ "containerPort": 8080, "name": "http", "protocol": "TCP" }],
+            "resources": { "limits": limits.clone(), "requests": limits },
+            "readinessProbe": { "httpGet": { "path": "/healthz", "port": 8080 }, "periodSeconds": 10 },
+            "volumeMounts": [{ "name": "models", "mountPath": "/models", "readOnly": true },
+                             { "name": "kube-api-access", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true }],
+            "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
+        })
+    };
+    pod["metadata"]["labels"] =
+        json!({ "app": "inference", "team": "ml", "pod-template-hash": "7d9f8c6b5" });
+    pod["metadata"]["uid"] = json!(format!("00000000-0000-4000-8000-{i:012}"));
+    pod["metadata"]["resourceVersion"] = json!("123456789");
+    pod["metadata"]["ownerReferences"] = json!([{ "apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "name": "inference-7d9f8c6b5", "uid": "11111111-2222-4333-8444-555555555555", "controller": true }]);
+    pod["metadata"]["managedFields"] = json!(["kube-controller-manager", "kube-scheduler", "kubelet"]
+        .iter()
+        .map(|m| json!({ "manager": m, "operation": "Update", "apiVersion": "v1",
+            "time": "2026-11-30T10:00:00Z", "fieldsType": "FieldsV1",
+            "fieldsV1": { "f:metadata": { "f:labels": { ".": {}, "f:app": {}, "f:team": {} } },
+                          "f:spec": { "f:containers": { "k:{\"name\":\"main\"}": { ".": {}, "f:image": {}, "f:env": {} } } },
+                          "f:status": { "f:conditions": { "k:{\"type\":\"Ready\"}": { ".": {}, "f:status": {} } } } } }))
+        .collect::<Vec<_>>());
+    pod["spec"]["containers"] =
+        json!([container("main", true), container("metrics-sidecar", false)]);
+    pod["spec"]["volumes"] = json!([{ "name": "models", "persistentVolumeClaim": { "claimName": "models" } },
+        { "name": "kube-api-access", "projected": { "sources": [{ "serviceAccountToken": { "path": "token", "expirationSeconds": 3607 } }] } }]);
+    pod["spec"]["tolerations"] =
+        json!([{ "key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule" }]);
+    let conditions: Vec<Value> = ["Initialized", "Ready", "ContainersReady", "PodScheduled"]
+        .iter()
+        .map(|t| json!({ "type": t, "status": "True", "lastTransitionTime": "2026-11-30T10:00:05Z" }))
+        .collect();
+    let statuses: Vec<Value> = ["main", "metrics-sidecar"]
+        .iter()
+        .map(|n| {
+            json!({
+                "name": n, "ready": true, "restartCount": 0, "started": true,
+                "image": format!("registry.local/team/{n}:2026.11.3"),
+                "imageID": format!("registry.local/team/{n}@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"),
+                "containerID": "containerd://0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+                "state": { "running": { "startedAt": "2026-11-30T10:00:04Z" } },
+            })
+        })
+        .collect();
+    pod["status"] = json!({
+        "phase": "Running", "podIP": "10.20.30.40", "hostIP": "192.168.1.10", "qosClass": "Guaranteed",
+        "startTime": "2026-11-30T10:00:00Z",
+        "conditions": conditions,
+        "containerStatuses": statuses,
+    });
+    pod
+}
+
+/// Decodes `count` realistic pods as whole `k8s_openapi` Pods and as the extender's slim
+/// `WatchedPod`, and reports both rates (the watch's full list is mostly this work).
+fn pod_decode_figure(count: usize) -> anyhow::Result<Figure> {
+    use gpushare::k8s::WatchedPod;
+    use k8s_openapi::api::core::v1::Pod;
+    let texts: Vec<String> = (0..64)
+        .map(|i| serde_json::to_string(&realistic_pod(i)))
+        .collect::<Result<_, _>>()?;
+    let bytes = texts.iter().map(String::len).sum::<usize>() / texts.len();
+    let time = |decode: &dyn Fn(&str) -> anyhow::Result<()>| -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        for i in 0..count {
+            decode(&texts[i % texts.len()])?;
+        }
+        Ok(started.elapsed())
+    };
+    let whole = time(&|t| {
+        std::hint::black_box(serde_json::from_str::<Pod>(t)?);
+        Ok(())
+    })?;
+    let slim = time(&|t| {
+        std::hint::black_box(serde_json::from_str::<WatchedPod>(t)?);
+        Ok(())
+    })?;
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / count.max(1) as f64;
+    Ok(Figure {
+        name: format!("pod decode, {bytes} B of JSON each: whole Pod / WatchedPod (the watch's)"),
+        value: format!(
+            "{:.1} µs / {:.1} µs per pod ({:.1}× less work, {count} pods)",
+            per(whole),
+            per(slim),
+            whole.as_secs_f64() / slim.as_secs_f64().max(1e-12)
+        ),
+        budget: "",
+        pass: None,
+    })
+}
+
 /// The ledger alone, fed directly: its resident growth per pod.
 fn ledger_only(size: Size) -> (u64, usize) {
     let before = rss_bytes();
@@ -537,7 +642,14 @@ async fn run(size: Size) -> anyhow::Result<Vec<Figure>> {
         pass: Some(per_pod_ledger < 1024.0),
     });
 
-    // 2. The sandbox, seeded straight into its store.
+    // 2. Decoding a realistic pod (managedFields, env, volumes, statuses): whole vs slim.
+    figures.push(pod_decode_figure(if size.pods >= 1_000 {
+        20_000
+    } else {
+        50
+    })?);
+
+    // 3. The sandbox, seeded straight into its store.
     let rss_start = rss_bytes();
     let api = ApiServer::start().await?;
     let seeding = Instant::now();
@@ -566,7 +678,7 @@ async fn run(size: Size) -> anyhow::Result<Vec<Figure>> {
         pass: None,
     });
 
-    // 3. The extender, in a process of its own: time to ready, its memory and CPU.
+    // 4. The extender, in a process of its own: time to ready, its memory and CPU.
     let config = Config::default();
     let mut extender = Extender::start(&api).await?;
     let started = Instant::now();
@@ -612,7 +724,7 @@ async fn run(size: Size) -> anyhow::Result<Vec<Figure>> {
         pass: Some(peak > 0 && peak < 256 * 1024 * 1024),
     });
 
-    // 4. Filter and prioritize over one keep-alive connection.
+    // 5. Filter and prioritize over one keep-alive connection.
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut bodies = Vec::new();
     for b in 0..16 {
@@ -654,7 +766,7 @@ async fn run(size: Size) -> anyhow::Result<Vec<Figure>> {
         pass: None,
     });
 
-    // 5. Bind throughput with 1 ms of API latency on every PATCH and Binding.
+    // 6. Bind throughput with 1 ms of API latency on every PATCH and Binding.
     let mut targets = Vec::with_capacity(size.binds);
     for b in 0..size.binds {
         let name = format!("bind-{b:05}");
@@ -730,7 +842,7 @@ async fn run(size: Size) -> anyhow::Result<Vec<Figure>> {
     extender.stop().await;
     drop(api);
 
-    // 6. The device plugin, in a process of its own.
+    // 7. The device plugin, in a process of its own.
     figures.extend(device_plugin_figures(size).await?);
     Ok(figures)
 }

@@ -1,4 +1,5 @@
-//! Feeds the ledger from the cluster: watches of Pods (all namespaces), Nodes, and the
+//! Feeds the ledger from the cluster: watches of Pods (all namespaces, decoded slim as
+//! [`WatchedPod`]), Nodes, and the
 //! `unhealthy-gpu-<node>` ConfigMaps in `kube-system`, projected into cache operations.
 //!
 //! Each watch applies its first full list, then events; on a re-list (after a 410 Gone or a
@@ -23,7 +24,7 @@ use crate::core::PodState;
 use crate::core::wire::{
     UNHEALTHY_CONFIGMAP_KEY, UNHEALTHY_CONFIGMAP_NAMESPACE, UNHEALTHY_CONFIGMAP_PREFIX,
 };
-use crate::k8s::{node_gpus, pod_annotations, pod_gpu_request, pod_is_terminal};
+use crate::k8s::{WatchedPod, node_gpus, pod_annotations, pod_gpu_request, pod_is_terminal};
 use crate::shutdown::Shutdown;
 
 /// What a pod event means for the ledger.
@@ -170,13 +171,14 @@ async fn watch_pods(
     tx: Arc<watch::Sender<SyncFlags>>,
     shutdown: Shutdown,
 ) {
-    let api: Api<Pod> = Api::all(state.client().clone());
+    // Slim: only the fields the ledger reads are decoded from the (large) pod list.
+    let api: Api<WatchedPod> = Api::all(state.client().clone());
     let mut seen: HashSet<String> = HashSet::new();
     drive(api, "pod", shutdown, |ev| {
         let cache = state.cache();
         match ev {
             Event::Init => seen.clear(),
-            Event::InitApply(pod) => {
+            Event::InitApply(WatchedPod(pod)) => {
                 if let Some(f) = pod_facts(&pod) {
                     seen.insert(f.uid.clone());
                     cache.observe_pod(f);
@@ -190,12 +192,12 @@ async fn watch_pods(
                 seen = HashSet::new();
                 tx.send_modify(|f| f.pods = true);
             }
-            Event::Apply(pod) => {
+            Event::Apply(WatchedPod(pod)) => {
                 if let Some(f) = pod_facts(&pod) {
                     cache.observe_pod(f);
                 }
             }
-            Event::Delete(pod) => {
+            Event::Delete(WatchedPod(pod)) => {
                 if let Some(uid) = pod.metadata.uid.as_deref() {
                     cache.forget_pod(uid);
                 }

@@ -6,7 +6,9 @@
 
 pub mod client;
 pub mod project;
+pub mod watched_pod;
 pub mod write;
 
 pub use client::{ClientOptions, client};
 pub use project::{NodeGpus, node_gpus, pod_annotations, pod_gpu_request, pod_is_terminal};
+pub use watched_pod::WatchedPod;
