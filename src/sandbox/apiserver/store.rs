@@ -608,30 +608,8 @@ impl Store {
             .get(&key)
             .cloned()
             .ok_or_else(|| ApiError::not_found(def, name))?;
-        if let Some(uid) = uid {
-            let have = meta_str(&current, "uid").unwrap_or("");
-            if uid != have {
-                return Err(ApiError::conflict(
-                    def,
-                    name,
-                    &format!(
-                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {have}"
-                    ),
-                ));
-            }
-        }
-        if let Some(rv) = rv {
-            let have = meta_str(&current, "resourceVersion").unwrap_or("");
-            if rv != have {
-                return Err(ApiError::conflict(
-                    def,
-                    name,
-                    &format!(
-                        "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {have}"
-                    ),
-                ));
-            }
-        }
+        check_precondition(def, name, &current, Precondition::Uid, uid)?;
+        check_precondition(def, name, &current, Precondition::ResourceVersion, rv)?;
         Ok(self.commit(key, current, EventType::Deleted, None))
     }
 
@@ -668,18 +646,8 @@ impl Store {
             .get(&key)
             .cloned()
             .ok_or_else(|| ApiError::not_found(def, name))?;
-        if let Some(uid) = meta_str(binding, "uid").filter(|u| !u.is_empty()) {
-            let have = meta_str(&current, "uid").unwrap_or("");
-            if uid != have {
-                return Err(ApiError::conflict(
-                    &binding_def,
-                    name,
-                    &format!(
-                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {have}"
-                    ),
-                ));
-            }
-        }
+        let uid = meta_str(binding, "uid").filter(|u| !u.is_empty());
+        check_precondition(&binding_def, name, &current, Precondition::Uid, uid)?;
         if let Some(node) = current
             .pointer("/spec/nodeName")
             .and_then(Value::as_str)
@@ -806,6 +774,39 @@ fn validate_name(def: &ResourceDef, name: &str) -> Result<(), ApiError> {
 }
 
 /// `metadata.<field>` as a string.
+/// The metadata field a DELETE or Binding may carry as a precondition.
+#[derive(Clone, Copy)]
+enum Precondition {
+    Uid,
+    ResourceVersion,
+}
+
+/// The API server's 409 when `want` is given and differs from the object's metadata field.
+fn check_precondition(
+    def: &ResourceDef,
+    name: &str,
+    current: &Value,
+    which: Precondition,
+    want: Option<&str>,
+) -> Result<(), ApiError> {
+    let (field, label) = match which {
+        Precondition::Uid => ("uid", "UID"),
+        Precondition::ResourceVersion => ("resourceVersion", "ResourceVersion"),
+    };
+    let Some(want) = want else { return Ok(()) };
+    let have = meta_str(current, field).unwrap_or("");
+    if want == have {
+        return Ok(());
+    }
+    Err(ApiError::conflict(
+        def,
+        name,
+        &format!(
+            "Precondition failed: {label} in precondition: {want}, {label} in object meta: {have}"
+        ),
+    ))
+}
+
 pub(crate) fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
     obj.get("metadata")?.get(field)?.as_str()
 }
