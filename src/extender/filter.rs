@@ -76,13 +76,7 @@ pub fn filter(state: &ExtenderState, args: ExtenderArgs) -> Result<FilterResult,
     };
     match args.candidates {
         Candidates::Names(names) => {
-            let mut names: Vec<Option<String>> = names.into_iter().map(Some).collect();
-            result.node_names = Some(
-                passing
-                    .iter()
-                    .filter_map(|&i| names.get_mut(i).and_then(Option::take))
-                    .collect(),
-            );
+            result.node_names = Some(passing.iter().filter_map(|&i| names.get(i)).collect());
         }
         Candidates::Nodes(nodes) => {
             let mut nodes: Vec<Option<serde_json::Value>> =

@@ -7,7 +7,10 @@ use super::state::ExtenderState;
 use super::wire::{ExtenderArgs, HostPriority};
 
 /// Runs prioritize; `Err` is a bad request.
-pub fn prioritize(state: &ExtenderState, args: ExtenderArgs) -> Result<Vec<HostPriority>, String> {
+pub fn prioritize<'a>(
+    state: &ExtenderState,
+    args: &'a ExtenderArgs,
+) -> Result<Vec<HostPriority<'a>>, String> {
     let request = pod_request(&args.pod)?;
     let policy = state.config().node_policy;
     let names = args.candidates.names();
@@ -20,9 +23,6 @@ pub fn prioritize(state: &ExtenderState, args: ExtenderArgs) -> Result<Vec<HostP
     Ok(names
         .iter()
         .zip(scores)
-        .map(|(name, score)| HostPriority {
-            host: name.to_string(),
-            score,
-        })
+        .map(|(host, score)| HostPriority { host, score })
         .collect())
 }

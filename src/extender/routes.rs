@@ -245,7 +245,7 @@ async fn scheduling(
             if route == Route::Filter {
                 match filter::filter(state, args) {
                     Ok(r) => {
-                        let outcome = if r.node_names.as_ref().is_some_and(Vec::is_empty)
+                        let outcome = if r.node_names.as_ref().is_some_and(|n| n.is_empty())
                             || r.nodes.as_ref().is_some_and(|n| n.items.is_empty())
                         {
                             "rejected"
@@ -257,7 +257,7 @@ async fn scheduling(
                     Err(e) => (error(StatusCode::BAD_REQUEST, e), "bad_request"),
                 }
             } else {
-                match prioritize::prioritize(state, args) {
+                match prioritize::prioritize(state, &args) {
                     Ok(r) => (json(StatusCode::OK, &r), "ok"),
                     Err(e) => (error(StatusCode::BAD_REQUEST, e), "bad_request"),
                 }

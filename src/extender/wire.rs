@@ -7,25 +7,131 @@
 //! Kubernetes JSON. Output is PascalCase exactly as Go's untagged structs encode it, with
 //! `null` where Go emits a nil slice or map.
 //!
+//! The Pod is decoded as a [`WatchedPod`] (only the fields a request is computed from; the
+//! rest, `managedFields` above all, is skipped unallocated) and `NodeNames` into one
+//! [`NameList`] buffer, not a `String` per name: both are most of a filter's work otherwise.
+//!
 //! This module decodes and encodes; it decides nothing.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
-use serde::Serialize;
+use serde::de::{DeserializeSeed, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+
+use crate::k8s::WatchedPod;
 
 /// A request body that cannot be used, with a message naming the field at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct DecodeError(pub String);
 
+/// Node names, in order, kept in one buffer: decoding or building a list of 500 names is
+/// two allocations, not 500. Encodes and decodes as a JSON array of strings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NameList {
+    text: String,
+    /// Where each name ends in `text`.
+    ends: Vec<usize>,
+}
+
+impl NameList {
+    /// Appends `name`.
+    pub fn push(&mut self, name: &str) {
+        self.text.push_str(name);
+        self.ends.push(self.text.len());
+    }
+
+    /// The `i`th name.
+    pub fn get(&self, i: usize) -> Option<&str> {
+        let end = *self.ends.get(i)?;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        self.text.get(start..end)
+    }
+
+    /// How many names.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// No names.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// The names, in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
+        let mut start = 0;
+        self.ends.iter().map(move |&end| {
+            let name = &self.text[start..end];
+            start = end;
+            name
+        })
+    }
+}
+
+impl<'a> FromIterator<&'a str> for NameList {
+    fn from_iter<I: IntoIterator<Item = &'a str>>(names: I) -> Self {
+        let mut list = NameList::default();
+        for name in names {
+            list.push(name);
+        }
+        list
+    }
+}
+
+impl Serialize for NameList {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for NameList {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        /// Appends one JSON string to the list without allocating a `String` for it.
+        struct Append<'l>(&'l mut NameList);
+        impl<'de> DeserializeSeed<'de> for Append<'_> {
+            type Value = ();
+            fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+                d.deserialize_str(self)
+            }
+        }
+        impl Visitor<'_> for Append<'_> {
+            type Value = ();
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a node name")
+            }
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<(), E> {
+                self.0.push(name);
+                Ok(())
+            }
+        }
+        struct Names;
+        impl<'de> Visitor<'de> for Names {
+            type Value = NameList;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an array of node names")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<NameList, A::Error> {
+                let mut list = NameList::default();
+                if let Some(n) = seq.size_hint() {
+                    list.ends.reserve(n);
+                }
+                while seq.next_element_seed(Append(&mut list))?.is_some() {}
+                Ok(list)
+            }
+        }
+        deserializer.deserialize_seq(Names)
+    }
+}
+
 /// Where the filter and prioritize candidates came from.
 #[derive(Debug, Clone)]
 pub enum Candidates {
     /// `NodeNames` (kube-scheduler with `nodeCacheCapable: true`).
-    Names(Vec<String>),
+    Names(NameList),
     /// `Nodes.items`: the node objects, kept as given, with their names.
     Nodes(Vec<(String, Value)>),
 }
@@ -34,7 +140,7 @@ impl Candidates {
     /// The candidate node names, in order.
     pub fn names(&self) -> Vec<&str> {
         match self {
-            Candidates::Names(n) => n.iter().map(String::as_str).collect(),
+            Candidates::Names(n) => n.iter().collect(),
             Candidates::Nodes(n) => n.iter().map(|(name, _)| name.as_str()).collect(),
         }
     }
@@ -43,7 +149,8 @@ impl Candidates {
 /// `ExtenderArgs`, decoded.
 #[derive(Debug, Clone)]
 pub struct ExtenderArgs {
-    /// The pod being scheduled.
+    /// The pod being scheduled, as a [`WatchedPod`] reads it (the fields its request is
+    /// computed from).
     pub pod: Pod,
     /// The candidate nodes.
     pub candidates: Candidates,
@@ -129,10 +236,11 @@ fn folded_raw_members(body: &[u8]) -> Option<Vec<(String, &RawValue)>> {
 fn decode_extender_args_direct(body: &[u8]) -> Option<ExtenderArgs> {
     let members = folded_raw_members(body)?;
     let member = |key: &str| members.iter().find(|(k, _)| k == key).map(|(_, v)| v.get());
-    let pod: Pod = serde_json::from_str(member("pod").filter(|raw| raw.starts_with('{'))?).ok()?;
-    let names: Vec<String> = serde_json::from_str(member("nodenames")?).ok()?;
+    let pod: WatchedPod =
+        serde_json::from_str(member("pod").filter(|raw| raw.starts_with('{'))?).ok()?;
+    let names: NameList = serde_json::from_str(member("nodenames")?).ok()?;
     Some(ExtenderArgs {
-        pod,
+        pod: pod.0,
         candidates: Candidates::Names(names),
     })
 }
@@ -147,8 +255,11 @@ pub fn decode_extender_args(body: &[u8]) -> Result<ExtenderArgs, DecodeError> {
         None | Some(Value::Null) => {
             return Err(DecodeError("ExtenderArgs.Pod: missing".to_string()));
         }
-        Some(v @ Value::Object(_)) => serde_json::from_value::<Pod>(v)
-            .map_err(|e| DecodeError(format!("ExtenderArgs.Pod: {e}")))?,
+        Some(v @ Value::Object(_)) => {
+            serde_json::from_value::<WatchedPod>(v)
+                .map_err(|e| DecodeError(format!("ExtenderArgs.Pod: {e}")))?
+                .0
+        }
         Some(other) => {
             return Err(DecodeError(format!(
                 "ExtenderArgs.Pod: expected an object, got {}",
@@ -158,10 +269,10 @@ pub fn decode_extender_args(body: &[u8]) -> Result<ExtenderArgs, DecodeError> {
     };
     let candidates = match map.remove("nodenames") {
         Some(Value::Array(items)) => {
-            let mut names = Vec::with_capacity(items.len());
+            let mut names = NameList::default();
             for (i, item) in items.into_iter().enumerate() {
                 match item {
-                    Value::String(s) => names.push(s),
+                    Value::String(s) => names.push(&s),
                     other => {
                         return Err(DecodeError(format!(
                             "ExtenderArgs.NodeNames[{i}]: expected a string, got {}",
@@ -276,7 +387,7 @@ pub struct FilterResult {
     pub nodes: Option<NodeList>,
     /// `NodeNames`: the passing node names, or `null`.
     #[serde(rename = "NodeNames")]
-    pub node_names: Option<Vec<String>>,
+    pub node_names: Option<NameList>,
     /// `FailedNodes`: node → reason (preemption may help).
     #[serde(rename = "FailedNodes")]
     pub failed_nodes: BTreeMap<String, String>,
@@ -297,12 +408,12 @@ pub struct NodeList {
     pub items: Vec<Value>,
 }
 
-/// One `HostPriority`.
+/// One `HostPriority`, naming a host of the request it answers.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct HostPriority {
+pub struct HostPriority<'a> {
     /// `Host`.
     #[serde(rename = "Host")]
-    pub host: String,
+    pub host: &'a str,
     /// `Score` (0–10).
     #[serde(rename = "Score")]
     pub score: i64,
@@ -358,10 +469,10 @@ mod tests {
         for body in &bodies {
             let direct = decode_extender_args_direct(body.as_bytes()).expect("the direct path");
             let mut map = folded_object(body.as_bytes(), "ExtenderArgs").unwrap();
-            let pod: Pod = serde_json::from_value(map.remove("pod").unwrap()).unwrap();
+            let pod: WatchedPod = serde_json::from_value(map.remove("pod").unwrap()).unwrap();
             let names: Vec<String> =
                 serde_json::from_value(map.remove("nodenames").unwrap()).unwrap();
-            assert_eq!(direct.pod, pod, "{body}");
+            assert_eq!(direct.pod, pod.0, "{body}");
             assert_eq!(direct.candidates.names(), names, "{body}");
         }
         // What the direct path leaves to the tree path, which explains the fault.
@@ -386,6 +497,26 @@ mod tests {
             err.0,
             "ExtenderArgs.NodeNames[1]: expected a string, got a number"
         );
+    }
+
+    #[test]
+    fn name_lists_hold_each_name_and_round_trip() {
+        let json = r#"["gpu-1","","caf\u00e9","a\"b","gpu-1"]"#;
+        let list: NameList = serde_json::from_str(json).unwrap();
+        let want = ["gpu-1", "", "café", "a\"b", "gpu-1"];
+        assert_eq!(list.len(), want.len());
+        assert_eq!(list.iter().collect::<Vec<_>>(), want);
+        for (i, name) in want.iter().enumerate() {
+            assert_eq!(list.get(i), Some(*name), "{i}");
+        }
+        assert_eq!(list.get(want.len()), None);
+        assert_eq!(NameList::from_iter(want), list);
+        let again: NameList = serde_json::from_str(&serde_json::to_string(&list).unwrap()).unwrap();
+        assert_eq!(again, list);
+        assert!(serde_json::from_str::<NameList>("[]").unwrap().is_empty());
+        for bad in [r#"["a",1]"#, r#""a""#, "[null]", r#"[["a"]]"#] {
+            assert!(serde_json::from_str::<NameList>(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
@@ -438,7 +569,7 @@ mod tests {
     #[test]
     fn results_encode_like_go() {
         let r = FilterResult {
-            node_names: Some(vec!["a".into()]),
+            node_names: Some(NameList::from_iter(["a"])),
             failed_nodes: BTreeMap::from([("b".into(), "why".into())]),
             ..FilterResult::default()
         };
@@ -447,7 +578,7 @@ mod tests {
             r#"{"Nodes":null,"NodeNames":["a"],"FailedNodes":{"b":"why"},"FailedAndUnresolvableNodes":null,"Error":""}"#
         );
         let p = vec![HostPriority {
-            host: "a".into(),
+            host: "a",
             score: 7,
         }];
         assert_eq!(
