@@ -477,15 +477,6 @@ async fn timed_requests(
                     );
                 }
             }
-            if std::env::var_os("DUMP_SLOW").is_some() {
-                let slow: Vec<(usize, u128)> = took
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, d)| d.as_micros() > 700)
-                    .map(|(i, d)| (i, d.as_micros()))
-                    .collect();
-                eprintln!("SLOW {url}: {slow:?}");
-            }
             took.sort();
             Ok(took)
         })
