@@ -51,6 +51,10 @@ struct Size {
     candidates: usize,
     filters: usize,
     prioritizes: usize,
+    /// Filter and prioritize are timed in this many rounds of `filters` / `prioritizes`
+    /// requests; the verdict takes the median round's p99, so one burst of the VM's
+    /// neighbours does not decide it (every round's p99 is printed).
+    rounds: usize,
     binds: usize,
     bind_concurrency: usize,
     dp_pods: usize,
@@ -69,8 +73,9 @@ impl Size {
             nodes: ((5_000.0 * scale) as usize).max(10),
             pods: ((150_000.0 * scale) as usize).max(10),
             candidates: 500,
-            filters: 2_000,
-            prioritizes: 1_000,
+            filters: 1_000,
+            prioritizes: 400,
+            rounds: 5,
             binds: 2_000,
             bind_concurrency: 64,
             dp_pods: 110,
@@ -84,6 +89,7 @@ impl Size {
             candidates: 10,
             filters: 20,
             prioritizes: 10,
+            rounds: 2,
             binds: 10,
             bind_concurrency: 4,
             dp_pods: 5,
@@ -485,6 +491,51 @@ async fn timed_requests(
     .context("the load generator panicked")?
 }
 
+/// Latencies timed in rounds: each round's, and all of them together (each sorted).
+struct Rounds {
+    rounds: Vec<Vec<Duration>>,
+    all: Vec<Duration>,
+}
+
+impl Rounds {
+    /// The median of the rounds' p99s.
+    fn median_p99(&self) -> Duration {
+        let mut p99s: Vec<Duration> = self.rounds.iter().map(|r| percentile(r, 0.99)).collect();
+        p99s.sort();
+        p99s.get(p99s.len() / 2).copied().unwrap_or_default()
+    }
+
+    /// Every round's p99, in the order they ran.
+    fn p99s(&self) -> String {
+        self.rounds
+            .iter()
+            .map(|r| format!("{:.3}", percentile(r, 0.99).as_secs_f64() * 1000.0))
+            .collect::<Vec<_>>()
+            .join(" / ")
+            + " ms"
+    }
+}
+
+/// `rounds` runs of [`timed_requests`], one after the other on fresh connections.
+async fn timed_rounds(
+    url: &str,
+    bodies: &[Bytes],
+    per_round: usize,
+    rounds: usize,
+) -> anyhow::Result<Rounds> {
+    let mut out = Rounds {
+        rounds: Vec::with_capacity(rounds),
+        all: Vec::with_capacity(per_round * rounds),
+    };
+    for _ in 0..rounds.max(1) {
+        let took = timed_requests(url, bodies, per_round).await?;
+        out.all.extend_from_slice(&took);
+        out.rounds.push(took);
+    }
+    out.all.sort();
+    Ok(out)
+}
+
 /// The `gpushare` binary under test: `GPUSHARE_BENCH_BIN` (e.g. the static release binary
 /// that ships, as `make bench` passes it), else the one cargo built with this bench.
 fn gpushare_binary() -> std::path::PathBuf {
@@ -764,34 +815,54 @@ async fn run(size: Size) -> anyhow::Result<Vec<Figure>> {
         let args = json!({ "Pod": pod, "NodeNames": names });
         bodies.push(Bytes::from(serde_json::to_vec(&args)?));
     }
-    let filter = timed_requests(&format!("{base}/filter"), &bodies, size.filters).await?;
-    let p99 = percentile(&filter, 0.99);
+    let filter = timed_rounds(
+        &format!("{base}/filter"),
+        &bodies,
+        size.filters,
+        size.rounds,
+    )
+    .await?;
+    let p99 = filter.median_p99();
     figures.push(Figure {
         name: format!(
             "filter latency p50 ({} NodeNames, HTTP keep-alive)",
             size.candidates
         ),
-        value: ms(percentile(&filter, 0.50)),
+        value: ms(percentile(&filter.all, 0.50)),
         budget: "",
         pass: None,
     });
     figures.push(Figure {
-        name: "filter latency p99".to_string(),
-        value: format!("{} ({} requests)", ms(p99), filter.len()),
+        name: "filter latency p99, median round".to_string(),
+        value: format!(
+            "{} (rounds of {}: {}; all {} requests: {})",
+            ms(p99),
+            size.filters,
+            filter.p99s(),
+            filter.all.len(),
+            ms(percentile(&filter.all, 0.99))
+        ),
         budget: "< 1 ms",
         pass: Some(p99 < Duration::from_millis(1)),
     });
     let metrics_url = format!("http://{}/metrics", extender.addr);
     let filter_inside = mean_inside(&client, &metrics_url, "filter").await?;
-    let prio = timed_requests(&format!("{base}/prioritize"), &bodies, size.prioritizes).await?;
+    let prio = timed_rounds(
+        &format!("{base}/prioritize"),
+        &bodies,
+        size.prioritizes,
+        size.rounds,
+    )
+    .await?;
     let prio_inside = mean_inside(&client, &metrics_url, "prioritize").await?;
     figures.push(Figure {
-        name: "prioritize latency p50 / p99".to_string(),
+        name: "prioritize latency p50 / p99 (median round)".to_string(),
         value: format!(
-            "{} / {} ({} requests)",
-            ms(percentile(&prio, 0.50)),
-            ms(percentile(&prio, 0.99)),
-            prio.len()
+            "{} / {} (rounds of {}: {})",
+            ms(percentile(&prio.all, 0.50)),
+            ms(prio.median_p99()),
+            size.prioritizes,
+            prio.p99s()
         ),
         budget: "",
         pass: None,
