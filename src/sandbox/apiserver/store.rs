@@ -773,7 +773,6 @@ fn validate_name(def: &ResourceDef, name: &str) -> Result<(), ApiError> {
     }
 }
 
-/// `metadata.<field>` as a string.
 /// The metadata field a DELETE or Binding may carry as a precondition.
 #[derive(Clone, Copy)]
 enum Precondition {
@@ -807,6 +806,7 @@ fn check_precondition(
     ))
 }
 
+/// `metadata.<field>` as a string.
 pub(crate) fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
     obj.get("metadata")?.get(field)?.as_str()
 }
