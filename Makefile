@@ -18,7 +18,7 @@ demo: ## run the self-contained demo (sandbox cluster, extender, device plugin, 
 	$(CARGO) run $(CI_FLAGS) --quiet -- demo
 
 test: ## unit + integration tests (no cluster, no GPU needed)
-	$(CARGO) test $(CI_FLAGS) --all-targets
+	$(CARGO) test $(CI_FLAGS) --workspace --all-targets
 
 test-cluster: ## tests against a real cluster (needs KUBECONFIG)
 	$(CARGO) test $(CI_FLAGS) --test it -- --ignored cluster_
@@ -28,7 +28,7 @@ test-gpu: ## tests against a real GPU
 
 lint: ## cargo fmt --check and clippy with warnings denied
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy $(CI_FLAGS) --all-targets -- -D warnings
+	$(CARGO) clippy $(CI_FLAGS) --workspace --all-targets -- -D warnings
 
 fmt: ## format the code
 	$(CARGO) fmt --all

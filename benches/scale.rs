@@ -32,7 +32,7 @@ use gpushare::core::wire::{
     RESOURCE_GPU_MEM,
 };
 use gpushare::extender::cache::{Cache, Placement, PodFacts};
-use gpushare::sandbox::apiserver::{ApiServer, Fault, FaultAction};
+use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -971,7 +971,7 @@ async fn run(size: Size) -> anyhow::Result<Vec<Figure>> {
 /// and kubelet's Allocate (GetPreferredAllocation + Allocate, as kubelet calls them) for each
 /// pod.
 async fn device_plugin_figures(size: Size) -> anyhow::Result<Vec<Figure>> {
-    use gpushare::sandbox::kubelet::Kubelet;
+    use gpushare_sandbox::kubelet::Kubelet;
 
     let dir = tempfile::Builder::new()
         .prefix("gpushare-bench-dp")

@@ -1,13 +1,24 @@
-//! `/healthz`, `/readyz` and `/metrics` for the server roles: a readiness flag and a
-//! Prometheus registry rendered in the text exposition format.
+//! `/healthz`, `/readyz` and `/metrics` for the server roles: a readiness flag, a
+//! Prometheus registry rendered in the text exposition format, and [`serve`], an admin-only
+//! endpoint on the shared [`crate::http_server`].
 //!
-//! The extender serves these on its own port next to the scheduling verbs; the device plugin
-//! serves them on `device_plugin.admin_address`.
+//! The extender answers these paths on its own port next to the scheduling verbs (its
+//! readiness has reasons of its own); the device plugin serves them with [`serve`] on
+//! `device_plugin.admin_address`.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use bytes::Bytes;
+use http::{Method, Response, StatusCode, header};
+use http_body_util::Full;
 use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::http_server::{self, Limits, Reply, ServerMetrics};
+use crate::shutdown::Shutdown;
 
 /// Shared health state and metrics of one role.
 #[derive(Debug)]
@@ -63,10 +74,90 @@ impl AdminState {
 /// Content type of the Prometheus text format.
 pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+fn respond(status: StatusCode, content_type: &str, body: String) -> Reply {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, content_type)
+        .body(Full::new(Bytes::from(body)))
+        .unwrap_or_default()
+}
+
+/// Answers one admin request: `/healthz` (alive), `/readyz` (200 when ready, else 503 with
+/// `not_ready`), `/metrics`. Other paths 404; methods other than GET/HEAD 405.
+pub fn route(state: &AdminState, not_ready: &str, method: &Method, path: &str) -> Reply {
+    const TEXT: &str = "text/plain; charset=utf-8";
+    if !matches!(path, "/healthz" | "/readyz" | "/metrics") {
+        return respond(StatusCode::NOT_FOUND, TEXT, "not found\n".to_string());
+    }
+    if method != Method::GET && method != Method::HEAD {
+        let mut r = respond(
+            StatusCode::METHOD_NOT_ALLOWED,
+            TEXT,
+            "use GET\n".to_string(),
+        );
+        r.headers_mut()
+            .insert(header::ALLOW, header::HeaderValue::from_static("GET"));
+        return r;
+    }
+    match path {
+        "/healthz" => respond(StatusCode::OK, TEXT, "ok\n".to_string()),
+        "/readyz" if state.is_ready() => respond(StatusCode::OK, TEXT, "ready\n".to_string()),
+        "/readyz" => respond(
+            StatusCode::SERVICE_UNAVAILABLE,
+            TEXT,
+            format!("{not_ready}\n"),
+        ),
+        _ => respond(StatusCode::OK, METRICS_CONTENT_TYPE, state.render_metrics()),
+    }
+}
+
+/// Listens on `address` and serves the admin paths until `stop`; returns the bound address
+/// and the server task. `not_ready` is the `/readyz` body while not ready.
+pub async fn serve(
+    address: &str,
+    state: Arc<AdminState>,
+    not_ready: &'static str,
+    limits: Limits,
+    stop: Shutdown,
+) -> anyhow::Result<(SocketAddr, JoinHandle<()>)> {
+    let listener = TcpListener::bind(address)
+        .await
+        .map_err(|e| anyhow::anyhow!("admin address {address}: {e}"))?;
+    let local = listener.local_addr()?;
+    let metrics = ServerMetrics::register(&state);
+    let handler = move |req: http::Request<hyper::body::Incoming>| {
+        let reply = route(&state, not_ready, req.method(), req.uri().path());
+        async move { reply }
+    };
+    let task = tokio::spawn(http_server::serve(
+        "admin", listener, None, limits, metrics, handler, stop,
+    ));
+    Ok((local, task))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use prometheus_client::metrics::counter::Counter;
+
+    #[test]
+    fn admin_routes_answer_health_readiness_and_metrics() {
+        let state = AdminState::new();
+        let status = |m: Method, p: &str| route(&state, "not registered", &m, p).status();
+        assert_eq!(status(Method::GET, "/healthz"), StatusCode::OK);
+        assert_eq!(
+            status(Method::GET, "/readyz"),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        state.set_ready(true);
+        assert_eq!(status(Method::GET, "/readyz"), StatusCode::OK);
+        assert_eq!(status(Method::HEAD, "/metrics"), StatusCode::OK);
+        assert_eq!(
+            status(Method::POST, "/metrics"),
+            StatusCode::METHOD_NOT_ALLOWED
+        );
+        assert_eq!(status(Method::GET, "/nope"), StatusCode::NOT_FOUND);
+    }
 
     #[test]
     fn readiness_and_metrics() {

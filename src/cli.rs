@@ -10,13 +10,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use crate::buildinfo::{KREW_PLUGIN_NAME, KUBECTL_PLUGIN_NAME, version_text};
 use crate::config::{self, Config, FlagOverrides, LogFormat, LogLevel};
-use crate::{demo, deviceplugin, doctor, extender, inspect};
-
-/// Name under which the binary acts as `gpushare inspect`.
-pub const KUBECTL_PLUGIN_NAME: &str = "kubectl-inspect-gpushare";
-/// The same, as krew links it (`-` in a plugin name becomes `_`).
-pub const KREW_PLUGIN_NAME: &str = "kubectl-inspect_gpushare";
+#[cfg(feature = "demo")]
+use crate::demo;
+use crate::{deviceplugin, doctor, extender, inspect};
 
 /// Flags every subcommand takes.
 #[derive(Clone, Debug, Default, clap::Args)]
@@ -83,6 +81,7 @@ pub enum Command {
     /// Check a node or control plane for everything gpushare needs.
     Doctor(doctor::Args),
     /// Run a self-contained demo: sandbox cluster, extender and device plugin with fake GPUs.
+    #[cfg(feature = "demo")]
     Demo(demo::Args),
     /// Print version, git commit, target and linkage.
     Version,
@@ -171,23 +170,19 @@ pub fn main_with_args(args: Vec<OsString>) -> ExitCode {
         Command::DevicePlugin(a) => a.overrides(&mut flags),
         Command::Inspect(a) => a.overrides(&mut flags),
         Command::Doctor(a) => a.overrides(&mut flags),
-        Command::Demo(_) | Command::Version => {}
+        #[cfg(feature = "demo")]
+        Command::Demo(_) => {}
+        Command::Version => {}
     }
-    let mut config = match config::load(global.config.as_deref(), flags) {
+    let config = match config::load(global.config.as_deref(), flags) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("gpushare: {e}");
             return ExitCode::from(config::EXIT_CONFIG);
         }
     };
-    // The demo prints its own walkthrough: keep logs to warnings unless a level was asked for.
-    let level_asked = global.log_level.is_some()
-        || ["LOG_LEVEL", "GPUSHARE_LOG__LEVEL", "RUST_LOG"]
-            .iter()
-            .any(|v| std::env::var_os(v).is_some());
-    if matches!(command, Command::Demo(_)) && !level_asked {
-        config.log.level = LogLevel::Warn;
-    }
+    #[cfg(feature = "demo")]
+    let config = quiet_demo(&command, &global, config);
     crate::telemetry::init(&config.log);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -209,15 +204,46 @@ pub fn main_with_args(args: Vec<OsString>) -> ExitCode {
     }
 }
 
+/// The demo prints its own walkthrough: keep logs to warnings unless a level was asked for.
+#[cfg(feature = "demo")]
+fn quiet_demo(command: &Command, global: &GlobalArgs, mut config: Config) -> Config {
+    let level_asked = global.log_level.is_some()
+        || ["LOG_LEVEL", "GPUSHARE_LOG__LEVEL", "RUST_LOG"]
+            .iter()
+            .any(|v| std::env::var_os(v).is_some());
+    if matches!(command, Command::Demo(_)) && !level_asked {
+        config.log.level = LogLevel::Warn;
+    }
+    config
+}
+
+/// Runs the role. The server roles get their doctor preflight here, before they start, so
+/// that no role needs to import another.
 async fn dispatch(command: Command, config: Config) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Extender(args) => extender::run(args, config).await,
-        Command::DevicePlugin(args) => deviceplugin::run(args, config).await,
+        Command::Extender(args) => {
+            preflight(doctor::Role::ControlPlane, &config).await?;
+            extender::run(args, config).await
+        }
+        Command::DevicePlugin(args) => {
+            deviceplugin::check_required(&config)?;
+            preflight(doctor::Role::Node, &config).await?;
+            deviceplugin::run(args, config).await
+        }
         Command::Inspect(args) => inspect::run(args, config).await,
         Command::Doctor(args) => doctor::run(args, config).await,
+        #[cfg(feature = "demo")]
         Command::Demo(args) => demo::run(args, config).await,
         Command::Version => Ok(ExitCode::SUCCESS),
     }
+}
+
+/// The doctor preflight of a server role, unless `doctor.skip` (`--skip-doctor`).
+async fn preflight(role: doctor::Role, config: &Config) -> anyhow::Result<()> {
+    if config.doctor.skip {
+        return Ok(());
+    }
+    doctor::preflight(role, config).await
 }
 
 fn clap_exit(e: clap::Error) -> ExitCode {
@@ -228,32 +254,6 @@ fn clap_exit(e: clap::Error) -> ExitCode {
         }
         _ => ExitCode::from(64),
     }
-}
-
-/// Whether this executable is statically linked (no ELF interpreter).
-pub fn is_static_binary() -> bool {
-    // A dynamically linked program always maps its interpreter (ld-linux / ld-musl).
-    match std::fs::read_to_string("/proc/self/maps") {
-        Ok(maps) => !maps
-            .lines()
-            .any(|l| l.contains("/ld-linux") || l.contains("/ld-musl")),
-        Err(_) => cfg!(target_env = "musl"),
-    }
-}
-
-/// What `gpushare version` prints.
-pub fn version_text() -> String {
-    format!(
-        "gpushare {}\ncommit: {}\ntarget: {}\nlinkage: {}\n",
-        env!("CARGO_PKG_VERSION"),
-        env!("BUILD_GIT_COMMIT"),
-        env!("BUILD_TARGET_TRIPLE"),
-        if is_static_binary() {
-            "static"
-        } else {
-            "dynamic"
-        }
-    )
 }
 
 /// The line printed by a role whose issue has not landed yet.

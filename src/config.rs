@@ -43,6 +43,8 @@ pub struct Config {
     pub gpu: GpuConfig,
     /// The preflight run before the server roles.
     pub doctor: DoctorConfig,
+    /// Deadlines and caps of every HTTP server (extender, admin endpoints).
+    pub http: HttpConfig,
 }
 
 /// Log verbosity.
@@ -269,6 +271,32 @@ pub struct DoctorConfig {
     pub skip: bool,
 }
 
+/// `[http]`: deadlines and caps of every HTTP server gpushare runs (see `http_server`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Request headers must arrive within this (from connect, or from the previous request).
+    pub header_read_timeout_ms: u64,
+    /// A request body must arrive within this; a slower client gets 408.
+    pub body_read_timeout_ms: u64,
+    /// A whole request must finish within this; past it the client gets 503. Must exceed
+    /// `extender.bind_timeout_ms`.
+    pub request_timeout_ms: u64,
+    /// Open connections per server at most; more are closed at once (and counted).
+    pub max_connections: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 10_000,
+            request_timeout_ms: 30_000,
+            max_connections: 4096,
+        }
+    }
+}
+
 /// A configuration problem: which key, from where, and what is allowed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -454,6 +482,28 @@ impl Config {
             return Err(invalid(
                 "extender.tls_cert",
                 "tls_cert and tls_key must be given together".to_string(),
+            ));
+        }
+        let h = &self.http;
+        for (key, ms) in [
+            ("http.header_read_timeout_ms", h.header_read_timeout_ms),
+            ("http.body_read_timeout_ms", h.body_read_timeout_ms),
+            ("http.request_timeout_ms", h.request_timeout_ms),
+        ] {
+            if ms == 0 {
+                return Err(invalid(key, "must be > 0".to_string()));
+            }
+        }
+        if h.max_connections == 0 {
+            return Err(invalid("http.max_connections", "must be > 0".to_string()));
+        }
+        if h.request_timeout_ms <= e.bind_timeout_ms {
+            return Err(invalid(
+                "http.request_timeout_ms",
+                format!(
+                    "{} ms: must exceed extender.bind_timeout_ms ({} ms), or binds would be cut off",
+                    h.request_timeout_ms, e.bind_timeout_ms
+                ),
             ));
         }
         if e.max_body_bytes < 1024 {

@@ -17,23 +17,33 @@
 //!   doctor: checks every box above before the roles start, and on demand.
 //! ```
 //!
-//! Layout: [`core`] is pure (units, wire names, annotation codec, ledger, placement);
-//! [`k8s`] talks to the API server; [`kubelet_api`] is the generated gRPC code; [`gpu`] hides
-//! the driver; each role lives in its own module; [`sandbox`] is a throwaway cluster for tests
-//! and `gpushare demo`. Only [`cli`] dispatches to the roles.
+//! Layout (the README's "Development" section has the map and the rules, and
+//! `tests/it/layers.rs` enforces them):
+//! - crates of their own: [`core`] (`gpushare-core`, pure: units, wire names, annotation
+//!   codec, what a pod holds, ledger, placement), [`kubelet_api`] (`gpushare-kubelet-api`,
+//!   generated gRPC code) and `gpushare-sandbox` (a throwaway cluster for tests and
+//!   `gpushare demo`, linked only with the `demo` feature);
+//! - infrastructure every role may use: [`buildinfo`], [`config`], [`telemetry`],
+//!   [`shutdown`], [`admin`], [`http_server`], [`k8s`], [`gpu`];
+//! - the roles, which never import each other: [`extender`], [`deviceplugin`], [`inspect`],
+//!   [`doctor`];
+//! - the composers: [`cli`] (the only dispatch to the roles, and the preflight) and `demo`.
+
+pub use gpushare_core as core;
+pub use gpushare_kubelet_api as kubelet_api;
 
 pub mod admin;
+pub mod buildinfo;
 pub mod cli;
 pub mod config;
-pub mod core;
+#[cfg(feature = "demo")]
 pub mod demo;
 pub mod deviceplugin;
 pub mod doctor;
 pub mod extender;
 pub mod gpu;
+pub mod http_server;
 pub mod inspect;
 pub mod k8s;
-pub mod kubelet_api;
-pub mod sandbox;
 pub mod shutdown;
 pub mod telemetry;

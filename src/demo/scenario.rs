@@ -28,9 +28,9 @@ use crate::gpu::GpuBackend;
 use crate::gpu::fake::FakeBackend;
 use crate::inspect::report::Report;
 use crate::inspect::{Format, render_report};
-use crate::sandbox::apiserver::ApiServer;
-use crate::sandbox::kubelet::Kubelet;
 use crate::shutdown;
+use gpushare_sandbox::apiserver::ApiServer;
+use gpushare_sandbox::kubelet::Kubelet;
 
 const NODE: &str = "gpu-node-1";
 const NAMESPACE: &str = "default";
@@ -346,7 +346,7 @@ async fn keep_sandbox_up(api: &ApiServer, out: &mut dyn Write) -> anyhow::Result
         .parent()
         .map(|p| p.to_path_buf())
         .unwrap_or_default();
-    let link = dir.join(crate::cli::KUBECTL_PLUGIN_NAME);
+    let link = dir.join(crate::buildinfo::KUBECTL_PLUGIN_NAME);
     if let Ok(exe) = std::env::current_exe() {
         let _ = std::fs::remove_file(&link);
         let _ = std::os::unix::fs::symlink(exe, &link);

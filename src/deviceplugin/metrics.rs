@@ -1,6 +1,6 @@
 //! The device plugin's Prometheus metrics, registered with the role's `AdminState`.
 //!
-//! Does not serve them: `admin_http` does.
+//! Does not serve them: `crate::admin::serve` does.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

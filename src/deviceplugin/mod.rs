@@ -14,13 +14,12 @@
 //! - tracks GPU health from XID events with recovery ([`health`]) and publishes
 //!   `aliyun.com/gpu-count`, `gpushare.io/devices` and `gpushare.io/memory-unit` on the node
 //!   ([`node`]);
-//! - serves `/healthz`, `/readyz`, `/metrics` on `device_plugin.admin_address` ([`admin_http`]).
+//! - serves `/healthz`, `/readyz`, `/metrics` on `device_plugin.admin_address` ([`crate::admin::serve`]).
 //!
 //! It does not choose GPUs (the extender does) and does not isolate memory unless `--mps`.
 //!
 //! [`start`] is the in-process entry used by `run`, the integration tests and `gpushare demo`.
 
-pub mod admin_http;
 pub mod allocate;
 pub mod devices;
 pub mod health;
@@ -156,18 +155,20 @@ impl Args {
     }
 }
 
-/// Runs the device plugin until SIGTERM/SIGINT.
+/// The settings without which the device plugin cannot start (the node name), checked before
+/// the preflight so the message names the missing setting.
+pub fn check_required(config: &Config) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !config.device_plugin.node_name.trim().is_empty(),
+        "device-plugin: the node name is required: pass --node-name or set NODE_NAME \
+         (in a DaemonSet: env NODE_NAME from fieldRef spec.nodeName)"
+    );
+    Ok(())
+}
+
+/// Runs the device plugin until SIGTERM/SIGINT. The dispatcher has run the preflight.
 pub async fn run(_args: Args, config: Config) -> anyhow::Result<ExitCode> {
-    if config.device_plugin.node_name.trim().is_empty() {
-        eprintln!(
-            "gpushare device-plugin: the node name is required: pass --node-name or set NODE_NAME \
-             (in a DaemonSet: env NODE_NAME from fieldRef spec.nodeName)"
-        );
-        return Ok(ExitCode::FAILURE);
-    }
-    if !config.doctor.skip {
-        crate::doctor::preflight(crate::doctor::Role::Node, &config).await?;
-    }
+    check_required(&config)?;
     let backend = crate::gpu::open(&config.gpu).map_err(|e| {
         anyhow::anyhow!(
             "cannot reach the GPUs: {e} (on a GPU node: is the nvidia runtime the default \
@@ -420,7 +421,15 @@ pub async fn start(
     let admin_addr = if dp.admin_address.trim().is_empty() {
         None
     } else {
-        match admin_http::serve(dp.admin_address.trim(), admin.clone(), stop.clone()).await {
+        match crate::admin::serve(
+            dp.admin_address.trim(),
+            admin.clone(),
+            "not registered with kubelet",
+            crate::http_server::Limits::from_config(&config.http),
+            stop.clone(),
+        )
+        .await
+        {
             Ok((addr, task)) => {
                 tasks.push(task);
                 Some(addr)

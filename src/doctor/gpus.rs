@@ -93,7 +93,7 @@ async fn probe_within(config: &GpuConfig, limit: Duration) -> Probe {
         };
     }
     let mut notes = Vec::new();
-    if crate::cli::is_static_binary()
+    if crate::buildinfo::is_static_binary()
         && matches!(configured, GpuBackendKind::Auto | GpuBackendKind::Nvml)
     {
         notes.push(

@@ -206,7 +206,13 @@ pub async fn start(
     } else {
         None
     };
-    let server = tokio::spawn(routes::serve(listener, tls, state.clone(), combined));
+    let server = tokio::spawn(routes::serve(
+        listener,
+        tls,
+        state.clone(),
+        crate::http_server::Limits::from_config(&config.http),
+        combined,
+    ));
     tracing::info!(
         %addr,
         prefix = %ext.url_prefix,
@@ -227,9 +233,6 @@ pub async fn start(
 
 /// Runs `gpushare extender` until SIGTERM/SIGINT.
 pub async fn run(_args: Args, config: Config) -> anyhow::Result<ExitCode> {
-    if !config.doctor.skip {
-        crate::doctor::preflight(crate::doctor::Role::ControlPlane, &config).await?;
-    }
     let client = crate::k8s::client(&crate::k8s::ClientOptions {
         kubeconfig: Some(config.cluster.kubeconfig.as_str()),
         ..Default::default()

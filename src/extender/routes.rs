@@ -1,19 +1,17 @@
-//! The HTTP surface: routing, methods (404/405), body limit (413), JSON errors, and the
-//! server loop (plain HTTP/1.1 or TLS through tokio-rustls) with a graceful drain.
+//! The HTTP surface: routing, methods (404/405), body limit (413), JSON errors. The server
+//! loop (TLS, deadlines, connection cap, drain) is the shared [`crate::http_server`].
 //!
 //! Paths: `POST {prefix}/filter|prioritize|bind`, `GET {prefix}/inspect[/{node}]`,
 //! `GET /version`, `/healthz`, `/readyz`, `/metrics`. Every error body is `{"Error": "..."}`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
@@ -21,6 +19,7 @@ use tokio_rustls::TlsAcceptor;
 use super::state::ExtenderState;
 use super::wire::{ErrorBody, decode_binding_args, decode_extender_args};
 use super::{bind, filter, inspect, prioritize};
+use crate::http_server;
 use crate::shutdown::Shutdown;
 
 type Resp = Response<Full<Bytes>>;
@@ -103,35 +102,12 @@ fn route<'a>(prefix: &str, path: &'a str) -> Option<Route<'a>> {
     }
 }
 
-async fn read_body(req: Request<Incoming>, limit: u64) -> Result<Bytes, Resp> {
-    let too_large = || {
-        error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("request body larger than {limit} bytes (extender.max_body_bytes)"),
-        )
-    };
-    if let Some(len) = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        && len > limit
-    {
-        return Err(too_large());
-    }
-    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    match Limited::new(req.into_body(), limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
-        Err(e) => Err(error(
-            StatusCode::BAD_REQUEST,
-            format!("could not read the request body: {e}"),
-        )),
-    }
-}
-
 /// Answers one request. Never fails: every problem is a status and a JSON body.
-pub async fn handle(state: Arc<ExtenderState>, req: Request<Incoming>) -> Result<Resp, Infallible> {
+pub async fn handle(
+    state: Arc<ExtenderState>,
+    limits: http_server::Limits,
+    req: Request<Incoming>,
+) -> Result<Resp, Infallible> {
     let started = Instant::now();
     let prefix = state.config().url_prefix.trim_end_matches('/').to_string();
     let path = req.uri().path().to_string();
@@ -214,7 +190,9 @@ pub async fn handle(state: Arc<ExtenderState>, req: Request<Incoming>) -> Result
                 ),
             },
         },
-        Route::Filter | Route::Prioritize | Route::Bind => scheduling(&state, route, req).await,
+        Route::Filter | Route::Prioritize | Route::Bind => {
+            scheduling(&state, &limits, route, req).await
+        }
     };
     if !outcome.is_empty() {
         state
@@ -226,16 +204,24 @@ pub async fn handle(state: Arc<ExtenderState>, req: Request<Incoming>) -> Result
 
 async fn scheduling(
     state: &Arc<ExtenderState>,
+    limits: &http_server::Limits,
     route: Route<'_>,
     req: Request<Incoming>,
 ) -> (Resp, &'static str) {
     if let Some(why) = state.unavailable_reason() {
         return (error(StatusCode::SERVICE_UNAVAILABLE, why), "unavailable");
     }
-    let body = match read_body(req, state.config().max_body_bytes).await {
-        Ok(b) => b,
-        Err(r) => return (r, "bad_request"),
-    };
+    let body =
+        match http_server::read_body(req, state.config().max_body_bytes, limits.body_read).await {
+            Ok(b) => b,
+            Err(e @ http_server::BodyError::TooLarge { .. }) => {
+                return (
+                    error(e.status(), format!("{e} (extender.max_body_bytes)")),
+                    "bad_request",
+                );
+            }
+            Err(e) => return (error(e.status(), e.to_string()), "bad_request"),
+        };
     match route {
         Route::Filter | Route::Prioritize => {
             let args = match decode_extender_args(&body) {
@@ -308,77 +294,28 @@ pub fn tls_acceptor(cert: &str, key: &str) -> anyhow::Result<TlsAcceptor> {
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
-/// Serves connections until `shutdown`, then drains open ones (at most 10 s).
+/// Serves the extender on `listener` until `shutdown` (the shared [`http_server`] loop).
 pub async fn serve(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     state: Arc<ExtenderState>,
+    limits: http_server::Limits,
     shutdown: Shutdown,
 ) {
-    let graceful = GracefulShutdown::new();
-    let stop = shutdown.wait();
-    let mut stop = std::pin::pin!(stop);
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = &mut stop => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    // Too many open files and the like: give the system a moment.
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let _ = stream.set_nodelay(true);
+    let metrics = http_server::ServerMetrics::register(state.admin());
+    let handler = move |req| {
         let state = state.clone();
-        let tls = tls.clone();
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| handle(state.clone(), req));
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10))
-                .keep_alive(true);
-            let result = match tls {
-                None => {
-                    let conn = builder.serve_connection(TokioIo::new(stream), service);
-                    watcher.watch(conn).await
-                }
-                Some(acceptor) => {
-                    let handshake =
-                        tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
-                            .await;
-                    match handshake {
-                        Ok(Ok(s)) => {
-                            let conn = builder.serve_connection(TokioIo::new(s), service);
-                            watcher.watch(conn).await
-                        }
-                        Ok(Err(e)) => {
-                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::debug!(%peer, "TLS handshake timed out");
-                            return;
-                        }
-                    }
-                }
-            };
-            if let Err(e) = result {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+        async move {
+            match handle(state, limits, req).await {
+                Ok(r) => r,
+                Err(never) => match never {},
             }
-        });
-    }
-    drop(listener);
-    if tokio::time::timeout(Duration::from_secs(10), graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("connections still open after 10 s; closing them");
-    }
+        }
+    };
+    http_server::serve(
+        "extender", listener, tls, limits, metrics, handler, shutdown,
+    )
+    .await;
 }
 
 #[cfg(test)]

@@ -13,8 +13,8 @@ use gpushare::deviceplugin::{self, DevicePluginHandle};
 use gpushare::gpu::HealthEvent;
 use gpushare::gpu::fake::{FakeBackend, FakeHealth, fake_uuid};
 use gpushare::kubelet_api::deviceplugin::{ContainerAllocateResponse, Device};
-use gpushare::sandbox::apiserver::{ApiServer, Fault, FaultAction};
-use gpushare::sandbox::kubelet::Kubelet;
+use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
+use gpushare_sandbox::kubelet::Kubelet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::Value;
 

@@ -15,7 +15,7 @@ use std::process::Output;
 
 use gpushare::config::{Config, GpuBackendKind};
 use gpushare::doctor::{Options, Role, diagnose, preflight};
-use gpushare::sandbox::apiserver::ApiServer;
+use gpushare_sandbox::apiserver::ApiServer;
 use serde_json::Value;
 
 use crate::support::{fixture, run, stderr, stdout};

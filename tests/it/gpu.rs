@@ -10,7 +10,7 @@ use gpushare::config::{GpuBackendKind, GpuConfig};
 use gpushare::gpu::nvidia_smi::{NvidiaSmiBackend, NvidiaSmiOptions, parse_xml};
 use gpushare::gpu::nvml::NvmlBackend;
 use gpushare::gpu::{self, GpuBackend, HealthEvent};
-use gpushare::sandbox::nvml_stub::{self, StubGpu};
+use gpushare_sandbox::nvml_stub::{self, StubGpu};
 
 use crate::support::fixture;
 

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use gpushare::extender::leader::{LeaderElector, Leadership, LeaseTiming};
-use gpushare::sandbox::apiserver::{ApiServer, Fault, FaultAction};
 use gpushare::shutdown::{self, Trigger};
+use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
 use tokio::sync::watch;
 
 const NS: &str = "kube-system";

@@ -337,7 +337,7 @@ const KUBECTLS: [&str; 2] = [
 ];
 
 /// Seeds the sandbox API server with every item of a fixture `List`.
-fn seed_fixture(server: &gpushare::sandbox::apiserver::ApiServer, fixture_name: &str) {
+fn seed_fixture(server: &gpushare_sandbox::apiserver::ApiServer, fixture_name: &str) {
     let text = std::fs::read_to_string(fixture(&format!("inspect/{fixture_name}.yaml")))
         .expect("fixture readable");
     let list: serde_json::Value = serde_yaml::from_str(&text).expect("fixture parses");
@@ -356,7 +356,7 @@ fn kubectl_runs_the_plugin_against_the_sandbox_api_server() {
         .build()
         .expect("runtime");
     let server = runtime
-        .block_on(gpushare::sandbox::apiserver::ApiServer::start())
+        .block_on(gpushare_sandbox::apiserver::ApiServer::start())
         .expect("sandbox API server starts");
     seed_fixture(&server, "userguide");
     let kubeconfig = server.kubeconfig_path();
@@ -483,7 +483,7 @@ fn from_extender_agrees_with_the_api_view_of_the_same_cluster() {
         .build()
         .expect("runtime");
     let server = runtime
-        .block_on(gpushare::sandbox::apiserver::ApiServer::start())
+        .block_on(gpushare_sandbox::apiserver::ApiServer::start())
         .expect("sandbox API server starts");
     seed_fixture(&server, "userguide");
     let mut config = gpushare::config::Config::default();

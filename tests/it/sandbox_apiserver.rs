@@ -1,4 +1,4 @@
-//! The sandbox API server (`gpushare::sandbox::apiserver`) driven through kube-rs and the
+//! The sandbox API server (`gpushare_sandbox::apiserver`) driven through kube-rs and the
 //! real `kubectl` binaries, as the components and users will drive it.
 
 use std::collections::BTreeMap;
@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use gpushare::sandbox::apiserver::{ApiServer, Fault, FaultAction};
+use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
 use http::Method;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,

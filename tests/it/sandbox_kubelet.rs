@@ -17,7 +17,7 @@ use gpushare::kubelet_api::deviceplugin::{
 };
 use gpushare::kubelet_api::podresources::pod_resources_lister_client::PodResourcesListerClient;
 use gpushare::kubelet_api::podresources::{GetPodResourcesRequest, ListPodResourcesRequest};
-use gpushare::sandbox::kubelet::{Kubelet, dial_unix};
+use gpushare_sandbox::kubelet::{Kubelet, dial_unix};
 use tokio::sync::{oneshot, watch};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::{UnixListenerStream, WatchStream};

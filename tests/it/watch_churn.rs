@@ -3,7 +3,7 @@
 //! the API server keeps so little history that reconnects get `410 Gone` and re-list. Then
 //! the extender's `/inspect` ledger must equal what the API server's pods say.
 
-use gpushare::sandbox::apiserver::{Fault, FaultAction};
+use gpushare_sandbox::apiserver::{Fault, FaultAction};
 
 use crate::ha::{
     bind_via, bound_pod, converge, extender_config, pending_pod, sandbox, start_extender,

@@ -3,7 +3,7 @@
 
 use serde_yaml::Value;
 
-use gpushare::cli::KUBECTL_PLUGIN_NAME;
+use gpushare::buildinfo::KUBECTL_PLUGIN_NAME;
 use gpushare::core::wire;
 
 use super::read;

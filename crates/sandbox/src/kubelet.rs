@@ -35,19 +35,19 @@ use tonic::service::Routes;
 use tonic::transport::{Channel, Endpoint, Server, Uri};
 use tonic::{Request, Response, Status};
 
-use crate::core::wire;
-use crate::kubelet_api::KUBELET_MAX_MESSAGE_BYTES;
-use crate::kubelet_api::deviceplugin::device_plugin_client::DevicePluginClient;
-use crate::kubelet_api::deviceplugin::registration_server::{Registration, RegistrationServer};
-use crate::kubelet_api::deviceplugin::{
+use gpushare_core::wire;
+use gpushare_kubelet_api::KUBELET_MAX_MESSAGE_BYTES;
+use gpushare_kubelet_api::deviceplugin::device_plugin_client::DevicePluginClient;
+use gpushare_kubelet_api::deviceplugin::registration_server::{Registration, RegistrationServer};
+use gpushare_kubelet_api::deviceplugin::{
     AllocateRequest, AllocateResponse, ContainerAllocateRequest, ContainerAllocateResponse,
     ContainerPreferredAllocationRequest, Device, DevicePluginOptions, Empty,
     PreStartContainerRequest, PreferredAllocationRequest, RegisterRequest,
 };
-use crate::kubelet_api::podresources::pod_resources_lister_server::{
+use gpushare_kubelet_api::podresources::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
 };
-use crate::kubelet_api::podresources::{
+use gpushare_kubelet_api::podresources::{
     AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
     ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
     ListPodResourcesResponse, PodResources,

@@ -1,5 +1,5 @@
 /*
- * A stub libnvidia-ml.so.1 for tests (gpushare::sandbox::nvml_stub) — never for production.
+ * A stub libnvidia-ml.so.1 for tests (gpushare_sandbox::nvml_stub) — never for production.
  *
  * Implements the NVML entry points gpushare's nvml backend reaches through nvml-wrapper:
  * init/shutdown, error strings, driver/NVML/CUDA versions, device count and handles, name,

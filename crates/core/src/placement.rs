@@ -205,7 +205,7 @@ pub fn node_score<K: Eq + std::hash::Hash + Clone>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::ledger::{GpuSpec, LedgerPod, PodState};
+    use crate::ledger::{GpuSpec, LedgerPod, PodState};
 
     fn ledger(totals: &[u64], used: &[u64]) -> NodeLedger {
         let specs: Vec<_> = totals
