@@ -1,57 +1,80 @@
 //! One shutdown story: the first SIGTERM/SIGINT starts a graceful drain that every server and
 //! long-lived stream observes through a [`Shutdown`] handle; a second signal exits at once.
 
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 /// A cloneable handle that resolves when shutdown has begun.
 #[derive(Clone, Debug)]
 pub struct Shutdown {
-    rx: watch::Receiver<bool>,
+    token: CancellationToken,
 }
 
-/// The sending side: trigger a shutdown by hand (tests, demo) or from signals.
+/// The sending side: trigger a shutdown by hand (tests, demo) or from signals. Dropping it
+/// triggers too, so a component whose owner is gone stops.
 #[derive(Debug)]
 pub struct Trigger {
-    tx: watch::Sender<bool>,
+    token: CancellationToken,
 }
 
 /// A new trigger/handle pair.
 pub fn channel() -> (Trigger, Shutdown) {
-    let (tx, rx) = watch::channel(false);
-    (Trigger { tx }, Shutdown { rx })
+    let token = CancellationToken::new();
+    (
+        Trigger {
+            token: token.clone(),
+        },
+        Shutdown { token },
+    )
 }
 
 impl Trigger {
     /// Begins the shutdown.
     pub fn trigger(&self) {
-        let _ = self.tx.send(true);
+        self.token.cancel();
     }
 
     /// Another handle for this trigger.
     pub fn handle(&self) -> Shutdown {
         Shutdown {
-            rx: self.tx.subscribe(),
+            token: self.token.clone(),
         }
+    }
+}
+
+impl Drop for Trigger {
+    fn drop(&mut self) {
+        self.token.cancel();
     }
 }
 
 impl Shutdown {
     /// A handle that never fires (for tests that stop by dropping).
     pub fn never() -> Shutdown {
-        let (tx, rx) = watch::channel(false);
-        std::mem::forget(tx);
-        Shutdown { rx }
+        Shutdown {
+            token: CancellationToken::new(),
+        }
+    }
+
+    /// A child pair: its handle fires when this one does or when its own trigger does, and
+    /// triggering the child leaves this one alone (one component stopping on its own).
+    pub fn child(&self) -> (Trigger, Shutdown) {
+        let token = self.token.child_token();
+        (
+            Trigger {
+                token: token.clone(),
+            },
+            Shutdown { token },
+        )
     }
 
     /// Whether shutdown has begun.
     pub fn is_triggered(&self) -> bool {
-        *self.rx.borrow()
+        self.token.is_cancelled()
     }
 
     /// Resolves once shutdown has begun (at once if it already has).
-    pub async fn wait(mut self) {
-        // An error means the trigger was dropped: treat it as a shutdown.
-        let _ = self.rx.wait_for(|v| *v).await;
+    pub async fn wait(self) {
+        self.token.cancelled_owned().await;
     }
 }
 
@@ -100,5 +123,28 @@ mod tests {
         trigger.trigger();
         handle.clone().wait().await;
         assert!(other.is_triggered());
+    }
+
+    #[tokio::test]
+    async fn a_child_fires_with_its_parent_but_not_the_other_way() {
+        let (parent, parent_handle) = channel();
+        let (child, child_handle) = parent_handle.child();
+        child.trigger();
+        child_handle.clone().wait().await;
+        assert!(
+            !parent_handle.is_triggered(),
+            "the child's own stop leaves the parent"
+        );
+        let (_keep, second) = parent_handle.child();
+        parent.trigger();
+        second.wait().await;
+        assert!(parent_handle.is_triggered());
+    }
+
+    #[tokio::test]
+    async fn dropping_the_trigger_fires_the_handles() {
+        let (trigger, handle) = channel();
+        drop(trigger);
+        handle.wait().await;
     }
 }

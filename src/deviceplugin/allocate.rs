@@ -22,7 +22,7 @@ use std::sync::Arc;
 use tonic::Status;
 
 use super::matching::{self, Match};
-use super::node::{self, now_ns, retry_transient};
+use super::node;
 use super::{AllocationRecord, Plugin, RECORDS_KEPT};
 use crate::config::{AllocateFailure, VisibleDevices};
 use crate::core::wire::{
@@ -31,6 +31,8 @@ use crate::core::wire::{
     ENV_POD_MEM, ENV_VISIBLE_DEVICES,
 };
 use crate::core::{GpuMem, PodGpuAnnotations};
+use crate::k8s::retry::retry_attempts;
+use crate::k8s::write::now_ns;
 use crate::kubelet_api::deviceplugin::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse,
     ContainerPreferredAllocationResponse, Mount, PreferredAllocationRequest,
@@ -136,7 +138,7 @@ impl Plugin {
     /// Merge-patches the pod after serving `m`; returns the updated pod into the store.
     async fn record_on_pod(&self, m: &Match) -> Result<(), kube::Error> {
         let patch = PodGpuAnnotations::allocated_patch(&m.allocated_after, m.complete, now_ns());
-        let pod = retry_transient(PATCH_ATTEMPTS, || {
+        let pod = retry_attempts(PATCH_ATTEMPTS, || {
             crate::k8s::write::patch_pod_annotations(&self.client, &m.namespace, &m.name, &patch)
         })
         .await?;

@@ -384,20 +384,9 @@ pub async fn start(
     });
 
     // One internal stop that fires on the caller's shutdown or on `stop()`.
-    let (stop_trigger, stop) = crate::shutdown::channel();
+    let (stop_trigger, stop) = shutdown.child();
     let stop_trigger = Arc::new(stop_trigger);
     let mut tasks = Vec::new();
-    {
-        let outer = shutdown.clone();
-        let inner = stop.clone();
-        let trigger = stop_trigger.clone();
-        tasks.push(tokio::spawn(async move {
-            tokio::select! {
-                _ = outer.wait() => trigger.trigger(),
-                _ = inner.wait() => {}
-            }
-        }));
-    }
     tasks.push(tokio::spawn(plugin.pods.clone().run(
         client.clone(),
         node.clone(),

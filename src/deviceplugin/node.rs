@@ -5,7 +5,6 @@
 //! Writes are retried on transient errors; Events are best effort (a failure is logged).
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -18,40 +17,11 @@ use crate::core::wire::{
     DEVICE_PLUGIN_COMPONENT, LABEL_CGPU_DISABLE, NODE_ANN_DEVICES, NODE_ANN_MEMORY_UNIT,
 };
 use crate::k8s::project::PublishedGpu;
-use crate::k8s::write::{is_transient, patch_node_annotations, patch_node_gpu_count};
+use crate::k8s::retry::retry_attempts;
+use crate::k8s::write::{now_ns, patch_node_annotations, patch_node_gpu_count};
 
 /// Namespace of the node Events (as kubelet does for node events).
 pub const EVENT_NAMESPACE: &str = "default";
-
-/// Nanoseconds since the Unix epoch.
-pub fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
-
-/// Runs `op` up to `attempts` times while it fails with a transient error.
-pub async fn retry_transient<T, F, Fut>(attempts: u32, mut op: F) -> Result<T, kube::Error>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, kube::Error>>,
-{
-    let mut delay = Duration::from_millis(50);
-    let mut tried = 0;
-    loop {
-        tried += 1;
-        match op().await {
-            Ok(v) => return Ok(v),
-            Err(e) if tried < attempts && is_transient(&e) => {
-                tracing::debug!(error = %e, tried, "transient API error, retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(1));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
 
 /// What the plugin read from its Node at start.
 #[derive(Clone, Debug, Default)]
@@ -65,7 +35,7 @@ pub struct NodeFacts {
 /// Reads the node (it must exist).
 pub async fn read_node(client: &kube::Client, node: &str) -> anyhow::Result<NodeFacts> {
     let api: Api<Node> = Api::all(client.clone());
-    let n = retry_transient(4, || api.get(node))
+    let n = retry_attempts(4, || api.get(node))
         .await
         .map_err(|e| anyhow::anyhow!("cannot read node {node:?} (is --node-name right?): {e}"))?;
     let cgpu_disable = n
@@ -86,7 +56,7 @@ pub async fn publish_gpu_count(
     node: &str,
     count: usize,
 ) -> anyhow::Result<()> {
-    retry_transient(4, || patch_node_gpu_count(client, node, count))
+    retry_attempts(4, || patch_node_gpu_count(client, node, count))
         .await
         .map_err(|e| anyhow::anyhow!("cannot patch aliyun.com/gpu-count on node {node}: {e}"))?;
     Ok(())
@@ -122,7 +92,7 @@ pub async fn publish_devices(
     node: &str,
     annotations: &BTreeMap<String, String>,
 ) -> anyhow::Result<()> {
-    retry_transient(4, || patch_node_annotations(client, node, annotations))
+    retry_attempts(4, || patch_node_annotations(client, node, annotations))
         .await
         .map_err(|e| anyhow::anyhow!("cannot patch the device annotations of node {node}: {e}"))?;
     Ok(())

@@ -30,11 +30,13 @@ use tokio::time::Instant;
 use tonic::transport::{Endpoint, Uri};
 
 use super::Plugin;
-use super::node::{now_ns, retry_transient, warn_event};
+use super::node::warn_event;
 use crate::core::wire::{
     ANN_ASSIGNED, ANN_ASSUME_TIME, ANN_DEVICE_MEM, ANN_GPU_INDEX, POD_ANN_ALLOCATED_CONTAINERS,
     RESOURCE_GPU_MEM, parse_fake_device_id,
 };
+use crate::k8s::retry::retry_attempts;
+use crate::k8s::write::now_ns;
 use crate::kubelet_api::podresources::ListPodResourcesRequest;
 use crate::kubelet_api::podresources::pod_resources_lister_client::PodResourcesListerClient;
 use crate::shutdown::Shutdown;
@@ -260,7 +262,7 @@ pub(crate) async fn reconcile_once(
             ?patch,
             "correcting the pod's GPU annotations to what kubelet allocated"
         );
-        match retry_transient(4, || {
+        match retry_attempts(4, || {
             crate::k8s::write::patch_pod_annotations(&plugin.client, &ns, &name, &patch)
         })
         .await

@@ -22,7 +22,8 @@ use super::state::ExtenderState;
 use super::wire::BindingArgs;
 use crate::core::PodGpuAnnotations;
 use crate::core::wire::EXTENDER_COMPONENT;
-use crate::k8s::write::{bind_pod, is_transient, patch_pod_annotations};
+use crate::k8s::retry::{RetryError, Transient, retry_until};
+use crate::k8s::write::{bind_pod, now_ns, patch_pod_annotations};
 
 /// Event reason of a successful bind.
 pub const REASON_BOUND: &str = "GpuShareBound";
@@ -53,39 +54,35 @@ impl CallError {
     }
 }
 
-/// Runs `op` until it succeeds, fails for good, or the deadline passes.
+impl Transient for CallError {
+    fn is_transient(&self) -> bool {
+        matches!(self, CallError::Kube(k) if k.is_transient())
+    }
+}
+
+/// Runs `op` until it succeeds, fails for good, or the deadline passes (the one retry loop,
+/// counting each retry).
 async fn with_retry<T, F, Fut>(
     state: &ExtenderState,
     deadline: Instant,
-    mut op: F,
+    op: F,
 ) -> Result<T, CallError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, CallError>>,
 {
-    let mut backoff = Duration::from_millis(20);
-    loop {
-        let err = match tokio::time::timeout_at(deadline, op()).await {
-            Err(_) => return Err(CallError::Timeout),
-            Ok(Ok(v)) => return Ok(v),
-            Ok(Err(e)) => e,
-        };
-        let retry = matches!(&err, CallError::Kube(k) if is_transient(k));
-        if !retry || Instant::now() + backoff >= deadline {
-            return Err(err);
-        }
-        tracing::debug!(error = ?err, "bind: transient API error, retrying");
-        state.metrics().bind_retries.inc();
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_millis(500));
-    }
-}
-
-fn now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
+    retry_until(
+        deadline,
+        |_| {
+            state.metrics().bind_retries.inc();
+        },
+        op,
+    )
+    .await
+    .map_err(|e| match e {
+        RetryError::Failed(e) => e,
+        RetryError::DeadlineExceeded => CallError::Timeout,
+    })
 }
 
 /// Binds the pod; `Err` carries the message for `{"Error": ...}` (HTTP 500).

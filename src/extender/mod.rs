@@ -180,20 +180,8 @@ pub async fn start(
         _ => anyhow::bail!("extender.tls_cert and extender.tls_key must be given together"),
     };
     let state = ExtenderState::new(ext.clone(), client);
-    let (stop, stopped) = shutdown::channel();
     // Either the caller's shutdown or our own stop ends everything.
-    let combined = {
-        let (t, s) = shutdown::channel();
-        let mine = stopped.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = shutdown.wait() => {}
-                _ = mine.wait() => {}
-            }
-            t.trigger();
-        });
-        s
-    };
+    let (stop, combined) = shutdown.child();
     let mut watches = sync::spawn(state.clone(), combined.clone());
     let election = if ext.leader_elect {
         // The election owns the watches: it restarts them (a fresh list) on every win.

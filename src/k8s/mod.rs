@@ -1,11 +1,12 @@
 //! Kubernetes access: building a client, projecting Pods and Nodes into the core's plain
-//! types, and the few writes gpushare makes (annotation patches, Bindings, node status,
-//! Events).
+//! types, the few writes gpushare makes (annotation patches, Bindings, node status,
+//! Events), and the one retry loop for API calls.
 //!
 //! This module does not decide anything: placement lives in `core`, policy in the roles.
 
 pub mod client;
 pub mod project;
+pub mod retry;
 pub mod watched_pod;
 pub mod write;
 

@@ -84,11 +84,11 @@ pub async fn patch_node_annotations(
         .await
 }
 
-/// Whether an API error is worth retrying (conflict, throttling, server-side trouble).
-pub fn is_transient(err: &kube::Error) -> bool {
-    match err {
-        kube::Error::Api(status) => matches!(status.code, 409 | 429 | 500..=599),
-        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
-        _ => false,
-    }
+/// Nanoseconds since the Unix epoch, as the `ALIYUN_COM_GPU_MEM_ASSUME_TIME` annotation and
+/// unique object names want them.
+pub fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }

@@ -786,7 +786,7 @@ async fn injected_faults_reach_the_client_then_expire() {
         match pods.patch("trainer", &PatchParams::default(), &patch).await {
             Err(kube::Error::Api(status)) => {
                 assert_eq!((status.code, status.reason.as_str()), (code, reason));
-                assert!(gpushare::k8s::write::is_transient(&kube::Error::Api(
+                assert!(gpushare::k8s::retry::is_transient(&kube::Error::Api(
                     status
                 )));
             }
