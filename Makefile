@@ -6,7 +6,7 @@ STATIC_BIN := target/$(MUSL_TARGET)/release/gpushare
 GLIBC_TARGET := x86_64-unknown-linux-gnu.2.17
 CI_FLAGS := $(if $(CI),--locked,)
 
-.PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup
+.PHONY: help build static glibc test test-cluster test-gpu layers lint fmt bench fuzz demo ci check-static setup
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -25,6 +25,9 @@ test-cluster: ## tests against a real cluster (needs KUBECONFIG)
 
 test-gpu: ## tests against a real GPU
 	$(CARGO) test $(CI_FLAGS) --test it -- --ignored gpu_
+
+layers: ## the house rules: roles never import each other, core links nothing outside, no sandbox without `demo`
+	$(CARGO) test $(CI_FLAGS) --test it -- layers::
 
 lint: ## cargo fmt --check and clippy with warnings denied
 	$(CARGO) fmt --all -- --check

@@ -10,6 +10,7 @@ mod gpu;
 mod ha;
 mod hostile;
 mod inspect;
+mod layers;
 mod packaging;
 mod sandbox_apiserver;
 mod sandbox_kubelet;
