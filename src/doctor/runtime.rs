@@ -332,7 +332,7 @@ pub fn crio(host: &HostRoot) -> Option<Finding> {
 pub fn kubelet_engine(host: &HostRoot) -> Option<(Engine, String)> {
     let mut endpoint = None;
     if let Some(text) = host.read("/var/lib/kubelet/config.yaml")
-        && let Ok(v) = serde_yaml::from_str::<serde_yaml::Value>(&text)
+        && let Ok(v) = yaml_serde::from_str::<yaml_serde::Value>(&text)
         && let Some(e) = v.get("containerRuntimeEndpoint").and_then(|e| e.as_str())
     {
         endpoint = Some(e.to_string());

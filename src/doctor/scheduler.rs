@@ -75,7 +75,7 @@ fn from_manifest(host: &HostRoot) -> Result<(PathBuf, bool), Check> {
         )
         .hint("pass --scheduler-config PATH (the file kube-scheduler's --config names)"));
     };
-    let pod: serde_yaml::Value = serde_yaml::from_str(&text).map_err(|e| {
+    let pod: yaml_serde::Value = yaml_serde::from_str(&text).map_err(|e| {
         Check::new(
             CONFIG_ID,
             CONFIG_TITLE,
@@ -181,7 +181,7 @@ fn evaluate(
     policy_flag: bool,
     server_minor: Option<u32>,
 ) -> (Check, Option<String>) {
-    let doc: serde_yaml::Value = match serde_yaml::from_str(text) {
+    let doc: yaml_serde::Value = match yaml_serde::from_str(text) {
         Ok(v) => v,
         Err(e) => {
             return (
@@ -202,7 +202,7 @@ fn evaluate(
         .and_then(|e| e.as_sequence())
         .cloned()
         .unwrap_or_default();
-    let ours: Vec<&serde_yaml::Value> = extenders.iter().filter(|e| manages_gpu_mem(e)).collect();
+    let ours: Vec<&yaml_serde::Value> = extenders.iter().filter(|e| manages_gpu_mem(e)).collect();
     let url = ours
         .first()
         .and_then(|e| get_ci(e, "urlPrefix"))
@@ -366,14 +366,14 @@ fn evaluate(
 }
 
 /// A key looked up case-insensitively (the Policy file spells `enableHttps`, v1 `enableHTTPS`).
-fn get_ci<'a>(v: &'a serde_yaml::Value, key: &str) -> Option<&'a serde_yaml::Value> {
+fn get_ci<'a>(v: &'a yaml_serde::Value, key: &str) -> Option<&'a yaml_serde::Value> {
     v.as_mapping()?
         .iter()
         .find(|(k, _)| k.as_str().is_some_and(|k| k.eq_ignore_ascii_case(key)))
         .map(|(_, v)| v)
 }
 
-fn manages_gpu_mem(extender: &serde_yaml::Value) -> bool {
+fn manages_gpu_mem(extender: &yaml_serde::Value) -> bool {
     get_ci(extender, "managedResources")
         .and_then(|m| m.as_sequence())
         .into_iter()

@@ -287,7 +287,7 @@ pub fn json(report: &Report) -> String {
 
 /// The report as YAML (same schema as JSON).
 pub fn yaml(report: &Report) -> String {
-    serde_yaml::to_string(report).unwrap_or_else(|e| format!("error: {e}\n"))
+    yaml_serde::to_string(report).unwrap_or_else(|e| format!("error: {e}\n"))
 }
 
 #[cfg(test)]

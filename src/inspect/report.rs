@@ -145,21 +145,21 @@ pub fn guess_unit(per_gpu: u64) -> &'static str {
 pub fn cluster_from_yaml(text: &str) -> anyhow::Result<(Vec<Node>, Vec<Pod>)> {
     let mut nodes = Vec::new();
     let mut pods = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(text) {
-        let value = serde_yaml::Value::deserialize(doc)?;
+    for doc in yaml_serde::Deserializer::from_str(text) {
+        let value = yaml_serde::Value::deserialize(doc)?;
         let items = match value {
-            serde_yaml::Value::Sequence(items) => items,
-            serde_yaml::Value::Mapping(mut m) => match m.remove("items") {
-                Some(serde_yaml::Value::Sequence(items)) => items,
+            yaml_serde::Value::Sequence(items) => items,
+            yaml_serde::Value::Mapping(mut m) => match m.remove("items") {
+                Some(yaml_serde::Value::Sequence(items)) => items,
                 Some(_) => Vec::new(),
-                None => vec![serde_yaml::Value::Mapping(m)],
+                None => vec![yaml_serde::Value::Mapping(m)],
             },
             _ => Vec::new(),
         };
         for item in items {
             match item.get("kind").and_then(|k| k.as_str()) {
-                Some("Node") => nodes.push(serde_yaml::from_value(item)?),
-                Some("Pod") => pods.push(serde_yaml::from_value(item)?),
+                Some("Node") => nodes.push(yaml_serde::from_value(item)?),
+                Some("Pod") => pods.push(yaml_serde::from_value(item)?),
                 _ => {}
             }
         }

@@ -176,7 +176,7 @@ fn json_output_has_the_documented_schema() {
     }
     // The YAML output is the same document.
     let yaml: serde_json::Value =
-        serde_yaml::from_str(&render_report(&report, Format::Yaml, false)).expect("valid YAML");
+        yaml_serde::from_str(&render_report(&report, Format::Yaml, false)).expect("valid YAML");
     assert_eq!(yaml, value);
 }
 
@@ -340,7 +340,7 @@ const KUBECTLS: [&str; 2] = [
 fn seed_fixture(server: &gpushare_sandbox::apiserver::ApiServer, fixture_name: &str) {
     let text = std::fs::read_to_string(fixture(&format!("inspect/{fixture_name}.yaml")))
         .expect("fixture readable");
-    let list: serde_json::Value = serde_yaml::from_str(&text).expect("fixture parses");
+    let list: serde_json::Value = yaml_serde::from_str(&text).expect("fixture parses");
     for item in list["items"].as_array().expect("a List") {
         server
             .create_object(item.clone())

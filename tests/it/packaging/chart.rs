@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_yaml::Value;
+use yaml_serde::Value;
 
 use gpushare::core::wire;
 
@@ -27,7 +27,7 @@ const RELEASE: &str = "gpushare";
 const NAMESPACE: &str = "kube-system";
 
 fn default_values() -> Value {
-    serde_yaml::from_str(&read(&format!("{CHART}/values.yaml"))).expect("values.yaml parses")
+    yaml_serde::from_str(&read(&format!("{CHART}/values.yaml"))).expect("values.yaml parses")
 }
 
 /// `base` with `overlay` merged in (maps deeply, everything else replaced), like `--set`.
@@ -137,7 +137,7 @@ fn rendered_chart_equals_the_plain_manifests() {
 /// Parses `doc` as `T` and serializes it back: equal only if every field is one `T` knows,
 /// with the right type (k8s-openapi's deserializers alone ignore unknown fields).
 fn round_trip<T: DeserializeOwned + Serialize>(doc: &Value) -> Result<(), String> {
-    let typed: T = serde_yaml::from_value(doc.clone()).map_err(|e| e.to_string())?;
+    let typed: T = yaml_serde::from_value(doc.clone()).map_err(|e| e.to_string())?;
     let back = serde_json::to_value(&typed).map_err(|e| e.to_string())?;
     let original = serde_json::to_value(doc).map_err(|e| e.to_string())?;
     if back == original {
@@ -210,7 +210,7 @@ fn every_chart_option_renders_valid_objects() {
     for overlay in variants {
         let values = merged(
             &default_values(),
-            &serde_yaml::from_str(overlay).expect("variant parses"),
+            &yaml_serde::from_str(overlay).expect("variant parses"),
         );
         for (name, text) in render_chart(values) {
             for doc in yaml_documents(&name, &text) {
@@ -273,7 +273,7 @@ fn args(container: &Value) -> Vec<String> {
 fn upstream_names_labels_and_ports_are_kept() {
     let docs = all_documents(default_values());
     let labels = |pairs: &[(&str, &str)]| -> Value {
-        serde_yaml::to_value(pairs.iter().copied().collect::<BTreeMap<_, _>>()).expect("labels")
+        yaml_serde::to_value(pairs.iter().copied().collect::<BTreeMap<_, _>>()).expect("labels")
     };
     let extender_labels = labels(&[
         ("app", "gpushare"),
@@ -491,7 +491,7 @@ fn rbac_grants_exactly_what_each_role_uses() {
     // Without leader election there is no Lease access at all.
     let single = all_documents(merged(
         &default_values(),
-        &serde_yaml::from_str("extender: {leaderElect: false}").expect("overlay"),
+        &yaml_serde::from_str("extender: {leaderElect: false}").expect("overlay"),
     ));
     assert!(
         !single
@@ -571,11 +571,11 @@ pub(super) fn default_extender_url() -> String {
 #[test]
 fn scheduler_config_is_the_same_in_chart_and_file() {
     let file: Value =
-        serde_yaml::from_str(&read("packaging/scheduler/scheduler-config.yaml")).expect("parses");
+        yaml_serde::from_str(&read("packaging/scheduler/scheduler-config.yaml")).expect("parses");
     assert_scheduler_config(&file, &default_extender_url());
     let docs = all_documents(default_values());
     let cm = find(&docs, "ConfigMap", "gpushare-scheduler-config");
-    let embedded: Value = serde_yaml::from_str(
+    let embedded: Value = yaml_serde::from_str(
         cm["data"]["scheduler-config.yaml"]
             .as_str()
             .expect("scheduler-config.yaml key"),
@@ -586,7 +586,7 @@ fn scheduler_config_is_the_same_in_chart_and_file() {
 
 #[test]
 fn chart_version_follows_the_crate() {
-    let chart: Value = serde_yaml::from_str(&read(&format!("{CHART}/Chart.yaml"))).expect("parses");
+    let chart: Value = yaml_serde::from_str(&read(&format!("{CHART}/Chart.yaml"))).expect("parses");
     assert_eq!(chart["apiVersion"], "v2");
     assert_eq!(chart["name"], "gpushare");
     assert_eq!(chart["appVersion"], env!("CARGO_PKG_VERSION"));
@@ -602,7 +602,7 @@ fn optional_features_switch_what_they_should() {
     let with = |overlay: &str| {
         all_documents(merged(
             &default_values(),
-            &serde_yaml::from_str(overlay).expect("overlay parses"),
+            &yaml_serde::from_str(overlay).expect("overlay parses"),
         ))
     };
     let defaults = with("{}");

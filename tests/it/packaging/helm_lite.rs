@@ -15,7 +15,7 @@
 
 use std::fmt;
 
-use serde_yaml::{Mapping, Value};
+use yaml_serde::{Mapping, Value};
 
 /// Why a template did not render.
 #[derive(Debug)]
@@ -46,7 +46,7 @@ impl Context {
         namespace: &str,
     ) -> Result<Self, Error> {
         let chart: Value =
-            serde_yaml::from_str(chart_yaml).map_err(|e| Error(format!("Chart.yaml: {e}")))?;
+            yaml_serde::from_str(chart_yaml).map_err(|e| Error(format!("Chart.yaml: {e}")))?;
         let Value::Mapping(chart) = chart else {
             return err("Chart.yaml is not a mapping");
         };
@@ -502,7 +502,7 @@ fn go_quote(s: &str) -> String {
 
 /// Helm's `toYaml`: keys sorted (it goes through JSON), no trailing newline.
 pub fn to_yaml(v: &Value) -> Result<String, Error> {
-    let text = serde_yaml::to_string(&sorted(v)).map_err(|e| Error(format!("toYaml: {e}")))?;
+    let text = yaml_serde::to_string(&sorted(v)).map_err(|e| Error(format!("toYaml: {e}")))?;
     Ok(text.trim_end_matches('\n').to_string())
 }
 
@@ -512,7 +512,7 @@ fn sorted(v: &Value) -> Value {
             let mut entries: Vec<(Value, Value)> =
                 m.iter().map(|(k, v)| (k.clone(), sorted(v))).collect();
             entries.sort_by(|a, b| {
-                let key = |v: &Value| serde_yaml::to_string(v).unwrap_or_default();
+                let key = |v: &Value| yaml_serde::to_string(v).unwrap_or_default();
                 key(&a.0).cmp(&key(&b.0))
             });
             Value::Mapping(entries.into_iter().collect())
@@ -527,7 +527,7 @@ mod tests {
     use super::*;
 
     fn ctx(values: &str) -> Context {
-        let values = serde_yaml::from_str(values).expect("test values parse");
+        let values = yaml_serde::from_str(values).expect("test values parse");
         Context::new(
             "name: c\nversion: 1.2.3\nappVersion: \"4.5\"\n",
             values,

@@ -1,7 +1,7 @@
 //! The container image (Dockerfile, linted structurally: no Docker engine exists here) and the
 //! krew plugin manifest.
 
-use serde_yaml::Value;
+use yaml_serde::Value;
 
 use gpushare::buildinfo::KUBECTL_PLUGIN_NAME;
 use gpushare::core::wire;
@@ -128,7 +128,7 @@ fn dockerfile_wraps_the_static_binary_on_a_glibc_base() {
 #[test]
 fn krew_manifest_installs_the_inspect_plugin() {
     let m: Value =
-        serde_yaml::from_str(&read("packaging/krew/inspect-gpushare.yaml")).expect("parses");
+        yaml_serde::from_str(&read("packaging/krew/inspect-gpushare.yaml")).expect("parses");
     assert_eq!(
         m["apiVersion"],
         "krew.googlecontainertools.github.com/v1alpha2"

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use k8s_openapi::api::core::v1::Pod;
-use serde_yaml::Value;
+use yaml_serde::Value;
 
 use super::chart::{assert_scheduler_config, default_extender_url};
 use super::{read, repo_path};
@@ -106,7 +106,7 @@ fn ok(out: &Output) -> String {
 }
 
 fn container_of(manifest: &str) -> (Pod, k8s_openapi::api::core::v1::Container) {
-    let pod: Pod = serde_yaml::from_str(manifest).expect("the manifest is still a Pod");
+    let pod: Pod = yaml_serde::from_str(manifest).expect("the manifest is still a Pod");
     let spec = pod.spec.clone().expect("pod spec");
     let container = spec.containers.into_iter().next().expect("a container");
     (pod, container)
@@ -152,10 +152,10 @@ fn apply_patches_the_manifest_and_installs_the_config() {
     assert!(volumes.iter().any(|v| v.name == "kubeconfig"));
 
     // The installed configuration is the shipped one (same parsed content).
-    let installed: Value = serde_yaml::from_str(&root.read(CONFIG)).expect("config parses");
+    let installed: Value = yaml_serde::from_str(&root.read(CONFIG)).expect("config parses");
     assert_scheduler_config(&installed, &default_extender_url());
     let shipped: Value =
-        serde_yaml::from_str(&read("packaging/scheduler/scheduler-config.yaml")).expect("parses");
+        yaml_serde::from_str(&read("packaging/scheduler/scheduler-config.yaml")).expect("parses");
     assert_eq!(installed, shipped);
     assert_eq!(
         root.read(BACKUP),
@@ -332,7 +332,7 @@ fn indented_list_style_is_handled_too() {
     let indented = shift_region(&indented, "  volumes:\n", "status:");
     assert_ne!(indented, m, "fixture layout changed");
     std::fs::write(root.path(MANIFEST), &indented).expect("write");
-    let _: Pod = serde_yaml::from_str(&indented).expect("the re-indented fixture is a Pod");
+    let _: Pod = yaml_serde::from_str(&indented).expect("the re-indented fixture is a Pod");
     ok(&root.run(&["--no-doctor"]));
     let (pod, c) = container_of(&root.read(MANIFEST));
     assert!(

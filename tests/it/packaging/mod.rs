@@ -22,11 +22,11 @@ fn read(rel: &str) -> String {
 }
 
 /// The YAML documents of `text`, empty documents left out (as `kubectl apply` and Helm do).
-fn yaml_documents(name: &str, text: &str) -> Vec<serde_yaml::Value> {
+fn yaml_documents(name: &str, text: &str) -> Vec<yaml_serde::Value> {
     use serde::Deserialize;
-    serde_yaml::Deserializer::from_str(text)
+    yaml_serde::Deserializer::from_str(text)
         .map(|d| {
-            serde_yaml::Value::deserialize(d).unwrap_or_else(|e| panic!("{name}: bad YAML: {e}"))
+            yaml_serde::Value::deserialize(d).unwrap_or_else(|e| panic!("{name}: bad YAML: {e}"))
         })
         .filter(|v| !v.is_null())
         .collect()

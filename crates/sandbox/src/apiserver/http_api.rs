@@ -187,7 +187,7 @@ impl Req {
             Ok(v) => Ok(v),
             Err(json_err) => std::str::from_utf8(&self.body)
                 .ok()
-                .and_then(|text| serde_yaml::from_str::<Value>(text).ok())
+                .and_then(|text| yaml_serde::from_str::<Value>(text).ok())
                 .filter(Value::is_object)
                 .ok_or_else(|| {
                     ApiError::bad_request(format!("error decoding the request body: {json_err}"))

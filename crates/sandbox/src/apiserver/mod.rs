@@ -339,7 +339,7 @@ impl ApiServer {
     /// Creates every document of a (multi-document) YAML text, of any supported kind.
     /// Fills `uid`, `resourceVersion`, `creationTimestamp` and the `default` namespace.
     pub fn seed_yaml(&self, yaml: &str) -> anyhow::Result<()> {
-        for document in serde_yaml::Deserializer::from_str(yaml) {
+        for document in yaml_serde::Deserializer::from_str(yaml) {
             let value: Value = serde::Deserialize::deserialize(document)
                 .context("parsing a seed YAML document")?;
             if value.is_null() {

@@ -37,7 +37,7 @@ impl PatchKind {
 pub(crate) fn parse_apply_body(body: &[u8]) -> Result<Value, ApiError> {
     let text = std::str::from_utf8(body)
         .map_err(|_| ApiError::bad_request("the apply patch is not UTF-8"))?;
-    let value: Value = serde_yaml::from_str(text)
+    let value: Value = yaml_serde::from_str(text)
         .map_err(|e| ApiError::bad_request(format!("error decoding YAML apply patch: {e}")))?;
     if !value.is_object() {
         return Err(ApiError::bad_request("the apply patch is not an object"));
