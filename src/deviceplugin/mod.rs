@@ -169,12 +169,14 @@ pub fn check_required(config: &Config) -> anyhow::Result<()> {
 /// Runs the device plugin until SIGTERM/SIGINT. The dispatcher has run the preflight.
 pub async fn run(_args: Args, config: Config) -> anyhow::Result<ExitCode> {
     check_required(&config)?;
-    let backend = crate::gpu::open(&config.gpu).map_err(|e| {
-        anyhow::anyhow!(
-            "cannot reach the GPUs: {e} (on a GPU node: is the nvidia runtime the default \
+    let backend = crate::gpu::open_off_runtime(&config.gpu)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot reach the GPUs: {e} (on a GPU node: is the nvidia runtime the default \
              container runtime and the driver installed? without GPUs: --gpu-backend fake)"
-        )
-    })?;
+            )
+        })?;
     let client = crate::k8s::client(&crate::k8s::ClientOptions {
         kubeconfig: Some(config.cluster.kubeconfig.as_str()),
         ..Default::default()
@@ -339,8 +341,8 @@ pub async fn start(
         !node.is_empty(),
         "the node name is required (--node-name or NODE_NAME)"
     );
-    let inventory = backend
-        .inventory()
+    let inventory = crate::gpu::inventory_off_runtime(&backend)
+        .await
         .map_err(|e| anyhow::anyhow!("reading the GPUs: {e}"))?;
     anyhow::ensure!(
         !inventory.devices.is_empty(),
@@ -470,7 +472,8 @@ async fn health_task(
                 None => { events_open = false; Vec::new() }
             },
             _ = wake => {
-                let present: Vec<String> = plugin.backend.inventory()
+                let present: Vec<String> = crate::gpu::inventory_off_runtime(&plugin.backend)
+                    .await
                     .map(|inv| inv.devices.into_iter().map(|d| d.uuid).collect())
                     .unwrap_or_default();
                 plugin.health.lock().unwrap_or_else(|p| p.into_inner())

@@ -114,6 +114,9 @@ pub enum Error {
     /// The fake GPU description is invalid.
     #[error("fake GPUs: {0}")]
     Fake(String),
+    /// The blocking thread that ran a backend call panicked or was cancelled.
+    #[error("GPU backend call did not finish: {0}")]
+    Worker(String),
     /// `auto` found no working backend.
     #[error("no GPU backend works: {}", .tried.join("; "))]
     NoBackend {
@@ -133,6 +136,24 @@ pub trait GpuBackend: Send + Sync + fmt::Debug {
     /// Starts watching for health events; events arrive on the returned channel until it is
     /// dropped. Backends without a health source return a channel that never yields.
     fn watch_health(&self) -> Result<tokio::sync::mpsc::Receiver<HealthEvent>, Error>;
+}
+
+/// [`open`] on a blocking thread: opening runs nvidia-smi or initialises NVML, which must
+/// never hold a tokio worker.
+pub async fn open_off_runtime(config: &GpuConfig) -> Result<Arc<dyn GpuBackend>, Error> {
+    let config = config.clone();
+    tokio::task::spawn_blocking(move || open(&config))
+        .await
+        .map_err(|e| Error::Worker(e.to_string()))?
+}
+
+/// `backend.inventory()` on a blocking thread (nvidia-smi runs a process that can hang for
+/// as long as its timeout): the way async code reads the GPUs.
+pub async fn inventory_off_runtime(backend: &Arc<dyn GpuBackend>) -> Result<Inventory, Error> {
+    let backend = Arc::clone(backend);
+    tokio::task::spawn_blocking(move || backend.inventory())
+        .await
+        .map_err(|e| Error::Worker(e.to_string()))?
 }
 
 /// The backend `config` selects, with `auto` resolved: `nvml` where this build can dlopen and
@@ -167,7 +188,7 @@ impl Error {
     /// The message without the backend prefix (for lists that already name the backend).
     pub fn reason(&self) -> String {
         match self {
-            Error::Nvml(r) | Error::NvidiaSmi(r) | Error::Fake(r) => r.clone(),
+            Error::Nvml(r) | Error::NvidiaSmi(r) | Error::Fake(r) | Error::Worker(r) => r.clone(),
             Error::NoBackend { .. } => self.to_string(),
         }
     }
@@ -193,6 +214,18 @@ mod tests {
         assert!(tried[0].starts_with("nvml: "), "{tried:?}");
         assert!(tried[1].starts_with("nvidia-smi: "), "{tried:?}");
         assert!(tried[1].contains("/nonexistent/nvidia-smi"), "{tried:?}");
+    }
+
+    #[tokio::test]
+    async fn off_runtime_calls_return_what_the_backend_says() {
+        let config = GpuConfig {
+            backend: GpuBackendKind::Fake,
+            fake_gpus: "2x16GiB".to_string(),
+            ..GpuConfig::default()
+        };
+        let backend = open_off_runtime(&config).await.expect("opens");
+        let inventory = inventory_off_runtime(&backend).await.expect("lists");
+        assert_eq!(inventory.devices.len(), 2);
     }
 
     #[test]

@@ -154,7 +154,11 @@ fn the_import_scanner_reads_paths_and_groups() {
 fn roles_never_import_each_other_and_infrastructure_never_imports_a_role() {
     let mut files = Vec::new();
     rust_files(&src_dir(), &mut files);
-    assert!(files.len() > 20, "found the sources ({} files)", files.len());
+    assert!(
+        files.len() > 20,
+        "found the sources ({} files)",
+        files.len()
+    );
     let mut broken: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in &files {
         let from = owner(file);
@@ -201,7 +205,16 @@ fn every_top_level_module_has_a_rule() {
 fn dependency_names(args: &[&str]) -> BTreeSet<String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
     let out = Command::new(cargo)
-        .args(["tree", "--offline", "-e", "normal", "--prefix", "none", "--format", "{p}"])
+        .args([
+            "tree",
+            "--offline",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+            "--format",
+            "{p}",
+        ])
         .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
@@ -221,7 +234,10 @@ fn dependency_names(args: &[&str]) -> BTreeSet<String> {
 #[test]
 fn the_core_crate_links_nothing_of_the_outside_world() {
     let deps = dependency_names(&["-p", "gpushare-core"]);
-    assert!(deps.contains("gpushare-core"), "cargo tree listed the crate: {deps:?}");
+    assert!(
+        deps.contains("gpushare-core"),
+        "cargo tree listed the crate: {deps:?}"
+    );
     let forbidden = [
         "kube",
         "kube-client",
@@ -244,7 +260,10 @@ fn the_core_crate_links_nothing_of_the_outside_world() {
 #[test]
 fn the_binary_without_the_demo_feature_does_not_link_the_sandbox() {
     let lean = dependency_names(&["-p", "gpushare", "--no-default-features"]);
-    assert!(lean.contains("gpushare-core"), "cargo tree listed the crate: {lean:?}");
+    assert!(
+        lean.contains("gpushare-core"),
+        "cargo tree listed the crate: {lean:?}"
+    );
     assert!(
         !lean.contains("gpushare-sandbox"),
         "the sandbox is linked without the demo feature"
@@ -253,5 +272,31 @@ fn the_binary_without_the_demo_feature_does_not_link_the_sandbox() {
     assert!(
         full.contains("gpushare-sandbox"),
         "the default build (with `gpushare demo`) links the sandbox"
+    );
+}
+
+#[test]
+fn gpu_backend_calls_stay_off_the_async_runtime() {
+    // nvidia-smi runs a process that can hang until its timeout: outside `gpu/`, async code
+    // reads the GPUs through `gpu::open_off_runtime` / `gpu::inventory_off_runtime`. The
+    // doctor calls the backend directly, on a plain thread of its own (see doctor/gpus.rs).
+    let mut files = Vec::new();
+    rust_files(&src_dir(), &mut files);
+    let allowed = [src_dir().join("doctor").join("gpus.rs")];
+    let mut direct = Vec::new();
+    for file in &files {
+        if file.starts_with(src_dir().join("gpu")) || allowed.contains(file) {
+            continue;
+        }
+        let code = without_comments(&std::fs::read_to_string(file).expect("readable"));
+        for needle in [".inventory()", "gpu::open("] {
+            if code.contains(needle) {
+                direct.push(format!("{} calls {needle}", file.display()));
+            }
+        }
+    }
+    assert!(
+        direct.is_empty(),
+        "blocking GPU calls on the runtime: {direct:#?}"
     );
 }
