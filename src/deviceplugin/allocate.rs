@@ -216,9 +216,10 @@ impl Plugin {
                     let event_msg = format!("Allocate of {amount} failed: {why}");
                     tokio::spawn(async move {
                         node::warn_event(
-                            &plugin.client,
+                            &plugin.events,
                             &plugin.node,
                             &plugin.node_uid,
+                            "Allocate",
                             "GpuShareAllocateFailed",
                             &event_msg,
                         )

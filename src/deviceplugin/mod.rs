@@ -43,8 +43,9 @@ use tokio::task::JoinHandle;
 use crate::admin::AdminState;
 use crate::config::{AllocateFailure, Config, DevicePluginConfig, FlagOverrides, VisibleDevices};
 use crate::core::MemoryUnit;
-use crate::core::wire::PLUGIN_SOCKET;
+use crate::core::wire::{DEVICE_PLUGIN_COMPONENT, PLUGIN_SOCKET};
 use crate::gpu::GpuBackend;
+use crate::k8s::events::Events;
 use crate::kubelet_api::deviceplugin::ListAndWatchResponse;
 use crate::shutdown::Shutdown;
 
@@ -214,6 +215,8 @@ pub(crate) struct Plugin {
     pub(crate) node_uid: String,
     pub(crate) cgpu_disable: bool,
     pub(crate) client: kube::Client,
+    /// The Event publisher (events.k8s.io/v1, repeats aggregated).
+    pub(crate) events: Events,
     pub(crate) backend: Arc<dyn GpuBackend>,
     pub(crate) gpus: Vec<ServedGpu>,
     pub(crate) health: std::sync::Mutex<HealthTracker>,
@@ -374,6 +377,7 @@ pub async fn start(
         node_uid: facts.uid,
         cgpu_disable: facts.cgpu_disable,
         client: client.clone(),
+        events: Events::new(client.clone(), DEVICE_PLUGIN_COMPONENT, &node),
         backend: backend.clone(),
         gpus,
         health: std::sync::Mutex::new(tracker),
@@ -513,9 +517,10 @@ async fn health_task(
                     "GPU unhealthy"
                 );
                 node::warn_event(
-                    &plugin.client,
+                    &plugin.events,
                     &plugin.node,
                     &plugin.node_uid,
+                    "HealthCheck",
                     "GpuUnhealthy",
                     &format!(
                         "GPU {index} ({}) is unhealthy: {}",

@@ -6,22 +6,16 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use kube::api::PostParams;
 
 use super::devices::ServedGpu;
 use crate::core::MemoryUnit;
-use crate::core::wire::{
-    DEVICE_PLUGIN_COMPONENT, LABEL_CGPU_DISABLE, NODE_ANN_DEVICES, NODE_ANN_MEMORY_UNIT,
-};
+use crate::core::wire::{LABEL_CGPU_DISABLE, NODE_ANN_DEVICES, NODE_ANN_MEMORY_UNIT};
+use crate::k8s::events::{Events, Severity, node_reference};
 use crate::k8s::project::PublishedGpu;
 use crate::k8s::retry::retry_attempts;
-use crate::k8s::write::{now_ns, patch_node_annotations, patch_node_gpu_count};
-
-/// Namespace of the node Events (as kubelet does for node events).
-pub const EVENT_NAMESPACE: &str = "default";
+use crate::k8s::write::{patch_node_annotations, patch_node_gpu_count};
 
 /// What the plugin read from its Node at start.
 #[derive(Clone, Debug, Default)]
@@ -98,45 +92,22 @@ pub async fn publish_devices(
     Ok(())
 }
 
-/// Records a Warning Event on the node; failures are logged, never returned.
+/// Raises a Warning Event on this node (best effort; repeats fold into a series).
 pub async fn warn_event(
-    client: &kube::Client,
+    events: &Events,
     node: &str,
     node_uid: &str,
+    action: &str,
     reason: &str,
     message: &str,
 ) {
-    let api: Api<Event> = Api::namespaced(client.clone(), EVENT_NAMESPACE);
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let message: String = message.chars().take(1024).collect();
-    let event = Event {
-        metadata: ObjectMeta {
-            name: Some(format!("{node}.{:x}", now_ns())),
-            namespace: Some(EVENT_NAMESPACE.to_string()),
-            ..ObjectMeta::default()
-        },
-        involved_object: ObjectReference {
-            kind: Some("Node".to_string()),
-            api_version: Some("v1".to_string()),
-            name: Some(node.to_string()),
-            uid: (!node_uid.is_empty()).then(|| node_uid.to_string()),
-            ..ObjectReference::default()
-        },
-        reason: Some(reason.to_string()),
-        message: Some(message),
-        type_: Some("Warning".to_string()),
-        count: Some(1),
-        first_timestamp: Some(now.clone()),
-        last_timestamp: Some(now),
-        source: Some(EventSource {
-            component: Some(DEVICE_PLUGIN_COMPONENT.to_string()),
-            host: Some(node.to_string()),
-        }),
-        reporting_component: Some(DEVICE_PLUGIN_COMPONENT.to_string()),
-        reporting_instance: Some(node.to_string()),
-        ..Event::default()
-    };
-    if let Err(e) = api.create(&PostParams::default(), &event).await {
-        tracing::warn!(error = %e, reason, "could not record a node Event");
-    }
+    events
+        .publish(
+            &node_reference(node, node_uid),
+            Severity::Warning,
+            action,
+            reason,
+            message,
+        )
+        .await;
 }

@@ -278,9 +278,10 @@ pub(crate) async fn reconcile_once(
         plugin.metrics.swaps_corrected.inc();
         tracing::warn!("allocation swap corrected: {swap}");
         warn_event(
-            &plugin.client,
+            &plugin.events,
             &plugin.node,
             &plugin.node_uid,
+            "Reconcile",
             "GpuShareAllocationSwapped",
             &format!("{swap}; annotations corrected"),
         )

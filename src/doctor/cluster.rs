@@ -148,7 +148,7 @@ const fn perm(
 }
 
 const CORE: &[&str] = &[""];
-const EVENTS: &[&str] = &[""];
+const EVENTS: &[&str] = &["events.k8s.io"];
 const LEASES: &[&str] = &["coordination.k8s.io"];
 
 /// What `gpushare extender` does with the API.
@@ -165,6 +165,7 @@ pub const EXTENDER_PERMISSIONS: &[Permission] = &[
     perm(CORE, "configmaps", "", "list"),
     perm(CORE, "configmaps", "", "watch"),
     perm(EVENTS, "events", "", "create"),
+    perm(EVENTS, "events", "", "patch"),
     Permission {
         leader_only: true,
         ..perm(LEASES, "leases", "", "get")
@@ -189,6 +190,7 @@ pub const DEVICE_PLUGIN_PERMISSIONS: &[Permission] = &[
     perm(CORE, "nodes", "", "patch"),
     perm(CORE, "nodes", "status", "patch"),
     perm(EVENTS, "events", "", "create"),
+    perm(EVENTS, "events", "", "patch"),
 ];
 
 impl Permission {

@@ -11,9 +11,8 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
 use tokio::time::Instant;
 
 use super::cache::ReserveError;
@@ -21,7 +20,7 @@ use super::filter::pod_request;
 use super::state::ExtenderState;
 use super::wire::BindingArgs;
 use crate::core::PodGpuAnnotations;
-use crate::core::wire::EXTENDER_COMPONENT;
+use crate::k8s::events::{Severity, pod_reference};
 use crate::k8s::retry::{RetryError, Transient, retry_until};
 use crate::k8s::write::{bind_pod, now_ns, patch_pod_annotations};
 
@@ -153,12 +152,12 @@ pub async fn bind(state: &ExtenderState, args: &BindingArgs) -> Result<String, S
                 unit_name(state, node),
                 reservation.device_total
             );
-            emit_event(state, &pod, REASON_BOUND, &msg, "Normal");
+            emit_event(state, &pod, REASON_BOUND, &msg, Severity::Normal);
             Ok(msg)
         }
         Err(why) => {
             state.cache().rollback(&uid, node, gpu);
-            emit_event(state, &pod, REASON_FAILED, &why, "Warning");
+            emit_event(state, &pod, REASON_FAILED, &why, Severity::Warning);
             Err(why)
         }
     }
@@ -234,53 +233,22 @@ fn unit_name(state: &ExtenderState, node: &str) -> String {
         .unwrap_or_else(|| "units".to_string())
 }
 
-/// Creates a core/v1 Event on the pod in the background; failures are only logged.
+/// Raises an Event on the pod (in the background: a slow Event API never holds a bind).
 fn emit_event(
     state: &ExtenderState,
     pod: &Pod,
     reason: &'static str,
     message: &str,
-    kind: &'static str,
+    severity: Severity,
 ) {
-    let ns = pod
-        .metadata
-        .namespace
-        .clone()
-        .unwrap_or_else(|| "default".to_string());
-    let name = pod.metadata.name.clone().unwrap_or_default();
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let event = Event {
-        metadata: ObjectMeta {
-            name: Some(format!("{name}.{:x}", now_ns())),
-            namespace: Some(ns.clone()),
-            ..ObjectMeta::default()
-        },
-        involved_object: ObjectReference {
-            api_version: Some("v1".to_string()),
-            kind: Some("Pod".to_string()),
-            name: Some(name),
-            namespace: Some(ns.clone()),
-            uid: pod.metadata.uid.clone(),
-            resource_version: pod.metadata.resource_version.clone(),
-            ..ObjectReference::default()
-        },
-        reason: Some(reason.to_string()),
-        message: Some(message.to_string()),
-        type_: Some(kind.to_string()),
-        source: Some(EventSource {
-            component: Some(EXTENDER_COMPONENT.to_string()),
-            host: None,
-        }),
-        reporting_component: Some(EXTENDER_COMPONENT.to_string()),
-        first_timestamp: Some(now.clone()),
-        last_timestamp: Some(now),
-        count: Some(1),
-        ..Event::default()
-    };
-    let events: Api<Event> = Api::namespaced(state.client().clone(), &ns);
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let regarding = pod_reference(ns, name, pod.metadata.uid.as_deref());
+    let events = state.events().clone();
+    let message = message.to_string();
     tokio::spawn(async move {
-        if let Err(e) = events.create(&PostParams::default(), &event).await {
-            tracing::debug!(error = %e, reason, "could not create the pod event");
-        }
+        events
+            .publish(&regarding, severity, "Bind", reason, &message)
+            .await;
     });
 }

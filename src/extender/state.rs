@@ -14,6 +14,8 @@ use super::cache::Cache;
 use super::metrics::Metrics;
 use crate::admin::AdminState;
 use crate::config::ExtenderConfig;
+use crate::core::wire::EXTENDER_COMPONENT;
+use crate::k8s::events::Events;
 
 /// Everything the request handlers and the watches share.
 pub struct ExtenderState {
@@ -22,6 +24,7 @@ pub struct ExtenderState {
     admin: Arc<AdminState>,
     metrics: Metrics,
     client: kube::Client,
+    events: Events,
     synced: AtomicBool,
     serving: AtomicBool,
     ready_tx: watch::Sender<bool>,
@@ -48,6 +51,7 @@ impl ExtenderState {
             cache: Cache::new(),
             admin,
             metrics,
+            events: Events::new(client.clone(), EXTENDER_COMPONENT, &instance_name()),
             client,
             synced: AtomicBool::new(false),
             serving: AtomicBool::new(serving),
@@ -78,6 +82,11 @@ impl ExtenderState {
     /// The API client.
     pub fn client(&self) -> &kube::Client {
         &self.client
+    }
+
+    /// The Event publisher (events.k8s.io/v1, repeats aggregated).
+    pub fn events(&self) -> &Events {
+        &self.events
     }
 
     /// Whether the first full sync of pods, nodes and ConfigMaps has been applied.
@@ -128,4 +137,14 @@ impl ExtenderState {
             None
         }
     }
+}
+
+/// This replica's name for the Events it reports: the pod name (`POD_NAME`, from the downward
+/// API) or the host name, else empty (then the component name stands in).
+fn instance_name() -> String {
+    ["POD_NAME", "HOSTNAME"]
+        .iter()
+        .filter_map(|k| std::env::var(k).ok())
+        .find(|v| !v.is_empty())
+        .unwrap_or_default()
 }

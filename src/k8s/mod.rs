@@ -5,6 +5,7 @@
 //! This module does not decide anything: placement lives in `core`, policy in the roles.
 
 pub mod client;
+pub mod events;
 pub mod project;
 pub mod retry;
 pub mod watched_pod;

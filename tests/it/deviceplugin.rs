@@ -186,9 +186,9 @@ impl Cluster {
 
     fn warning_events(&self, reason: &str) -> Vec<Value> {
         self.api
-            .list_objects("events", Some("default"))
+            .list_objects("events.events.k8s.io", Some("default"))
             .into_iter()
-            .filter(|e| e["reason"] == reason && e["involvedObject"]["name"] == NODE)
+            .filter(|e| e["reason"] == reason && e["regarding"]["name"] == NODE)
             .collect()
     }
 }

@@ -261,18 +261,21 @@ async fn demo_a1_a2_binpack_then_no_single_gpu_fits() {
     // Events tell which GPU each pod got.
     eventually("GpuShareBound events", || async {
         env.api
-            .list_objects("events", Some("default"))
+            .list_objects("events.events.k8s.io", Some("default"))
             .iter()
             .filter(|e| e["reason"] == "GpuShareBound")
             .count()
             == 3
     })
     .await;
-    let events = env.api.list_objects("events", Some("default"));
+    let events = env
+        .api
+        .list_objects("events.events.k8s.io", Some("default"));
     assert!(events.iter().any(|e| {
         e["reason"] == "GpuShareBound"
-            && e["involvedObject"]["name"] == "binpack-3"
-            && e["message"]
+            && e["regarding"]["name"] == "binpack-3"
+            && e["reportingController"] == "gpushare-schd-extender"
+            && e["note"]
                 .as_str()
                 .unwrap()
                 .starts_with("assigned GPU 1 (8138")
@@ -672,7 +675,7 @@ async fn a_binding_that_fails_for_good_is_rolled_back() {
     assert_eq!(used(&inspect(env.addr()).await, "n1"), [10]);
     eventually("a GpuShareBindFailed event", || async {
         env.api
-            .list_objects("events", Some("default"))
+            .list_objects("events.events.k8s.io", Some("default"))
             .iter()
             .any(|e| e["reason"] == "GpuShareBindFailed")
     })

@@ -456,7 +456,6 @@ fn rbac_grants_exactly_what_each_role_uses() {
             ("", "pods/binding", &["create"]),
             ("", "bindings", &["create"]),
             ("", "nodes", &["get", "list", "watch"]),
-            ("", "events", &["create", "patch"]),
             ("events.k8s.io", "events", &["create", "patch"]),
         ])
     );
@@ -506,7 +505,6 @@ fn rbac_grants_exactly_what_each_role_uses() {
             ("", "pods", &["get", "list", "watch", "patch"]),
             ("", "nodes", &["get", "list", "watch", "patch"]),
             ("", "nodes/status", &["patch"]),
-            ("", "events", &["create", "patch"]),
             ("events.k8s.io", "events", &["create", "patch"]),
         ])
     );
