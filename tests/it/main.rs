@@ -2,6 +2,7 @@
 //! harness (binary runner, fixtures).
 
 mod cli;
+mod clients;
 mod demo;
 mod deviceplugin;
 mod doctor;
