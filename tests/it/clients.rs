@@ -98,8 +98,14 @@ async fn grpcio_kubelet_drives_the_plugin(authority: &str) {
     assert_eq!(code, Some(0), "{report}\n{stderr}");
     assert_eq!(report["register"]["resource_name"], wire::RESOURCE_GPU_MEM);
     assert_eq!(report["register"]["endpoint"], wire::PLUGIN_SOCKET);
-    assert_eq!(report["register"]["version"], wire::DEVICE_PLUGIN_API_VERSION);
-    assert_eq!(report["options"]["get_preferred_allocation_available"], true);
+    assert_eq!(
+        report["register"]["version"],
+        wire::DEVICE_PLUGIN_API_VERSION
+    );
+    assert_eq!(
+        report["options"]["get_preferred_allocation_available"],
+        true
+    );
     assert_eq!(report["devices"], 32, "{report}");
     assert_eq!(report["healthy"], 32, "{report}");
     let envs = &report["allocate"][0];

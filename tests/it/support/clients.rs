@@ -131,5 +131,7 @@ fn kubectl_version(kubectl: &Path) -> Option<String> {
         .output()
         .ok()?;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-    v["clientVersion"]["gitVersion"].as_str().map(str::to_string)
+    v["clientVersion"]["gitVersion"]
+        .as_str()
+        .map(str::to_string)
 }
