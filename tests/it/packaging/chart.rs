@@ -147,7 +147,7 @@ fn golden_header(template: &str) -> String {
     format!(
         "# Rendered from {CHART}/templates/{template} (release {RELEASE}, namespace {NAMESPACE},\n\
          # default values). Do not edit: change the chart, then regenerate with\n\
-         #   GPUSHARE_UPDATE_GOLDEN=1 cargo test --test it packaging\n"
+         #   make manifests\n"
     )
 }
 
@@ -187,7 +187,7 @@ fn rendered_chart_equals_the_plain_manifests() {
         manifests.keys().collect::<Vec<_>>(),
         rendered.keys().collect::<Vec<_>>(),
         "packaging/manifests/ must hold one file per chart template \
-         (regenerate: GPUSHARE_UPDATE_GOLDEN=1 cargo test --test it packaging)"
+         (regenerate: make manifests)"
     );
     for (name, text) in &rendered {
         let docs = yaml_documents(name, text);
@@ -195,7 +195,7 @@ fn rendered_chart_equals_the_plain_manifests() {
         assert_eq!(
             &docs, &manifests[name],
             "{MANIFESTS}/{name} differs from the chart \
-             (regenerate: GPUSHARE_UPDATE_GOLDEN=1 cargo test --test it packaging)"
+             (regenerate: make manifests)"
         );
     }
 }
@@ -475,6 +475,18 @@ fn upstream_names_labels_and_ports_are_kept() {
     assert_eq!(c["securityContext"]["capabilities"]["drop"][0], "ALL");
     assert_eq!(args(c)[0], "device-plugin");
     assert!(args(c).iter().any(|a| a == "--memory-unit=GiB"));
+
+    // Every object carries the recommended labels from _helpers.tpl (selectors do not).
+    for d in &docs {
+        let l = &d["metadata"]["labels"];
+        assert_eq!(l["app.kubernetes.io/instance"], RELEASE, "{d:?}");
+        assert_eq!(l["app.kubernetes.io/managed-by"], "Helm", "{d:?}");
+        assert_eq!(
+            l["helm.sh/chart"],
+            format!("gpushare-{}", env!("CARGO_PKG_VERSION")).as_str(),
+            "{d:?}"
+        );
+    }
 
     // ServiceAccounts and cluster roles keep the upstream names.
     for name in [wire::EXTENDER_COMPONENT, wire::DEVICE_PLUGIN_COMPONENT] {
