@@ -54,35 +54,13 @@ fn merged(base: &Value, overlay: &Value) -> Value {
 /// One request to the Helm engine: renders of `renders` and `helm lint --strict` with `lints`.
 /// `None` when helm-python-sdk is missing (skipped; under CI the test fails).
 fn helm(renders: &[&Value], lints: &[&Value]) -> Option<serde_json::Value> {
-    use std::io::Write;
-    let python = clients::python_with(&["helm_python"])?;
-    let request = serde_json::json!({
+    clients::helm_chart(&serde_json::json!({
         "chart": repo_path(CHART),
         "release": RELEASE,
         "namespace": NAMESPACE,
         "renders": renders,
         "lints": lints,
-    });
-    let mut child = std::process::Command::new(python)
-        .arg(repo_path("tests/clients/helm_chart.py"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("python runs");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(request.to_string().as_bytes())
-        .expect("request written");
-    let out = child.wait_with_output().expect("helm_chart.py finishes");
-    assert!(
-        out.status.success(),
-        "helm_chart.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(serde_json::from_slice(&out.stdout).expect("helm_chart.py answers JSON"))
+    }))
 }
 
 /// Every template's rendered text, by file name (sorted), as the Helm engine renders it with
@@ -271,6 +249,7 @@ fn every_chart_option_renders_valid_objects() {
         "extender: {leaderElect: false, replicas: 1, hostNetwork: true, nodeSelector: {node-role.kubernetes.io/control-plane: ''}}",
         "devicePlugin: {kmsg: true, mps: true, hostNetwork: true, runtimeClassName: nvidia, tolerations: []}",
         "skipDoctor: true\nlogFormat: json\ndevicePlugin: {memoryUnit: 256MiB, healthCheck: false}",
+        "devicePlugin: {gpuBackend: fake, fakeGpus: 2x16GiB}",
         "extender: {tolerations: [], affinity: {}}",
     ];
     for overlay in variants {

@@ -135,3 +135,30 @@ fn kubectl_version(kubectl: &Path) -> Option<String> {
         .as_str()
         .map(str::to_string)
 }
+
+/// One request to the real Helm engine (`tests/clients/helm_chart.py`, helm-python-sdk): see
+/// that script for the request and answer. `None` when the SDK is missing (skipped; CI fails).
+pub fn helm_chart(request: &serde_json::Value) -> Option<serde_json::Value> {
+    use std::io::Write;
+    let python = python_with(&["helm_python"])?;
+    let mut child = Command::new(python)
+        .arg(repo_root().join("tests/clients/helm_chart.py"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(request.to_string().as_bytes())
+        .expect("request written");
+    let out = child.wait_with_output().expect("helm_chart.py finishes");
+    assert!(
+        out.status.success(),
+        "helm_chart.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(serde_json::from_slice(&out.stdout).expect("helm_chart.py answers JSON"))
+}
