@@ -3,6 +3,7 @@
 
 mod cli;
 mod clients;
+mod cluster;
 mod demo;
 mod deviceplugin;
 mod doctor;
