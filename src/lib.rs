@@ -24,7 +24,7 @@
 //!   generated gRPC code) and `gpushare-sandbox` (a throwaway cluster for tests and
 //!   `gpushare demo`, linked only with the `demo` feature);
 //! - infrastructure every role may use: [`buildinfo`], [`config`], [`telemetry`],
-//!   [`shutdown`], [`admin`], [`exposition`], [`http_server`], [`grpc_server`], [`k8s`], [`gpu`];
+//!   [`shutdown`], [`admin`], [`exposition`], [`http_server`], [`k8s`], [`gpu`];
 //! - the roles, which never import each other: [`extender`], [`deviceplugin`], [`inspect`],
 //!   [`doctor`];
 //! - the composers: [`cli`] (the only dispatch to the roles, and the preflight) and `demo`.
@@ -43,7 +43,6 @@ pub mod doctor;
 pub mod exposition;
 pub mod extender;
 pub mod gpu;
-pub mod grpc_server;
 pub mod http_server;
 pub mod inspect;
 pub mod k8s;

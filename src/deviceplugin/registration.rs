@@ -64,7 +64,10 @@ impl Generation {
         let server = tokio::spawn(async move {
             if let Err(e) = Server::builder()
                 .add_service(service)
-                .serve_with_incoming_shutdown(crate::grpc_server::incoming(listener), stop.wait())
+                .serve_with_incoming_shutdown(
+                    crate::kubelet_api::unix_server::incoming(listener),
+                    stop.wait(),
+                )
                 .await
             {
                 tracing::warn!(error = %e, "device plugin gRPC server ended with an error");

@@ -1,5 +1,6 @@
-//! The one way we serve gRPC on a unix socket: tonic over a listener whose connections accept
-//! every `:authority` a real kubelet sends.
+//! The one way the kubelet APIs are served on a unix socket (the device plugin's socket, the
+//! sandbox kubelet's): tonic over a listener whose connections accept every `:authority` a
+//! real client sends.
 //!
 //! kubelet 1.11-1.25 dials plugin sockets with grpc-go and a bare path, so the socket path
 //! (`/var/lib/kubelet/device-plugins/aliyungpushare.sock`) travels as the HTTP/2 `:authority`;
