@@ -6,7 +6,7 @@ STATIC_BIN := target/$(MUSL_TARGET)/release/gpushare
 GLIBC_TARGET := x86_64-unknown-linux-gnu.2.17
 CI_FLAGS := $(if $(CI),--locked,)
 
-.PHONY: help build static glibc test test-cluster test-gpu layers lint fmt bench fuzz demo ci check-static setup
+.PHONY: help build static glibc test test-cluster test-gpu layers lint fmt bench fuzz demo ci check-static setup manifests clients
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -17,8 +17,17 @@ build: ## debug build of the gpushare binary (dynamically linked, NVML backend a
 demo: ## run the self-contained demo (sandbox cluster, extender, device plugin, fake GPUs)
 	$(CARGO) run $(CI_FLAGS) --quiet -- demo
 
+VENV ?= .venv
+clients: ## the outside clients the tests drive: grpcio, grpcio-tools, helm-python-sdk into $(VENV) (promtool: apt-get install prometheus)
+	@[ -x $(VENV)/bin/python3 ] || python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/clients/requirements.txt
+	@command -v promtool >/dev/null || echo "clients: promtool missing: apt-get install prometheus (or set GPUSHARE_TEST_PROMTOOL)"
+
 test: ## unit + integration tests (no cluster, no GPU needed)
 	$(CARGO) test $(CI_FLAGS) --workspace --all-targets
+
+manifests: ## regenerate packaging/manifests/ from the Helm chart (real Helm engine, helm-python-sdk in .venv)
+	GPUSHARE_UPDATE_GOLDEN=1 $(CARGO) test $(CI_FLAGS) --test it -- --exact packaging::chart::rendered_chart_equals_the_plain_manifests
 
 test-cluster: ## tests against a real cluster (needs KUBECONFIG)
 	$(CARGO) test $(CI_FLAGS) --test it -- --ignored cluster_

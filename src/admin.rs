@@ -1,6 +1,7 @@
 //! `/healthz`, `/readyz` and `/metrics` for the server roles: a readiness flag, a
-//! Prometheus registry rendered in the text exposition format, and [`serve`], an admin-only
-//! endpoint on the shared [`crate::http_server`].
+//! Prometheus registry (with the build info and process metrics of [`crate::exposition`])
+//! rendered in the format the scraper asks for, and [`serve`], an admin-only endpoint on the
+//! shared [`crate::http_server`].
 //!
 //! The extender answers these paths on its own port next to the scheduling verbs (its
 //! readiness has reasons of its own); the device plugin serves them with [`serve`] on
@@ -17,6 +18,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+use crate::exposition::Format;
 use crate::http_server::{self, Limits, Reply, ServerMetrics};
 use crate::shutdown::Shutdown;
 
@@ -29,15 +31,17 @@ pub struct AdminState {
 
 impl Default for AdminState {
     fn default() -> Self {
+        let mut registry = Registry::default();
+        crate::exposition::register_common(&mut registry);
         AdminState {
             ready: AtomicBool::new(false),
-            registry: std::sync::Mutex::new(Registry::default()),
+            registry: std::sync::Mutex::new(registry),
         }
     }
 }
 
 impl AdminState {
-    /// A new state, not ready, with an empty registry.
+    /// A new state, not ready, with a registry holding only build info and process metrics.
     pub fn new() -> Arc<Self> {
         Arc::new(AdminState::default())
     }
@@ -61,18 +65,16 @@ impl AdminState {
         f(&mut guard)
     }
 
-    /// The metrics in the Prometheus text format.
+    /// The metrics in the Prometheus text format 0.0.4.
     pub fn render_metrics(&self) -> String {
-        let mut out = String::new();
-        self.with_registry(|r| {
-            let _ = prometheus_client::encoding::text::encode(&mut out, r);
-        });
-        out
+        self.render_metrics_as(Format::Text)
+    }
+
+    /// The metrics in `format`.
+    pub fn render_metrics_as(&self, format: Format) -> String {
+        self.with_registry(|r| crate::exposition::render(r, format))
     }
 }
-
-/// Content type of the Prometheus text format.
-pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 fn respond(status: StatusCode, content_type: &str, body: String) -> Reply {
     Response::builder()
@@ -83,8 +85,15 @@ fn respond(status: StatusCode, content_type: &str, body: String) -> Reply {
 }
 
 /// Answers one admin request: `/healthz` (alive), `/readyz` (200 when ready, else 503 with
-/// `not_ready`), `/metrics`. Other paths 404; methods other than GET/HEAD 405.
-pub fn route(state: &AdminState, not_ready: &str, method: &Method, path: &str) -> Reply {
+/// `not_ready`), `/metrics` (in the format `accept` asks for). Other paths 404; methods other
+/// than GET/HEAD 405.
+pub fn route(
+    state: &AdminState,
+    not_ready: &str,
+    method: &Method,
+    path: &str,
+    accept: Option<&str>,
+) -> Reply {
     const TEXT: &str = "text/plain; charset=utf-8";
     if !matches!(path, "/healthz" | "/readyz" | "/metrics") {
         return respond(StatusCode::NOT_FOUND, TEXT, "not found\n".to_string());
@@ -107,7 +116,14 @@ pub fn route(state: &AdminState, not_ready: &str, method: &Method, path: &str) -
             TEXT,
             format!("{not_ready}\n"),
         ),
-        _ => respond(StatusCode::OK, METRICS_CONTENT_TYPE, state.render_metrics()),
+        _ => {
+            let format = Format::negotiate(accept);
+            respond(
+                StatusCode::OK,
+                format.content_type(),
+                state.render_metrics_as(format),
+            )
+        }
     }
 }
 
@@ -126,7 +142,11 @@ pub async fn serve(
     let local = listener.local_addr()?;
     let metrics = ServerMetrics::register(&state);
     let handler = move |req: http::Request<hyper::body::Incoming>| {
-        let reply = route(&state, not_ready, req.method(), req.uri().path());
+        let accept = req
+            .headers()
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok());
+        let reply = route(&state, not_ready, req.method(), req.uri().path(), accept);
         async move { reply }
     };
     let task = tokio::spawn(http_server::serve(
@@ -143,7 +163,7 @@ mod tests {
     #[test]
     fn admin_routes_answer_health_readiness_and_metrics() {
         let state = AdminState::new();
-        let status = |m: Method, p: &str| route(&state, "not registered", &m, p).status();
+        let status = |m: Method, p: &str| route(&state, "not registered", &m, p, None).status();
         assert_eq!(status(Method::GET, "/healthz"), StatusCode::OK);
         assert_eq!(
             status(Method::GET, "/readyz"),

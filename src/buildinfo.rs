@@ -6,6 +6,8 @@
 
 /// Name under which the binary acts as `gpushare inspect`.
 pub const KUBECTL_PLUGIN_NAME: &str = "kubectl-inspect-gpushare";
+/// How a user types the plugin: what its usage line and errors name.
+pub const KUBECTL_PLUGIN_COMMAND: &str = "kubectl inspect gpushare";
 /// The same, as krew links it (`-` in a plugin name becomes `_`).
 pub const KREW_PLUGIN_NAME: &str = "kubectl-inspect_gpushare";
 

@@ -10,7 +10,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::buildinfo::{KREW_PLUGIN_NAME, KUBECTL_PLUGIN_NAME, version_text};
+use crate::buildinfo::{
+    KREW_PLUGIN_NAME, KUBECTL_PLUGIN_COMMAND, KUBECTL_PLUGIN_NAME, version_text,
+};
 use crate::config::{self, Config, FlagOverrides, LogFormat, LogLevel};
 #[cfg(feature = "demo")]
 use crate::demo;
@@ -87,9 +89,20 @@ pub enum Command {
     Version,
 }
 
-/// `gpushare inspect` under the kubectl plugin name.
+/// Show GPU memory allocation per node and GPU: what each pod holds, what is free, and
+/// which GPUs are unhealthy (`gpushare inspect` as a kubectl plugin).
+///
+/// Reads Nodes and Pods from the cluster kubectl points at (--kubeconfig / KUBECONFIG), or the
+/// extender's view with --from-extender. Flags go after `kubectl inspect gpushare`: kubectl
+/// refuses flags placed before a plugin's name.
 #[derive(Debug, Parser)]
-#[command(name = KUBECTL_PLUGIN_NAME, version, max_term_width = 100)]
+#[command(
+    name = KUBECTL_PLUGIN_NAME,
+    bin_name = KUBECTL_PLUGIN_COMMAND,
+    override_usage = "kubectl inspect gpushare [flags] [NODE]",
+    version,
+    max_term_width = 100
+)]
 struct InspectCli {
     #[command(flatten)]
     global: GlobalArgs,

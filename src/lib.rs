@@ -24,7 +24,7 @@
 //!   generated gRPC code) and `gpushare-sandbox` (a throwaway cluster for tests and
 //!   `gpushare demo`, linked only with the `demo` feature);
 //! - infrastructure every role may use: [`buildinfo`], [`config`], [`telemetry`],
-//!   [`shutdown`], [`admin`], [`http_server`], [`k8s`], [`gpu`];
+//!   [`shutdown`], [`admin`], [`exposition`], [`http_server`], [`k8s`], [`gpu`];
 //! - the roles, which never import each other: [`extender`], [`deviceplugin`], [`inspect`],
 //!   [`doctor`];
 //! - the composers: [`cli`] (the only dispatch to the roles, and the preflight) and `demo`.
@@ -40,6 +40,7 @@ pub mod config;
 pub mod demo;
 pub mod deviceplugin;
 pub mod doctor;
+pub mod exposition;
 pub mod extender;
 pub mod gpu;
 pub mod http_server;

@@ -15,7 +15,6 @@ use std::time::Duration;
 use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::{Endpoint, Server, Uri};
 
 use super::Plugin;
@@ -65,7 +64,10 @@ impl Generation {
         let server = tokio::spawn(async move {
             if let Err(e) = Server::builder()
                 .add_service(service)
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop.wait())
+                .serve_with_incoming_shutdown(
+                    crate::kubelet_api::unix_server::incoming(listener),
+                    stop.wait(),
+                )
                 .await
             {
                 tracing::warn!(error = %e, "device plugin gRPC server ended with an error");

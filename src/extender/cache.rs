@@ -680,8 +680,8 @@ impl Cache {
         }
     }
 
-    /// Every (node, GPU index, total, used) for the memory gauges.
-    pub fn gpu_rows(&self) -> Vec<(String, u32, GpuMem, GpuMem)> {
+    /// Every (node, GPU index, total, used, the node's declared unit) for the memory gauges.
+    pub fn gpu_rows(&self) -> Vec<(String, u32, GpuMem, GpuMem, Option<MemoryUnit>)> {
         let map = read(&self.nodes);
         let mut rows = Vec::new();
         for (name, slot) in map.iter() {
@@ -690,7 +690,7 @@ impl Cache {
                 continue;
             }
             for (i, g) in e.ledger.gpus().iter().enumerate() {
-                rows.push((name.to_string(), i as u32, g.total, g.used));
+                rows.push((name.to_string(), i as u32, g.total, g.used, e.gpus.unit));
             }
         }
         rows

@@ -1,6 +1,8 @@
 //! The extender's Prometheus metrics: requests and latency per verb and outcome, filter
 //! rejections by reason, bind retries, and — refreshed from the ledger at every scrape —
-//! total and allocated memory per node and GPU, pods held, assumed pods and the sync state.
+//! total and allocated memory per node and GPU in bytes, pods held, assumed pods, the sync
+//! state and whether this replica leads (so dashboards summing over replicas can keep to the
+//! leader's numbers: `... * on(instance) gpushare_extender_leader`).
 //!
 //! Registered in the role's [`AdminState`] registry; rendering is `AdminState::render_metrics`.
 
@@ -12,6 +14,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
 use super::cache::Cache;
 use crate::admin::AdminState;
+use crate::core::MemoryUnit;
 
 /// Labels of the request metrics.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -60,6 +63,7 @@ pub struct Metrics {
     assumed: Gauge,
     nodes: Gauge,
     synced: Gauge,
+    leader: Gauge,
 }
 
 impl Metrics {
@@ -76,6 +80,7 @@ impl Metrics {
             assumed: Gauge::default(),
             nodes: Gauge::default(),
             synced: Gauge::default(),
+            leader: Gauge::default(),
         };
         admin.with_registry(|r| {
             r.register(
@@ -99,13 +104,13 @@ impl Metrics {
                 m.bind_retries.clone(),
             );
             r.register(
-                "gpushare_extender_gpu_memory_total_units",
-                "GPU memory per node and GPU, in the device plugin's unit",
+                "gpushare_extender_gpu_memory_bytes",
+                "GPU memory per node and GPU in bytes (the device plugin's units times its unit; GiB when the node declares none)",
                 m.gpu_total.clone(),
             );
             r.register(
-                "gpushare_extender_gpu_memory_allocated_units",
-                "GPU memory held by pods per node and GPU, in the device plugin's unit",
+                "gpushare_extender_gpu_memory_allocated_bytes",
+                "GPU memory held by pods per node and GPU in bytes",
                 m.gpu_used.clone(),
             );
             r.register(
@@ -128,6 +133,11 @@ impl Metrics {
                 "1 once the ledger holds a full sync of pods, nodes and ConfigMaps",
                 m.synced.clone(),
             );
+            r.register(
+                "gpushare_extender_leader",
+                "1 while this replica leads (or runs without leader election), 0 on a standby",
+                m.leader.clone(),
+            );
         });
         m
     }
@@ -139,27 +149,30 @@ impl Metrics {
         self.latency.get_or_create(&labels).observe(seconds);
     }
 
-    /// Refreshes the ledger gauges (called at scrape time).
-    pub fn refresh(&self, cache: &Cache, synced: bool) {
+    /// Refreshes the ledger gauges (called at scrape time); `leader`: this replica serves the
+    /// scheduling verbs.
+    pub fn refresh(&self, cache: &Cache, synced: bool, leader: bool) {
         self.gpu_total.clear();
         self.gpu_used.clear();
-        for (node, gpu, total, used) in cache.gpu_rows() {
+        for (node, gpu, total, used, unit) in cache.gpu_rows() {
+            let unit = unit.unwrap_or(MemoryUnit::GIB);
             let labels = GpuLabels {
                 node,
                 gpu: gpu.to_string(),
             };
             self.gpu_total
                 .get_or_create(&labels)
-                .set(clamp(total.units()));
+                .set(clamp(unit.to_bytes(total)));
             self.gpu_used
                 .get_or_create(&labels)
-                .set(clamp(used.units()));
+                .set(clamp(unit.to_bytes(used)));
         }
         let stats = cache.stats();
         self.pods.set(clamp(stats.pods as u64));
         self.assumed.set(clamp(stats.assumed as u64));
         self.nodes.set(clamp(stats.nodes as u64));
         self.synced.set(i64::from(synced));
+        self.leader.set(i64::from(leader));
     }
 }
 

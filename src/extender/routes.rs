@@ -161,12 +161,19 @@ pub async fn handle(
             ),
         },
         Route::Metrics => {
-            state.metrics().refresh(state.cache(), state.is_synced());
+            state
+                .metrics()
+                .refresh(state.cache(), state.is_synced(), state.is_serving());
+            let format = crate::exposition::Format::negotiate(
+                req.headers()
+                    .get(header::ACCEPT)
+                    .and_then(|v| v.to_str().ok()),
+            );
             (
                 text(
                     StatusCode::OK,
-                    state.admin().render_metrics(),
-                    crate::admin::METRICS_CONTENT_TYPE,
+                    state.admin().render_metrics_as(format),
+                    format.content_type(),
                 ),
                 "",
             )

@@ -81,7 +81,12 @@ fn invoked_as_kubectl_plugin_it_is_inspect() {
         .unwrap();
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("Usage: kubectl-inspect-gpushare"), "{text}");
+    assert!(
+        text.contains("Usage: kubectl inspect gpushare [flags] [NODE]"),
+        "{text}"
+    );
+    assert!(text.starts_with("Show GPU memory allocation"), "{text}");
+    assert!(!text.contains("plugin name`"), "{text}");
     // krew links it under this name.
     let krew = dir.path().join("kubectl-inspect_gpushare");
     std::os::unix::fs::symlink(bin(), &krew).unwrap();
@@ -90,7 +95,10 @@ fn invoked_as_kubectl_plugin_it_is_inspect() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("Usage: kubectl-inspect_gpushare"), "{text}");
+    assert!(
+        text.contains("Usage: kubectl inspect gpushare [flags] [NODE]"),
+        "{text}"
+    );
     assert!(text.contains("--details"), "not inspect's help: {text}");
 }
 

@@ -967,8 +967,8 @@ async fn hostile_and_malformed_input_gets_clear_4xx_answers() {
         "gpushare_extender_requests_total",
         "gpushare_extender_request_duration_seconds",
         "gpushare_extender_filter_rejections_total",
-        "gpushare_extender_gpu_memory_total_units",
-        "gpushare_extender_gpu_memory_allocated_units",
+        "gpushare_extender_gpu_memory_bytes",
+        "gpushare_extender_gpu_memory_allocated_bytes",
         "gpushare_extender_assumed_pods",
         "gpushare_extender_ledger_synced 1",
     ] {

@@ -330,12 +330,6 @@ fn an_unreachable_api_server_is_one_line_and_exit_1() {
     }
 }
 
-/// The kubectl binaries the end-to-end test drives (Google Cloud SDK layout).
-const KUBECTLS: [&str; 2] = [
-    "/usr/lib/google-cloud-sdk/bin/kubectl.1.27",
-    "/usr/lib/google-cloud-sdk/bin/kubectl.1.33",
-];
-
 /// Seeds the sandbox API server with every item of a fixture `List`.
 fn seed_fixture(server: &gpushare_sandbox::apiserver::ApiServer, fixture_name: &str) {
     let text = std::fs::read_to_string(fixture(&format!("inspect/{fixture_name}.yaml")))
@@ -372,12 +366,17 @@ fn kubectl_runs_the_plugin_against_the_sandbox_api_server() {
     let table = render_report(&expected, Format::Table, false);
     let details = render_report(&expected, Format::Table, true);
     let mut ran = 0;
-    for kubectl in KUBECTLS {
-        let kubectl = std::path::Path::new(kubectl);
-        if !kubectl.exists() {
-            eprintln!("skipping {}: not installed", kubectl.display());
-            continue;
-        }
+    // Every kubectl installed (1.27-1.33 on the build machines), see `support::clients`.
+    let kubectls = crate::support::clients::kubectls();
+    if kubectls.is_empty() {
+        crate::support::clients::missing::<()>(
+            "kubectl",
+            "no kubectl on PATH or in the SDK folder",
+        );
+        return;
+    }
+    for (kubectl, _version) in &kubectls {
+        let kubectl = kubectl.as_path();
         let kubectl_dir = kubectl.parent().expect("a folder");
         let path = std::env::join_paths([plugin_dir.path(), kubectl_dir]).expect("PATH");
         let command = || {
@@ -425,8 +424,46 @@ fn kubectl_runs_the_plugin_against_the_sandbox_api_server() {
             "{} inspect gpushare -d",
             kubectl.display()
         );
+        // Discovery: `kubectl plugin list` names the plugin.
+        let out = command()
+            .args(["plugin", "list"])
+            .output()
+            .expect("kubectl runs");
+        assert!(
+            stdout(&out).contains("kubectl-inspect-gpushare"),
+            "{} plugin list: {}{}",
+            kubectl.display(),
+            stdout(&out),
+            stderr(&out)
+        );
+        // Help reads like a kubectl plugin: usage and description as the user types it.
+        let out = command()
+            .args(["inspect", "gpushare", "--help"])
+            .output()
+            .expect("kubectl runs");
+        assert!(out.status.success(), "{}", stderr(&out));
+        let help = stdout(&out);
+        assert!(help.starts_with("Show GPU memory allocation"), "{help}");
+        assert!(
+            help.contains("Usage: kubectl inspect gpushare [flags] [NODE]"),
+            "{help}"
+        );
+        // A flag before the plugin name: kubectl refuses it itself; the plugin never runs.
+        let out = command()
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args(["inspect", "gpushare"])
+            .output()
+            .expect("kubectl runs");
+        assert!(!out.status.success(), "{}", stdout(&out));
+        assert!(
+            stderr(&out).contains("flags cannot be placed before plugin name"),
+            "{}: {}",
+            kubectl.display(),
+            stderr(&out)
+        );
         ran += 1;
     }
+    assert_eq!(ran, kubectls.len());
     // A named node reads only that node's pods (field selector) and prints only that row.
     let out = run(&[
         "inspect",
@@ -472,7 +509,8 @@ fn kubectl_runs_the_plugin_against_the_sandbox_api_server() {
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
     runtime.block_on(server.shutdown());
-    eprintln!("kubectl versions exercised: {ran}");
+    let versions: Vec<&str> = kubectls.iter().map(|(_, v)| v.as_str()).collect();
+    eprintln!("kubectl versions exercised ({ran}): {versions:?}");
 }
 
 #[test]

@@ -13,6 +13,7 @@ const INFRA: &[&str] = &[
     "admin",
     "buildinfo",
     "config",
+    "exposition",
     "gpu",
     "http_server",
     "k8s",

@@ -2,6 +2,8 @@
 //! harness (binary runner, fixtures).
 
 mod cli;
+mod clients;
+mod cluster;
 mod demo;
 mod deviceplugin;
 mod doctor;

@@ -30,7 +30,6 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::service::Routes;
 use tonic::transport::{Channel, Endpoint, Server, Uri};
 use tonic::{Request, Response, Status};
@@ -589,9 +588,12 @@ fn serve(listener: UnixListener, routes: Routes, what: &'static str) -> ServerHa
     let task = tokio::spawn(async move {
         let result = Server::builder()
             .add_routes(routes)
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
-                let _ = stopped.await;
-            })
+            .serve_with_incoming_shutdown(
+                gpushare_kubelet_api::unix_server::incoming(listener),
+                async {
+                    let _ = stopped.await;
+                },
+            )
             .await;
         if let Err(e) = result {
             tracing::warn!(error = %e, "fake kubelet {what} server failed");

@@ -1,9 +1,9 @@
 //! Packaging: the Helm chart and the plain manifests rendered from it, the scheduler
 //! configuration, the kubeadm install script, the systemd units, the image and the krew
-//! manifest. Nothing here needs a cluster, Helm, Docker or a running systemd.
+//! manifest. Nothing here needs a cluster, Docker or a running systemd; the chart is rendered
+//! by the real Helm engine as a library (helm-python-sdk, see `support::clients`).
 
 mod chart;
-mod helm_lite;
 mod image;
 mod kubeadm;
 mod systemd;

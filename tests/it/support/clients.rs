@@ -1,0 +1,164 @@
+//! Finding the clients that other people wrote (Python grpcio, the Helm engine through
+//! helm-python-sdk, promtool, kubectl), deterministically.
+//!
+//! Where each comes from (`.ci/run` installs them):
+//! - Python with `grpcio`, `grpcio-tools` and `helm-python-sdk`: `$GPUSHARE_TEST_PYTHON`, else
+//!   `<repo>/.venv/bin/python3`.
+//! - promtool (Debian package `prometheus`): `$GPUSHARE_TEST_PROMTOOL`, else `promtool` on PATH.
+//! - kubectl: `$GPUSHARE_TEST_KUBECTL` (one binary), else every `kubectl` / `kubectl.1.*` on
+//!   PATH, under `/usr/local/bin` and under `/usr/lib/google-cloud-sdk/bin` (where the Google
+//!   Cloud SDK puts kubectl 1.27-1.33).
+//!
+//! A missing tool skips the test with a loud message on stderr, except under `CI` (set and not
+//! `false`/`0`), where it fails the test: CI must never pass by testing nothing.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// True under CI (`CI` set to anything but empty, `0` or `false`).
+pub fn under_ci() -> bool {
+    std::env::var("CI")
+        .map(|v| !matches!(v.trim(), "" | "0" | "false"))
+        .unwrap_or(false)
+}
+
+/// Skips (returns `None`, after a loud message) or, under CI, panics.
+pub fn missing<T>(tool: &str, how: &str) -> Option<T> {
+    let msg = format!(
+        "client `{tool}` not found: {how}. The test is SKIPPED; under CI=true it fails. \
+         Install it with .ci/run (or see README, Development)."
+    );
+    assert!(!under_ci(), "{msg}");
+    eprintln!("\n!!!!! SKIPPED: {msg}\n");
+    None
+}
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A Python interpreter that imports every module in `modules`.
+pub fn python_with(modules: &[&str]) -> Option<PathBuf> {
+    let python = std::env::var_os("GPUSHARE_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".venv/bin/python3"));
+    let import = format!("import {}", modules.join(", "));
+    let ok = Command::new(&python)
+        .args(["-c", &import])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if ok {
+        Some(python)
+    } else {
+        missing(
+            &format!("python with {}", modules.join(", ")),
+            &format!(
+                "`{} -c '{import}'` failed (set GPUSHARE_TEST_PYTHON or create .venv)",
+                python.display()
+            ),
+        )
+    }
+}
+
+/// promtool.
+pub fn promtool() -> Option<PathBuf> {
+    let promtool = std::env::var_os("GPUSHARE_TEST_PROMTOOL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("promtool"));
+    let ok = Command::new(&promtool)
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if ok {
+        Some(promtool)
+    } else {
+        missing(
+            "promtool",
+            "apt-get install prometheus, or set GPUSHARE_TEST_PROMTOOL",
+        )
+    }
+}
+
+/// Every kubectl binary found (deduplicated by canonical path), with its client version.
+pub fn kubectls() -> Vec<(PathBuf, String)> {
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(one) = std::env::var_os("GPUSHARE_TEST_KUBECTL") {
+        candidates.push(PathBuf::from(one));
+    } else {
+        let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).collect())
+            .unwrap_or_default();
+        dirs.push(PathBuf::from("/usr/local/bin"));
+        dirs.push(PathBuf::from("/usr/lib/google-cloud-sdk/bin"));
+        for dir in dirs {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            let mut names: Vec<PathBuf> = entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n == "kubectl" || n.starts_with("kubectl.1."))
+                })
+                .collect();
+            names.sort();
+            candidates.extend(names);
+        }
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    let mut found = Vec::new();
+    for c in candidates {
+        let Ok(real) = std::fs::canonicalize(&c) else {
+            continue;
+        };
+        if !seen.insert(real) {
+            continue;
+        }
+        if let Some(v) = kubectl_version(&c) {
+            found.push((c, v));
+        }
+    }
+    found
+}
+
+fn kubectl_version(kubectl: &Path) -> Option<String> {
+    let out = Command::new(kubectl)
+        .args(["version", "--client", "-o", "json"])
+        .output()
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    v["clientVersion"]["gitVersion"]
+        .as_str()
+        .map(str::to_string)
+}
+
+/// One request to the real Helm engine (`tests/clients/helm_chart.py`, helm-python-sdk): see
+/// that script for the request and answer. `None` when the SDK is missing (skipped; CI fails).
+pub fn helm_chart(request: &serde_json::Value) -> Option<serde_json::Value> {
+    use std::io::Write;
+    let python = python_with(&["helm_python"])?;
+    let mut child = Command::new(python)
+        .arg(repo_root().join("tests/clients/helm_chart.py"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(request.to_string().as_bytes())
+        .expect("request written");
+    let out = child.wait_with_output().expect("helm_chart.py finishes");
+    assert!(
+        out.status.success(),
+        "helm_chart.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(serde_json::from_slice(&out.stdout).expect("helm_chart.py answers JSON"))
+}
