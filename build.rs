@@ -11,8 +11,7 @@ use std::process::Command;
 fn valid_version(v: &str) -> bool {
     v.starts_with(|c: char| c.is_ascii_digit())
         && v.len() <= 64
-        && v
-            .chars()
+        && v.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '+'))
 }
 

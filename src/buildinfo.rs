@@ -86,7 +86,10 @@ mod tests {
             target: "x86_64-pc-windows-gnu",
         };
         let msg = e.to_string();
-        assert!(msg.contains("gpushare extender runs on Linux nodes only"), "{msg}");
+        assert!(
+            msg.contains("gpushare extender runs on Linux nodes only"),
+            "{msg}"
+        );
         assert!(msg.contains("x86_64-pc-windows-gnu"), "{msg}");
         assert!(msg.contains("`inspect` or `doctor`"), "{msg}");
         assert_eq!(

@@ -27,10 +27,10 @@ pub mod devices;
 pub mod health;
 pub mod matching;
 pub mod metrics;
-pub mod node;
-pub mod pods;
 #[cfg(not(unix))]
 mod no_unix_sockets;
+pub mod node;
+pub mod pods;
 #[cfg(not(unix))]
 use no_unix_sockets as reconcile;
 #[cfg(not(unix))]

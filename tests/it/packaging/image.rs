@@ -101,7 +101,11 @@ fn dockerfile_builds_the_static_binary_from_source_then_wraps_it_on_a_glibc_base
         .filter(|(k, _)| k == "FROM")
         .map(|(_, a)| a.as_str())
         .collect();
-    assert_eq!(froms.len(), 2, "a build stage and a runtime stage: {froms:?}");
+    assert_eq!(
+        froms.len(),
+        2,
+        "a build stage and a runtime stage: {froms:?}"
+    );
 
     // Build stage: the builder's own platform (cross-compiles, no emulation), the Rust image of
     // the pinned toolchain, named `build`.
@@ -128,8 +132,10 @@ fn dockerfile_builds_the_static_binary_from_source_then_wraps_it_on_a_glibc_base
         .find(|(k, a)| k == "RUN" && a.contains("make \"${goal}\""))
         .expect("a RUN that runs make ${goal}");
     let makefile = read("Makefile");
-    let arm64_bin = make_var(&makefile, "ARM64_STATIC_BIN")
-        .replace("$(ARM64_MUSL_TARGET)", &make_var(&makefile, "ARM64_MUSL_TARGET"));
+    let arm64_bin = make_var(&makefile, "ARM64_STATIC_BIN").replace(
+        "$(ARM64_MUSL_TARGET)",
+        &make_var(&makefile, "ARM64_MUSL_TARGET"),
+    );
     for (arch, goal, bin) in [
         ("amd64", "static", static_bin_path()),
         ("arm64", "static-arm64", arm64_bin),
