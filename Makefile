@@ -35,7 +35,7 @@ DIST_BASE_URL ?= https://github.com/gpushare/gpushare/releases/download/v$(VERSI
 
 .PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup \
   tools license-check lint-packaging static-arm64 glibc-arm64 qemu-arm64 plugin-windows plugin-macos \
-  build-no-demo dist dist-check
+  build-no-demo dist dist-check check-macos
 
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -115,6 +115,10 @@ plugin-macos: ## kubectl plugin for macOS amd64 + arm64: native on a Mac; elsewh
 	    $(EXTRA_ENV) $(CARGO) zigbuild $(CI_FLAGS) --release --no-default-features --bin gpushare --target $$t || exit 1; \
 	  fi; \
 	done
+
+check-macos: tools ## clippy of the macOS kubectl plugin (aarch64-apple-darwin): proves the cfg gates compile where it cannot link
+	@rustup target list --installed | grep -qx aarch64-apple-darwin || rustup target add aarch64-apple-darwin
+	cargo-zigbuild clippy $(CI_FLAGS) --no-default-features --bin gpushare --target aarch64-apple-darwin -- -D warnings
 
 build-no-demo: ## the binary without the demo sandbox (proves no role needs gpushare-sandbox)
 	$(CARGO) build $(CI_FLAGS) --no-default-features --bin gpushare

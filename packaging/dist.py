@@ -201,7 +201,8 @@ def krew_manifest(dest: Path, version: str, base_url: str, archives: dict[str, P
 def sbom(dest: Path, version: str, mtime: int) -> None:
     """CycloneDX 1.5 JSON: the crates linked into the Linux binary (normal dependencies of the
     `gpushare` package with its default features, for SBOM_TARGET), with licences, purls,
-    Cargo.lock checksums and the dependency graph. Build scripts' and tests' crates are left out."""
+    Cargo.lock checksums and the dependency graph. Crates of build scripts, proc macros and
+    tests are left out: they are not in the binary."""
     meta = json.loads(
         subprocess.run(
             ["cargo", "metadata", "--format-version", "1", "--locked", "--filter-platform", SBOM_TARGET],
@@ -220,11 +221,15 @@ def sbom(dest: Path, version: str, mtime: int) -> None:
             {d["pkg"] for d in nodes[node_id]["deps"] if any(k["kind"] is None for k in d["dep_kinds"])}
         )
 
+    def proc_macro(pid: str) -> bool:
+        return any("proc-macro" in t["kind"] for t in packages[pid]["targets"])
+
+    # Proc macros run in the compiler and are not linked: left out, with what only they use.
     seen: set[str] = set()
     todo = [root]
     while todo:
         cur = todo.pop()
-        if cur in seen:
+        if cur in seen or proc_macro(cur):
             continue
         seen.add(cur)
         todo.extend(normal_deps(cur))
@@ -283,7 +288,10 @@ def sbom(dest: Path, version: str, mtime: int) -> None:
         },
         "components": components,
         "dependencies": [
-            {"ref": root_ref if pid == root else ref(pid), "dependsOn": [ref(d) for d in normal_deps(pid)]}
+            {
+                "ref": root_ref if pid == root else ref(pid),
+                "dependsOn": [ref(d) for d in normal_deps(pid) if d in seen],
+            }
             for pid in sorted(seen, key=ref)
         ],
     }

@@ -211,6 +211,7 @@ class Checker:
         for must in ("kube-client", "tokio", "rustls", "gpushare-core"):
             assert must in names, f"{must} not in the SBOM"
         assert "proptest" not in names, "a dev-dependency is in the SBOM"
+        assert "serde_derive" not in names, "a proc macro (not linked) is in the SBOM"
         for c in doc["components"]:
             assert c.get("licenses"), f"{c['name']}: no licence"
             if not c["name"].startswith("gpushare-"):
