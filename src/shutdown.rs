@@ -93,6 +93,13 @@ pub fn on_signals(trigger: Trigger) -> Shutdown {
     handle
 }
 
+/// Off unix there is no SIGTERM: Ctrl-C (console control events) alone.
+#[cfg(not(unix))]
+async fn wait_for_signal() {
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+#[cfg(unix)]
 async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     match (

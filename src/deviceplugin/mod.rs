@@ -19,15 +19,25 @@
 //! It does not choose GPUs (the extender does) and does not isolate memory unless `--mps`.
 //!
 //! [`start`] is the in-process entry used by `run`, the integration tests and `gpushare demo`.
+// Off unix the socket code is left out (see no_unix_sockets), so much of the rest is unused.
+#![cfg_attr(not(unix), allow(dead_code))]
 
 pub mod allocate;
 pub mod devices;
 pub mod health;
 pub mod matching;
 pub mod metrics;
+#[cfg(not(unix))]
+mod no_unix_sockets;
 pub mod node;
 pub mod pods;
+#[cfg(not(unix))]
+use no_unix_sockets as reconcile;
+#[cfg(not(unix))]
+use no_unix_sockets as registration;
+#[cfg(unix)]
 pub mod reconcile;
+#[cfg(unix)]
 pub mod registration;
 mod service;
 

@@ -6,7 +6,6 @@
 //! doctor runs on the host or in a pod that mounts the host at `/host`.
 
 use std::fs;
-use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 use super::report::{Check, Status};
@@ -209,6 +208,17 @@ pub fn device_plugin_dir(host: &HostRoot, dir: &Path) -> Check {
     }
 }
 
+/// Whether `ft` is a unix socket (never, where the platform has none).
+fn is_socket(ft: &fs::FileType) -> bool {
+    #[cfg(unix)]
+    return std::os::unix::fs::FileTypeExt::is_socket(ft);
+    #[cfg(not(unix))]
+    return {
+        let _ = ft;
+        false
+    };
+}
+
 /// `kubelet-socket`: `kubelet.sock` in the device-plugin directory is a unix socket.
 /// `missing_is_fail`: a missing socket fails (doctor) or only warns (preflight: the device
 /// plugin waits for the kubelet).
@@ -217,7 +227,7 @@ pub fn kubelet_socket(host: &HostRoot, dir: &Path, missing_is_fail: bool) -> Che
     const TITLE: &str = "kubelet registration socket";
     let sock = dir.join(wire::KUBELET_SOCKET);
     match fs::metadata(host.path(&sock)) {
-        Ok(md) if md.file_type().is_socket() => Check::new(
+        Ok(md) if is_socket(&md.file_type()) => Check::new(
             ID,
             TITLE,
             Status::Ok,

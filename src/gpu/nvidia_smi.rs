@@ -35,6 +35,7 @@ pub const DEFAULT_KMSG: &str = "/dev/kmsg";
 const KMSG_IDLE: Duration = Duration::from_millis(200);
 /// Granularity of the poll thread's sleep, so it notices a dropped receiver soon.
 const POLL_STEP: Duration = Duration::from_millis(100);
+#[cfg(unix)]
 /// Linux `O_NONBLOCK` (the generic value: x86, arm, aarch64, riscv).
 const O_NONBLOCK: i32 = 0o4000;
 
@@ -373,11 +374,12 @@ fn uuid_at(devices: &[GpuDevice], pci: &str) -> Option<String> {
 }
 
 fn open_kmsg(path: &std::path::Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(O_NONBLOCK)
-        .open(path)?;
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    // No /dev/kmsg off Linux: there the open fails and health is read from nvidia-smi alone.
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, O_NONBLOCK);
+    let mut file = options.open(path)?;
     // Only what is logged from now on: history is not news (and kmsg replays its buffer).
     file.seek(SeekFrom::End(0))?;
     Ok(file)

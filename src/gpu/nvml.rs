@@ -11,10 +11,13 @@
 
 use std::ffi::OsStr;
 use std::sync::Arc;
+#[cfg(target_os = "linux")]
 use std::time::Duration;
 
 use nvml_wrapper::Nvml;
+#[cfg(target_os = "linux")]
 use nvml_wrapper::bitmasks::event::EventTypes;
+#[cfg(target_os = "linux")]
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use tokio::sync::mpsc;
@@ -23,10 +26,13 @@ use super::{Error, GpuBackend, GpuDevice, HealthEvent, Inventory};
 
 /// The library name the loader searches for when no path is configured.
 pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
+#[cfg(target_os = "linux")]
 /// How long one `nvmlEventSetWait` blocks before the thread checks its receiver again.
 const EVENT_WAIT_MS: u32 = 5000;
+#[cfg(target_os = "linux")]
 /// Pause after an unexpected wait error, so a broken event set cannot spin a core.
 const EVENT_ERROR_BACKOFF: Duration = Duration::from_secs(1);
+#[cfg(target_os = "linux")]
 /// XID number nvml-wrapper reports as "unknown" (NVML's 999).
 const XID_UNKNOWN: u64 = 999;
 
@@ -107,7 +113,11 @@ impl GpuBackend for NvmlBackend {
                 index: device.index().unwrap_or(i),
                 uuid: device.uuid().map_err(|e| nvml_err(&at("UUID"), e))?,
                 name: device.name().map_err(|e| nvml_err(&at("name"), e))?,
+                // nvml-wrapper has the minor number (the /dev/nvidiaN index) on Linux only.
+                #[cfg(target_os = "linux")]
                 minor: device.minor_number().ok(),
+                #[cfg(not(target_os = "linux"))]
+                minor: None,
                 pci_bus_id: device
                     .pci_info()
                     .map_err(|e| nvml_err(&at("PCI info"), e))?
@@ -125,6 +135,13 @@ impl GpuBackend for NvmlBackend {
         })
     }
 
+    /// NVML event sets (XIDs) exist on Linux only.
+    #[cfg(not(target_os = "linux"))]
+    fn watch_health(&self) -> Result<mpsc::Receiver<HealthEvent>, Error> {
+        Err(Error::Nvml("XID events are read on Linux only".to_string()))
+    }
+
+    #[cfg(target_os = "linux")]
     fn watch_health(&self) -> Result<mpsc::Receiver<HealthEvent>, Error> {
         let (tx, rx) = mpsc::channel(64);
         let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<Result<(), Error>>(1);
@@ -143,6 +160,7 @@ impl GpuBackend for NvmlBackend {
     }
 }
 
+#[cfg(target_os = "linux")]
 /// Registers every XID-capable GPU in one event set, reports readiness, then forwards events
 /// until `tx` closes.
 fn watch_xids(
@@ -181,6 +199,7 @@ fn watch_xids(
     tracing::debug!("NVML health watch stopped (receiver dropped)");
 }
 
+#[cfg(target_os = "linux")]
 fn register_xid_events(nvml: &Nvml) -> Result<nvml_wrapper::EventSet<'_>, Error> {
     let mut set = nvml
         .create_event_set()

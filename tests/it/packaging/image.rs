@@ -1,5 +1,6 @@
-//! The container image (Dockerfile, linted structurally: no Docker engine exists here) and the
-//! krew plugin manifest.
+//! The container image (Dockerfile, checked structurally here and by hadolint in CI: no Docker
+//! engine exists here) and the krew plugin manifest template (`make dist-check` validates the
+//! manifest `make dist` writes against the archives).
 
 use yaml_serde::Value;
 
@@ -50,8 +51,33 @@ fn instructions(dockerfile: &str) -> Vec<(String, String)> {
     out
 }
 
+/// The value of `key = "value"` in rust-toolchain.toml.
+fn toolchain_value(key: &str) -> String {
+    read("rust-toolchain.toml")
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once('=')?;
+            (k.trim() == key).then(|| v.trim().trim_matches('"').to_string())
+        })
+        .unwrap_or_else(|| panic!("rust-toolchain.toml has no {key}"))
+}
+
+/// The make targets the Makefile defines (`name:` at the start of a line).
+fn make_targets() -> Vec<String> {
+    read("Makefile")
+        .lines()
+        .filter_map(|l| {
+            let (name, _) = l.split_once(':')?;
+            (!name.is_empty()
+                && !l.contains(":=")
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'))
+            .then(|| name.to_string())
+        })
+        .collect()
+}
+
 #[test]
-fn dockerfile_wraps_the_static_binary_on_a_glibc_base() {
+fn dockerfile_builds_the_static_binary_from_source_then_wraps_it_on_a_glibc_base() {
     let text = read("packaging/Dockerfile");
     let ins = instructions(&text);
     let known = [
@@ -65,6 +91,7 @@ fn dockerfile_wraps_the_static_binary_on_a_glibc_base() {
         "LABEL",
         "USER",
         "WORKDIR",
+        "SHELL",
     ];
     for (kw, _) in &ins {
         assert!(known.contains(&kw.as_str()), "unexpected instruction {kw}");
@@ -74,8 +101,68 @@ fn dockerfile_wraps_the_static_binary_on_a_glibc_base() {
         .filter(|(k, _)| k == "FROM")
         .map(|(_, a)| a.as_str())
         .collect();
-    assert_eq!(froms.len(), 1, "one stage: {froms:?}");
-    // The device plugin runs the injected nvidia-smi, a glibc program (ARCHITECTURE.md §6).
+    assert_eq!(
+        froms.len(),
+        2,
+        "a build stage and a runtime stage: {froms:?}"
+    );
+
+    // Build stage: the builder's own platform (cross-compiles, no emulation), the Rust image of
+    // the pinned toolchain, named `build`.
+    let build: Vec<&str> = froms[0].split_whitespace().collect();
+    assert_eq!(
+        build,
+        [
+            "--platform=$BUILDPLATFORM",
+            "rust:${RUST_VERSION}-slim-bookworm",
+            "AS",
+            "build"
+        ]
+    );
+    let channel = toolchain_value("channel");
+    assert!(
+        ins.iter()
+            .any(|(k, a)| k == "ARG" && *a == format!("RUST_VERSION={channel}")),
+        "ARG RUST_VERSION must default to rust-toolchain.toml's channel {channel}"
+    );
+    // It runs the make targets a developer runs, for both architectures, from the source tree.
+    let targets = make_targets();
+    let build_run = ins
+        .iter()
+        .find(|(k, a)| k == "RUN" && a.contains("make \"${goal}\""))
+        .expect("a RUN that runs make ${goal}");
+    let makefile = read("Makefile");
+    let arm64_bin = make_var(&makefile, "ARM64_STATIC_BIN").replace(
+        "$(ARM64_MUSL_TARGET)",
+        &make_var(&makefile, "ARM64_MUSL_TARGET"),
+    );
+    for (arch, goal, bin) in [
+        ("amd64", "static", static_bin_path()),
+        ("arm64", "static-arm64", arm64_bin),
+    ] {
+        assert!(targets.iter().any(|t| t == goal), "Makefile has no {goal}");
+        assert!(
+            build_run
+                .1
+                .contains(&format!("{arch}) goal={goal}; bin={bin};")),
+            "{arch} builds `make {goal}` and takes {bin}: {}",
+            build_run.1
+        );
+    }
+    assert!(
+        ins.iter().any(|(k, a)| k == "COPY" && a == ". ."),
+        "the build stage copies the source tree"
+    );
+    let ignore = read(".dockerignore");
+    for excluded in ["target", ".venv", "dist"] {
+        assert!(
+            ignore.lines().any(|l| l.trim() == excluded),
+            ".dockerignore must keep {excluded} out of the context"
+        );
+    }
+
+    // Runtime stage: the device plugin runs the injected nvidia-smi, a glibc program
+    // (ARCHITECTURE.md §6).
     let glibc_bases = [
         "debian:",
         "ubuntu:",
@@ -83,20 +170,26 @@ fn dockerfile_wraps_the_static_binary_on_a_glibc_base() {
         "gcr.io/distroless/cc",
     ];
     assert!(
-        glibc_bases.iter().any(|b| froms[0].starts_with(b)),
+        glibc_bases.iter().any(|b| froms[1].starts_with(b)),
         "base {} is not a known glibc image",
-        froms[0]
+        froms[1]
     );
     assert!(!text.contains("FROM scratch"));
 
-    let copy = ins.iter().find(|(k, _)| k == "COPY").expect("a COPY");
+    let copy = ins
+        .iter()
+        .find(|(k, a)| k == "COPY" && a.starts_with("--from="))
+        .expect("a COPY --from the build stage");
     let parts: Vec<&str> = copy.1.split_whitespace().collect();
     assert_eq!(
         parts,
-        [static_bin_path().as_str(), "/usr/local/bin/gpushare"]
+        ["--from=build", "/gpushare", "/usr/local/bin/gpushare"]
     );
 
-    let run = ins.iter().find(|(k, _)| k == "RUN").expect("a RUN");
+    let run = ins
+        .iter()
+        .find(|(k, a)| k == "RUN" && a.contains("ln -s"))
+        .expect("a RUN with the plugin symlink");
     assert!(
         run.1.contains(&format!(
             "ln -s gpushare /usr/local/bin/{KUBECTL_PLUGIN_NAME}"
@@ -145,6 +238,7 @@ fn krew_manifest_installs_the_inspect_plugin() {
             "spec.{key}"
         );
     }
+    // The template's one platform shows the shape `make dist` writes for every archive.
     let platforms = m["spec"]["platforms"].as_sequence().expect("platforms");
     let linux = platforms
         .iter()
@@ -153,22 +247,23 @@ fn krew_manifest_installs_the_inspect_plugin() {
                 && p["selector"]["matchLabels"]["arch"] == "amd64"
         })
         .expect("a linux/amd64 platform");
-    assert_eq!(linux["bin"], KUBECTL_PLUGIN_NAME);
+    // krew links `bin` as kubectl-inspect_gpushare, a name the binary answers to as inspect.
+    assert_eq!(linux["bin"], "gpushare");
     let files = linux["files"].as_sequence().expect("files");
-    assert!(files.iter().any(|f| f["from"] == KUBECTL_PLUGIN_NAME));
+    assert!(files.iter().any(|f| f["from"] == "gpushare"));
+    assert!(files.iter().any(|f| f["from"] == "LICENSE"));
     let sha = linux["sha256"].as_str().expect("sha256");
     assert!(
         sha.len() == 64 && sha.chars().all(|c| c.is_ascii_hexdigit()),
         "sha256 {sha}"
     );
     let uri = linux["uri"].as_str().expect("uri");
-    let musl_target = make_var(&read("Makefile"), "MUSL_TARGET");
     assert!(
-        uri.starts_with("https://") && uri.ends_with(".tar.gz"),
-        "{uri}"
-    );
-    assert!(
-        uri.contains(&musl_target),
-        "the static release tarball: {uri}"
+        uri.starts_with("https://")
+            && uri.ends_with(&format!(
+                "gpushare-{}-linux-amd64.tar.gz",
+                env!("CARGO_PKG_VERSION")
+            )),
+        "the static release archive, as make dist names it: {uri}"
     );
 }
