@@ -207,7 +207,11 @@ impl Permission {
     }
 }
 
-async fn allowed_in(client: &kube::Client, p: &Permission, group: &str) -> Result<bool, String> {
+async fn allowed_in(
+    client: &kube::Client,
+    p: &Permission,
+    group: &str,
+) -> Result<bool, ApiError> {
     let review = SelfSubjectAccessReview {
         spec: SelfSubjectAccessReviewSpec {
             resource_attributes: Some(ResourceAttributes {
@@ -225,11 +229,11 @@ async fn allowed_in(client: &kube::Client, p: &Permission, group: &str) -> Resul
     let answer = api
         .create(&PostParams::default(), &review)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(ApiError::Kube)?;
     Ok(answer.status.is_some_and(|s| s.allowed))
 }
 
-async fn allowed(client: &kube::Client, p: &Permission) -> Result<bool, String> {
+async fn allowed(client: &kube::Client, p: &Permission) -> Result<bool, ApiError> {
     let mut last_err = None;
     for group in p.groups {
         match allowed_in(client, p, group).await {
@@ -262,7 +266,7 @@ pub async fn rbac(api: &ApiState, sets: &[(&str, &[Permission])], leader_elect: 
             let r = tokio::time::timeout(CHECK_TIMEOUT, allowed(client, p)).await;
             (
                 p,
-                r.unwrap_or_else(|_| Err("no answer in time".to_string())),
+                r.unwrap_or(Err(ApiError::TimedOut)),
             )
         }))
         .await;
@@ -328,16 +332,30 @@ pub fn node_name(config: &Config, host: &HostRoot) -> Option<(String, &'static s
 }
 
 /// The Node object, when the API is up and the name known: `Ok(None)` when it does not exist.
-pub async fn get_node(api: &ApiState, name: &str) -> Result<Option<Node>, String> {
+pub async fn get_node(api: &ApiState, name: &str) -> Result<Option<Node>, ApiError> {
     let ApiState::Up { client, .. } = api else {
-        return Err("no API".to_string());
+        return Err(ApiError::NotAsked);
     };
     let nodes: Api<Node> = Api::all(client.clone());
     match tokio::time::timeout(CHECK_TIMEOUT, nodes.get_opt(name)).await {
         Ok(Ok(n)) => Ok(n),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("no answer in time".to_string()),
+        Ok(Err(e)) => Err(ApiError::Kube(e)),
+        Err(_) => Err(ApiError::TimedOut),
     }
+}
+
+/// Why a check's API call has no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The API is down or the call was not made (no node name, `--no-cluster`).
+    #[error("not asked")]
+    NotAsked,
+    /// The API answered with an error.
+    #[error("{0}")]
+    Kube(kube::Error),
+    /// No answer within the check's deadline.
+    #[error("no answer in time")]
+    TimedOut,
 }
 
 /// Capacity of `resource` on `node`, as text.
@@ -354,7 +372,7 @@ pub fn capacity(node: &Node, resource: &str) -> Option<String> {
 pub fn node_label(
     api: &ApiState,
     name: Option<&(String, &'static str)>,
-    node: &Result<Option<Node>, String>,
+    node: &Result<Option<Node>, ApiError>,
 ) -> Check {
     const ID: &str = "node-label";
     const TITLE: &str = "node is labelled gpushare=true";

@@ -196,7 +196,7 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
         let name = cluster::node_name(config, &host);
         let node = match (&api, &name) {
             (ApiState::Up { .. }, Some((n, _))) => cluster::get_node(&api, n).await,
-            _ => Err("not asked".to_string()),
+            _ => Err(cluster::ApiError::NotAsked),
         };
         if !opts.preflight {
             checks.push(cluster::node_label(&api, name.as_ref(), &node));
@@ -234,7 +234,7 @@ fn plugin_conflict(
     host: &HostRoot,
     dp: &crate::config::DevicePluginConfig,
     preflight: bool,
-    node: &Result<Option<k8s_openapi::api::core::v1::Node>, String>,
+    node: &Result<Option<k8s_openapi::api::core::v1::Node>, cluster::ApiError>,
 ) -> Check {
     const ID: &str = "plugin-conflict";
     const TITLE: &str = "no other device plugin on these GPUs";
