@@ -4,7 +4,7 @@
 //! `process_*` metrics read from `/proc/self`.
 //!
 //! prometheus-client writes OpenMetrics only; [`openmetrics_to_text`] turns that into the
-//! Prometheus text format 0.0.4 that `promtool check metrics` and every Prometheus parse
+//! Prometheus text format 0.0.4 that `promtool check metrics` and every Prometheus parses
 //! (counters named `<name>_total` in HELP/TYPE, `info` as a gauge, no `# UNIT`, no `# EOF`).
 //!
 //! It does not serve HTTP (`crate::admin` and the extender's routes do) and defines no role

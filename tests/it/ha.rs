@@ -542,6 +542,17 @@ async fn failover_between_two_extenders_never_double_allocates() {
     assert_eq!(readyz.map(|r| r.0), Some(503));
     let healthz = http(http::Method::GET, &format!("{standby_url}/healthz"), None).await;
     assert_eq!(healthz.map(|r| r.0), Some(200));
+    // The leader gauge tells dashboards which replica's ledger to count.
+    for (addr, want) in [(standby.addr, "0"), (leader.addr, "1")] {
+        let page = http(http::Method::GET, &format!("http://{addr}/metrics"), None)
+            .await
+            .map(|r| String::from_utf8_lossy(&r.1).into_owned())
+            .unwrap_or_default();
+        assert!(
+            page.contains(&format!("\ngpushare_extender_leader {want}\n")),
+            "{addr}: {page}"
+        );
+    }
 
     // 48 pods of 3 units for 4 nodes × 2 GPUs × 8 units: far more than fits.
     let names: Vec<String> = (0..48).map(|i| format!("job-{i:02}")).collect();
