@@ -10,8 +10,10 @@
 //! - polling nvidia-smi every [`NvidiaSmiOptions::poll_interval`]: a GPU that vanishes from
 //!   the list, or that nvidia-smi says it cannot reach ("Unable to determine the device handle
 //!   for GPU 0000:3B:00.0: GPU is lost"), is reported once as [`HealthEvent::Lost`];
-//! - tailing the kernel log (`/dev/kmsg` by default, only when readable) for
-//!   `NVRM: Xid (PCI:0000:3b:00): 79, …` lines, mapped from PCI bus id to UUID.
+//! - tailing the kernel log (`/dev/kmsg` by default, only when readable; a file or FIFO with
+//!   `[gpu] kmsg_path` / `--kmsg-path`, from its start with `kmsg_replay`) for
+//!   `NVRM: Xid (PCI:0000:3b:00): 79, …` lines, mapped from PCI bus id to UUID; an XID at an
+//!   address that is no served GPU is [`HealthEvent::Unattributed`] and marks none.
 //!
 //! It does not read ECC counters, utilisation or processes.
 
@@ -23,7 +25,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::{Error, GpuBackend, GpuDevice, HealthEvent, Inventory};
+use super::{
+    Error, ExcludedGpu, ExclusionReason, GpuBackend, GpuDevice, HealthEvent, Inventory,
+};
 
 /// Default limit for one nvidia-smi run.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -47,8 +51,11 @@ pub struct NvidiaSmiOptions {
     pub timeout: Duration,
     /// How often the health thread re-runs nvidia-smi.
     pub poll_interval: Duration,
-    /// The kernel log to tail for XIDs; `None` disables it.
+    /// The kernel log to tail for XIDs (`/dev/kmsg`, a file or a FIFO); `None` disables it.
     pub kmsg: Option<PathBuf>,
+    /// Read `kmsg` from its start (a recorded log) instead of only what comes after the
+    /// watch starts. A FIFO is always read as it comes.
+    pub kmsg_replay: bool,
 }
 
 impl NvidiaSmiOptions {
@@ -64,7 +71,18 @@ impl NvidiaSmiOptions {
             timeout: DEFAULT_TIMEOUT,
             poll_interval: DEFAULT_POLL_INTERVAL,
             kmsg: Some(PathBuf::from(DEFAULT_KMSG)),
+            kmsg_replay: false,
         }
+    }
+
+    /// The options `[gpu]` describes: program, kernel log path (empty disables it) and replay.
+    pub fn from_config(config: &crate::config::GpuConfig) -> NvidiaSmiOptions {
+        let mut options = NvidiaSmiOptions::new(&config.nvidia_smi);
+        options.kmsg = Some(config.kmsg_path.trim())
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from);
+        options.kmsg_replay = config.kmsg_replay;
+        options
     }
 }
 
@@ -110,7 +128,7 @@ impl GpuBackend for NvidiaSmiBackend {
         let known = self.inventory()?.devices;
         let (tx, rx) = mpsc::channel(64);
         if let Some(kmsg) = &self.options.kmsg {
-            match open_kmsg(kmsg) {
+            match open_kmsg(kmsg, self.options.kmsg_replay) {
                 Ok(file) => {
                     let (tx, devices) = (tx.clone(), known.clone());
                     std::thread::Builder::new()
@@ -217,11 +235,21 @@ fn first_lines(text: &str) -> String {
 }
 
 /// Parses `nvidia-smi -q -x` output.
+///
+/// Tolerant where real outputs differ and the meaning is unambiguous: whitespace (or a BOM)
+/// before the XML declaration, as output captured through ssh / nsenter wrappers carries and
+/// Go's encoding/xml (telegraf, netdata) accepts; no declaration or DOCTYPE; a missing
+/// `<driver_version>` (the driver is then unknown, an empty string); `attached_gpus` that
+/// disagrees with the `<gpu>` elements (only listed GPUs can be addressed). A `<gpu>` without
+/// a UUID or a memory total, or with MIG mode enabled, is listed in
+/// [`Inventory::excluded`] with the reason, not offered. Refused: not `<nvidia_smi_log>` XML,
+/// and two GPUs with the same UUID (their device IDs `<UUID>-_-<n>` would collide).
 pub fn parse_xml(xml: &str) -> Result<Inventory, String> {
     let options = roxmltree::ParsingOptions {
         allow_dtd: true,
         ..Default::default()
     };
+    let xml = xml.trim_start_matches(|c: char| c.is_whitespace() || c == '\u{feff}');
     let doc = roxmltree::Document::parse_with_options(xml, options)
         .map_err(|e| format!("not the expected XML: {e}"))?;
     let root = doc.root_element();
@@ -232,9 +260,11 @@ pub fn parse_xml(xml: &str) -> Result<Inventory, String> {
         ));
     }
     let driver_version = child_text(root, "driver_version")
-        .ok_or("no <driver_version> in <nvidia_smi_log>")?
+        .filter(|v| !is_na(v))
+        .unwrap_or("")
         .to_string();
-    let mut devices = Vec::new();
+    let mut devices: Vec<GpuDevice> = Vec::new();
+    let mut excluded = Vec::new();
     for (i, gpu) in root
         .children()
         .filter(|n| n.has_tag_name("gpu"))
@@ -242,11 +272,30 @@ pub fn parse_xml(xml: &str) -> Result<Inventory, String> {
     {
         let at = gpu.attribute("id").unwrap_or("?");
         let index = u32::try_from(i).map_err(|_| "too many GPUs".to_string())?;
+        let name = child_text(gpu, "product_name").unwrap_or("").to_string();
         let uuid = child_text(gpu, "uuid")
             .filter(|u| !is_na(u))
-            .ok_or_else(|| format!("GPU {i} ({at}): no <uuid>"))?
+            .unwrap_or("")
             .to_string();
-        let name = child_text(gpu, "product_name").unwrap_or("").to_string();
+        let exclude = |reason: ExclusionReason| ExcludedGpu {
+            index,
+            uuid: uuid.clone(),
+            name: name.clone(),
+            reason,
+        };
+        if uuid.is_empty() {
+            excluded.push(exclude(ExclusionReason::Incomplete(format!(
+                "GPU {i} ({at}) has no <uuid>"
+            ))));
+            continue;
+        }
+        if let Some(first) = devices.iter().find(|d| d.uuid == uuid) {
+            return Err(format!(
+                "GPU {i} ({at}) has the same UUID {uuid} as GPU {}: duplicate UUIDs would give \
+                 both the same device IDs",
+                first.index
+            ));
+        }
         let minor = match child_text(gpu, "minor_number") {
             None => None,
             Some(m) if is_na(m) => None,
@@ -265,10 +314,30 @@ pub fn parse_xml(xml: &str) -> Result<Inventory, String> {
         let total = gpu
             .children()
             .find(|n| n.has_tag_name("fb_memory_usage"))
-            .and_then(|fb| child_text(fb, "total"))
-            .ok_or_else(|| format!("GPU {i} ({at}): no <fb_memory_usage><total>"))?;
-        let memory_bytes =
-            parse_memory(total).map_err(|e| format!("GPU {i} ({at}): memory total: {e}"))?;
+            .and_then(|fb| child_text(fb, "total"));
+        let memory_bytes = match total.map(parse_memory) {
+            Some(Ok(bytes)) => bytes,
+            Some(Err(e)) => {
+                excluded.push(exclude(ExclusionReason::Incomplete(format!(
+                    "GPU {i} ({at}) memory total: {e}"
+                ))));
+                continue;
+            }
+            None => {
+                excluded.push(exclude(ExclusionReason::Incomplete(format!(
+                    "GPU {i} ({at}) has no <fb_memory_usage><total>"
+                ))));
+                continue;
+            }
+        };
+        let mig = gpu
+            .children()
+            .find(|n| n.has_tag_name("mig_mode"))
+            .and_then(|m| child_text(m, "current_mig"));
+        if mig.is_some_and(|m| m.eq_ignore_ascii_case("Enabled")) {
+            excluded.push(exclude(ExclusionReason::MigEnabled));
+            continue;
+        }
         devices.push(GpuDevice {
             index,
             uuid,
@@ -282,6 +351,7 @@ pub fn parse_xml(xml: &str) -> Result<Inventory, String> {
         backend: "nvidia-smi",
         driver_version,
         devices,
+        excluded,
     })
 }
 
@@ -372,14 +442,34 @@ fn uuid_at(devices: &[GpuDevice], pci: &str) -> Option<String> {
         .map(|d| d.uuid.clone())
 }
 
-fn open_kmsg(path: &std::path::Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
+/// Opens the kernel log. `/dev/kmsg` and files start at their end (history is not news, and
+/// kmsg replays its whole buffer) unless `replay`; a FIFO cannot seek and is read as it comes.
+/// The health event of a kernel-log XID: the GPU at its PCI address, or
+/// [`HealthEvent::Unattributed`] when no served GPU is there (an NVSwitch / NVLink XID at
+/// `PCI:0000:00:00`, a GPU this inventory does not list). The kernel names a device on every
+/// XID line, so none is taken to concern every GPU.
+pub fn attribute(devices: &[GpuDevice], found: KmsgXid) -> HealthEvent {
+    match uuid_at(devices, &found.pci) {
+        Some(uuid) => HealthEvent::Xid {
+            uuid: Some(uuid),
+            xid: found.xid,
+        },
+        None => HealthEvent::Unattributed {
+            pci: found.pci,
+            xid: found.xid,
+        },
+    }
+}
+
+fn open_kmsg(path: &std::path::Path, replay: bool) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let mut file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(O_NONBLOCK)
         .open(path)?;
-    // Only what is logged from now on: history is not news (and kmsg replays its buffer).
-    file.seek(SeekFrom::End(0))?;
+    if !replay && !file.metadata()?.file_type().is_fifo() {
+        file.seek(SeekFrom::End(0))?;
+    }
     Ok(file)
 }
 
@@ -395,17 +485,10 @@ fn tail_kmsg(mut file: std::fs::File, devices: &[GpuDevice], tx: &mpsc::Sender<H
                 while let Some(end) = pending.iter().position(|&b| b == b'\n') {
                     let line: Vec<u8> = pending.drain(..=end).collect();
                     let line = String::from_utf8_lossy(&line);
-                    if let Some(found) = parse_kmsg_xid(&line) {
-                        let uuid = uuid_at(devices, &found.pci);
-                        if tx
-                            .blocking_send(HealthEvent::Xid {
-                                uuid,
-                                xid: found.xid,
-                            })
-                            .is_err()
-                        {
-                            return;
-                        }
+                    if let Some(found) = parse_kmsg_xid(&line)
+                        && tx.blocking_send(attribute(devices, found)).is_err()
+                    {
+                        return;
                     }
                 }
             }
@@ -549,13 +632,16 @@ mod tests {
                 .unwrap_err()
                 .contains("expected <nvidia_smi_log>")
         );
-        assert!(
-            parse_xml("<nvidia_smi_log/>")
-                .unwrap_err()
-                .contains("driver_version")
-        );
+        let empty = parse_xml("<nvidia_smi_log/>").expect("an empty log parses");
+        assert_eq!(empty.driver_version, "");
+        assert!(empty.devices.is_empty());
         let no_uuid = "<nvidia_smi_log><driver_version>1</driver_version><gpu id=\"x\"></gpu></nvidia_smi_log>";
-        assert!(parse_xml(no_uuid).unwrap_err().contains("no <uuid>"));
+        let inv = parse_xml(no_uuid).expect("parses");
+        assert!(inv.devices.is_empty());
+        assert!(
+            matches!(&inv.excluded[0].reason, ExclusionReason::Incomplete(r) if r.contains("no <uuid>")),
+            "{inv:?}"
+        );
     }
 
     #[test]
