@@ -255,11 +255,14 @@ pub fn decode_extender_args(body: &[u8]) -> Result<ExtenderArgs, DecodeError> {
         None | Some(Value::Null) => {
             return Err(DecodeError("ExtenderArgs.Pod: missing".to_string()));
         }
-        Some(v @ Value::Object(_)) => {
-            serde_json::from_value::<WatchedPod>(v)
-                .map_err(|e| DecodeError(format!("ExtenderArgs.Pod: {e}")))?
-                .0
-        }
+        Some(v @ Value::Object(_)) => match serde_json::from_value::<WatchedPod>(v.clone()) {
+            Ok(pod) => pod.0,
+            Err(e) => {
+                let decodes = |v: &Value| serde_json::from_value::<WatchedPod>(v.clone()).is_ok();
+                let at = fault_path(&v, &decodes);
+                return Err(DecodeError(format!("ExtenderArgs.Pod{at}: {e}")));
+            }
+        },
         Some(other) => {
             return Err(DecodeError(format!(
                 "ExtenderArgs.Pod: expected an object, got {}",
@@ -310,6 +313,46 @@ pub fn decode_extender_args(body: &[u8]) -> Result<ExtenderArgs, DecodeError> {
         },
     };
     Ok(ExtenderArgs { pod, candidates })
+}
+
+/// Where in `value` (which `decodes` refuses) the fault is, as `.spec.containers[0].name`:
+/// the member whose removal makes it decode, followed down; empty when no single member is at
+/// fault. Only on the error path (it re-decodes once per member tried).
+fn fault_path(value: &Value, decodes: &dyn Fn(&Value) -> bool) -> String {
+    let mut path = String::new();
+    let mut pointer = String::new();
+    loop {
+        let Some(here) = value.pointer(&pointer) else {
+            return path;
+        };
+        let without = |step: &str| {
+            let mut probe = value.clone();
+            let target = probe.pointer_mut(&pointer);
+            match (target, step.parse::<usize>()) {
+                (Some(Value::Array(items)), Ok(i)) if i < items.len() => {
+                    items.remove(i);
+                }
+                (Some(Value::Object(map)), _) => {
+                    map.remove(step);
+                }
+                _ => return false,
+            }
+            decodes(&probe)
+        };
+        let steps: Vec<(String, String)> = match here {
+            Value::Object(map) => map.keys().map(|k| (k.clone(), format!(".{k}"))).collect(),
+            Value::Array(items) => (0..items.len())
+                .map(|i| (i.to_string(), format!("[{i}]")))
+                .collect(),
+            _ => return path,
+        };
+        let Some((step, shown)) = steps.into_iter().find(|(step, _)| without(step)) else {
+            return path;
+        };
+        pointer.push('/');
+        pointer.push_str(&step.replace('~', "~0").replace('/', "~1"));
+        path.push_str(&shown);
+    }
 }
 
 fn decode_node_list(list: Map<String, Value>) -> Result<Vec<(String, Value)>, DecodeError> {
@@ -555,7 +598,18 @@ mod tests {
         assert!(e(&format!(r#"{{"Pod":{POD},"NodeNames":"a"}}"#)).contains("NodeNames"));
         assert!(
             e(r#"{"Pod":{"spec":{"containers":"x"}},"NodeNames":[]}"#)
-                .starts_with("ExtenderArgs.Pod:")
+                .starts_with("ExtenderArgs.Pod.spec.containers:")
+        );
+        let deep = e(
+            r#"{"Pod":{"metadata":{"name":"p"},"spec":{"containers":[{"name":"a"},{"name":7}]}},"NodeNames":[]}"#,
+        );
+        assert!(
+            deep.starts_with("ExtenderArgs.Pod.spec.containers[1].name:"),
+            "{deep}"
+        );
+        assert!(
+            e(r#"{"Pod":{"metadata":{"annotations":{"k":1}}},"NodeNames":[]}"#)
+                .starts_with("ExtenderArgs.Pod.metadata.annotations.k:")
         );
         assert!(
             e(&format!(r#"{{"Pod":{POD},"Nodes":{{"items":[{{}}]}}}}"#))
