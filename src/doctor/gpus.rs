@@ -271,6 +271,22 @@ pub fn driver_version(host: &HostRoot, probe: &Probe) -> Check {
     };
     let min = format!("{}.{}", MIN_DRIVER.0, MIN_DRIVER.1);
     let Some((version, source)) = from_backend.or_else(from_proc) else {
+        if let Some(inv) = probe.result.as_ref().ok().filter(|i| i.backend != "fake") {
+            return Check::new(
+                ID,
+                TITLE,
+                Status::Warn,
+                format!(
+                    "driver version unknown: the {} backend found {} GPU(s) but did not report the driver \
+                     version, and there is no {PROC_VERSION}",
+                    inv.backend,
+                    inv.devices.len()
+                ),
+            )
+            .hint(format!(
+                "check `nvidia-smi -q | grep 'Driver Version'` or `cat {PROC_VERSION}`: {min} or newer is needed"
+            ));
+        }
         if probe.configured == GpuBackendKind::Fake {
             return Check::new(
                 ID,

@@ -600,8 +600,9 @@ pub fn check(host: &HostRoot) -> Check {
 
 /// The fix on Bottlerocket, which has neither nvidia-ctk nor a shell with systemctl: its
 /// configuration is rendered from settings.
-const BOTTLEROCKET_FIX: &str = "Bottlerocket renders its container runtime configuration from settings (nvidia-ctk and systemctl \
-     are not there): use an aws-k8s-*-nvidia variant, whose containerd defaults to its nvidia runtime (nvidia-oci)";
+const BOTTLEROCKET_FIX: &str = "Bottlerocket renders its container runtime configuration from its settings (no toolkit \
+     command or service manager to run by hand): use an aws-k8s-*-nvidia variant, whose containerd defaults to \
+     its nvidia runtime (nvidia-oci), and change settings with apiclient";
 
 /// Whether the host is Bottlerocket: `/etc/os-release` says so, or the containerd
 /// configuration is Bottlerocket's settings template.

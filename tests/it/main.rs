@@ -11,6 +11,7 @@ mod ha;
 mod hostile;
 mod inspect;
 mod packaging;
+mod realdata;
 mod sandbox_apiserver;
 mod sandbox_kubelet;
 mod support;
