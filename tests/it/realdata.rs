@@ -866,3 +866,120 @@ async fn every_extender_body_gets_the_answer_kube_scheduler_expects() {
         assert_eq!(status, 200, "{key}: /version after the body");
     }
 }
+
+// ------------------------------------------------------------------ MIG in the device plugin
+
+/// Starts the device plugin on the sandbox over the nvidia-smi backend reading `xml`.
+async fn plugin_over_xml(
+    dir: &Path,
+    xml: &str,
+) -> (
+    gpushare_sandbox::apiserver::ApiServer,
+    gpushare_sandbox::kubelet::Kubelet,
+    anyhow::Result<gpushare::deviceplugin::DevicePluginHandle>,
+) {
+    let api = gpushare_sandbox::apiserver::ApiServer::start()
+        .await
+        .expect("sandbox API server");
+    api.seed_yaml(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: mig-node\n  labels:\n    gpushare: \"true\"\n",
+    )
+    .expect("node");
+    let kubelet = gpushare_sandbox::kubelet::Kubelet::start(dir)
+        .await
+        .expect("sandbox kubelet");
+    let file = dir.join("smi.xml");
+    write(&file, xml);
+    let program = script(dir, "nvidia-smi", &format!("cat '{}'", file.display()));
+    let mut config = Config::default();
+    config.gpu = smi_config(&program);
+    config.device_plugin.node_name = "mig-node".to_string();
+    config.device_plugin.device_plugin_dir = kubelet.device_plugin_dir();
+    config.device_plugin.pod_resources_socket = kubelet.pod_resources_socket();
+    config.device_plugin.admin_address = String::new();
+    config.device_plugin.health_check = false;
+    config.doctor.skip = true;
+    let backend = gpushare::gpu::open(&config.gpu).expect("the nvidia-smi backend opens");
+    let plugin = gpushare::deviceplugin::start(
+        &config,
+        api.client(),
+        backend,
+        gpushare::shutdown::Shutdown::never(),
+    )
+    .await;
+    (api, kubelet, plugin)
+}
+
+#[tokio::test]
+async fn mig_enabled_gpus_are_not_advertised_and_the_node_says_why() {
+    use gpushare::core::wire;
+    let dir = tempfile::Builder::new()
+        .prefix("mig")
+        .tempdir_in("/tmp")
+        .expect("a short temp dir for the sockets");
+    // The 8-GPU H100 box of the corpus with MIG turned on for GPU 3 (the 4th <mig_mode>).
+    let h100 = std::fs::read_to_string(
+        corpus().join("nvidia-smi-xml/gpuid-h100x8-570.86.15.xml"),
+    )
+    .expect("read");
+    let mut parts: Vec<&str> = h100.split("<current_mig>Disabled</current_mig>").collect();
+    assert_eq!(parts.len(), 9, "one <current_mig> per GPU");
+    let tail = parts.split_off(4);
+    let xml = format!(
+        "{}<current_mig>Enabled</current_mig>{}",
+        parts.join("<current_mig>Disabled</current_mig>"),
+        tail.join("<current_mig>Disabled</current_mig>")
+    );
+    let inv = parse_xml(&xml).expect("parses");
+    let mig_uuid = inv.excluded[0].uuid.clone();
+    assert_eq!(inv.excluded[0].index, 3);
+    let (api, kubelet, plugin) = plugin_over_xml(dir.path(), &xml).await;
+    let plugin = plugin.expect("the plugin starts with the 7 other GPUs");
+    kubelet
+        .wait_registered(wire::RESOURCE_GPU_MEM)
+        .await
+        .expect("registers");
+    let devices = kubelet
+        .wait_devices(wire::RESOURCE_GPU_MEM, |d| !d.is_empty())
+        .await
+        .expect("lists devices");
+    // 7 × 80 GiB (81559 MiB → 79 GiB units), none of the MIG GPU's.
+    assert_eq!(devices.len(), 7 * 79, "one device ID per GiB of each non-MIG GPU");
+    assert!(devices.iter().all(|d| !d.id.starts_with(&mig_uuid)));
+    let node = api
+        .get_as::<k8s_openapi::api::core::v1::Node>("nodes", None, "mig-node")
+        .expect("node");
+    let ann = node.metadata.annotations.expect("annotations");
+    let excluded: Value =
+        serde_json::from_str(&ann[wire::NODE_ANN_EXCLUDED_GPUS]).expect("excluded JSON");
+    assert_eq!(excluded[0]["index"], 3);
+    assert_eq!(excluded[0]["uuid"], mig_uuid.as_str());
+    assert!(
+        excluded[0]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("MIG mode is enabled")),
+        "{excluded}"
+    );
+    let published: Vec<gpushare::k8s::project::PublishedGpu> =
+        serde_json::from_str(&ann[wire::NODE_ANN_DEVICES]).expect("devices JSON");
+    let indexes: Vec<u32> = published.iter().map(|g| g.index).collect();
+    assert_eq!(indexes, [0, 1, 2, 4, 5, 6, 7]);
+    plugin.stop().await;
+    kubelet.stop().await;
+    api.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_node_whose_only_gpu_is_in_mig_mode_refuses_to_start_and_says_why() {
+    let dir = tempfile::Builder::new()
+        .prefix("mig")
+        .tempdir_in("/tmp")
+        .expect("a short temp dir for the sockets");
+    let xml = std::fs::read_to_string(corpus().join("nvidia-smi-xml/netdata-a100-sxm4-mig.xml"))
+        .expect("read");
+    let (api, kubelet, plugin) = plugin_over_xml(dir.path(), &xml).await;
+    let err = plugin.expect_err("nothing to share").to_string();
+    assert!(err.contains("MIG mode is enabled"), "{err}");
+    kubelet.stop().await;
+    api.shutdown().await;
+}
