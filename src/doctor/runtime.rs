@@ -4,9 +4,11 @@
 //! GPU, the most common set-up mistake (reference spec §10.1.9, anchors §3.9).
 //!
 //! Reads Docker's `daemon.json`, containerd's `config.toml` (version 1, 2 and 3 layouts, with
-//! `imports`; also the k3s / RKE2 copies) and CRI-O's `crio.conf` plus `crio.conf.d/*`. When the
-//! kubelet's configuration names its runtime endpoint, only that runtime decides the verdict.
-//! It does not talk to any daemon.
+//! `imports`; the deprecated 1.x `default_runtime`; `options.BinaryName` / `options.Runtime`;
+//! also the k3s / RKE2 copies and their `config.toml.tmpl`) and CRI-O's `crio.conf` plus
+//! `crio.conf.d/*` and the OCI hooks in its `hooks_dir`. When the kubelet's configuration names
+//! its runtime endpoint, only that runtime decides the verdict. Fixes never name commands the
+//! host does not have (Bottlerocket). It does not talk to any daemon.
 
 use std::path::{Path, PathBuf};
 
@@ -197,7 +199,8 @@ fn containerd_file(host: &HostRoot, main: &Path, text: String, template: bool) -
     let mut merged: toml::Table = match toml::from_str(&text) {
         Ok(t) => t,
         Err(e) => {
-            f.notes.push(format!("not valid TOML: {}", e.message().trim()));
+            f.notes
+                .push(format!("not valid TOML: {}", e.message().trim()));
             if text.contains("{{") {
                 f.notes.push(
                     "it is an unrendered template ({{…}} placeholders): the real configuration is rendered from it"
@@ -324,16 +327,18 @@ fn runtime_program(merged: &toml::Table, runtime: &toml::Value) -> Option<String
             .filter(|b| !b.is_empty())
             .map(str::to_string)
     };
-    option("BinaryName").or_else(|| option("Runtime")).or_else(|| {
-        (runtime_type(runtime) == "io.containerd.runtime.v1.linux")
-            .then(|| {
-                lookup(merged, &["plugins", "linux", "runtime"])
-                    .and_then(|r| r.as_str())
-                    .filter(|r| !r.is_empty() && *r != "runc")
-                    .map(str::to_string)
-            })
-            .flatten()
-    })
+    option("BinaryName")
+        .or_else(|| option("Runtime"))
+        .or_else(|| {
+            (runtime_type(runtime) == "io.containerd.runtime.v1.linux")
+                .then(|| {
+                    lookup(merged, &["plugins", "linux", "runtime"])
+                        .and_then(|r| r.as_str())
+                        .filter(|r| !r.is_empty() && *r != "runc")
+                        .map(str::to_string)
+                })
+                .flatten()
+        })
 }
 
 /// CRI-O's `crio.conf` and drop-ins (`crio.conf.d/*`, later files win), and the NVIDIA OCI hook.
@@ -441,9 +446,7 @@ fn crio_hooks(host: &HostRoot, hooks_dirs: &[String], f: &mut Finding) {
                 .and_then(|p| p.as_str())
                 .unwrap_or("");
             let when = json.get("when");
-            let applies = when
-                .and_then(|w| w.get("always"))
-                .and_then(|a| a.as_bool())
+            let applies = when.and_then(|w| w.get("always")).and_then(|a| a.as_bool())
                 == Some(true)
                 || when
                     .and_then(|w| w.get("commands"))
@@ -611,7 +614,8 @@ fn is_bottlerocket(host: &HostRoot) -> bool {
         .read("/etc/os-release")
         .or_else(|| host.read("/usr/lib/os-release"))
         .unwrap_or_default();
-    os.lines().any(|l| l.trim() == "ID=bottlerocket" || l.trim() == "ID=\"bottlerocket\"")
+    os.lines()
+        .any(|l| l.trim() == "ID=bottlerocket" || l.trim() == "ID=\"bottlerocket\"")
         || host
             .read("/etc/containerd/config.toml")
             .is_some_and(|t| t.contains("{{settings."))

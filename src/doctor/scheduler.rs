@@ -434,9 +434,10 @@ fn embedded_policy(docs: &[serde_yaml::Value]) -> Option<String> {
                 .and_then(|n| n.as_str())
                 .unwrap_or("?");
             d.get("data")?.as_mapping()?.iter().find_map(|(k, v)| {
-                let policy = yaml_documents(v.as_str()?).ok()?.into_iter().any(|p| {
-                    p.get("kind").and_then(|k| k.as_str()) == Some("Policy")
-                });
+                let policy = yaml_documents(v.as_str()?)
+                    .ok()?
+                    .into_iter()
+                    .any(|p| p.get("kind").and_then(|k| k.as_str()) == Some("Policy"));
                 policy.then(|| format!("ConfigMap/{name} data.{}", k.as_str().unwrap_or("?")))
             })
         })

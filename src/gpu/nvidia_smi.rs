@@ -25,9 +25,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::{
-    Error, ExcludedGpu, ExclusionReason, GpuBackend, GpuDevice, HealthEvent, Inventory,
-};
+use super::{Error, ExcludedGpu, ExclusionReason, GpuBackend, GpuDevice, HealthEvent, Inventory};
 
 /// Default limit for one nvidia-smi run.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);

@@ -19,9 +19,7 @@ use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use tokio::sync::mpsc;
 
-use super::{
-    Error, ExcludedGpu, ExclusionReason, GpuBackend, GpuDevice, HealthEvent, Inventory,
-};
+use super::{Error, ExcludedGpu, ExclusionReason, GpuBackend, GpuDevice, HealthEvent, Inventory};
 
 /// NVML's `NVML_DEVICE_MIG_ENABLE` (nvml.h).
 const NVML_DEVICE_MIG_ENABLE: u32 = 1;

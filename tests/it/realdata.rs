@@ -69,9 +69,9 @@ fn files(category: &str) -> Vec<(String, PathBuf)> {
 }
 
 fn entry<'a>(table: &'a Value, key: &str, table_name: &str) -> &'a Value {
-    table
-        .get(key)
-        .unwrap_or_else(|| panic!("{key} has no entry in {table_name}: describe the new file there"))
+    table.get(key).unwrap_or_else(|| {
+        panic!("{key} has no entry in {table_name}: describe the new file there")
+    })
 }
 
 fn strings(v: Option<&Value>) -> Vec<String> {
@@ -168,8 +168,15 @@ fn every_file_has_its_source_and_an_expectation() {
         .cloned()
         .collect();
     let missing: Vec<_> = described.difference(&seen).collect();
-    assert!(missing.is_empty(), "described but not in the corpus: {missing:?}");
-    assert_eq!(seen.len(), 127, "the corpus had 127 files when this was written");
+    assert!(
+        missing.is_empty(),
+        "described but not in the corpus: {missing:?}"
+    );
+    assert_eq!(
+        seen.len(),
+        127,
+        "the corpus had 127 files when this was written"
+    );
 }
 
 // ------------------------------------------------------------------ nvidia-smi XML
@@ -220,7 +227,11 @@ fn nvidia_smi_xml_yields_exactly_the_derived_gpus() {
             continue;
         }
         let inv = result.unwrap_or_else(|e| panic!("{key}: {e}"));
-        assert_eq!(inv.driver_version, d["driver"].as_str().expect("driver"), "{key}");
+        assert_eq!(
+            inv.driver_version,
+            d["driver"].as_str().expect("driver"),
+            "{key}"
+        );
         let gpus = derived_gpus(d);
         let offered: Vec<_> = gpus.iter().filter(|g| !g.mig).collect();
         assert_eq!(inv.devices.len(), offered.len(), "{key}: {inv:?}");
@@ -296,7 +307,10 @@ async fn doctor_reads_every_nvidia_smi_output_through_a_fake_nvidia_smi() {
         );
         for g in &offered {
             let line = format!("GPU {}: {}, {} MiB, {}", g.index, g.name, g.mib, g.uuid);
-            assert!(detail.lines().any(|l| l == line), "{key}: {line:?} in\n{detail}");
+            assert!(
+                detail.lines().any(|l| l == line),
+                "{key}: {line:?} in\n{detail}"
+            );
         }
         if gpus_here.iter().any(|g| g.mig) {
             assert!(detail.contains("MIG"), "{key}: {detail}");
@@ -446,7 +460,10 @@ impl Replay {
         let want: BTreeSet<String> = self
             .unhealthy
             .iter()
-            .map(|pci| self.uuid_of(pci).expect("an unhealthy GPU is in the inventory"))
+            .map(|pci| {
+                self.uuid_of(pci)
+                    .expect("an unhealthy GPU is in the inventory")
+            })
             .collect();
         assert_eq!(down, want, "{key}: unhealthy GPUs");
     }
@@ -542,12 +559,21 @@ const INSTALLED: &[&str] = &[
 fn runtime_root(place: &str, text: &str, exp: &Value, bins: &[String]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     let at = |p: &str| dir.path().join(p.trim_start_matches('/'));
-    for bin in INSTALLED.iter().copied().chain(bins.iter().map(String::as_str)) {
+    for bin in INSTALLED
+        .iter()
+        .copied()
+        .chain(bins.iter().map(String::as_str))
+    {
         write(&at(bin), "");
         std::fs::set_permissions(at(bin), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     }
     write(&at(place), text);
-    for extra in exp.get("extra").and_then(Value::as_array).into_iter().flatten() {
+    for extra in exp
+        .get("extra")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         let path = extra["path"].as_str().expect("extra path");
         let body = match (extra.get("text"), extra.get("from")) {
             (Some(t), _) => t.as_str().expect("text").to_string(),
@@ -696,7 +722,12 @@ fn every_scheduler_configuration_is_judged_like_kube_scheduler() {
                 &host.path(scheduler::SCHEDULER_MANIFEST),
                 &std::fs::read_to_string(&path).expect("read"),
             );
-            for extra in exp.get("extra").and_then(Value::as_array).into_iter().flatten() {
+            for extra in exp
+                .get("extra")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
                 let from = corpus().join(extra["from"].as_str().expect("from"));
                 write(
                     &host.path(extra["path"].as_str().expect("path")),
@@ -719,7 +750,11 @@ fn every_scheduler_configuration_is_judged_like_kube_scheduler() {
             assert!(want.is_some(), "{key}: the test found no urlPrefix");
             assert_eq!(url, want, "{key}");
             let u = url.as_deref().unwrap_or_default();
-            assert!(check.detail.contains(u), "{key}: {u} not in {}", check.detail);
+            assert!(
+                check.detail.contains(u),
+                "{key}: {u} not in {}",
+                check.detail
+            );
         } else {
             assert_eq!(url, None, "{key}");
             let not_a_config = exp.get("not_a_config").and_then(Value::as_bool) == Some(true);
@@ -771,7 +806,10 @@ fn validate_response(key: &str, kind: &str, v: &Value) {
                     Value::String(s) => serde_json::from_str(s).expect("an encoded result"),
                     other => other.clone(),
                 };
-                assert!(has(&result, &["Nodes", "FailedNodes", "Error"]), "{key}: {result}");
+                assert!(
+                    has(&result, &["Nodes", "FailedNodes", "Error"]),
+                    "{key}: {result}"
+                );
             }
         }
         "binding-result" => assert!(has(v, &["Error"]), "{key}"),
@@ -791,9 +829,10 @@ async fn every_extender_body_gets_the_answer_kube_scheduler_expects() {
     config.extender.bind_address = [127, 0, 0, 1].into();
     config.extender.port = 0;
     config.doctor.skip = true;
-    let ext = gpushare::extender::start(&config, api.client(), gpushare::shutdown::Shutdown::never())
-        .await
-        .expect("extender starts");
+    let ext =
+        gpushare::extender::start(&config, api.client(), gpushare::shutdown::Shutdown::never())
+            .await
+            .expect("extender starts");
     ext.wait_ready().await.expect("ready");
     let addr = ext.addr;
     for (key, path) in files("extender-args") {
@@ -854,10 +893,7 @@ async fn every_extender_body_gets_the_answer_kube_scheduler_expects() {
                 "4xx" => {
                     assert!((400..500).contains(&status), "{what}");
                     // The refusal names the field at fault.
-                    assert!(
-                        text.contains("Pod") || text.contains("Node"),
-                        "{what}"
-                    );
+                    assert!(text.contains("Pod") || text.contains("Node"), "{what}");
                 }
                 other => panic!("{key}: unknown expectation {other}"),
             }
@@ -891,8 +927,10 @@ async fn plugin_over_xml(
     let file = dir.join("smi.xml");
     write(&file, xml);
     let program = script(dir, "nvidia-smi", &format!("cat '{}'", file.display()));
-    let mut config = Config::default();
-    config.gpu = smi_config(&program);
+    let mut config = Config {
+        gpu: smi_config(&program),
+        ..Config::default()
+    };
     config.device_plugin.node_name = "mig-node".to_string();
     config.device_plugin.device_plugin_dir = kubelet.device_plugin_dir();
     config.device_plugin.pod_resources_socket = kubelet.pod_resources_socket();
@@ -918,10 +956,8 @@ async fn mig_enabled_gpus_are_not_advertised_and_the_node_says_why() {
         .tempdir_in("/tmp")
         .expect("a short temp dir for the sockets");
     // The 8-GPU H100 box of the corpus with MIG turned on for GPU 3 (the 4th <mig_mode>).
-    let h100 = std::fs::read_to_string(
-        corpus().join("nvidia-smi-xml/gpuid-h100x8-570.86.15.xml"),
-    )
-    .expect("read");
+    let h100 = std::fs::read_to_string(corpus().join("nvidia-smi-xml/gpuid-h100x8-570.86.15.xml"))
+        .expect("read");
     let mut parts: Vec<&str> = h100.split("<current_mig>Disabled</current_mig>").collect();
     assert_eq!(parts.len(), 9, "one <current_mig> per GPU");
     let tail = parts.split_off(4);
@@ -944,7 +980,11 @@ async fn mig_enabled_gpus_are_not_advertised_and_the_node_says_why() {
         .await
         .expect("lists devices");
     // 7 × 80 GiB (81559 MiB → 79 GiB units), none of the MIG GPU's.
-    assert_eq!(devices.len(), 7 * 79, "one device ID per GiB of each non-MIG GPU");
+    assert_eq!(
+        devices.len(),
+        7 * 79,
+        "one device ID per GiB of each non-MIG GPU"
+    );
     assert!(devices.iter().all(|d| !d.id.starts_with(&mig_uuid)));
     let node = api
         .get_as::<k8s_openapi::api::core::v1::Node>("nodes", None, "mig-node")
