@@ -206,6 +206,16 @@ pub fn gpu_access(probe: &Probe, config: &GpuConfig) -> Check {
                     or leave them to NVIDIA's device plugin (MIG strategy single/mixed) on nodes without gpushare";
         return check.hint(hint);
     }
+    if probe
+        .result
+        .as_ref()
+        .is_err_and(|e| e.contains(crate::gpu::nvidia_smi::DUPLICATE_UUIDS))
+    {
+        return check.hint(
+            "every GPU needs its own UUID (the device IDs are <UUID>-_-<n>): compare `nvidia-smi -L`;\n\
+             an output with anonymised or copied UUIDs cannot serve, and a real duplicate is a driver fault (reset the GPUs)",
+        );
+    }
     if probe.result.as_ref().is_ok_and(|i| i.devices.is_empty()) {
         return check.hint(
             "the driver sees no GPU: check `nvidia-smi -L`, the kernel module (lsmod | grep nvidia) and dmesg",

@@ -27,6 +27,8 @@ use tokio::sync::mpsc;
 
 use super::{Error, ExcludedGpu, ExclusionReason, GpuBackend, GpuDevice, HealthEvent, Inventory};
 
+/// Words of the error for two GPUs with one UUID (doctor's hint keys on them).
+pub const DUPLICATE_UUIDS: &str = "duplicate UUIDs";
 /// Default limit for one nvidia-smi run.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default health poll interval.
@@ -289,7 +291,7 @@ pub fn parse_xml(xml: &str) -> Result<Inventory, String> {
         }
         if let Some(first) = devices.iter().find(|d| d.uuid == uuid) {
             return Err(format!(
-                "GPU {i} ({at}) has the same UUID {uuid} as GPU {}: duplicate UUIDs would give \
+                "GPU {i} ({at}) has the same UUID {uuid} as GPU {}: {DUPLICATE_UUIDS} would give \
                  both the same device IDs",
                 first.index
             ));

@@ -297,6 +297,7 @@ async fn doctor_reads_every_nvidia_smi_output_through_a_fake_nvidia_smi() {
                 detail.contains("duplicate") && detail.contains(dup),
                 "{key}: {detail}"
             );
+            assert!(access.hint.contains("own UUID"), "{key}: {}", access.hint);
             continue;
         }
         let driver = d["driver"].as_str().expect("driver");
