@@ -565,6 +565,26 @@ mod tests {
         assert_eq!(driver_version(&host, &fake).status, Status::Skip);
     }
 
+    #[test]
+    fn a_jetson_l4t_version_is_named_not_compared() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("proc/driver/nvidia")).unwrap();
+        std::fs::write(
+            dir.path().join("proc/driver/nvidia/version"),
+            "NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  35.3.1  Release Build  (buildbrain@mobile-u64-6289-d7000)  Sun Mar 19 08:09:33 PDT 2023\n",
+        )
+        .unwrap();
+        let fake = Probe {
+            configured: GpuBackendKind::Fake,
+            result: Err("fake".to_string()),
+            notes: vec![],
+        };
+        let c = driver_version(&HostRoot::new(dir.path()), &fake);
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(c.detail.contains("Jetson / L4T"), "{c:?}");
+        assert!(!c.hint.contains("361.93"), "{c:?}");
+    }
+
     #[tokio::test]
     async fn a_missing_nvml_library_fails_quickly_with_the_path() {
         let config = GpuConfig {

@@ -814,6 +814,58 @@ version = 3
     }
 
     #[test]
+    fn crio_reads_hooks_only_from_its_hooks_dir() {
+        let hook = r#"{"version":"1.0.0","hook":{"path":"/usr/bin/nvidia-container-runtime-hook","args":["prestart"]},"when":{"always":true},"stages":["prestart"]}"#;
+        let conf = "[crio.runtime]\ndefault_runtime = \"crun\"\n";
+        let files = |conf: &'static str| {
+            host_with(&[
+                ("/etc/crio/crio.conf", conf),
+                ("/etc/containers/oci/hooks.d/oci-nvidia-hook.json", hook),
+                ("/usr/bin/nvidia-container-runtime-hook", ""),
+            ])
+        };
+        // Default hooks_dir is /usr/share/containers/oci/hooks.d: the hook never runs.
+        let (_d, host) = files(conf);
+        let c = check(&host);
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(c.detail.contains("which CRI-O does not read"), "{c:?}");
+        // hooks_dir naming /etc/containers/oci/hooks.d: it runs.
+        let (_d, host) = files(
+            "[crio.runtime]\ndefault_runtime = \"crun\"\nhooks_dir = [\"/etc/containers/oci/hooks.d\"]\n",
+        );
+        let c = check(&host);
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(c.detail.contains("applies to every container"), "{c:?}");
+    }
+
+    #[test]
+    fn containerd_deprecated_default_runtime_wins_in_1x_layouts_only() {
+        let v2 = r#"
+version = 2
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  default_runtime_name = "runc"
+  [plugins."io.containerd.grpc.v1.cri".containerd.default_runtime]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.default_runtime.options]
+      BinaryName = "/usr/bin/nvidia-container-runtime"
+"#;
+        let (_d, host) = host_with(&[("/etc/containerd/config.toml", v2), NVIDIA_BIN]);
+        let c = check(&host);
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(c.detail.contains("deprecated default_runtime"), "{c:?}");
+        // containerd 2.x (version 3) ignores it.
+        let v3 = v2
+            .replace("version = 2", "version = 3")
+            .replace("io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime");
+        let (_d, host) = host_with(&[("/etc/containerd/config.toml", &v3), NVIDIA_BIN]);
+        assert_eq!(check(&host).status, Status::Fail);
+        // An empty runtime_type (the stock v2 file) leaves default_runtime_name in charge.
+        let empty = v2.replace("io.containerd.runc.v2", "");
+        let (_d, host) = host_with(&[("/etc/containerd/config.toml", &empty), NVIDIA_BIN]);
+        assert_eq!(check(&host).status, Status::Fail);
+    }
+
+    #[test]
     fn nothing_configured_fails_with_the_fix() {
         let (_d, host) = host_with(&[]);
         let c = check(&host);

@@ -683,6 +683,46 @@ mod tests {
     }
 
     #[test]
+    fn another_projects_policy_says_the_gpushare_extender_is_missing() {
+        let policy = r#"{"kind":"Policy","apiVersion":"v1","extenders":[{"urlPrefix":"http://127.0.0.1:8888/","filterVerb":"filter"}]}"#;
+        let (c, url) = evaluate("p.json", policy, false, None);
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.detail.contains("removed in Kubernetes 1.23"), "{c:?}");
+        assert!(
+            c.detail.contains("the gpushare extender is not in it"),
+            "{c:?}"
+        );
+        assert_eq!(url, None);
+    }
+
+    #[test]
+    fn multi_document_yaml_is_read_document_by_document() {
+        // A kubectl bundle: the configuration is one of its documents.
+        let bundle = format!(
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: s\n---\n{}\n",
+            good()
+        );
+        let (c, url) = evaluate("bundle.yaml", &bundle, false, Some(33));
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(url.is_some());
+        // A bundle without one: not a configuration, never "not valid YAML".
+        let no_config = "kind: ServiceAccount\n---\nkind: ConfigMap\nmetadata:\n  name: p\ndata:\n  policy.cfg: '{\"kind\":\"Policy\",\"apiVersion\":\"v1\"}'\n";
+        let (c, _) = evaluate("bundle.yaml", no_config, false, None);
+        assert_eq!(c.status, Status::Fail);
+        assert!(!c.detail.contains("not valid YAML"), "{c:?}");
+        assert!(
+            c.detail
+                .contains("2 YAML documents (ServiceAccount, ConfigMap)"),
+            "{c:?}"
+        );
+        assert!(c.detail.contains("ConfigMap/p data.policy.cfg"), "{c:?}");
+        assert!(
+            c.detail.contains("the gpushare extender is not in it"),
+            "{c:?}"
+        );
+    }
+
+    #[test]
     fn extender_block_problems() {
         let (c, _) = evaluate(
             "cfg",

@@ -644,6 +644,71 @@ mod tests {
         );
     }
 
+    const TWO_GPUS: &str = "<nvidia_smi_log><driver_version>550.54.15</driver_version>\
+        <gpu id=\"00000000:3B:00.0\"><product_name>A</product_name><uuid>GPU-a</uuid>\
+        <pci><pci_bus_id>00000000:3B:00.0</pci_bus_id></pci>\
+        <fb_memory_usage><total>16384 MiB</total></fb_memory_usage>\
+        <mig_mode><current_mig>Disabled</current_mig></mig_mode></gpu>\
+        <gpu id=\"00000000:86:00.0\"><product_name>B</product_name><uuid>GPU-b</uuid>\
+        <pci><pci_bus_id>00000000:86:00.0</pci_bus_id></pci>\
+        <fb_memory_usage><total>40960 MiB</total></fb_memory_usage>\
+        <mig_mode><current_mig>Enabled</current_mig></mig_mode></gpu></nvidia_smi_log>";
+
+    #[test]
+    fn real_world_variations() {
+        // Whitespace before the declaration (a wrapper's newline), as Go's encoding/xml accepts.
+        let padded = format!("\n  \u{feff}<?xml version=\"1.0\" ?>\n{TWO_GPUS}");
+        let inv = parse_xml(&padded).expect("leading whitespace is accepted");
+        assert_eq!(inv.devices.len(), 1);
+        // MIG on: left out with the reason, index kept.
+        assert_eq!(inv.devices[0].uuid, "GPU-a");
+        assert_eq!(inv.excluded.len(), 1);
+        assert_eq!(
+            (inv.excluded[0].index, inv.excluded[0].uuid.as_str()),
+            (1, "GPU-b")
+        );
+        assert_eq!(inv.excluded[0].reason, ExclusionReason::MigEnabled);
+        // No driver version: the driver is unknown, the GPUs stay.
+        let no_driver = TWO_GPUS.replace("<driver_version>550.54.15</driver_version>", "");
+        let inv = parse_xml(&no_driver).expect("parses");
+        assert_eq!(inv.driver_version, "");
+        assert_eq!(inv.devices.len(), 1);
+        // One UUID twice: refused, naming it.
+        let dup = TWO_GPUS
+            .replace("GPU-b", "GPU-a")
+            .replace("Enabled", "Disabled");
+        let err = parse_xml(&dup).unwrap_err();
+        assert!(
+            err.contains("same UUID GPU-a") && err.contains(DUPLICATE_UUIDS),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn xids_at_unknown_addresses_are_unattributed() {
+        let inv = parse_xml(TWO_GPUS).expect("parses");
+        let at = |line: &str| attribute(&inv.devices, parse_kmsg_xid(line).expect("an Xid"));
+        assert_eq!(
+            at("NVRM: Xid (PCI:0000:3b:00): 62, pid=1"),
+            HealthEvent::Xid {
+                uuid: Some("GPU-a".to_string()),
+                xid: 62
+            }
+        );
+        assert_eq!(
+            at("NVRM: Xid (PCI:0000:00:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 00"),
+            HealthEvent::Unattributed {
+                pci: "0000:00:00".to_string(),
+                xid: 149
+            }
+        );
+        // The MIG GPU is not served: its XIDs mark nothing either.
+        assert!(matches!(
+            at("NVRM: Xid (PCI:0000:86:00): 79, GPU has fallen off the bus"),
+            HealthEvent::Unattributed { xid: 79, .. }
+        ));
+    }
+
     #[test]
     fn unreachable_lines_name_the_gpu() {
         let known = vec![GpuDevice {
