@@ -4,7 +4,9 @@
 //! `EXPECTED.json` (per file) and, for nvidia-smi XML and kernel logs, `DERIVED.json` (values
 //! extracted by Python's ElementTree and `re`, `derive.py`, never by our parsers). The kernel
 //! logs are replayed through the configurable kernel-log source (`--kmsg-path`, a file and a
-//! FIFO) with the GPU set of `REPLAY.json`.
+//! FIFO) with the GPU set of `REPLAY.json`. The device plugin is run over the corpus' MIG
+//! outputs (MIG GPUs not advertised, `gpushare.io/excluded-gpus` saying why) and fed the
+//! GB200 NVLink Xid (counted, marks no GPU).
 //!
 //! A file added to the corpus is picked up without code changes: the walk fails until it has
 //! an expectation (and, for XML and logs, a `derive.py` run).
@@ -1021,6 +1023,81 @@ async fn a_node_whose_only_gpu_is_in_mig_mode_refuses_to_start_and_says_why() {
     let (api, kubelet, plugin) = plugin_over_xml(dir.path(), &xml).await;
     let err = plugin.expect_err("nothing to share").to_string();
     assert!(err.contains("MIG mode is enabled"), "{err}");
+    kubelet.stop().await;
+    api.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_device_plugin_counts_an_unattributed_xid_and_marks_no_gpu() {
+    use gpushare::core::wire;
+    use gpushare::gpu::fake::{FakeBackend, fake_uuid};
+    let dir = tempfile::Builder::new()
+        .prefix("xid")
+        .tempdir_in("/tmp")
+        .expect("a short temp dir for the sockets");
+    let api = gpushare_sandbox::apiserver::ApiServer::start()
+        .await
+        .expect("sandbox API server");
+    api.seed_yaml("apiVersion: v1\nkind: Node\nmetadata:\n  name: gb200\n")
+        .expect("node");
+    let kubelet = gpushare_sandbox::kubelet::Kubelet::start(dir.path())
+        .await
+        .expect("sandbox kubelet");
+    let mut config = Config::default();
+    config.device_plugin.node_name = "gb200".to_string();
+    config.device_plugin.device_plugin_dir = kubelet.device_plugin_dir();
+    config.device_plugin.pod_resources_socket = kubelet.pod_resources_socket();
+    config.device_plugin.admin_address = String::new();
+    config.doctor.skip = true;
+    let backend = FakeBackend::from_spec("2x16GiB").expect("fake GPUs");
+    let health = backend.health();
+    let plugin = gpushare::deviceplugin::start(
+        &config,
+        api.client(),
+        std::sync::Arc::new(backend),
+        gpushare::shutdown::Shutdown::never(),
+    )
+    .await
+    .expect("plugin starts");
+    kubelet
+        .wait_devices(wire::RESOURCE_GPU_MEM, |d| !d.is_empty())
+        .await
+        .expect("lists devices");
+    // A bounded poll on a condition (the health task subscribing), not a timing assumption.
+    let deadline = tokio::time::Instant::now() + EVENT_DEADLINE;
+    while health.subscribers() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "no health watcher");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The GB200 NVLink Xid of the corpus, then a fatal Xid on GPU 1: events are handled in
+    // order, so once GPU 1 is down the first has been handled.
+    health.inject(HealthEvent::Unattributed {
+        pci: "0000:00:00".to_string(),
+        xid: 149,
+    });
+    health.inject(HealthEvent::Xid {
+        uuid: Some(fake_uuid(1)),
+        xid: 79,
+    });
+    let unhealthy = |d: &[gpushare::kubelet_api::deviceplugin::Device], uuid: &str| {
+        d.iter()
+            .filter(|x| x.id.starts_with(uuid))
+            .all(|x| x.health != wire::HEALTHY)
+    };
+    let devices = kubelet
+        .wait_devices(wire::RESOURCE_GPU_MEM, |d| unhealthy(d, &fake_uuid(1)))
+        .await
+        .expect("GPU 1 down");
+    assert!(
+        devices
+            .iter()
+            .filter(|x| x.id.starts_with(&fake_uuid(0)))
+            .all(|x| x.health == wire::HEALTHY),
+        "the unattributed Xid marked GPU 0"
+    );
+    assert_eq!(plugin.metrics().unattributed_xids.get(), 1);
+    assert_eq!(plugin.metrics().unhealthy_gpus.get(), 1);
+    plugin.stop().await;
     kubelet.stop().await;
     api.shutdown().await;
 }
