@@ -297,10 +297,16 @@ fn containerd_file(host: &HostRoot, main: &Path, text: String, template: bool) -
             f.nvidia = is_nvidia_binary(&b);
             note_missing_binary(host, &mut f, &b);
         }
-        None if f.default_runtime != "runc" => f.notes.push(format!(
-            "plugins.\"{plugin}\".containerd.runtimes.{}.options.BinaryName is not set: it runs runc",
-            f.default_runtime
-        )),
+        None if f.default_runtime != "runc" => {
+            let entry = if deprecated_default.is_some() {
+                "default_runtime".to_string()
+            } else {
+                format!("runtimes.{}", f.default_runtime)
+            };
+            f.notes.push(format!(
+                "plugins.\"{plugin}\".containerd.{entry} names no program (options.BinaryName / options.Runtime): it runs runc"
+            ));
+        }
         None => {}
     }
     f.files[0] = format!("{} (version {version})", main.display());
