@@ -254,6 +254,35 @@ mod tests {
     }
 
     #[test]
+    fn the_kmsg_flags_reach_the_nvidia_smi_options() {
+        let args = GpuArgs {
+            kmsg_path: Some("/run/gpushare/kmsg.fifo".to_string()),
+            kmsg_replay: true,
+            ..GpuArgs::default()
+        };
+        let mut flags = crate::config::FlagOverrides::default();
+        args.overrides(&mut flags);
+        let config = crate::config::load(None, flags).expect("config");
+        let options = nvidia_smi::NvidiaSmiOptions::from_config(&config.gpu);
+        assert_eq!(
+            options.kmsg.as_deref(),
+            Some(std::path::Path::new("/run/gpushare/kmsg.fifo"))
+        );
+        assert!(options.kmsg_replay);
+        // The default is /dev/kmsg; an empty path turns the kernel log off.
+        let default = nvidia_smi::NvidiaSmiOptions::from_config(&GpuConfig::default());
+        assert_eq!(
+            default.kmsg.as_deref(),
+            Some(std::path::Path::new(nvidia_smi::DEFAULT_KMSG))
+        );
+        let off = GpuConfig {
+            kmsg_path: String::new(),
+            ..GpuConfig::default()
+        };
+        assert_eq!(nvidia_smi::NvidiaSmiOptions::from_config(&off).kmsg, None);
+    }
+
+    #[test]
     fn fake_is_selected_by_name() {
         let config = GpuConfig {
             backend: GpuBackendKind::Fake,
