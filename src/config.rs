@@ -250,6 +250,12 @@ pub struct GpuConfig {
     pub nvml_library: String,
     /// The nvidia-smi program.
     pub nvidia_smi: String,
+    /// The kernel log the nvidia-smi backend reads `NVRM: Xid` lines from: `/dev/kmsg`, or a
+    /// file or FIFO fed by something else (a recorded log, `journalctl -kf > fifo`).
+    pub kmsg_path: String,
+    /// Read `kmsg_path` from its start instead of only what is logged from now on (replaying
+    /// a recorded log).
+    pub kmsg_replay: bool,
 }
 
 impl Default for GpuConfig {
@@ -259,6 +265,8 @@ impl Default for GpuConfig {
             fake_gpus: String::new(),
             nvml_library: String::new(),
             nvidia_smi: "nvidia-smi".to_string(),
+            kmsg_path: crate::gpu::nvidia_smi::DEFAULT_KMSG.to_string(),
+            kmsg_replay: false,
         }
     }
 }

@@ -198,6 +198,7 @@ mod tests {
                     memory_bytes: gib * 1024 * 1024 * 1024,
                 })
                 .collect(),
+            excluded: Vec::new(),
         }
     }
 

@@ -9,7 +9,9 @@
 //! XIDs (48 double-bit ECC, 79 fallen off the bus, 95 uncontained ECC) keep the GPU down until
 //! the plugin restarts; any other XID marks the GPU down until `recovery` passes without a new
 //! error. A lost GPU stays down until the inventory lists it again. An XID without a UUID
-//! applies to every GPU (as upstream).
+//! (NVML could not name the device) applies to every GPU (as upstream); an XID the kernel
+//! attributed to an address that is none of ours ([`HealthEvent::Unattributed`]: NVSwitch /
+//! NVLink XIDs at `PCI:0000:00:00`) marks none.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -114,6 +116,7 @@ impl HealthTracker {
                     };
                     (targets, until, false, format!("XID {xid}"))
                 }
+                HealthEvent::Unattributed { .. } => return Vec::new(),
                 HealthEvent::Lost { uuid } => {
                     if !self.gpus.contains_key(uuid) {
                         return Vec::new();
@@ -268,6 +271,18 @@ mod tests {
         let now = Instant::now();
         assert!(t.apply(&xid(Some("GPU-zzz"), 79), now).is_empty());
         assert_eq!(t.apply(&xid(None, 62), now).len(), 2);
+    }
+
+    #[test]
+    fn unattributed_xids_mark_no_gpu() {
+        let mut t = tracker();
+        let now = Instant::now();
+        let nvlink = HealthEvent::Unattributed {
+            pci: "0000:00:00".to_string(),
+            xid: 149,
+        };
+        assert!(t.apply(&nvlink, now).is_empty());
+        assert!(t.unhealthy().is_empty());
     }
 
     #[test]

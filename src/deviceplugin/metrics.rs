@@ -30,6 +30,8 @@ pub struct Metrics {
     pub mismatches_seen: Counter,
     /// GPUs currently unhealthy.
     pub unhealthy_gpus: Gauge,
+    /// XIDs at a PCI address that is none of the served GPUs (marked no GPU).
+    pub unattributed_xids: Counter,
     /// 1 while registered with kubelet.
     pub registered: Gauge,
     /// Registrations with kubelet (1 + re-registrations after kubelet restarts).
@@ -47,6 +49,7 @@ impl Metrics {
             swaps_corrected: Counter::default(),
             mismatches_seen: Counter::default(),
             unhealthy_gpus: Gauge::default(),
+            unattributed_xids: Counter::default(),
             registered: Gauge::default(),
             registrations: Counter::default(),
         };
@@ -75,6 +78,11 @@ impl Metrics {
                 "gpushare_device_plugin_unhealthy_gpus",
                 "GPUs currently marked unhealthy",
                 m.unhealthy_gpus.clone(),
+            );
+            r.register(
+                "gpushare_device_plugin_unattributed_xids",
+                "XIDs at a PCI address that is none of the served GPUs (NVSwitch/NVLink); they mark no GPU",
+                m.unattributed_xids.clone(),
             );
             r.register(
                 "gpushare_device_plugin_registered",

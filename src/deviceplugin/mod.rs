@@ -357,10 +357,18 @@ pub async fn start(
     let inventory = crate::gpu::inventory_off_runtime(&backend)
         .await
         .map_err(|e| anyhow::anyhow!("reading the GPUs: {e}"))?;
+    for g in &inventory.excluded {
+        tracing::warn!(index = g.index, uuid = %g.uuid, reason = %g.reason, "GPU not offered");
+    }
     anyhow::ensure!(
         !inventory.devices.is_empty(),
-        "the {} backend found no GPU on this node",
-        inventory.backend
+        "the {} backend found no GPU to share on this node{}",
+        inventory.backend,
+        inventory
+            .excluded
+            .iter()
+            .map(|g| format!("; GPU {} {}: {}", g.index, g.uuid, g.reason))
+            .collect::<String>()
     );
     devices::check_message_size(&inventory, dp.memory_unit)?;
     let gpus = devices::served_gpus(&inventory, dp.memory_unit);
@@ -370,6 +378,12 @@ pub async fn start(
         &client,
         &node,
         &node::device_annotations(&gpus, dp.memory_unit, |_| true),
+    )
+    .await?;
+    node::publish_devices(
+        &client,
+        &node,
+        &node::excluded_annotation(&inventory.excluded),
     )
     .await?;
 
@@ -478,6 +492,11 @@ async fn health_task(
         let changes = tokio::select! {
             _ = &mut stop_fut => return,
             ev = events.recv(), if events_open => match ev {
+                Some(crate::gpu::HealthEvent::Unattributed { pci, xid }) => {
+                    tracing::warn!(pci = %pci, xid, "XID at a PCI address that is none of the served GPUs (NVSwitch/NVLink?): no GPU marked");
+                    plugin.metrics.unattributed_xids.inc();
+                    Vec::new()
+                }
                 Some(ev) => {
                     tracing::info!(event = ?ev, "GPU health event");
                     plugin.health.lock().unwrap_or_else(|p| p.into_inner())

@@ -11,7 +11,10 @@ use kube::Api;
 
 use super::devices::ServedGpu;
 use crate::core::MemoryUnit;
-use crate::core::wire::{LABEL_CGPU_DISABLE, NODE_ANN_DEVICES, NODE_ANN_MEMORY_UNIT};
+use crate::core::wire::{
+    LABEL_CGPU_DISABLE, NODE_ANN_DEVICES, NODE_ANN_EXCLUDED_GPUS, NODE_ANN_MEMORY_UNIT,
+};
+use crate::gpu::ExcludedGpu;
 use crate::k8s::events::{Events, Severity, node_reference};
 use crate::k8s::project::PublishedGpu;
 use crate::k8s::retry::retry_attempts;
@@ -78,6 +81,25 @@ pub fn device_annotations(
         ),
         (NODE_ANN_MEMORY_UNIT.to_string(), unit.to_string()),
     ])
+}
+
+/// The `gpushare.io/excluded-gpus` annotation: the GPUs not offered (MIG mode on, incomplete
+/// records) with the reason, `[]` when none (so a stale list is overwritten).
+pub fn excluded_annotation(excluded: &[ExcludedGpu]) -> BTreeMap<String, String> {
+    let list: Vec<serde_json::Value> = excluded
+        .iter()
+        .map(|g| {
+            serde_json::json!({
+                "index": g.index,
+                "uuid": g.uuid,
+                "reason": g.reason.to_string(),
+            })
+        })
+        .collect();
+    BTreeMap::from([(
+        NODE_ANN_EXCLUDED_GPUS.to_string(),
+        serde_json::Value::Array(list).to_string(),
+    )])
 }
 
 /// Patches the device annotations onto the node.

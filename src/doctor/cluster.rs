@@ -207,11 +207,7 @@ impl Permission {
     }
 }
 
-async fn allowed_in(
-    client: &kube::Client,
-    p: &Permission,
-    group: &str,
-) -> Result<bool, ApiError> {
+async fn allowed_in(client: &kube::Client, p: &Permission, group: &str) -> Result<bool, ApiError> {
     let review = SelfSubjectAccessReview {
         spec: SelfSubjectAccessReviewSpec {
             resource_attributes: Some(ResourceAttributes {
@@ -264,10 +260,7 @@ pub async fn rbac(api: &ApiState, sets: &[(&str, &[Permission])], leader_elect: 
     for (who, perms) in sets {
         let reviews = futures::future::join_all(perms.iter().map(|p| async move {
             let r = tokio::time::timeout(CHECK_TIMEOUT, allowed(client, p)).await;
-            (
-                p,
-                r.unwrap_or(Err(ApiError::TimedOut)),
-            )
+            (p, r.unwrap_or(Err(ApiError::TimedOut)))
         }))
         .await;
         let mut denied = Vec::new();

@@ -1,5 +1,6 @@
 //! The GPU checks: `gpu-access` (which backend serves, why the others do not, the devices it
-//! found), `driver-version` (>= 361.93) and `memory-unit` (the fake device list fits the
+//! found, the GPUs it leaves out and why: MIG mode, incomplete records), `driver-version`
+//! (>= 361.93; a Jetson/L4T release number is named as such, not compared) and `memory-unit` (the fake device list fits the
 //! kubelet's 4 MiB ListAndWatch message).
 //!
 //! GPU access goes through [`crate::gpu::open`] like the device plugin's; it runs on its own
@@ -13,11 +14,16 @@ use super::host::HostRoot;
 use super::report::{Check, Status};
 use crate::config::{GpuBackendKind, GpuConfig};
 use crate::core::{MemoryUnit, wire};
-use crate::gpu::{GpuDevice, Inventory};
+use crate::gpu::{ExclusionReason, GpuDevice, Inventory};
 use crate::kubelet_api::KUBELET_MAX_MESSAGE_BYTES;
 
 /// The oldest driver gpushare supports (the device plugin API's NVML calls need it).
 pub const MIN_DRIVER: (u64, u64) = (361, 93);
+
+/// Driver versions with a major number below this are Jetson / L4T release numbers
+/// (`35.3.1`), not driver branches: every NVIDIA desktop and datacenter driver since the
+/// 1.0-xxxx scheme ended (2008) has a three-digit major.
+pub const L4T_MAJOR_BELOW: u64 = 100;
 
 /// How long GPU discovery may take before doctor gives up on it.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
@@ -162,10 +168,22 @@ pub fn gpu_access(probe: &Probe, config: &GpuConfig) -> Check {
                     d.uuid
                 ));
             }
+            for g in &inv.excluded {
+                lines.push(format!(
+                    "GPU {}: {}{}{} not offered: {}",
+                    g.index,
+                    g.name,
+                    if g.uuid.is_empty() { "" } else { ", " },
+                    g.uuid,
+                    g.reason
+                ));
+            }
             if inv.devices.is_empty() {
                 Status::Fail
-            } else {
+            } else if inv.excluded.is_empty() {
                 Status::Ok
+            } else {
+                Status::Warn
             }
         }
         Err(e) => {
@@ -177,6 +195,26 @@ pub fn gpu_access(probe: &Probe, config: &GpuConfig) -> Check {
     let check = Check::new(ID, TITLE, status, lines.join("\n"));
     if status == Status::Ok {
         return check;
+    }
+    let mig = probe.result.as_ref().is_ok_and(|i| {
+        i.excluded
+            .iter()
+            .any(|g| g.reason == ExclusionReason::MigEnabled)
+    });
+    if mig {
+        let hint = "gpushare shares whole GPUs: disable MIG on the GPUs to share (nvidia-smi -i <index> -mig 0, then reset the GPU),\n\
+                    or leave them to NVIDIA's device plugin (MIG strategy single/mixed) on nodes without gpushare";
+        return check.hint(hint);
+    }
+    if probe
+        .result
+        .as_ref()
+        .is_err_and(|e| e.contains(crate::gpu::nvidia_smi::DUPLICATE_UUIDS))
+    {
+        return check.hint(
+            "every GPU needs its own UUID (the device IDs are <UUID>-_-<n>): compare `nvidia-smi -L`;\n\
+             an output with anonymised or copied UUIDs cannot serve, and a real duplicate is a driver fault (reset the GPUs)",
+        );
     }
     if probe.result.as_ref().is_ok_and(|i| i.devices.is_empty()) {
         return check.hint(
@@ -243,6 +281,22 @@ pub fn driver_version(host: &HostRoot, probe: &Probe) -> Check {
     };
     let min = format!("{}.{}", MIN_DRIVER.0, MIN_DRIVER.1);
     let Some((version, source)) = from_backend.or_else(from_proc) else {
+        if let Some(inv) = probe.result.as_ref().ok().filter(|i| i.backend != "fake") {
+            return Check::new(
+                ID,
+                TITLE,
+                Status::Warn,
+                format!(
+                    "driver version unknown: the {} backend found {} GPU(s) but did not report the driver \
+                     version, and there is no {PROC_VERSION}",
+                    inv.backend,
+                    inv.devices.len()
+                ),
+            )
+            .hint(format!(
+                "check `nvidia-smi -q | grep 'Driver Version'` or `cat {PROC_VERSION}`: {min} or newer is needed"
+            ));
+        }
         if probe.configured == GpuBackendKind::Fake {
             return Check::new(
                 ID,
@@ -269,6 +323,22 @@ pub fn driver_version(host: &HostRoot, probe: &Probe) -> Check {
             format!("cannot read the driver version {version:?} ({source})"),
         );
     };
+    if parts[0] < L4T_MAJOR_BELOW {
+        return Check::new(
+            ID,
+            TITLE,
+            Status::Fail,
+            format!(
+                "{version} ({source}) is a Jetson / L4T (Tegra) release number, not an NVIDIA desktop or \
+                 datacenter driver version (those are 100 and up): gpushare does not support Jetson/L4T"
+            ),
+        )
+        .hint(
+            "Jetson's integrated GPU has no memory of its own (it shares system RAM) and NVML there does not\n\
+             enumerate it the way the device plugin needs, so there is no GPU memory to share: run gpushare on\n\
+             nodes with discrete NVIDIA GPUs and leave Jetson nodes to NVIDIA's own device plugin",
+        );
+    }
     let detail = format!("{version} ({source}); {min} or newer is needed");
     if (parts[0], parts[1]) >= MIN_DRIVER {
         Check::new(ID, TITLE, Status::Ok, detail)
@@ -469,6 +539,7 @@ mod tests {
                 backend: "nvml",
                 driver_version: v.to_string(),
                 devices: vec![gpu(0, 16)],
+                excluded: vec![],
             }),
             notes: vec![],
         };
@@ -492,6 +563,26 @@ mod tests {
             ..none
         };
         assert_eq!(driver_version(&host, &fake).status, Status::Skip);
+    }
+
+    #[test]
+    fn a_jetson_l4t_version_is_named_not_compared() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("proc/driver/nvidia")).unwrap();
+        std::fs::write(
+            dir.path().join("proc/driver/nvidia/version"),
+            "NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  35.3.1  Release Build  (buildbrain@mobile-u64-6289-d7000)  Sun Mar 19 08:09:33 PDT 2023\n",
+        )
+        .unwrap();
+        let fake = Probe {
+            configured: GpuBackendKind::Fake,
+            result: Err("fake".to_string()),
+            notes: vec![],
+        };
+        let c = driver_version(&HostRoot::new(dir.path()), &fake);
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(c.detail.contains("Jetson / L4T"), "{c:?}");
+        assert!(!c.hint.contains("361.93"), "{c:?}");
     }
 
     #[tokio::test]

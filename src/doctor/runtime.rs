@@ -4,9 +4,11 @@
 //! GPU, the most common set-up mistake (reference spec §10.1.9, anchors §3.9).
 //!
 //! Reads Docker's `daemon.json`, containerd's `config.toml` (version 1, 2 and 3 layouts, with
-//! `imports`; also the k3s / RKE2 copies) and CRI-O's `crio.conf` plus `crio.conf.d/*`. When the
-//! kubelet's configuration names its runtime endpoint, only that runtime decides the verdict.
-//! It does not talk to any daemon.
+//! `imports`; the deprecated 1.x `default_runtime`; `options.BinaryName` / `options.Runtime`;
+//! also the k3s / RKE2 copies and their `config.toml.tmpl`) and CRI-O's `crio.conf` plus
+//! `crio.conf.d/*` and the OCI hooks in its `hooks_dir`. When the kubelet's configuration names
+//! its runtime endpoint, only that runtime decides the verdict. Fixes never name commands the
+//! host does not have (Bottlerocket). It does not talk to any daemon.
 
 use std::path::{Path, PathBuf};
 
@@ -70,6 +72,8 @@ pub struct Finding {
     pub serves_cri: bool,
     /// Anything worth saying (parse errors, a missing binary).
     pub notes: Vec<String>,
+    /// The file is not valid JSON / TOML: the engine does not start with it.
+    pub broken: bool,
 }
 
 impl Finding {
@@ -97,8 +101,16 @@ impl Finding {
     }
 }
 
+/// Whether `binary` is an NVIDIA container runtime: the toolkit's `nvidia-container-runtime`
+/// (and its `.cdi` / `.legacy` modes), or Bottlerocket's `nvidia-oci` (its
+/// nvidia-container-toolkit package links it to shimpei, the runc wrapper that adds the NVIDIA
+/// prestart hook).
 fn is_nvidia_binary(binary: &str) -> bool {
-    binary.contains("nvidia-container-runtime")
+    let name = Path::new(binary)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    name.contains("nvidia-container-runtime") || name == "nvidia-oci"
 }
 
 /// Docker's `/etc/docker/daemon.json`.
@@ -113,11 +125,13 @@ pub fn docker(host: &HostRoot) -> Option<Finding> {
         nvidia: false,
         serves_cri: true,
         notes: Vec::new(),
+        broken: false,
     };
     let json: serde_json::Value = match serde_json::from_str(&text) {
         Ok(v) => v,
         Err(e) => {
             f.notes.push(format!("not valid JSON: {e}"));
+            f.broken = true;
             return Some(f);
         }
     };
@@ -157,12 +171,21 @@ pub fn containerd(host: &HostRoot) -> Vec<Finding> {
         "/var/lib/rancher/rke2/agent/etc/containerd/config.toml",
     ]
     .iter()
-    .filter_map(|main| containerd_file(host, Path::new(main)))
+    .filter_map(|main| {
+        let main = Path::new(main);
+        if let Some(text) = host.read(main) {
+            return containerd_file(host, main, text, false);
+        }
+        // k3s / RKE2 render config.toml from config.toml.tmpl when they start.
+        let template = main.with_extension("toml.tmpl");
+        let text = host.read(&template)?;
+        let kept: Vec<&str> = text.lines().filter(|l| !l.contains("{{")).collect();
+        containerd_file(host, &template, kept.join("\n"), true)
+    })
     .collect()
 }
 
-fn containerd_file(host: &HostRoot, main: &Path) -> Option<Finding> {
-    let text = host.read(main)?;
+fn containerd_file(host: &HostRoot, main: &Path, text: String, template: bool) -> Option<Finding> {
     let mut f = Finding {
         engine: Engine::Containerd,
         files: vec![main.display().to_string()],
@@ -171,11 +194,20 @@ fn containerd_file(host: &HostRoot, main: &Path) -> Option<Finding> {
         nvidia: false,
         serves_cri: true,
         notes: Vec::new(),
+        broken: false,
     };
     let mut merged: toml::Table = match toml::from_str(&text) {
         Ok(t) => t,
         Err(e) => {
-            f.notes.push(format!("not valid TOML: {}", e.message()));
+            f.notes
+                .push(format!("not valid TOML: {}", e.message().trim()));
+            if text.contains("{{") {
+                f.notes.push(
+                    "it is an unrendered template ({{…}} placeholders): the real configuration is rendered from it"
+                        .to_string(),
+                );
+            }
+            f.broken = true;
             return Some(f);
         }
     };
@@ -205,10 +237,17 @@ fn containerd_file(host: &HostRoot, main: &Path) -> Option<Finding> {
             }
         }
     }
+    // A k3s/RKE2 template's base (`{{ template "base" . }}`) declares version 2.
     let version = merged
         .get("version")
         .and_then(|v| v.as_integer())
-        .unwrap_or(1);
+        .unwrap_or(if template { 2 } else { 1 });
+    if template {
+        f.notes.push(
+            "k3s/RKE2 template (no rendered config.toml yet): read without its {{…}} lines; the base it includes adds runc only"
+                .to_string(),
+        );
+    }
     let disabled = merged
         .get("disabled_plugins")
         .and_then(|v| v.as_array())
@@ -233,29 +272,79 @@ fn containerd_file(host: &HostRoot, main: &Path) -> Option<Finding> {
     {
         f.default_runtime = name.to_string();
     }
-    let runtime = section
-        .and_then(|s| s.get("runtimes"))
-        .and_then(|r| r.get(&f.default_runtime))
-        .or_else(|| section.and_then(|s| s.get("default_runtime")));
-    let binary = runtime
-        .and_then(|r| r.get("options"))
-        .and_then(|o| o.get("BinaryName"))
-        .and_then(|b| b.as_str())
-        .filter(|b| !b.is_empty());
-    match binary {
-        Some(b) => {
-            f.binary = Some(b.to_string());
-            f.nvidia = is_nvidia_binary(b);
-            note_missing_binary(host, &mut f, b);
+    // containerd 1.x: a `default_runtime` with a runtime_type replaces default_runtime_name
+    // (the deprecated path of the CRI plugin's ValidatePluginConfig); 2.x dropped it.
+    let deprecated_default = section
+        .and_then(|s| s.get("default_runtime"))
+        .filter(|r| version < 3 && !runtime_type(r).is_empty());
+    let runtime = match deprecated_default {
+        Some(r) => {
+            f.notes.push(format!(
+                "the deprecated default_runtime (runtime_type {}) is the default: it replaces default_runtime_name \"{}\"",
+                runtime_type(r),
+                f.default_runtime
+            ));
+            f.default_runtime = "default_runtime".to_string();
+            Some(r)
         }
-        None if f.default_runtime != "runc" => f.notes.push(format!(
-            "plugins.\"{plugin}\".containerd.runtimes.{}.options.BinaryName is not set: it runs runc",
-            f.default_runtime
-        )),
+        None => section
+            .and_then(|s| s.get("runtimes"))
+            .and_then(|r| r.get(&f.default_runtime)),
+    };
+    match runtime.and_then(|r| runtime_program(&merged, r)) {
+        Some(b) => {
+            f.binary = Some(b.clone());
+            f.nvidia = is_nvidia_binary(&b);
+            note_missing_binary(host, &mut f, &b);
+        }
+        None if f.default_runtime != "runc" => {
+            let entry = if deprecated_default.is_some() {
+                "default_runtime".to_string()
+            } else {
+                format!("runtimes.{}", f.default_runtime)
+            };
+            f.notes.push(format!(
+                "plugins.\"{plugin}\".containerd.{entry} names no program (options.BinaryName / options.Runtime): it runs runc"
+            ));
+        }
         None => {}
     }
     f.files[0] = format!("{} (version {version})", main.display());
     Some(f)
+}
+
+fn runtime_type(runtime: &toml::Value) -> &str {
+    runtime
+        .get("runtime_type")
+        .and_then(|t| t.as_str())
+        .unwrap_or("")
+}
+
+/// The program a containerd runtime entry runs: `options.BinaryName` (runc shims v1/v2),
+/// else `options.Runtime` (runctypes.RuncOptions of `io.containerd.runtime.v1.linux`, what the
+/// GPU Operator writes), else for `io.containerd.runtime.v1.linux` the `plugins.linux` runtime
+/// (default runc). `None`: runc.
+fn runtime_program(merged: &toml::Table, runtime: &toml::Value) -> Option<String> {
+    let option = |key: &str| {
+        runtime
+            .get("options")
+            .and_then(|o| o.get(key))
+            .and_then(|b| b.as_str())
+            .filter(|b| !b.is_empty())
+            .map(str::to_string)
+    };
+    option("BinaryName")
+        .or_else(|| option("Runtime"))
+        .or_else(|| {
+            (runtime_type(runtime) == "io.containerd.runtime.v1.linux")
+                .then(|| {
+                    lookup(merged, &["plugins", "linux", "runtime"])
+                        .and_then(|r| r.as_str())
+                        .filter(|r| !r.is_empty() && *r != "runc")
+                        .map(str::to_string)
+                })
+                .flatten()
+        })
 }
 
 /// CRI-O's `crio.conf` and drop-ins (`crio.conf.d/*`, later files win), and the NVIDIA OCI hook.
@@ -277,6 +366,7 @@ pub fn crio(host: &HostRoot) -> Option<Finding> {
         nvidia: false,
         serves_cri: true,
         notes: Vec::new(),
+        broken: false,
     };
     let mut merged = toml::Table::new();
     for file in files {
@@ -310,22 +400,96 @@ pub fn crio(host: &HostRoot) -> Option<Finding> {
         note_missing_binary(host, &mut f, path);
     }
     if !f.nvidia {
-        let hook = [
-            "/usr/share/containers/oci/hooks.d",
-            "/etc/containers/oci/hooks.d",
-        ]
-        .iter()
-        .flat_map(|d| host.list(d))
-        .find(|p| p.to_string_lossy().contains("nvidia"));
-        if let Some(hook) = hook {
-            f.nvidia = true;
+        let hooks_dirs: Vec<String> = runtime
+            .and_then(|r| r.get("hooks_dir"))
+            .and_then(|d| d.as_array())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|d| d.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_else(|| vec![CRIO_DEFAULT_HOOKS_DIR.to_string()]);
+        crio_hooks(host, &hooks_dirs, &mut f);
+    }
+    Some(f)
+}
+
+/// CRI-O's default `hooks_dir` (cri-o pkg/config: `HooksDir = []string{hooks.DefaultDir}`).
+pub const CRIO_DEFAULT_HOOKS_DIR: &str = "/usr/share/containers/oci/hooks.d";
+
+/// Directories where OCI hooks are commonly installed; a hook there is only used when
+/// CRI-O's `hooks_dir` lists the directory.
+const KNOWN_HOOKS_DIRS: [&str; 2] = [CRIO_DEFAULT_HOOKS_DIR, "/etc/containers/oci/hooks.d"];
+
+/// Looks for the NVIDIA OCI hook in the directories CRI-O reads (`hooks_dirs`); a hook that
+/// applies (`when.always` or a `commands` pattern) and whose program exists makes the runtime
+/// nvidia. One in a directory CRI-O does not read is reported, not counted.
+fn crio_hooks(host: &HostRoot, hooks_dirs: &[String], f: &mut Finding) {
+    let nvidia_hooks = |dir: &str| -> Vec<PathBuf> {
+        host.list(dir)
+            .into_iter()
+            .filter(|p| p.to_string_lossy().contains("nvidia"))
+            .collect()
+    };
+    for dir in hooks_dirs {
+        for hook in nvidia_hooks(dir) {
+            let Some(text) = host.read(&hook) else {
+                continue;
+            };
+            let json: serde_json::Value = match serde_json::from_str(&text) {
+                Ok(v) => v,
+                Err(e) => {
+                    f.notes.push(format!(
+                        "the OCI hook {} is not valid JSON: {e}",
+                        hook.display()
+                    ));
+                    continue;
+                }
+            };
+            let program = json
+                .get("hook")
+                .and_then(|h| h.get("path"))
+                .and_then(|p| p.as_str())
+                .unwrap_or("");
+            let when = json.get("when");
+            let applies = when.and_then(|w| w.get("always")).and_then(|a| a.as_bool())
+                == Some(true)
+                || when
+                    .and_then(|w| w.get("commands"))
+                    .and_then(|c| c.as_array())
+                    .is_some_and(|c| !c.is_empty());
+            if program.is_empty() || !host.exists(program) {
+                f.notes.push(format!(
+                    "the OCI hook {} runs {program:?}, which is not installed",
+                    hook.display()
+                ));
+            } else if !applies {
+                f.notes.push(format!(
+                    "the OCI hook {} has no when.always / when.commands: it applies to no container",
+                    hook.display()
+                ));
+            } else {
+                f.nvidia = true;
+                f.binary = Some(program.to_string());
+                f.notes.push(format!(
+                    "the NVIDIA OCI hook {} ({program}) applies to every container",
+                    hook.display()
+                ));
+                return;
+            }
+        }
+    }
+    for dir in KNOWN_HOOKS_DIRS {
+        if hooks_dirs.iter().any(|d| d.trim_end_matches('/') == dir) {
+            continue;
+        }
+        for hook in nvidia_hooks(dir) {
             f.notes.push(format!(
-                "the NVIDIA OCI hook {} applies to every container",
+                "the NVIDIA OCI hook {} is in {dir}, which CRI-O does not read (hooks_dir = {hooks_dirs:?}): it never runs",
                 hook.display()
             ));
         }
     }
-    Some(f)
 }
 
 /// Which engine the kubelet's configured runtime endpoint points at, when it says.
@@ -406,7 +570,26 @@ pub fn check(host: &HostRoot) -> Check {
             .hint("configure the runtime the kubelet uses: nvidia-ctk runtime configure --runtime=<containerd|docker|crio> --set-as-default");
     }
     let bad: Vec<&&Finding> = deciding.iter().filter(|f| !f.nvidia).collect();
-    let mut fixes: Vec<&str> = bad.iter().map(|f| f.engine.fix()).collect();
+    let bottlerocket = is_bottlerocket(host);
+    let mut fixes: Vec<String> = bad
+        .iter()
+        .map(|f| {
+            if f.broken {
+                format!(
+                    "repair {} (see the error above): {} does not start with it",
+                    f.files.join(" + "),
+                    f.engine.name()
+                )
+            } else if bottlerocket {
+                BOTTLEROCKET_FIX.to_string()
+            } else {
+                f.engine.fix().to_string()
+            }
+        })
+        .collect();
+    if bottlerocket && bad.iter().any(|f| f.broken) {
+        fixes.push(BOTTLEROCKET_FIX.to_string());
+    }
     fixes.dedup();
     let hint = fixes.join("\n");
     if bad.is_empty() {
@@ -422,6 +605,26 @@ pub fn check(host: &HostRoot) -> Check {
     } else {
         Check::new(ID, TITLE, Status::Fail, detail).hint(hint)
     }
+}
+
+/// The fix on Bottlerocket, which has neither nvidia-ctk nor a shell with systemctl: its
+/// configuration is rendered from settings.
+const BOTTLEROCKET_FIX: &str = "Bottlerocket renders its container runtime configuration from its settings (no toolkit \
+     command or service manager to run by hand): use an aws-k8s-*-nvidia variant, whose containerd defaults to \
+     its nvidia runtime (nvidia-oci), and change settings with apiclient";
+
+/// Whether the host is Bottlerocket: `/etc/os-release` says so, or the containerd
+/// configuration is Bottlerocket's settings template.
+fn is_bottlerocket(host: &HostRoot) -> bool {
+    let os = host
+        .read("/etc/os-release")
+        .or_else(|| host.read("/usr/lib/os-release"))
+        .unwrap_or_default();
+    os.lines()
+        .any(|l| l.trim() == "ID=bottlerocket" || l.trim() == "ID=\"bottlerocket\"")
+        || host
+            .read("/etc/containerd/config.toml")
+            .is_some_and(|t| t.contains("{{settings."))
 }
 
 /// Host files matching `pattern` (a `*` is allowed in the last component only).
@@ -614,6 +817,58 @@ version = 3
         let c = check(&host);
         assert_eq!(c.status, Status::Ok, "{c:?}");
         assert!(c.detail.contains("the kubelet uses CRI-O"), "{c:?}");
+    }
+
+    #[test]
+    fn crio_reads_hooks_only_from_its_hooks_dir() {
+        let hook = r#"{"version":"1.0.0","hook":{"path":"/usr/bin/nvidia-container-runtime-hook","args":["prestart"]},"when":{"always":true},"stages":["prestart"]}"#;
+        let conf = "[crio.runtime]\ndefault_runtime = \"crun\"\n";
+        let files = |conf: &'static str| {
+            host_with(&[
+                ("/etc/crio/crio.conf", conf),
+                ("/etc/containers/oci/hooks.d/oci-nvidia-hook.json", hook),
+                ("/usr/bin/nvidia-container-runtime-hook", ""),
+            ])
+        };
+        // Default hooks_dir is /usr/share/containers/oci/hooks.d: the hook never runs.
+        let (_d, host) = files(conf);
+        let c = check(&host);
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(c.detail.contains("which CRI-O does not read"), "{c:?}");
+        // hooks_dir naming /etc/containers/oci/hooks.d: it runs.
+        let (_d, host) = files(
+            "[crio.runtime]\ndefault_runtime = \"crun\"\nhooks_dir = [\"/etc/containers/oci/hooks.d\"]\n",
+        );
+        let c = check(&host);
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(c.detail.contains("applies to every container"), "{c:?}");
+    }
+
+    #[test]
+    fn containerd_deprecated_default_runtime_wins_in_1x_layouts_only() {
+        let v2 = r#"
+version = 2
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  default_runtime_name = "runc"
+  [plugins."io.containerd.grpc.v1.cri".containerd.default_runtime]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.default_runtime.options]
+      BinaryName = "/usr/bin/nvidia-container-runtime"
+"#;
+        let (_d, host) = host_with(&[("/etc/containerd/config.toml", v2), NVIDIA_BIN]);
+        let c = check(&host);
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(c.detail.contains("deprecated default_runtime"), "{c:?}");
+        // containerd 2.x (version 3) ignores it.
+        let v3 = v2
+            .replace("version = 2", "version = 3")
+            .replace("io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime");
+        let (_d, host) = host_with(&[("/etc/containerd/config.toml", &v3), NVIDIA_BIN]);
+        assert_eq!(check(&host).status, Status::Fail);
+        // An empty runtime_type (the stock v2 file) leaves default_runtime_name in charge.
+        let empty = v2.replace("io.containerd.runc.v2", "");
+        let (_d, host) = host_with(&[("/etc/containerd/config.toml", &empty), NVIDIA_BIN]);
+        assert_eq!(check(&host).status, Status::Fail);
     }
 
     #[test]

@@ -181,8 +181,8 @@ fn evaluate(
     policy_flag: bool,
     server_minor: Option<u32>,
 ) -> (Check, Option<String>) {
-    let doc: yaml_serde::Value = match yaml_serde::from_str(text) {
-        Ok(v) => v,
+    let docs = match yaml_documents(text) {
+        Ok(d) => d,
         Err(e) => {
             return (
                 Check::new(
@@ -195,7 +195,22 @@ fn evaluate(
             );
         }
     };
-    let kind = doc.get("kind").and_then(|k| k.as_str()).unwrap_or("");
+    let kind_of = |d: &yaml_serde::Value| {
+        d.get("kind")
+            .and_then(|k| k.as_str())
+            .unwrap_or("")
+            .to_string()
+    };
+    // A bundle (several documents): the scheduler reads one configuration; take the
+    // KubeSchedulerConfiguration (or Policy) document when there is one.
+    let chosen = docs
+        .iter()
+        .find(|d| matches!(kind_of(d).as_str(), "KubeSchedulerConfiguration" | "Policy"))
+        .or_else(|| docs.first());
+    let null = yaml_serde::Value::Null;
+    let doc = chosen.unwrap_or(&null);
+    let kind = kind_of(doc);
+    let kind = kind.as_str();
     let api_version = doc.get("apiVersion").and_then(|k| k.as_str()).unwrap_or("");
     let extenders = doc
         .get("extenders")
@@ -208,6 +223,14 @@ fn evaluate(
         .and_then(|e| get_ci(e, "urlPrefix"))
         .and_then(|u| u.as_str())
         .map(str::to_string);
+    let missing = format!(
+        "no extender manages {}: the gpushare extender is not in it",
+        wire::RESOURCE_GPU_MEM
+    );
+    let found = |url: &Option<String>| match url {
+        Some(u) => format!("the gpushare extender is in it: {u}"),
+        None => missing.clone(),
+    };
     if policy_flag || kind == "Policy" {
         return (
             Check::new(
@@ -215,7 +238,8 @@ fn evaluate(
                 CONFIG_TITLE,
                 Status::Fail,
                 format!(
-                    "{shown} is a scheduler Policy (--policy-config-file): the Policy API was removed in Kubernetes 1.23"
+                    "{shown} is a scheduler Policy (--policy-config-file): the Policy API was removed in Kubernetes 1.23\n{}",
+                    found(&url)
                 ),
             )
             .hint(format!(
@@ -226,14 +250,35 @@ fn evaluate(
         );
     }
     if kind != "KubeSchedulerConfiguration" {
-        return (
-            Check::new(
-                CONFIG_ID,
-                CONFIG_TITLE,
-                Status::Fail,
-                format!("{shown}: kind {kind:?} is not KubeSchedulerConfiguration"),
+        let what = if docs.len() > 1 {
+            let kinds: Vec<String> = docs
+                .iter()
+                .map(|d| {
+                    let k = kind_of(d);
+                    if k.is_empty() { "?".to_string() } else { k }
+                })
+                .collect();
+            format!(
+                "{} YAML documents ({}), none a KubeSchedulerConfiguration",
+                docs.len(),
+                kinds.join(", ")
             )
-            .hint(example_config()),
+        } else if kind.is_empty() {
+            "no kind: not a KubeSchedulerConfiguration".to_string()
+        } else {
+            format!("kind {kind:?} is not KubeSchedulerConfiguration")
+        };
+        let embedded = embedded_policy(&docs);
+        let mut lines = vec![format!("{shown}: {what}")];
+        if let Some(key) = &embedded {
+            lines.push(format!(
+                "a ConfigMap carries a scheduler Policy ({key}, for --policy-configmap): the Policy API was removed in Kubernetes 1.23"
+            ));
+        }
+        lines.push(missing.clone());
+        return (
+            Check::new(CONFIG_ID, CONFIG_TITLE, Status::Fail, lines.join("\n"))
+                .hint(example_config()),
             url,
         );
     }
@@ -283,7 +328,7 @@ fn evaluate(
     let mut lines = vec![format!("{shown}: {kind} {api_version}")];
     match ours.as_slice() {
         [] => {
-            fails.push(format!("no extender manages {}", wire::RESOURCE_GPU_MEM));
+            fails.push(missing.clone());
             fixes.push(format!("add the gpushare extender:\n{}", example_config()));
         }
         [first, rest @ ..] => {
@@ -363,6 +408,39 @@ fn evaluate(
         check = check.hint(format!("{}\nthen restart kube-scheduler", fixes.join("\n")));
     }
     (check, url)
+}
+
+/// The YAML (or JSON) documents of `text`; empty documents are dropped.
+fn yaml_documents(text: &str) -> Result<Vec<yaml_serde::Value>, yaml_serde::Error> {
+    use serde::Deserialize;
+    let mut docs = Vec::new();
+    for de in yaml_serde::Deserializer::from_str(text) {
+        let v = yaml_serde::Value::deserialize(de)?;
+        if !v.is_null() {
+            docs.push(v);
+        }
+    }
+    Ok(docs)
+}
+
+/// `ConfigMap/<name> data.<key>` of a ConfigMap whose data holds a scheduler Policy.
+fn embedded_policy(docs: &[yaml_serde::Value]) -> Option<String> {
+    docs.iter()
+        .filter(|d| d.get("kind").and_then(|k| k.as_str()) == Some("ConfigMap"))
+        .find_map(|d| {
+            let name = d
+                .get("metadata")
+                .and_then(|m| m.get("name"))
+                .and_then(|n| n.as_str())
+                .unwrap_or("?");
+            d.get("data")?.as_mapping()?.iter().find_map(|(k, v)| {
+                let policy = yaml_documents(v.as_str()?)
+                    .ok()?
+                    .into_iter()
+                    .any(|p| p.get("kind").and_then(|k| k.as_str()) == Some("Policy"));
+                policy.then(|| format!("ConfigMap/{name} data.{}", k.as_str().unwrap_or("?")))
+            })
+        })
 }
 
 /// A key looked up case-insensitively (the Policy file spells `enableHttps`, v1 `enableHTTPS`).
@@ -602,6 +680,46 @@ mod tests {
         assert_eq!(c.status, Status::Fail);
         assert!(c.detail.contains("removed in Kubernetes 1.23"), "{c:?}");
         assert!(url.is_some());
+    }
+
+    #[test]
+    fn another_projects_policy_says_the_gpushare_extender_is_missing() {
+        let policy = r#"{"kind":"Policy","apiVersion":"v1","extenders":[{"urlPrefix":"http://127.0.0.1:8888/","filterVerb":"filter"}]}"#;
+        let (c, url) = evaluate("p.json", policy, false, None);
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.detail.contains("removed in Kubernetes 1.23"), "{c:?}");
+        assert!(
+            c.detail.contains("the gpushare extender is not in it"),
+            "{c:?}"
+        );
+        assert_eq!(url, None);
+    }
+
+    #[test]
+    fn multi_document_yaml_is_read_document_by_document() {
+        // A kubectl bundle: the configuration is one of its documents.
+        let bundle = format!(
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: s\n---\n{}\n",
+            good()
+        );
+        let (c, url) = evaluate("bundle.yaml", &bundle, false, Some(33));
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        assert!(url.is_some());
+        // A bundle without one: not a configuration, never "not valid YAML".
+        let no_config = "kind: ServiceAccount\n---\nkind: ConfigMap\nmetadata:\n  name: p\ndata:\n  policy.cfg: '{\"kind\":\"Policy\",\"apiVersion\":\"v1\"}'\n";
+        let (c, _) = evaluate("bundle.yaml", no_config, false, None);
+        assert_eq!(c.status, Status::Fail);
+        assert!(!c.detail.contains("not valid YAML"), "{c:?}");
+        assert!(
+            c.detail
+                .contains("2 YAML documents (ServiceAccount, ConfigMap)"),
+            "{c:?}"
+        );
+        assert!(c.detail.contains("ConfigMap/p data.policy.cfg"), "{c:?}");
+        assert!(
+            c.detail.contains("the gpushare extender is not in it"),
+            "{c:?}"
+        );
     }
 
     #[test]

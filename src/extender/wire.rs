@@ -255,11 +255,18 @@ pub fn decode_extender_args(body: &[u8]) -> Result<ExtenderArgs, DecodeError> {
         None | Some(Value::Null) => {
             return Err(DecodeError("ExtenderArgs.Pod: missing".to_string()));
         }
-        Some(v @ Value::Object(_)) => {
-            serde_json::from_value::<WatchedPod>(v)
-                .map_err(|e| DecodeError(format!("ExtenderArgs.Pod: {e}")))?
-                .0
-        }
+        Some(v @ Value::Object(_)) => match serde_json::from_value::<WatchedPod>(v.clone()) {
+            Ok(pod) => pod.0,
+            Err(e) => {
+                let decodes = |v: Value| serde_json::from_value::<WatchedPod>(v).is_ok();
+                let at = if body.len() <= FAULT_PATH_MAX_BODY {
+                    fault_path(&v, &decodes)
+                } else {
+                    String::new()
+                };
+                return Err(DecodeError(format!("ExtenderArgs.Pod{at}: {e}")));
+            }
+        },
         Some(other) => {
             return Err(DecodeError(format!(
                 "ExtenderArgs.Pod: expected an object, got {}",
@@ -310,6 +317,59 @@ pub fn decode_extender_args(body: &[u8]) -> Result<ExtenderArgs, DecodeError> {
         },
     };
     Ok(ExtenderArgs { pod, candidates })
+}
+
+/// Bodies up to this size get the member path of a decoding fault ([`fault_path`] re-decodes
+/// a copy per member it tries); larger ones get the decoder's message alone.
+const FAULT_PATH_MAX_BODY: usize = 1 << 20;
+/// At most this many re-decodes per refused body: hostile input cannot make the error path
+/// expensive (the path found so far is reported).
+const FAULT_PATH_MAX_PROBES: usize = 64;
+
+/// Where in `value` (which `decodes` refuses) the fault is, as `.spec.containers[0].name`:
+/// the member whose removal makes it decode, followed down; empty when no single member is at
+/// fault. Only on the error path (it re-decodes a copy once per member tried, at most
+/// [`FAULT_PATH_MAX_PROBES`] times).
+fn fault_path(value: &Value, decodes: &dyn Fn(Value) -> bool) -> String {
+    let mut path = String::new();
+    let mut pointer = String::new();
+    let probes = std::cell::Cell::new(0usize);
+    loop {
+        let Some(here) = value.pointer(&pointer) else {
+            return path;
+        };
+        let without = |step: &str| {
+            if probes.get() >= FAULT_PATH_MAX_PROBES {
+                return false;
+            }
+            probes.set(probes.get() + 1);
+            let mut probe = value.clone();
+            let target = probe.pointer_mut(&pointer);
+            match (target, step.parse::<usize>()) {
+                (Some(Value::Array(items)), Ok(i)) if i < items.len() => {
+                    items.remove(i);
+                }
+                (Some(Value::Object(map)), _) => {
+                    map.remove(step);
+                }
+                _ => return false,
+            }
+            decodes(probe)
+        };
+        let steps: Vec<(String, String)> = match here {
+            Value::Object(map) => map.keys().map(|k| (k.clone(), format!(".{k}"))).collect(),
+            Value::Array(items) => (0..items.len())
+                .map(|i| (i.to_string(), format!("[{i}]")))
+                .collect(),
+            _ => return path,
+        };
+        let Some((step, shown)) = steps.into_iter().find(|(step, _)| without(step)) else {
+            return path;
+        };
+        pointer.push('/');
+        pointer.push_str(&step.replace('~', "~0").replace('/', "~1"));
+        path.push_str(&shown);
+    }
 }
 
 fn decode_node_list(list: Map<String, Value>) -> Result<Vec<(String, Value)>, DecodeError> {
@@ -555,7 +615,27 @@ mod tests {
         assert!(e(&format!(r#"{{"Pod":{POD},"NodeNames":"a"}}"#)).contains("NodeNames"));
         assert!(
             e(r#"{"Pod":{"spec":{"containers":"x"}},"NodeNames":[]}"#)
-                .starts_with("ExtenderArgs.Pod:")
+                .starts_with("ExtenderArgs.Pod.spec.containers:")
+        );
+        let deep = e(
+            r#"{"Pod":{"metadata":{"name":"p"},"spec":{"containers":[{"name":"a"},{"name":7}]}},"NodeNames":[]}"#,
+        );
+        assert!(
+            deep.starts_with("ExtenderArgs.Pod.spec.containers[1].name:"),
+            "{deep}"
+        );
+        assert!(
+            e(r#"{"Pod":{"metadata":{"annotations":{"k":1}}},"NodeNames":[]}"#)
+                .starts_with("ExtenderArgs.Pod.metadata.annotations.k:")
+        );
+        // Many members: the search is bounded and still names the part it narrowed to.
+        let many: String = (0..1000).map(|i| format!(r#""k{i:05}":"v","#)).collect();
+        let wide = e(&format!(
+            r#"{{"Pod":{{"metadata":{{"annotations":{{{many}"zz":1}}}}}},"NodeNames":[]}}"#
+        ));
+        assert!(
+            wide.starts_with("ExtenderArgs.Pod.metadata.annotations:"),
+            "{wide}"
         );
         assert!(
             e(&format!(r#"{{"Pod":{POD},"Nodes":{{"items":[{{}}]}}}}"#))

@@ -112,6 +112,7 @@ impl GpuBackend for FakeBackend {
             backend: self.name(),
             driver_version: FAKE_DRIVER_VERSION.to_string(),
             devices: self.devices.clone(),
+            excluded: Vec::new(),
         })
     }
 

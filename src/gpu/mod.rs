@@ -38,6 +38,13 @@ pub struct GpuArgs {
     /// The nvidia-smi program [config: gpu.nvidia_smi; default nvidia-smi on PATH]
     #[arg(long, value_name = "PATH")]
     pub nvidia_smi: Option<String>,
+    /// Kernel log read for XID lines by the nvidia-smi backend: /dev/kmsg, or a file or FIFO
+    /// [config: gpu.kmsg_path; default /dev/kmsg]
+    #[arg(long, value_name = "PATH")]
+    pub kmsg_path: Option<String>,
+    /// Read the kernel log from its start (replay a recorded log) [config: gpu.kmsg_replay]
+    #[arg(long)]
+    pub kmsg_replay: bool,
 }
 
 impl GpuArgs {
@@ -48,12 +55,16 @@ impl GpuArgs {
             fake_gpus,
             nvml_library,
             nvidia_smi,
+            kmsg_path,
+            kmsg_replay,
         } = self;
         flags
             .set("gpu.backend", *gpu_backend)
             .set("gpu.fake_gpus", fake_gpus.clone())
             .set("gpu.nvml_library", nvml_library.clone())
-            .set("gpu.nvidia_smi", nvidia_smi.clone());
+            .set("gpu.nvidia_smi", nvidia_smi.clone())
+            .set("gpu.kmsg_path", kmsg_path.clone())
+            .set_flag("gpu.kmsg_replay", *kmsg_replay);
     }
 }
 
@@ -74,15 +85,53 @@ pub struct GpuDevice {
     pub memory_bytes: u64,
 }
 
+/// A GPU the backend saw but does not offer, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ExcludedGpu {
+    /// Its enumeration index (its place in the listing).
+    pub index: u32,
+    /// Its UUID, when the backend reported one.
+    pub uuid: String,
+    /// Product name, when known.
+    pub name: String,
+    /// Why it is left out.
+    pub reason: ExclusionReason,
+}
+
+/// Why a GPU is not offered.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ExclusionReason {
+    /// MIG mode is enabled: a container given the parent GPU's index cannot use its memory
+    /// (only MIG instances can run work), so sharing the whole GPU's memory would be a lie.
+    MigEnabled,
+    /// The backend's record lacks what sharing needs (a UUID, the memory size).
+    Incomplete(String),
+}
+
+impl fmt::Display for ExclusionReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExclusionReason::MigEnabled => f.write_str(
+                "MIG mode is enabled: containers given this GPU's index cannot use its memory \
+                 (only its MIG instances run work); gpushare does not share MIG instances",
+            ),
+            ExclusionReason::Incomplete(what) => write!(f, "incomplete record: {what}"),
+        }
+    }
+}
+
 /// What a backend found.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Inventory {
     /// The backend that answered (`nvml`, `nvidia-smi`, `fake`).
     pub backend: &'static str,
-    /// Driver version string, e.g. `550.54.15`.
+    /// Driver version string, e.g. `550.54.15`; empty when the backend did not say.
     pub driver_version: String,
-    /// GPUs by index.
+    /// The GPUs offered, by index.
     pub devices: Vec<GpuDevice>,
+    /// GPUs seen but not offered (MIG enabled, incomplete records), by index.
+    pub excluded: Vec<ExcludedGpu>,
 }
 
 /// A health event reported by a backend.
@@ -92,6 +141,15 @@ pub enum HealthEvent {
     Xid {
         /// The GPU, if known.
         uuid: Option<String>,
+        /// The XID number.
+        xid: u64,
+    },
+    /// An XID the driver attributed to a PCI address that is none of the served GPUs
+    /// (NVSwitch / NVLink XIDs such as 149 at `PCI:0000:00:00` on GB200, or a GPU this
+    /// inventory does not list). It marks no GPU; the plugin logs and counts it.
+    Unattributed {
+        /// The PCI address as the kernel printed it.
+        pci: String,
         /// The XID number.
         xid: u64,
     },
@@ -165,7 +223,7 @@ pub fn open(config: &GpuConfig) -> Result<Arc<dyn GpuBackend>, Error> {
         GpuBackendKind::Fake => Ok(Arc::new(fake::FakeBackend::from_spec(&config.fake_gpus)?)),
         GpuBackendKind::Nvml => Ok(Arc::new(nvml::NvmlBackend::open(&config.nvml_library)?)),
         GpuBackendKind::NvidiaSmi => Ok(Arc::new(nvidia_smi::NvidiaSmiBackend::open(
-            nvidia_smi::NvidiaSmiOptions::new(&config.nvidia_smi),
+            nvidia_smi::NvidiaSmiOptions::from_config(config),
         )?)),
         GpuBackendKind::Auto => {
             let mut tried = Vec::new();
@@ -173,8 +231,8 @@ pub fn open(config: &GpuConfig) -> Result<Arc<dyn GpuBackend>, Error> {
                 Ok(backend) => return Ok(Arc::new(backend)),
                 Err(e) => tried.push(format!("nvml: {}", e.reason())),
             }
-            match nvidia_smi::NvidiaSmiBackend::open(nvidia_smi::NvidiaSmiOptions::new(
-                &config.nvidia_smi,
+            match nvidia_smi::NvidiaSmiBackend::open(nvidia_smi::NvidiaSmiOptions::from_config(
+                config,
             )) {
                 Ok(backend) => return Ok(Arc::new(backend)),
                 Err(e) => tried.push(format!("nvidia-smi: {}", e.reason())),
@@ -226,6 +284,35 @@ mod tests {
         let backend = open_off_runtime(&config).await.expect("opens");
         let inventory = inventory_off_runtime(&backend).await.expect("lists");
         assert_eq!(inventory.devices.len(), 2);
+    }
+
+    #[test]
+    fn the_kmsg_flags_reach_the_nvidia_smi_options() {
+        let args = GpuArgs {
+            kmsg_path: Some("/run/gpushare/kmsg.fifo".to_string()),
+            kmsg_replay: true,
+            ..GpuArgs::default()
+        };
+        let mut flags = crate::config::FlagOverrides::default();
+        args.overrides(&mut flags);
+        let config = crate::config::load(None, flags).expect("config");
+        let options = nvidia_smi::NvidiaSmiOptions::from_config(&config.gpu);
+        assert_eq!(
+            options.kmsg.as_deref(),
+            Some(std::path::Path::new("/run/gpushare/kmsg.fifo"))
+        );
+        assert!(options.kmsg_replay);
+        // The default is /dev/kmsg; an empty path turns the kernel log off.
+        let default = nvidia_smi::NvidiaSmiOptions::from_config(&GpuConfig::default());
+        assert_eq!(
+            default.kmsg.as_deref(),
+            Some(std::path::Path::new(nvidia_smi::DEFAULT_KMSG))
+        );
+        let off = GpuConfig {
+            kmsg_path: String::new(),
+            ..GpuConfig::default()
+        };
+        assert_eq!(nvidia_smi::NvidiaSmiOptions::from_config(&off).kmsg, None);
     }
 
     #[test]

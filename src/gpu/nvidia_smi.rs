@@ -10,8 +10,10 @@
 //! - polling nvidia-smi every [`NvidiaSmiOptions::poll_interval`]: a GPU that vanishes from
 //!   the list, or that nvidia-smi says it cannot reach ("Unable to determine the device handle
 //!   for GPU 0000:3B:00.0: GPU is lost"), is reported once as [`HealthEvent::Lost`];
-//! - tailing the kernel log (`/dev/kmsg` by default, only when readable) for
-//!   `NVRM: Xid (PCI:0000:3b:00): 79, …` lines, mapped from PCI bus id to UUID.
+//! - tailing the kernel log (`/dev/kmsg` by default, only when readable; a file or FIFO with
+//!   `[gpu] kmsg_path` / `--kmsg-path`, from its start with `kmsg_replay`) for
+//!   `NVRM: Xid (PCI:0000:3b:00): 79, …` lines, mapped from PCI bus id to UUID; an XID at an
+//!   address that is no served GPU is [`HealthEvent::Unattributed`] and marks none.
 //!
 //! It does not read ECC counters, utilisation or processes.
 
@@ -23,8 +25,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::{Error, GpuBackend, GpuDevice, HealthEvent, Inventory};
+use super::{Error, ExcludedGpu, ExclusionReason, GpuBackend, GpuDevice, HealthEvent, Inventory};
 
+/// Words of the error for two GPUs with one UUID (doctor's hint keys on them).
+pub const DUPLICATE_UUIDS: &str = "duplicate UUIDs";
 /// Default limit for one nvidia-smi run.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default health poll interval.
@@ -48,8 +52,11 @@ pub struct NvidiaSmiOptions {
     pub timeout: Duration,
     /// How often the health thread re-runs nvidia-smi.
     pub poll_interval: Duration,
-    /// The kernel log to tail for XIDs; `None` disables it.
+    /// The kernel log to tail for XIDs (`/dev/kmsg`, a file or a FIFO); `None` disables it.
     pub kmsg: Option<PathBuf>,
+    /// Read `kmsg` from its start (a recorded log) instead of only what comes after the
+    /// watch starts. A FIFO is always read as it comes.
+    pub kmsg_replay: bool,
 }
 
 impl NvidiaSmiOptions {
@@ -65,7 +72,18 @@ impl NvidiaSmiOptions {
             timeout: DEFAULT_TIMEOUT,
             poll_interval: DEFAULT_POLL_INTERVAL,
             kmsg: Some(PathBuf::from(DEFAULT_KMSG)),
+            kmsg_replay: false,
         }
+    }
+
+    /// The options `[gpu]` describes: program, kernel log path (empty disables it) and replay.
+    pub fn from_config(config: &crate::config::GpuConfig) -> NvidiaSmiOptions {
+        let mut options = NvidiaSmiOptions::new(&config.nvidia_smi);
+        options.kmsg = Some(config.kmsg_path.trim())
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from);
+        options.kmsg_replay = config.kmsg_replay;
+        options
     }
 }
 
@@ -111,7 +129,7 @@ impl GpuBackend for NvidiaSmiBackend {
         let known = self.inventory()?.devices;
         let (tx, rx) = mpsc::channel(64);
         if let Some(kmsg) = &self.options.kmsg {
-            match open_kmsg(kmsg) {
+            match open_kmsg(kmsg, self.options.kmsg_replay) {
                 Ok(file) => {
                     let (tx, devices) = (tx.clone(), known.clone());
                     std::thread::Builder::new()
@@ -218,11 +236,21 @@ fn first_lines(text: &str) -> String {
 }
 
 /// Parses `nvidia-smi -q -x` output.
+///
+/// Tolerant where real outputs differ and the meaning is unambiguous: whitespace (or a BOM)
+/// before the XML declaration, as output captured through ssh / nsenter wrappers carries and
+/// Go's encoding/xml (telegraf, netdata) accepts; no declaration or DOCTYPE; a missing
+/// `<driver_version>` (the driver is then unknown, an empty string); `attached_gpus` that
+/// disagrees with the `<gpu>` elements (only listed GPUs can be addressed). A `<gpu>` without
+/// a UUID or a memory total, or with MIG mode enabled, is listed in
+/// [`Inventory::excluded`] with the reason, not offered. Refused: not `<nvidia_smi_log>` XML,
+/// and two GPUs with the same UUID (their device IDs `<UUID>-_-<n>` would collide).
 pub fn parse_xml(xml: &str) -> Result<Inventory, String> {
     let options = roxmltree::ParsingOptions {
         allow_dtd: true,
         ..Default::default()
     };
+    let xml = xml.trim_start_matches(|c: char| c.is_whitespace() || c == '\u{feff}');
     let doc = roxmltree::Document::parse_with_options(xml, options)
         .map_err(|e| format!("not the expected XML: {e}"))?;
     let root = doc.root_element();
@@ -233,9 +261,11 @@ pub fn parse_xml(xml: &str) -> Result<Inventory, String> {
         ));
     }
     let driver_version = child_text(root, "driver_version")
-        .ok_or("no <driver_version> in <nvidia_smi_log>")?
+        .filter(|v| !is_na(v))
+        .unwrap_or("")
         .to_string();
-    let mut devices = Vec::new();
+    let mut devices: Vec<GpuDevice> = Vec::new();
+    let mut excluded = Vec::new();
     for (i, gpu) in root
         .children()
         .filter(|n| n.has_tag_name("gpu"))
@@ -243,11 +273,30 @@ pub fn parse_xml(xml: &str) -> Result<Inventory, String> {
     {
         let at = gpu.attribute("id").unwrap_or("?");
         let index = u32::try_from(i).map_err(|_| "too many GPUs".to_string())?;
+        let name = child_text(gpu, "product_name").unwrap_or("").to_string();
         let uuid = child_text(gpu, "uuid")
             .filter(|u| !is_na(u))
-            .ok_or_else(|| format!("GPU {i} ({at}): no <uuid>"))?
+            .unwrap_or("")
             .to_string();
-        let name = child_text(gpu, "product_name").unwrap_or("").to_string();
+        let exclude = |reason: ExclusionReason| ExcludedGpu {
+            index,
+            uuid: uuid.clone(),
+            name: name.clone(),
+            reason,
+        };
+        if uuid.is_empty() {
+            excluded.push(exclude(ExclusionReason::Incomplete(format!(
+                "GPU {i} ({at}) has no <uuid>"
+            ))));
+            continue;
+        }
+        if let Some(first) = devices.iter().find(|d| d.uuid == uuid) {
+            return Err(format!(
+                "GPU {i} ({at}) has the same UUID {uuid} as GPU {}: {DUPLICATE_UUIDS} would give \
+                 both the same device IDs",
+                first.index
+            ));
+        }
         let minor = match child_text(gpu, "minor_number") {
             None => None,
             Some(m) if is_na(m) => None,
@@ -266,10 +315,30 @@ pub fn parse_xml(xml: &str) -> Result<Inventory, String> {
         let total = gpu
             .children()
             .find(|n| n.has_tag_name("fb_memory_usage"))
-            .and_then(|fb| child_text(fb, "total"))
-            .ok_or_else(|| format!("GPU {i} ({at}): no <fb_memory_usage><total>"))?;
-        let memory_bytes =
-            parse_memory(total).map_err(|e| format!("GPU {i} ({at}): memory total: {e}"))?;
+            .and_then(|fb| child_text(fb, "total"));
+        let memory_bytes = match total.map(parse_memory) {
+            Some(Ok(bytes)) => bytes,
+            Some(Err(e)) => {
+                excluded.push(exclude(ExclusionReason::Incomplete(format!(
+                    "GPU {i} ({at}) memory total: {e}"
+                ))));
+                continue;
+            }
+            None => {
+                excluded.push(exclude(ExclusionReason::Incomplete(format!(
+                    "GPU {i} ({at}) has no <fb_memory_usage><total>"
+                ))));
+                continue;
+            }
+        };
+        let mig = gpu
+            .children()
+            .find(|n| n.has_tag_name("mig_mode"))
+            .and_then(|m| child_text(m, "current_mig"));
+        if mig.is_some_and(|m| m.eq_ignore_ascii_case("Enabled")) {
+            excluded.push(exclude(ExclusionReason::MigEnabled));
+            continue;
+        }
         devices.push(GpuDevice {
             index,
             uuid,
@@ -283,6 +352,7 @@ pub fn parse_xml(xml: &str) -> Result<Inventory, String> {
         backend: "nvidia-smi",
         driver_version,
         devices,
+        excluded,
     })
 }
 
@@ -373,15 +443,39 @@ fn uuid_at(devices: &[GpuDevice], pci: &str) -> Option<String> {
         .map(|d| d.uuid.clone())
 }
 
-fn open_kmsg(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+/// The health event of a kernel-log XID: the GPU at its PCI address, or
+/// [`HealthEvent::Unattributed`] when no served GPU is there (an NVSwitch / NVLink XID at
+/// `PCI:0000:00:00`, a GPU this inventory does not list). The kernel names a device on every
+/// XID line, so none is taken to concern every GPU.
+pub fn attribute(devices: &[GpuDevice], found: KmsgXid) -> HealthEvent {
+    match uuid_at(devices, &found.pci) {
+        Some(uuid) => HealthEvent::Xid {
+            uuid: Some(uuid),
+            xid: found.xid,
+        },
+        None => HealthEvent::Unattributed {
+            pci: found.pci,
+            xid: found.xid,
+        },
+    }
+}
+
+/// Opens the kernel log. `/dev/kmsg` and files start at their end (history is not news, and
+/// kmsg replays its whole buffer) unless `replay`; a FIFO cannot seek and is read as it comes.
+fn open_kmsg(path: &std::path::Path, replay: bool) -> std::io::Result<std::fs::File> {
     let mut options = std::fs::OpenOptions::new();
     options.read(true);
     // No /dev/kmsg off Linux: there the open fails and health is read from nvidia-smi alone.
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, O_NONBLOCK);
     let mut file = options.open(path)?;
-    // Only what is logged from now on: history is not news (and kmsg replays its buffer).
-    file.seek(SeekFrom::End(0))?;
+    #[cfg(unix)]
+    let fifo = std::os::unix::fs::FileTypeExt::is_fifo(&file.metadata()?.file_type());
+    #[cfg(not(unix))]
+    let fifo = false;
+    if !replay && !fifo {
+        file.seek(SeekFrom::End(0))?;
+    }
     Ok(file)
 }
 
@@ -397,17 +491,10 @@ fn tail_kmsg(mut file: std::fs::File, devices: &[GpuDevice], tx: &mpsc::Sender<H
                 while let Some(end) = pending.iter().position(|&b| b == b'\n') {
                     let line: Vec<u8> = pending.drain(..=end).collect();
                     let line = String::from_utf8_lossy(&line);
-                    if let Some(found) = parse_kmsg_xid(&line) {
-                        let uuid = uuid_at(devices, &found.pci);
-                        if tx
-                            .blocking_send(HealthEvent::Xid {
-                                uuid,
-                                xid: found.xid,
-                            })
-                            .is_err()
-                        {
-                            return;
-                        }
+                    if let Some(found) = parse_kmsg_xid(&line)
+                        && tx.blocking_send(attribute(devices, found)).is_err()
+                    {
+                        return;
                     }
                 }
             }
@@ -551,13 +638,81 @@ mod tests {
                 .unwrap_err()
                 .contains("expected <nvidia_smi_log>")
         );
-        assert!(
-            parse_xml("<nvidia_smi_log/>")
-                .unwrap_err()
-                .contains("driver_version")
-        );
+        let empty = parse_xml("<nvidia_smi_log/>").expect("an empty log parses");
+        assert_eq!(empty.driver_version, "");
+        assert!(empty.devices.is_empty());
         let no_uuid = "<nvidia_smi_log><driver_version>1</driver_version><gpu id=\"x\"></gpu></nvidia_smi_log>";
-        assert!(parse_xml(no_uuid).unwrap_err().contains("no <uuid>"));
+        let inv = parse_xml(no_uuid).expect("parses");
+        assert!(inv.devices.is_empty());
+        assert!(
+            matches!(&inv.excluded[0].reason, ExclusionReason::Incomplete(r) if r.contains("no <uuid>")),
+            "{inv:?}"
+        );
+    }
+
+    const TWO_GPUS: &str = "<nvidia_smi_log><driver_version>550.54.15</driver_version>\
+        <gpu id=\"00000000:3B:00.0\"><product_name>A</product_name><uuid>GPU-a</uuid>\
+        <pci><pci_bus_id>00000000:3B:00.0</pci_bus_id></pci>\
+        <fb_memory_usage><total>16384 MiB</total></fb_memory_usage>\
+        <mig_mode><current_mig>Disabled</current_mig></mig_mode></gpu>\
+        <gpu id=\"00000000:86:00.0\"><product_name>B</product_name><uuid>GPU-b</uuid>\
+        <pci><pci_bus_id>00000000:86:00.0</pci_bus_id></pci>\
+        <fb_memory_usage><total>40960 MiB</total></fb_memory_usage>\
+        <mig_mode><current_mig>Enabled</current_mig></mig_mode></gpu></nvidia_smi_log>";
+
+    #[test]
+    fn real_world_variations() {
+        // Whitespace before the declaration (a wrapper's newline), as Go's encoding/xml accepts.
+        let padded = format!("\n  \u{feff}<?xml version=\"1.0\" ?>\n{TWO_GPUS}");
+        let inv = parse_xml(&padded).expect("leading whitespace is accepted");
+        assert_eq!(inv.devices.len(), 1);
+        // MIG on: left out with the reason, index kept.
+        assert_eq!(inv.devices[0].uuid, "GPU-a");
+        assert_eq!(inv.excluded.len(), 1);
+        assert_eq!(
+            (inv.excluded[0].index, inv.excluded[0].uuid.as_str()),
+            (1, "GPU-b")
+        );
+        assert_eq!(inv.excluded[0].reason, ExclusionReason::MigEnabled);
+        // No driver version: the driver is unknown, the GPUs stay.
+        let no_driver = TWO_GPUS.replace("<driver_version>550.54.15</driver_version>", "");
+        let inv = parse_xml(&no_driver).expect("parses");
+        assert_eq!(inv.driver_version, "");
+        assert_eq!(inv.devices.len(), 1);
+        // One UUID twice: refused, naming it.
+        let dup = TWO_GPUS
+            .replace("GPU-b", "GPU-a")
+            .replace("Enabled", "Disabled");
+        let err = parse_xml(&dup).unwrap_err();
+        assert!(
+            err.contains("same UUID GPU-a") && err.contains(DUPLICATE_UUIDS),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn xids_at_unknown_addresses_are_unattributed() {
+        let inv = parse_xml(TWO_GPUS).expect("parses");
+        let at = |line: &str| attribute(&inv.devices, parse_kmsg_xid(line).expect("an Xid"));
+        assert_eq!(
+            at("NVRM: Xid (PCI:0000:3b:00): 62, pid=1"),
+            HealthEvent::Xid {
+                uuid: Some("GPU-a".to_string()),
+                xid: 62
+            }
+        );
+        assert_eq!(
+            at("NVRM: Xid (PCI:0000:00:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 00"),
+            HealthEvent::Unattributed {
+                pci: "0000:00:00".to_string(),
+                xid: 149
+            }
+        );
+        // The MIG GPU is not served: its XIDs mark nothing either.
+        assert!(matches!(
+            at("NVRM: Xid (PCI:0000:86:00): 79, GPU has fallen off the bus"),
+            HealthEvent::Unattributed { xid: 79, .. }
+        ));
     }
 
     #[test]

@@ -22,7 +22,10 @@ use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use tokio::sync::mpsc;
 
-use super::{Error, GpuBackend, GpuDevice, HealthEvent, Inventory};
+use super::{Error, ExcludedGpu, ExclusionReason, GpuBackend, GpuDevice, HealthEvent, Inventory};
+
+/// NVML's `NVML_DEVICE_MIG_ENABLE` (nvml.h).
+const NVML_DEVICE_MIG_ENABLE: u32 = 1;
 
 /// The library name the loader searches for when no path is configured.
 pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
@@ -104,15 +107,32 @@ impl GpuBackend for NvmlBackend {
             .device_count()
             .map_err(|e| nvml_err("device count", e))?;
         let mut devices = Vec::with_capacity(count as usize);
+        let mut excluded = Vec::new();
         for i in 0..count {
             let device = nvml
                 .device_by_index(i)
                 .map_err(|e| nvml_err(&format!("GPU {i}: handle"), e))?;
             let at = |what: &str| format!("GPU {i}: {what}");
+            let index = device.index().unwrap_or(i);
+            let uuid = device.uuid().map_err(|e| nvml_err(&at("UUID"), e))?;
+            let name = device.name().map_err(|e| nvml_err(&at("name"), e))?;
+            // NotSupported (pre-Ampere) or a library without the call: MIG is off.
+            if device
+                .mig_mode()
+                .is_ok_and(|m| m.current == NVML_DEVICE_MIG_ENABLE)
+            {
+                excluded.push(ExcludedGpu {
+                    index,
+                    uuid,
+                    name,
+                    reason: ExclusionReason::MigEnabled,
+                });
+                continue;
+            }
             devices.push(GpuDevice {
-                index: device.index().unwrap_or(i),
-                uuid: device.uuid().map_err(|e| nvml_err(&at("UUID"), e))?,
-                name: device.name().map_err(|e| nvml_err(&at("name"), e))?,
+                index,
+                uuid,
+                name,
                 // nvml-wrapper has the minor number (the /dev/nvidiaN index) on Linux only.
                 #[cfg(target_os = "linux")]
                 minor: device.minor_number().ok(),
@@ -132,6 +152,7 @@ impl GpuBackend for NvmlBackend {
             backend: self.name(),
             driver_version,
             devices,
+            excluded,
         })
     }
 

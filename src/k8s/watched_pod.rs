@@ -6,6 +6,9 @@
 //! Pods. Inside is an ordinary `k8s_openapi` Pod with only those fields set, so the same
 //! projections (`pod_gpu_request`, `pod_annotations`, …) serve both.
 //!
+//! `null` is read as empty wherever Go may send it (nil slices, maps and structs of a Go
+//! client's Pod, e.g. kube-scheduler's `"containers": null`).
+//!
 //! It is for reading only: never write it back (a PUT would drop every field it skipped).
 
 use std::collections::BTreeMap;
@@ -53,6 +56,7 @@ struct WireMeta {
 #[derive(Deserialize, Default)]
 #[serde(default, rename_all = "camelCase")]
 struct WireContainer {
+    #[serde(deserialize_with = "null_as_default")]
     name: String,
     resources: Option<ResourceRequirements>,
 }
@@ -61,6 +65,7 @@ struct WireContainer {
 #[serde(default, rename_all = "camelCase")]
 struct WireSpec {
     node_name: Option<String>,
+    #[serde(deserialize_with = "null_as_default")]
     containers: Vec<WireContainer>,
     init_containers: Option<Vec<WireContainer>>,
 }
@@ -74,9 +79,19 @@ struct WireStatus {
 #[derive(Deserialize, Default)]
 #[serde(default)]
 struct WirePod {
+    #[serde(deserialize_with = "null_as_default")]
     metadata: WireMeta,
     spec: Option<WireSpec>,
     status: Option<WireStatus>,
+}
+
+/// `null` as the type's default: Go serialises nil slices, maps and pointers as `null` and
+/// decodes `null` into an empty value, so a Go client (kube-scheduler's ExtenderArgs) sends it
+/// where Kubernetes' own API server would omit the field.
+fn null_as_default<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(
+    deserializer: D,
+) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
 }
 
 fn container(c: WireContainer) -> Container {
@@ -199,6 +214,20 @@ mod tests {
         .expect("a bare pod");
         assert_eq!(bare.0.metadata.name.as_deref(), Some("p"));
         assert!(bare.0.status.is_none());
+        // Go serialises nil slices and maps as null; Go decodes null as empty, so do we.
+        let go_nils: WatchedPod = serde_json::from_str(
+            r#"{"metadata":{"name":"podname","annotations":null,"labels":null},
+                "spec":{"containers":null,"initContainers":null,"nodeName":null},"status":{}}"#,
+        )
+        .expect("Go's nil slices");
+        let spec = go_nils.0.spec.as_ref().expect("a spec");
+        assert!(spec.containers.is_empty());
+        assert!(spec.init_containers.is_none());
+        let nil_fields: WatchedPod = serde_json::from_str(
+            r#"{"metadata":null,"spec":{"containers":[{"name":null,"resources":null}]}}"#,
+        )
+        .expect("null metadata and container fields");
+        assert_eq!(nil_fields.0.spec.expect("spec").containers[0].name, "");
         // Wrong types are errors, as for a whole Pod, not panics.
         assert!(serde_json::from_str::<WatchedPod>(r#"{"metadata":{"name":1}}"#).is_err());
         assert!(serde_json::from_str::<WatchedPod>(r#"{"spec":{"containers":{}}}"#).is_err());

@@ -66,6 +66,23 @@ fn nvml_inventory_comes_from_the_library() {
     }
 }
 
+#[test]
+fn nvml_mig_enabled_gpus_are_excluded_with_the_reason() {
+    let (_dir, library) = stub_library();
+    nvml_stub::enable_mig(&library, 1).expect("mig");
+    let backend = NvmlBackend::open(path_str(&library)).expect("NVML initialises");
+    let inventory = backend.inventory().expect("inventory");
+    let offered: Vec<&str> = inventory.devices.iter().map(|d| d.uuid.as_str()).collect();
+    assert_eq!(offered, [stub_gpus()[0].uuid.as_str()]);
+    assert_eq!(inventory.excluded.len(), 1);
+    assert_eq!(inventory.excluded[0].index, 1);
+    assert_eq!(inventory.excluded[0].uuid, stub_gpus()[1].uuid);
+    assert_eq!(
+        inventory.excluded[0].reason,
+        gpu::ExclusionReason::MigEnabled
+    );
+}
+
 #[tokio::test]
 async fn nvml_xid_appended_at_run_time_becomes_a_health_event() {
     let (_dir, library) = stub_library();

@@ -14,6 +14,7 @@ mod hostile;
 mod inspect;
 mod layers;
 mod packaging;
+mod realdata;
 mod sandbox_apiserver;
 mod sandbox_kubelet;
 mod support;

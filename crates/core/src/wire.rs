@@ -84,6 +84,9 @@ pub const DEVICE_PLUGIN_COMPONENT: &str = "gpushare-device-plugin";
 /// Node annotation (ours): the GPUs the device plugin serves, as JSON
 /// `[{"index":0,"uuid":"GPU-…","memory":15,"healthy":true}]` (memory in units).
 pub const NODE_ANN_DEVICES: &str = "gpushare.io/devices";
+/// Node annotation (ours): GPUs the device plugin saw but does not offer, and why, as JSON
+/// `[{"index":0,"uuid":"GPU-…","reason":"MIG mode is enabled: …"}]`; `[]` when none.
+pub const NODE_ANN_EXCLUDED_GPUS: &str = "gpushare.io/excluded-gpus";
 /// Node annotation (ours): the unit the device plugin counts in (`GiB`, `MiB`, `256MiB`).
 pub const NODE_ANN_MEMORY_UNIT: &str = "gpushare.io/memory-unit";
 /// Pod annotation (ours): names of the pod's GPU containers already allocated, comma-separated.

@@ -3,7 +3,7 @@
  *
  * Implements the NVML entry points gpushare's nvml backend reaches through nvml-wrapper:
  * init/shutdown, error strings, driver/NVML/CUDA versions, device count and handles, name,
- * UUID, memory, minor number, PCI info, index, and event sets for XID critical errors.
+ * UUID, memory, minor number, PCI info, index, MIG mode, and event sets for XID critical errors.
  *
  * Configuration is read at the first nvmlInit from the file named by $NVML_STUB_CONFIG, else
  * from nvml_stub.conf in the directory holding this library. Lines:
@@ -12,6 +12,7 @@
  *   cuda <int>                                         (default 12040)
  *   gpu <uuid> <memory_mib> <minor|-> <pci_bus_id> <name, may contain spaces>
  *   noevents <gpu_index>                               (that GPU supports no events)
+ *   mig <gpu_index>                                    (MIG mode enabled on that GPU; after its gpu line)
  *   events <path>                                      (default: nvml_stub.events beside the config)
  * A missing config file makes nvmlInit fail with NVML_ERROR_DRIVER_NOT_LOADED, as NVML does
  * on a machine without the driver.
@@ -55,6 +56,7 @@ struct nvmlDevice_st {
   unsigned minor;
   char pci_bus_id[32];
   int events_supported;
+  int mig_enabled;
 };
 typedef struct nvmlDevice_st *nvmlDevice_t;
 
@@ -160,6 +162,9 @@ static nvmlReturn_t load_config(void) {
       cuda_version = atoi(rest);
     } else if (!strcmp(word, "events")) {
       snprintf(events_path, sizeof events_path, "%s", rest);
+    } else if (!strcmp(word, "mig")) {
+      unsigned i = (unsigned)atoi(rest);
+      if (i < MAX_GPUS) gpus[i].mig_enabled = 1;
     } else if (!strcmp(word, "noevents")) {
       unsigned i = (unsigned)atoi(rest);
       if (i < MAX_GPUS) gpus[i].events_supported = 0;
@@ -302,6 +307,13 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *index) {
   REQUIRE_DEVICE(d);
   if (!index) return NVML_ERROR_INVALID_ARGUMENT;
   *index = d->index;
+  return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *current, unsigned int *pending) {
+  REQUIRE_DEVICE(d);
+  if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
+  *current = *pending = d->mig_enabled ? 1u : 0u; /* NVML_DEVICE_MIG_ENABLE / _DISABLE */
   return NVML_SUCCESS;
 }
 

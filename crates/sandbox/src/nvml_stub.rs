@@ -43,6 +43,18 @@ pub struct StubGpu {
     pub pci_bus_id: String,
 }
 
+/// Turns MIG mode on for GPU `index` of the configuration beside `library` (append after
+/// [`write_config`], before the library is first initialised).
+pub fn enable_mig(library: &Path, index: usize) -> anyhow::Result<()> {
+    let path = beside(library, CONFIG_NAME);
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    writeln!(f, "mig {index}").with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
 /// Builds the stub into `out_dir/libnvidia-ml.so.1` and returns that path.
 pub fn build(out_dir: &Path) -> anyhow::Result<PathBuf> {
     let cached = cached_library()?;
