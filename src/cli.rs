@@ -16,7 +16,7 @@ use crate::buildinfo::{
 use crate::config::{self, Config, FlagOverrides, LogFormat, LogLevel};
 #[cfg(feature = "demo")]
 use crate::demo;
-use crate::{deviceplugin, doctor, extender, inspect};
+use crate::{deviceplugin, doctor, extender, inspect, webhook};
 
 /// Flags every subcommand takes.
 #[derive(Clone, Debug, Default, clap::Args)]
@@ -82,6 +82,9 @@ pub enum Command {
     Inspect(inspect::Args),
     /// Check a node or control plane for everything gpushare needs.
     Doctor(doctor::Args),
+    /// Run the admission webhook of managed clusters: routes gpu-mem pods to
+    /// gpushare-scheduler and refuses malformed gpu-mem requests (HTTPS).
+    Webhook(webhook::Args),
     /// Run a self-contained demo: sandbox cluster, extender and device plugin with fake GPUs.
     #[cfg(feature = "demo")]
     Demo(demo::Args),
@@ -183,6 +186,7 @@ pub fn main_with_args(args: Vec<OsString>) -> ExitCode {
         Command::DevicePlugin(a) => a.overrides(&mut flags),
         Command::Inspect(a) => a.overrides(&mut flags),
         Command::Doctor(a) => a.overrides(&mut flags),
+        Command::Webhook(a) => a.overrides(&mut flags),
         #[cfg(feature = "demo")]
         Command::Demo(_) => {}
         Command::Version => {}
@@ -247,6 +251,7 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<ExitCode> 
         }
         Command::Inspect(args) => inspect::run(args, config).await,
         Command::Doctor(args) => doctor::run(args, config).await,
+        Command::Webhook(args) => webhook::run(args, config).await,
         #[cfg(feature = "demo")]
         Command::Demo(args) => demo::run(args, config).await,
         Command::Version => Ok(ExitCode::SUCCESS),

@@ -45,6 +45,8 @@ pub struct Config {
     pub doctor: DoctorConfig,
     /// Deadlines and caps of every HTTP server (extender, admin endpoints).
     pub http: HttpConfig,
+    /// `gpushare webhook`.
+    pub webhook: WebhookConfig,
 }
 
 /// Log verbosity.
@@ -305,6 +307,61 @@ impl Default for HttpConfig {
     }
 }
 
+/// `[webhook]`: the admission webhook of managed clusters (`gpushare webhook`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// Address to listen on.
+    pub bind_address: IpAddr,
+    /// HTTPS port.
+    pub port: u16,
+    /// The scheduler gpu-mem pods are sent to (the chart's `scheduler.name`).
+    pub scheduler_name: String,
+    /// Largest `aliyun.com/gpu-mem` one pod may ask for, in units: more than any GPU a device
+    /// plugin can advertise. The default is the most fake devices a node's ListAndWatch
+    /// message can hold.
+    pub max_gpu_mem: u64,
+    /// PEM certificate (e.g. from cert-manager); with `tls_key`. Re-read when it changes.
+    pub tls_cert: String,
+    /// PEM private key for `tls_cert`.
+    pub tls_key: String,
+    /// Make and keep our own CA and serving certificate in a Secret, and write the CA into
+    /// the webhook configurations.
+    pub self_signed: bool,
+    /// The Secret of `self_signed`.
+    pub tls_secret: String,
+    /// Namespace of the Secret and of the Service.
+    pub namespace: String,
+    /// The Service in front of the webhook (the serving certificate's DNS names).
+    pub service_name: String,
+    /// The Mutating- and ValidatingWebhookConfiguration whose `caBundle` `self_signed` writes.
+    pub webhook_config: String,
+    /// Serving certificate lifetime, in days.
+    pub cert_validity_days: u32,
+    /// Renew the serving certificate this many days before it expires.
+    pub renew_before_days: u32,
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        WebhookConfig {
+            bind_address: IpAddr::from([0, 0, 0, 0]),
+            port: 9443,
+            scheduler_name: "gpushare-scheduler".to_string(),
+            max_gpu_mem: 81_920,
+            tls_cert: String::new(),
+            tls_key: String::new(),
+            self_signed: false,
+            tls_secret: "gpushare-webhook-tls".to_string(),
+            namespace: "kube-system".to_string(),
+            service_name: "gpushare-webhook".to_string(),
+            webhook_config: "gpushare-webhook".to_string(),
+            cert_validity_days: 365,
+            renew_before_days: 30,
+        }
+    }
+}
+
 /// A configuration problem: which key, from where, and what is allowed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -397,6 +454,8 @@ const SECTIONS: &[&str] = &[
     "device_plugin",
     "gpu",
     "doctor",
+    "http",
+    "webhook",
 ];
 
 /// The upstream environment knobs, mapped onto our keys.
@@ -538,6 +597,34 @@ impl Config {
                 ),
             ));
         }
+        let w = &self.webhook;
+        if w.tls_cert.is_empty() != w.tls_key.is_empty() {
+            return Err(invalid(
+                "webhook.tls_cert",
+                "tls_cert and tls_key must be given together".to_string(),
+            ));
+        }
+        if w.self_signed && !w.tls_cert.is_empty() {
+            return Err(invalid(
+                "webhook.self_signed",
+                "choose either self_signed or tls_cert/tls_key".to_string(),
+            ));
+        }
+        if w.cert_validity_days <= w.renew_before_days {
+            return Err(invalid(
+                "webhook.cert_validity_days",
+                format!(
+                    "{} days: must exceed webhook.renew_before_days ({})",
+                    w.cert_validity_days, w.renew_before_days
+                ),
+            ));
+        }
+        if w.max_gpu_mem == 0 {
+            return Err(invalid(
+                "webhook.max_gpu_mem",
+                "must be above 0".to_string(),
+            ));
+        }
         let d = &self.device_plugin;
         if d.mps_active_thread_percentage > 100 {
             return Err(invalid(
@@ -618,6 +705,30 @@ fn describe(fig: &Figment, err: figment::Error) -> Error {
 #[allow(clippy::result_large_err)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_section_can_be_set_from_the_environment() {
+        let config = serde_json::to_value(Config::default()).expect("serializes");
+        let mut sections: Vec<&str> = config
+            .as_object()
+            .expect("a table")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        sections.sort_unstable();
+        let mut listed = SECTIONS.to_vec();
+        listed.sort_unstable();
+        assert_eq!(
+            sections, listed,
+            "SECTIONS must name every [section] of Config"
+        );
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("GPUSHARE_HTTP__MAX_CONNECTIONS", "77");
+            let cfg = load(None, FlagOverrides::new()).unwrap();
+            assert_eq!(cfg.http.max_connections, 77);
+            Ok(())
+        });
+    }
 
     fn from_toml(toml: &str) -> Result<Config, Error> {
         Config::from_figment(

@@ -26,7 +26,7 @@
 //! - infrastructure every role may use: [`buildinfo`], [`config`], [`telemetry`],
 //!   [`shutdown`], [`admin`], [`exposition`], [`http_server`], [`k8s`], [`gpu`];
 //! - the roles, which never import each other: [`extender`], [`deviceplugin`], [`inspect`],
-//!   [`doctor`];
+//!   [`doctor`], [`webhook`] (admission webhook of managed clusters);
 //! - the composers: [`cli`] (the only dispatch to the roles, and the preflight) and `demo`.
 
 pub use gpushare_core as core;
@@ -48,3 +48,4 @@ pub mod inspect;
 pub mod k8s;
 pub mod shutdown;
 pub mod telemetry;
+pub mod webhook;

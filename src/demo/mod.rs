@@ -11,15 +11,21 @@
 //! expectation held. `--keep-running` leaves the sandbox up with a kubeconfig so `kubectl`
 //! and `kubectl inspect gpushare` can be pointed at it.
 //!
+//! `--managed` plays the managed-cluster install instead ([`run_managed_scenario`]): the
+//! webhook's certificate bootstrap, a gpu-mem pod routed to `gpushare-scheduler`, a malformed
+//! one refused.
+//!
 //! The demo is a walkthrough, not a test harness: the same behaviour is asserted in
 //! `tests/it/demo.rs` by running this very scenario.
 
+mod managed;
 mod scenario;
 
 use std::process::ExitCode;
 
 use crate::config::{Config, FlagOverrides};
 
+pub use managed::run_managed_scenario;
 pub use scenario::{DemoOutcome, run_scenario};
 
 /// Flags of `gpushare demo`.
@@ -31,6 +37,10 @@ pub struct Args {
     /// Leave the sandbox running after the demo and print a kubeconfig for kubectl
     #[arg(long)]
     pub keep_running: bool,
+    /// The managed-cluster tour instead (EKS, GKE, AKS, ACK): gpushare webhook routes a
+    /// gpu-mem pod to gpushare-scheduler and refuses a malformed one
+    #[arg(long, conflicts_with = "keep_running")]
+    pub managed: bool,
 }
 
 impl Args {
@@ -43,9 +53,14 @@ pub async fn run(args: Args, _config: Config) -> anyhow::Result<ExitCode> {
     let Args {
         fake_gpus,
         keep_running,
+        managed,
     } = args;
     let mut out = std::io::stdout();
-    let outcome = run_scenario(&fake_gpus, &mut out, keep_running).await?;
+    let outcome = if managed {
+        run_managed_scenario(&mut out).await?
+    } else {
+        run_scenario(&fake_gpus, &mut out, keep_running).await?
+    };
     if outcome.failures.is_empty() {
         println!("\nAll {} expectations held.", outcome.checks);
         Ok(ExitCode::SUCCESS)

@@ -45,7 +45,7 @@ pub struct DemoOutcome {
 }
 
 impl DemoOutcome {
-    fn expect(&mut self, out: &mut dyn Write, what: &str, held: bool, detail: String) {
+    pub(super) fn expect(&mut self, out: &mut dyn Write, what: &str, held: bool, detail: String) {
         self.checks += 1;
         let _ = writeln!(
             out,

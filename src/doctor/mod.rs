@@ -5,14 +5,16 @@
 //!
 //! Each check has a stable id, a status (ok / warn / fail / skip), what it saw and a fix
 //! ([`report`]). Node checks read host files under `--root` ([`host`], [`runtime`]) and ask
-//! the GPU backend ([`gpus`]); control-plane checks ask the API server ([`cluster`]) and read
-//! the kube-scheduler configuration ([`scheduler`]). `extender` and `device-plugin` run
+//! the GPU backend ([`gpus`]); control-plane checks ask the API server ([`cluster`]), read
+//! the kube-scheduler configuration ([`scheduler`]) and, on managed clusters, check the
+//! dedicated scheduler and the webhook ([`managed`]). `extender` and `device-plugin` run
 //! [`preflight`] before they start. Doctor only reads: it changes nothing on the host or in the
 //! cluster, and every probe has a short deadline.
 
 pub mod cluster;
 pub mod gpus;
 pub mod host;
+pub mod managed;
 pub mod report;
 pub mod runtime;
 pub mod scheduler;
@@ -59,6 +61,10 @@ pub struct Args {
     /// Extender URL to probe [default: the urlPrefix of the scheduler configuration]
     #[arg(long, value_name = "URL")]
     pub extender_url: Option<String>,
+    /// gpushare webhook URL to probe (managed clusters), e.g. https://127.0.0.1:9443 through
+    /// `kubectl port-forward` [default: https://<webhook.service_name>.<webhook.namespace>.svc]
+    #[arg(long, value_name = "URL")]
+    pub webhook_url: Option<String>,
     /// Do not contact the API server (its checks are skipped)
     #[arg(long)]
     pub no_cluster: bool,
@@ -143,6 +149,8 @@ pub struct Options {
     pub scheduler_config: Option<PathBuf>,
     /// `--extender-url`.
     pub extender_url: Option<String>,
+    /// `--webhook-url`.
+    pub webhook_url: Option<String>,
 }
 
 impl Options {
@@ -155,6 +163,7 @@ impl Options {
             no_cluster: false,
             scheduler_config: None,
             extender_url: None,
+            webhook_url: None,
         }
     }
 }
@@ -224,6 +233,7 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
             None => (url, false),
         };
         checks.push(scheduler::extender_reachable(target.as_deref(), from_flag).await);
+        checks.extend(managed::checks(&api, &config.webhook, opts.webhook_url.as_deref()).await);
     }
     Report::new(role.name(), checks)
 }
@@ -284,6 +294,7 @@ pub async fn run(args: Args, config: Config) -> anyhow::Result<ExitCode> {
         no_cluster: args.no_cluster,
         scheduler_config: args.scheduler_config.clone(),
         extender_url: args.extender_url.clone(),
+        webhook_url: args.webhook_url.clone(),
     };
     let report = diagnose(&opts, &config).await;
     let text = match args.output {

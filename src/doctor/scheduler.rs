@@ -444,14 +444,14 @@ fn embedded_policy(docs: &[yaml_serde::Value]) -> Option<String> {
 }
 
 /// A key looked up case-insensitively (the Policy file spells `enableHttps`, v1 `enableHTTPS`).
-fn get_ci<'a>(v: &'a yaml_serde::Value, key: &str) -> Option<&'a yaml_serde::Value> {
+pub(crate) fn get_ci<'a>(v: &'a yaml_serde::Value, key: &str) -> Option<&'a yaml_serde::Value> {
     v.as_mapping()?
         .iter()
         .find(|(k, _)| k.as_str().is_some_and(|k| k.eq_ignore_ascii_case(key)))
         .map(|(_, v)| v)
 }
 
-fn manages_gpu_mem(extender: &yaml_serde::Value) -> bool {
+pub(crate) fn manages_gpu_mem(extender: &yaml_serde::Value) -> bool {
     get_ci(extender, "managedResources")
         .and_then(|m| m.as_sequence())
         .into_iter()

@@ -6,7 +6,8 @@ Reads one JSON request on stdin and prints one JSON answer on stdout:
   request:  {"chart": DIR, "release": NAME, "namespace": NS,
              "renders": [VALUES, ...],          # user values, as `helm template -f`
              "lints": [VALUES, ...],            # `helm lint --strict` with these values
-             "kube_version": "v1.33.0"}         # optional, for lint
+             "kube_version": "v1.33.0",         # optional, for lint
+             "full_paths": false}               # optional: FILE is the template's path
   answer:   {"helm": SDK_VERSION,
              "renders": [{"manifests": {FILE: TEXT}} | {"error": MESSAGE}, ...],
              "lints": [REPORT, ...]}
@@ -44,7 +45,7 @@ def main():
                 name = os.path.basename(path)
                 if name.startswith("_") or name == "NOTES.txt":
                     continue
-                manifests[name] = text
+                manifests[path if req.get("full_paths") else name] = text
             out["renders"].append({"manifests": manifests})
     for values in req.get("lints", []):
         kwargs = {"strict": True, "namespace": req["namespace"]}

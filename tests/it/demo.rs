@@ -38,3 +38,33 @@ fn the_demo_binary_exits_zero_and_rejects_bad_gpus() {
     let out = run(&["demo", "--fake-gpus", "lots"]);
     assert_eq!(out.status.code(), Some(1));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_managed_demo_routes_a_gpu_pod_and_refuses_a_malformed_one() {
+    let mut out = Vec::new();
+    let outcome = gpushare::demo::run_managed_scenario(&mut out)
+        .await
+        .expect("the managed demo runs");
+    let text = String::from_utf8_lossy(&out);
+    assert!(
+        outcome.failures.is_empty(),
+        "{:?}\n{text}",
+        outcome.failures
+    );
+    assert_eq!(outcome.checks, 6, "{text}");
+    assert!(
+        text.contains("stored with spec.schedulerName: gpushare-scheduler"),
+        "{text}"
+    );
+    assert!(
+        text.contains("requests (2) differ from limits (4)"),
+        "{text}"
+    );
+    let out = run(&["demo", "--managed"]);
+    assert!(out.status.success(), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("All 6 expectations held."),
+        "{}",
+        stdout(&out)
+    );
+}

@@ -143,9 +143,12 @@ fn manifest_documents() -> BTreeMap<String, Vec<Value>> {
 
 #[test]
 fn rendered_chart_equals_the_plain_manifests() {
-    let Some(rendered) = render_chart(default_values()) else {
+    let Some(mut rendered) = render_chart(default_values()) else {
         return;
     };
+    // Templates that render nothing with the default values (templates/managed/, for
+    // `scheduler.mode: dedicated`) have no plain manifest.
+    rendered.retain(|name, text| !yaml_documents(name, text).is_empty());
     if std::env::var_os("GPUSHARE_UPDATE_GOLDEN").is_some_and(|v| v == "1") {
         let dir = repo_path(MANIFESTS);
         for entry in std::fs::read_dir(&dir).expect("manifests dir") {

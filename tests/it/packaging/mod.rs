@@ -4,6 +4,7 @@
 //! by the real Helm engine as a library (helm-python-sdk, see `support::clients`).
 
 mod chart;
+mod chart_dedicated;
 mod image;
 mod kubeadm;
 mod systemd;

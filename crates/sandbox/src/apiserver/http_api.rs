@@ -17,6 +17,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
 
+use super::admission;
 use super::discovery::{self, ResourceDef};
 use super::patch::PatchKind;
 use super::selector::Selectors;
@@ -140,7 +141,7 @@ async fn handle(
             "the request body is too large",
         )));
     }
-    let request = Req {
+    let mut request = Req {
         method: parts.method,
         path,
         query: parse_query(&query),
@@ -153,7 +154,46 @@ async fn handle(
             .map(str::to_string),
         body: bytes,
     };
-    Ok(route(&shared, &request))
+    let mut warnings = Vec::new();
+    if let Some(namespace) = pod_create_namespace(&request) {
+        let admitted = match request.json_body() {
+            Ok(pod) => admission::admit_pod_create(&shared, &namespace, pod).await,
+            Err(err) => Err(err),
+        };
+        match admitted {
+            Ok(a) => {
+                request.body = Bytes::from(a.object.to_string());
+                warnings = a.warnings;
+            }
+            Err(err) => return Ok(error_response(&err)),
+        }
+    }
+    let mut response = route(&shared, &request);
+    for w in warnings {
+        let text = format!("299 - \"{}\"", w.replace(['"', '\n', '\r'], " "));
+        if let Ok(v) = http::HeaderValue::from_str(&text) {
+            response.headers_mut().append(http::header::WARNING, v);
+        }
+    }
+    Ok(response)
+}
+
+/// The namespace of a pod create (`POST /api/v1/namespaces/<ns>/pods`), which goes through
+/// the admission webhooks first.
+fn pod_create_namespace(req: &Req) -> Option<String> {
+    if req.method != Method::POST {
+        return None;
+    }
+    match req
+        .path
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        ["api", "v1", "namespaces", ns, "pods"] => Some(ns.to_string()),
+        _ => None,
+    }
 }
 
 /// A request, parsed.

@@ -33,13 +33,19 @@
 //!   `Table`s for pods and nodes.
 //! - Errors are real `Status` objects with the matching HTTP code; malformed input answers
 //!   400, unknown paths 404, unsupported methods 405. Bad input never panics.
+//! - Admission: on pod create, registered Mutating- and ValidatingWebhookConfigurations
+//!   are called over HTTPS as kube-apiserver calls them (see `admission`; webhooks named
+//!   by Service need [`ApiServer::route_service`]). Apps/v1 `deployments`, core `secrets`
+//!   and `services`, and `admissionregistration.k8s.io/v1` webhook configurations are
+//!   stored like any other object.
 //! - Test controls: [`ApiServer::seed_yaml`], [`ApiServer::get_object`],
 //!   [`ApiServer::set_pod_phase`], fault injection ([`Fault`]), a request log
 //!   ([`ApiServer::requests`]) and access denials.
 //!
 //! # Limits (it is a test double)
 //! No authentication or authorization (every request is allowed; only
-//! SelfSubjectAccessReview answers can be denied), no admission, no defaulting beyond a
+//! SelfSubjectAccessReview answers can be denied), no admission but pod-create webhooks,
+//! no controllers (a Deployment never gets pods), no defaulting beyond a
 //! pod's `Pending` phase, no validation of object schemas, no garbage collection, graceful
 //! deletion or finalizers, no namespace lifecycle (objects may live in any namespace), no
 //! field managers, protobuf or CBOR (JSON only), no legacy `/api/v1/watch/...` paths.
@@ -48,6 +54,7 @@
 //! all kinds, as etcd does. kube-rs clients retry 429/503/504 on their own, so a single
 //! injected 503 is invisible to them.
 
+mod admission;
 mod discovery;
 mod http_api;
 mod patch;
@@ -149,6 +156,8 @@ struct Controls {
     denied: Vec<(String, String)>,
     watches: Vec<(u64, OpenWatch)>,
     next_watch_id: u64,
+    /// (namespace, service, address) for webhooks named by `clientConfig.service`.
+    services: Vec<(String, String, SocketAddr)>,
 }
 
 /// State shared by the server tasks and the handles.
@@ -268,6 +277,7 @@ impl ApiServer {
                 denied: Vec::new(),
                 watches: Vec::new(),
                 next_watch_id: 0,
+                services: Vec::new(),
             }),
             addr,
             shutdown,
@@ -431,6 +441,18 @@ impl ApiServer {
         if fault.times > 0 {
             controls.faults.push(fault);
         }
+    }
+
+    /// Sends calls to webhooks whose `clientConfig.service` is `namespace/service` to
+    /// `addr` (the sandbox has no cluster network). Replaces an earlier route.
+    pub fn route_service(&self, namespace: &str, service: &str, addr: SocketAddr) {
+        let mut controls = self.shared().controls();
+        controls
+            .services
+            .retain(|(n, s, _)| !(n == namespace && s == service));
+        controls
+            .services
+            .push((namespace.to_string(), service.to_string(), addr));
     }
 
     /// Removes every pending fault.

@@ -1,0 +1,42 @@
+{{/*
+Helpers of the managed-cluster objects (scheduler.mode: dedicated): the dedicated
+kube-scheduler and the admission webhook. Plain Helm syntax; rendered by the real Helm engine.
+*/}}
+
+{{/* Labels of one component. Call with (dict "root" $ "component" "gpushare-scheduler"). */}}
+{{- define "gpushare.managed.labels" -}}
+app: gpushare
+component: {{ .component }}
+app.kubernetes.io/name: gpushare
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* kube-scheduler image tag: the value, else the cluster's own version without the vendor
+suffix (v1.30.4-eks-a737599 -> v1.30.4), the images registry.k8s.io publishes. */}}
+{{- define "gpushare.scheduler.tag" -}}
+{{- if .Values.scheduler.image.tag -}}
+{{- .Values.scheduler.image.tag -}}
+{{- else -}}
+{{- regexFind "^v[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The URL the dedicated scheduler calls the extender at: the extender's Service. */}}
+{{- define "gpushare.scheduler.extenderURL" -}}
+{{- if .Values.scheduler.extenderURL -}}
+{{- .Values.scheduler.extenderURL -}}
+{{- else -}}
+{{- printf "http://gpushare-schd-extender.%s.svc:%v/gpushare-scheduler" .Release.Namespace .Values.extender.port -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The one priority class of the managed components. */}}
+{{- define "gpushare.managed.priorityClassName" -}}
+{{- if .Values.priorityClass.create -}}
+{{- .Values.priorityClass.name -}}
+{{- else -}}
+{{- .Values.priorityClass.existing -}}
+{{- end -}}
+{{- end -}}

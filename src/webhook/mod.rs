@@ -1,0 +1,306 @@
+//! `gpushare webhook`: the admission webhook of managed clusters (EKS, GKE, AKS, ACK), where
+//! the default kube-scheduler cannot be given our extender. `POST /mutate` sends every pod
+//! that asks for `aliyun.com/gpu-mem` to our own kube-scheduler (`gpushare-scheduler`);
+//! `POST /validate` refuses malformed gpu-mem requests with a message that says what to write.
+//!
+//! Layout: [`admission`] (the reviews and the two decisions, pure), [`routes`] (HTTP on the
+//! shared [`crate::http_server`], over TLS), [`certs`] (rcgen / x509-parser / the swappable
+//! served certificate), [`bootstrap`] (`--self-signed`: the Secret shared by all replicas and
+//! the `caBundle` of both webhook configurations).
+//!
+//! It does not schedule, bind or touch GPUs; it never changes a pod that does not ask for
+//! gpu-mem, and never one that already names a scheduler other than the default one.
+
+pub mod admission;
+pub mod bootstrap;
+pub mod certs;
+pub mod routes;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::task::JoinHandle;
+
+use crate::admin::AdminState;
+use crate::config::{Config, FlagOverrides};
+use crate::shutdown::{self, Shutdown, Trigger};
+use certs::ServingCert;
+use routes::WebhookState;
+
+/// Flags of `gpushare webhook`.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct Args {
+    /// Address to listen on [config: webhook.bind_address; default 0.0.0.0]
+    #[arg(long, value_name = "IP")]
+    pub bind_address: Option<IpAddr>,
+    /// HTTPS port [config: webhook.port; default 9443]
+    #[arg(long, value_name = "PORT")]
+    pub port: Option<u16>,
+    /// The scheduler gpu-mem pods are sent to [config: webhook.scheduler_name; default
+    /// gpushare-scheduler]
+    #[arg(long, value_name = "NAME")]
+    pub scheduler_name: Option<String>,
+    /// Largest aliyun.com/gpu-mem one pod may ask for, in units [config: webhook.max_gpu_mem;
+    /// default 81920]
+    #[arg(long, value_name = "UNITS")]
+    pub max_gpu_mem: Option<u64>,
+    /// PEM certificate chain (e.g. from cert-manager), re-read when it changes
+    /// [config: webhook.tls_cert]
+    #[arg(
+        long,
+        value_name = "PATH",
+        requires = "tls_key",
+        conflicts_with = "self_signed"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert [config: webhook.tls_key]
+    #[arg(long, value_name = "PATH", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Keep our own CA and serving certificate in a Secret (shared by all replicas, renewed
+    /// before expiry) and write the CA into the webhook configurations [config:
+    /// webhook.self_signed]
+    #[arg(long)]
+    pub self_signed: bool,
+    /// The Secret of --self-signed [config: webhook.tls_secret; default gpushare-webhook-tls]
+    #[arg(long, value_name = "NAME")]
+    pub tls_secret: Option<String>,
+    /// Namespace of the Secret and the Service [config: webhook.namespace; default
+    /// kube-system]
+    #[arg(long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+    /// The Service in front of the webhook, named by the serving certificate
+    /// [config: webhook.service_name; default gpushare-webhook]
+    #[arg(long, value_name = "NAME")]
+    pub service_name: Option<String>,
+    /// The Mutating- and ValidatingWebhookConfiguration whose caBundle --self-signed writes
+    /// [config: webhook.webhook_config; default gpushare-webhook]
+    #[arg(long, value_name = "NAME")]
+    pub webhook_config: Option<String>,
+}
+
+impl Args {
+    /// The flags as configuration overrides.
+    pub fn overrides(&self, flags: &mut FlagOverrides) {
+        let Args {
+            bind_address,
+            port,
+            scheduler_name,
+            max_gpu_mem,
+            tls_cert,
+            tls_key,
+            self_signed,
+            tls_secret,
+            namespace,
+            service_name,
+            webhook_config,
+        } = self;
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        flags.set("webhook.bind_address", bind_address.map(|a| a.to_string()));
+        flags.set("webhook.port", *port);
+        flags.set("webhook.scheduler_name", scheduler_name.clone());
+        flags.set("webhook.max_gpu_mem", *max_gpu_mem);
+        flags.set("webhook.tls_cert", path(tls_cert));
+        flags.set("webhook.tls_key", path(tls_key));
+        flags.set_flag("webhook.self_signed", *self_signed);
+        flags.set("webhook.tls_secret", tls_secret.clone());
+        flags.set("webhook.namespace", namespace.clone());
+        flags.set("webhook.service_name", service_name.clone());
+        flags.set("webhook.webhook_config", webhook_config.clone());
+    }
+}
+
+/// How often the certificate is checked: the files of `--tls-cert` for changes, the Secret of
+/// `--self-signed` for renewal (and the caBundles).
+pub const DEFAULT_REFRESH: Duration = Duration::from_secs(60);
+
+/// A running webhook (in-process).
+#[derive(Debug)]
+pub struct WebhookHandle {
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    /// The certificate it presents.
+    pub serving: Arc<ServingCert>,
+    /// The CA bundle to trust (only known with `--self-signed`).
+    pub ca_bundle: Option<String>,
+    stop: Trigger,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl WebhookHandle {
+    /// Stops serving and the refresh loop.
+    pub async fn stop(self) {
+        self.stop.trigger();
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Waits `d` or until `stop`; returns false when stopped.
+async fn pause(d: Duration, stop: &Shutdown) -> bool {
+    tokio::select! {
+        _ = stop.clone().wait() => false,
+        _ = tokio::time::sleep(d) => true,
+    }
+}
+
+/// Starts the webhook: TLS material first (with `--self-signed`, the Secret and caBundles;
+/// a few attempts, then an error), then the listener. `refresh` is the certificate check
+/// period ([`DEFAULT_REFRESH`]).
+pub async fn start(
+    config: &Config,
+    client: Option<kube::Client>,
+    refresh: Duration,
+    shutdown: Shutdown,
+) -> anyhow::Result<WebhookHandle> {
+    let w = &config.webhook;
+    let (stop, stopped) = shutdown::channel();
+    let combined = {
+        let (t, s) = shutdown::channel();
+        let mine = stopped.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = shutdown.wait() => {}
+                _ = mine.wait() => {}
+            }
+            t.trigger();
+        });
+        s
+    };
+    let mut tasks = Vec::new();
+    let (serving, ca_bundle) = if w.self_signed {
+        let client = client.context("--self-signed needs the API server (kubeconfig)")?;
+        let boot = bootstrap::Bootstrap::new(client, w);
+        let mut attempt = 0u32;
+        let (material, missing) = loop {
+            match boot.reconcile().await {
+                Ok(done) => break done,
+                Err(e) if attempt < 5 => {
+                    attempt += 1;
+                    tracing::warn!(error = %e, attempt, "webhook certificate bootstrap failed; retrying");
+                    if !pause(Duration::from_millis(200 << attempt), &combined).await {
+                        anyhow::bail!("stopped during the certificate bootstrap");
+                    }
+                }
+                Err(e) => return Err(e).context("webhook certificate bootstrap (--self-signed)"),
+            }
+        };
+        for m in &missing {
+            tracing::warn!(config = %m, "webhook configuration not found; its caBundle will be written once it exists");
+        }
+        let serving = ServingCert::new(&material.serving)?;
+        let ca = material.ca.cert.clone();
+        let keep = serving.clone();
+        let stop = combined.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut last = material;
+            while pause(refresh, &stop).await {
+                match boot.reconcile().await {
+                    Ok((m, _)) if m != last => {
+                        match keep.set(&m.serving) {
+                            Ok(()) => tracing::info!("serving the renewed webhook certificate"),
+                            Err(e) => tracing::warn!(error = %e, "renewed certificate unusable"),
+                        }
+                        last = m;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "webhook certificate refresh failed; will retry")
+                    }
+                }
+            }
+        }));
+        (serving, Some(ca))
+    } else if !w.tls_cert.is_empty() {
+        let files = certs::CertFiles {
+            cert: PathBuf::from(&w.tls_cert),
+            key: PathBuf::from(&w.tls_key),
+        };
+        let serving = ServingCert::new(&files.read()?)?;
+        let keep = serving.clone();
+        let stop = combined.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut stamp = files.stamp();
+            while pause(refresh, &stop).await {
+                let now = files.stamp();
+                if now == stamp {
+                    continue;
+                }
+                match files.read().and_then(|p| keep.set(&p)) {
+                    Ok(()) => {
+                        tracing::info!("serving the changed --tls-cert");
+                        stamp = now;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "--tls-cert changed but cannot be used yet")
+                    }
+                }
+            }
+        }));
+        (serving, None)
+    } else {
+        anyhow::bail!(
+            "gpushare webhook serves HTTPS only: give --tls-cert and --tls-key (e.g. from \
+             cert-manager) or --self-signed"
+        );
+    };
+    let addr = SocketAddr::new(w.bind_address, w.port);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} (webhook.bind_address / --port)"))?;
+    let addr = listener.local_addr().context("reading the bound address")?;
+    let admin = AdminState::new();
+    let state = WebhookState::new(
+        admin.clone(),
+        w.scheduler_name.clone(),
+        w.max_gpu_mem,
+        Duration::from_millis(config.http.body_read_timeout_ms),
+    );
+    let metrics = crate::http_server::ServerMetrics::register(&admin);
+    let acceptor = serving.acceptor()?;
+    admin.set_ready(true);
+    let handler = move |req| routes::handle(state.clone(), req);
+    tasks.push(tokio::spawn(crate::http_server::serve(
+        "webhook",
+        listener,
+        Some(acceptor),
+        crate::http_server::Limits::from_config(&config.http),
+        metrics,
+        handler,
+        combined,
+    )));
+    tracing::info!(%addr, scheduler = %w.scheduler_name, self_signed = w.self_signed, "webhook listening (HTTPS)");
+    Ok(WebhookHandle {
+        addr,
+        serving,
+        ca_bundle,
+        stop,
+        tasks,
+    })
+}
+
+/// Runs `gpushare webhook` until SIGTERM/SIGINT.
+pub async fn run(_args: Args, config: Config) -> anyhow::Result<ExitCode> {
+    let client = if config.webhook.self_signed {
+        Some(
+            crate::k8s::client(&crate::k8s::ClientOptions {
+                kubeconfig: Some(config.cluster.kubeconfig.as_str()),
+                ..Default::default()
+            })
+            .await?,
+        )
+    } else {
+        None
+    };
+    let (trigger, _) = shutdown::channel();
+    let shutdown = shutdown::on_signals(trigger);
+    let handle = start(&config, client, DEFAULT_REFRESH, shutdown.clone()).await?;
+    shutdown.wait().await;
+    tracing::info!("draining");
+    handle.stop().await;
+    Ok(ExitCode::SUCCESS)
+}
