@@ -342,10 +342,11 @@ pub struct DevicePluginConfig {
     pub pod_resources_socket: PathBuf,
     /// GiB | MiB | <n>MiB: the size of one unit of aliyun.com/gpu-mem.
     pub memory_unit: MemoryUnit,
-    /// index | uuid: the GPU's name in NVIDIA_VISIBLE_DEVICES, mounts and CDI device names
-    /// (`device_id_strategy` is accepted as the key too, NVIDIA's name).
-    #[serde(alias = "device_id_strategy")]
+    /// index | uuid: the GPU's name in NVIDIA_VISIBLE_DEVICES, mounts and CDI device names.
     pub visible_devices: VisibleDevices,
+    /// NVIDIA's name for `visible_devices` (`--device-id-strategy`); when set it wins.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_id_strategy: Option<VisibleDevices>,
     /// envvar | volume-mounts | cdi-annotations | cdi-cri, several comma-separated.
     pub device_list_strategy: DeviceListStrategies,
     /// CDI kind of the GPU devices (`<vendor>/<class>`).
@@ -381,6 +382,7 @@ impl Default for DevicePluginConfig {
             pod_resources_socket: PathBuf::from(crate::core::wire::DEFAULT_POD_RESOURCES_SOCKET),
             memory_unit: MemoryUnit::GIB,
             visible_devices: VisibleDevices::Index,
+            device_id_strategy: None,
             device_list_strategy: DeviceListStrategies::default(),
             cdi_kind: DEFAULT_CDI_KIND.to_string(),
             cdi_annotation_prefix: DEFAULT_CDI_ANNOTATION_PREFIX.to_string(),
@@ -626,7 +628,10 @@ pub fn load(config_file: Option<&Path>, flags: FlagOverrides) -> Result<Config, 
 impl Config {
     /// Extracts and validates the configuration from any figment (tests pass their own).
     pub fn from_figment(fig: &Figment) -> Result<Config, Error> {
-        let config: Config = fig.extract().map_err(|e| describe(fig, e))?;
+        let mut config: Config = fig.extract().map_err(|e| describe(fig, e))?;
+        if let Some(id) = config.device_plugin.device_id_strategy {
+            config.device_plugin.visible_devices = id;
+        }
         config.validate(fig)?;
         Ok(config)
     }
@@ -945,6 +950,44 @@ mod tests {
             let cfg = load(None, FlagOverrides::new()).unwrap();
             assert_eq!(cfg.device_plugin.node_name, "gpu-node-1");
             assert_eq!(cfg.cluster.kubeconfig, "/etc/kubernetes/kubelet.conf");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn device_list_strategies_from_env_file_and_flags() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env(
+                "GPUSHARE_DEVICE_PLUGIN__DEVICE_LIST_STRATEGY",
+                "cdi-cri, envvar,cdi-cri",
+            );
+            jail.set_env("GPUSHARE_DEVICE_PLUGIN__CDI_SPEC_DIRS", "/run/cdi");
+            let cfg = load(None, FlagOverrides::new()).unwrap();
+            let d = &cfg.device_plugin;
+            assert_eq!(d.device_list_strategy.to_string(), "envvar,cdi-cri");
+            assert!(d.device_list_strategy.any_cdi() && !d.device_list_strategy.only_cdi());
+            assert_eq!(d.cdi_spec_dirs, [PathBuf::from("/run/cdi")]);
+            Ok(())
+        });
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "g.toml",
+                "[device_plugin]\ndevice_list_strategy = [\"cdi-annotations\"]\ndevice_id_strategy = \"uuid\"\n",
+            )?;
+            let cfg = load(Some(Path::new("g.toml")), FlagOverrides::new()).unwrap();
+            assert!(cfg.device_plugin.device_list_strategy.only_cdi());
+            assert_eq!(cfg.device_plugin.visible_devices, VisibleDevices::Uuid);
+            for (key, value, what) in [
+                ("device_list_strategy", "cdi", "expected envvar"),
+                ("device_list_strategy", "", "at least one"),
+                ("cdi_kind", "nvidia", "<vendor>/<class>"),
+                ("cdi_annotation_prefix", "cdi.k8s.io", "ending with '/'"),
+            ] {
+                let mut flags = FlagOverrides::new();
+                flags.set(&format!("device_plugin.{key}"), Some(value));
+                let err = load(None, flags).expect_err(key).to_string();
+                assert!(err.contains(what), "{key}={value:?}: {err}");
+            }
             Ok(())
         });
     }

@@ -172,7 +172,7 @@ impl Args {
             path(&self.pod_resources_socket),
         );
         flags.set(&dp("memory_unit"), self.memory_unit);
-        flags.set(&dp("visible_devices"), self.visible_devices);
+        flags.set(&dp("device_id_strategy"), self.visible_devices);
         if !self.device_list_strategy.is_empty() {
             let list = DeviceListStrategies::new(self.device_list_strategy.iter().copied());
             flags.set(&dp("device_list_strategy"), Some(list.to_string()));
