@@ -28,7 +28,8 @@ pub enum Engine {
 }
 
 impl Engine {
-    fn name(self) -> &'static str {
+    /// The engine's name for people.
+    pub fn name(self) -> &'static str {
         match self {
             Engine::Docker => "Docker",
             Engine::Containerd => "containerd",
@@ -151,32 +152,61 @@ fn note_missing_binary(host: &HostRoot, f: &mut Finding, binary: &str) {
 
 /// containerd's configuration files, with `imports` merged (later files win).
 pub fn containerd(host: &HostRoot) -> Vec<Finding> {
-    [
-        "/etc/containerd/config.toml",
-        "/var/lib/rancher/k3s/agent/etc/containerd/config.toml",
-        "/var/lib/rancher/rke2/agent/etc/containerd/config.toml",
-    ]
-    .iter()
+    CONTAINERD_CONFIGS
+        .iter()
     .filter_map(|main| containerd_file(host, Path::new(main)))
     .collect()
 }
 
-fn containerd_file(host: &HostRoot, main: &Path) -> Option<Finding> {
+/// One containerd configuration file with its `imports` merged (later files win).
+#[derive(Clone, Debug)]
+pub struct ContainerdConfig {
+    /// The main file and the imported ones that were read, host paths.
+    pub files: Vec<String>,
+    /// The merged table; `None` when the main file is not valid TOML.
+    pub table: Option<toml::Table>,
+    /// Parse errors.
+    pub notes: Vec<String>,
+}
+
+impl ContainerdConfig {
+    /// The `version` key (1 when absent).
+    pub fn version(&self) -> i64 {
+        self.table
+            .as_ref()
+            .and_then(|t| t.get("version"))
+            .and_then(|v| v.as_integer())
+            .unwrap_or(1)
+    }
+
+    /// The CRI plugin's table name for this version.
+    pub fn cri_plugin(&self) -> &'static str {
+        match self.version() {
+            3 => "io.containerd.cri.v1.runtime",
+            2 => "io.containerd.grpc.v1.cri",
+            _ => "cri",
+        }
+    }
+
+    /// `plugins.<cri plugin>`, when present.
+    pub fn cri_section(&self) -> Option<&toml::Value> {
+        lookup(self.table.as_ref()?, &["plugins", self.cri_plugin()])
+    }
+}
+
+/// Reads containerd's `main` configuration and its imports.
+pub fn containerd_config(host: &HostRoot, main: &Path) -> Option<ContainerdConfig> {
     let text = host.read(main)?;
-    let mut f = Finding {
-        engine: Engine::Containerd,
+    let mut cfg = ContainerdConfig {
         files: vec![main.display().to_string()],
-        default_runtime: "runc".to_string(),
-        binary: None,
-        nvidia: false,
-        serves_cri: true,
+        table: None,
         notes: Vec::new(),
     };
     let mut merged: toml::Table = match toml::from_str(&text) {
         Ok(t) => t,
         Err(e) => {
-            f.notes.push(format!("not valid TOML: {}", e.message()));
-            return Some(f);
+            cfg.notes.push(format!("not valid TOML: {}", e.message()));
+            return Some(cfg);
         }
     };
     let imports: Vec<String> = merged
@@ -194,9 +224,9 @@ fn containerd_file(host: &HostRoot, main: &Path) -> Option<Finding> {
             match host.read(&file).map(|t| toml::from_str::<toml::Table>(&t)) {
                 Some(Ok(t)) => {
                     merge_tables(&mut merged, t);
-                    f.files.push(file.display().to_string());
+                    cfg.files.push(file.display().to_string());
                 }
-                Some(Err(e)) => f.notes.push(format!(
+                Some(Err(e)) => cfg.notes.push(format!(
                     "{}: not valid TOML: {}",
                     file.display(),
                     e.message()
@@ -205,6 +235,31 @@ fn containerd_file(host: &HostRoot, main: &Path) -> Option<Finding> {
             }
         }
     }
+    cfg.table = Some(merged);
+    Some(cfg)
+}
+
+/// The paths of containerd's configuration files (stock, k3s, RKE2).
+pub const CONTAINERD_CONFIGS: &[&str] = &[
+    "/etc/containerd/config.toml",
+    "/var/lib/rancher/k3s/agent/etc/containerd/config.toml",
+    "/var/lib/rancher/rke2/agent/etc/containerd/config.toml",
+];
+
+fn containerd_file(host: &HostRoot, main: &Path) -> Option<Finding> {
+    let cfg = containerd_config(host, main)?;
+    let mut f = Finding {
+        engine: Engine::Containerd,
+        files: cfg.files.clone(),
+        default_runtime: "runc".to_string(),
+        binary: None,
+        nvidia: false,
+        serves_cri: true,
+        notes: cfg.notes.clone(),
+    };
+    let Some(merged) = cfg.table.as_ref() else {
+        return Some(f);
+    };
     let version = merged
         .get("version")
         .and_then(|v| v.as_integer())
@@ -226,7 +281,7 @@ fn containerd_file(host: &HostRoot, main: &Path) -> Option<Finding> {
         2 => "io.containerd.grpc.v1.cri",
         _ => "cri",
     };
-    let section = lookup(&merged, &["plugins", plugin, "containerd"]);
+    let section = lookup(merged, &["plugins", plugin, "containerd"]);
     if let Some(name) = section
         .and_then(|s| s.get("default_runtime_name"))
         .and_then(|v| v.as_str())
@@ -258,8 +313,8 @@ fn containerd_file(host: &HostRoot, main: &Path) -> Option<Finding> {
     Some(f)
 }
 
-/// CRI-O's `crio.conf` and drop-ins (`crio.conf.d/*`, later files win), and the NVIDIA OCI hook.
-pub fn crio(host: &HostRoot) -> Option<Finding> {
+/// CRI-O's `crio.conf` and drop-ins merged (later files win): files read, table, parse errors.
+pub fn crio_config(host: &HostRoot) -> Option<(Vec<String>, toml::Table, Vec<String>)> {
     let main = PathBuf::from("/etc/crio/crio.conf");
     let mut files: Vec<PathBuf> = Vec::new();
     if host.exists(&main) {
@@ -269,28 +324,35 @@ pub fn crio(host: &HostRoot) -> Option<Finding> {
     if files.is_empty() {
         return None;
     }
-    let mut f = Finding {
-        engine: Engine::CriO,
-        files: Vec::new(),
-        default_runtime: "(built-in default: runc or crun)".to_string(),
-        binary: None,
-        nvidia: false,
-        serves_cri: true,
-        notes: Vec::new(),
-    };
+    let (mut read, mut notes) = (Vec::new(), Vec::new());
     let mut merged = toml::Table::new();
     for file in files {
         match host.read(&file).map(|t| toml::from_str::<toml::Table>(&t)) {
             Some(Ok(t)) => merge_tables(&mut merged, t),
-            Some(Err(e)) => f.notes.push(format!(
+            Some(Err(e)) => notes.push(format!(
                 "{}: not valid TOML: {}",
                 file.display(),
                 e.message()
             )),
             None => continue,
         }
-        f.files.push(file.display().to_string());
+        read.push(file.display().to_string());
     }
+    Some((read, merged, notes))
+}
+
+/// CRI-O's `crio.conf` and drop-ins (`crio.conf.d/*`, later files win), and the NVIDIA OCI hook.
+pub fn crio(host: &HostRoot) -> Option<Finding> {
+    let (files, merged, notes) = crio_config(host)?;
+    let mut f = Finding {
+        engine: Engine::CriO,
+        files,
+        default_runtime: "(built-in default: runc or crun)".to_string(),
+        binary: None,
+        nvidia: false,
+        serves_cri: true,
+        notes,
+    };
     let runtime = lookup(&merged, &["crio", "runtime"]);
     if let Some(name) = runtime
         .and_then(|r| r.get("default_runtime"))
@@ -462,7 +524,8 @@ fn merge_tables(base: &mut toml::Table, over: toml::Table) {
     }
 }
 
-fn lookup<'a>(table: &'a toml::Table, path: &[&str]) -> Option<&'a toml::Value> {
+/// The value at `path` (keys) in `table`.
+pub fn lookup<'a>(table: &'a toml::Table, path: &[&str]) -> Option<&'a toml::Value> {
     let (first, rest) = path.split_first()?;
     let mut v = table.get(*first)?;
     for key in rest {
