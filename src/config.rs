@@ -169,7 +169,19 @@ pub enum VisibleDevices {
 pub type DeviceIdStrategy = VisibleDevices;
 
 /// How a container is told which GPU it has (`--device-list-strategy`, NVIDIA's names).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum DeviceListStrategy {
     /// `NVIDIA_VISIBLE_DEVICES=<id>`, acted on by the NVIDIA runtime (default runtime needed).
@@ -765,7 +777,8 @@ pub fn valid_cdi_kind(kind: &str) -> bool {
         !s.is_empty()
             && s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
             && s.chars().last().is_some_and(|c| c.is_ascii_alphanumeric())
-            && s.chars().all(|c| c.is_ascii_alphanumeric() || extra.contains(&c))
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || extra.contains(&c))
     };
     ok(vendor, &['-', '_', '.']) && ok(class, &['-', '_'])
 }

@@ -60,29 +60,34 @@ pub enum Target<'a> {
 #[derive(Debug, thiserror::Error)]
 pub enum HandoverError {
     /// The CDI specs do not define the device the runtime would be asked for.
-    #[error(
-        "GPU {index} ({uuid}) has no CDI device {name} in {dirs}{seen}; the container would start \
+    #[error(transparent)]
+    NoCdiDevice(Box<MissingCdiDevice>),
+}
+
+/// The CDI device a GPU would be handed over as is not in the node's specs.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "GPU {index} ({uuid}) has no CDI device {name} in {dirs}{seen}; the container would start \
          without its GPU, so Allocate fails. Fix: generate the spec on this node, e.g. \
          `nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml --device-name-strategy={strategy}` \
          (or the GPU Operator with cdi.enabled=true){mount}, or set --device-id-strategy / \
          --cdi-kind to the names the spec has"
-    )]
-    NoCdiDevice {
-        /// GPU index.
-        index: u32,
-        /// GPU UUID.
-        uuid: String,
-        /// The qualified name looked for.
-        name: String,
-        /// The spec directories read.
-        dirs: String,
-        /// What was seen instead (`; it has …`), or empty.
-        seen: String,
-        /// nvidia-ctk's name strategy matching our id strategy.
-        strategy: &'static str,
-        /// A hint about mounting the directories into the plugin's container, or empty.
-        mount: &'static str,
-    },
+)]
+pub struct MissingCdiDevice {
+    /// GPU index.
+    pub index: u32,
+    /// GPU UUID.
+    pub uuid: String,
+    /// The qualified name looked for.
+    pub name: String,
+    /// The spec directories read.
+    pub dirs: String,
+    /// What was seen instead (`; it has …`), or empty.
+    pub seen: String,
+    /// nvidia-ctk's name strategy matching our id strategy.
+    pub strategy: &'static str,
+    /// A hint about mounting the directories into the plugin's container, or empty.
+    pub mount: &'static str,
 }
 
 /// The GPU's name in the container's hand-over (`--device-id-strategy`).
@@ -126,8 +131,10 @@ pub fn hand_over(
             check_cdi_device(config, specs, gpu, &id, &name)?;
         }
         if strategies.includes(DeviceListStrategy::CdiAnnotations) {
-            base.annotations
-                .insert(cdi_annotation_key(&config.cdi_annotation_prefix), name.clone());
+            base.annotations.insert(
+                cdi_annotation_key(&config.cdi_annotation_prefix),
+                name.clone(),
+            );
         }
         if strategies.includes(DeviceListStrategy::CdiCri) {
             base.cdi_devices.push(CdiDevice { name });
@@ -144,10 +151,7 @@ pub fn hand_over(
     }
     if strategies.includes(DeviceListStrategy::VolumeMounts) {
         base.mounts.push(Mount {
-            container_path: Path::new(VOLUME_MOUNT_ROOT)
-                .join(&id)
-                .display()
-                .to_string(),
+            container_path: Path::new(VOLUME_MOUNT_ROOT).join(&id).display().to_string(),
             host_path: VOLUME_MOUNT_HOST_PATH.to_string(),
             read_only: false,
         });
@@ -211,7 +215,7 @@ fn check_cdi_device(
     } else {
         ""
     };
-    Err(HandoverError::NoCdiDevice {
+    Err(HandoverError::NoCdiDevice(Box::new(MissingCdiDevice {
         index: gpu.index,
         uuid: gpu.uuid.clone(),
         name: name.to_string(),
@@ -222,7 +226,7 @@ fn check_cdi_device(
             VisibleDevices::Uuid => "uuid",
         },
         mount,
-    })
+    })))
 }
 
 impl Plugin {
@@ -336,8 +340,13 @@ mod tests {
     #[test]
     fn cdi_only_voids_the_env_and_names_the_device() {
         let cfg = config(&[DeviceListStrategy::CdiCri]);
-        let out = hand_over(&cfg, Some(&specs(&["1", "all"])), Target::Gpu(&gpu()), base())
-            .expect("ok");
+        let out = hand_over(
+            &cfg,
+            Some(&specs(&["1", "all"])),
+            Target::Gpu(&gpu()),
+            base(),
+        )
+        .expect("ok");
         assert_eq!(out.envs[ENV_VISIBLE_DEVICES], "void");
         assert_eq!(out.envs["ALIYUN_COM_GPU_MEM_IDX"], "1");
         assert_eq!(out.cdi_devices[0].name, "nvidia.com/gpu=1");
@@ -366,7 +375,10 @@ mod tests {
             "no-gpu-has-4GiB-to-run".to_string(),
         );
         let out = hand_over(&cfg, None, Target::Refusal, refused).expect("ok");
-        assert_eq!(out.cdi_devices[0].name, "nvidia.com/gpu=no-gpu-has-4GiB-to-run");
+        assert_eq!(
+            out.cdi_devices[0].name,
+            "nvidia.com/gpu=no-gpu-has-4GiB-to-run"
+        );
         assert_eq!(
             out.mounts[0].container_path,
             "/var/run/nvidia-container-devices/no-gpu-has-4GiB-to-run"

@@ -89,7 +89,11 @@ pub struct Args {
     pub memory_unit: Option<MemoryUnit>,
     /// The GPU's name given to the container (NVIDIA_VISIBLE_DEVICES, mount paths, CDI device
     /// names) [default: index]
-    #[arg(long = "device-id-strategy", visible_alias = "visible-devices", value_enum)]
+    #[arg(
+        long = "device-id-strategy",
+        visible_alias = "visible-devices",
+        value_enum
+    )]
     pub visible_devices: Option<VisibleDevices>,
     /// How the container gets its GPU; several may be combined (comma-separated or repeated)
     /// [default: envvar]
@@ -178,7 +182,10 @@ impl Args {
             flags.set(&dp("device_list_strategy"), Some(list.to_string()));
         }
         flags.set(&dp("cdi_kind"), self.cdi_kind.clone());
-        flags.set(&dp("cdi_annotation_prefix"), self.cdi_annotation_prefix.clone());
+        flags.set(
+            &dp("cdi_annotation_prefix"),
+            self.cdi_annotation_prefix.clone(),
+        );
         if !self.cdi_spec_dirs.is_empty() {
             let dirs: Vec<String> = self
                 .cdi_spec_dirs

@@ -93,8 +93,7 @@ pub fn specs(
     }
     let names = registry.names_of_kind(kind);
     for name in &names {
-        let unknown_uuid =
-            name.starts_with("GPU-") && !devices.iter().any(|g| g.uuid == *name);
+        let unknown_uuid = name.starts_with("GPU-") && !devices.iter().any(|g| g.uuid == *name);
         if unknown_uuid {
             stale.push(format!(
                 "{kind}={name} is not a GPU of this node (a stale spec)"
@@ -178,7 +177,8 @@ fn containerd_findings(host: &HostRoot) -> Vec<CdiFinding> {
             (None, 3) => Some(true),
             (None, _) => {
                 notes.push(
-                    "enable_cdi is not set: on by default in containerd 2.x, off in 1.7".to_string(),
+                    "enable_cdi is not set: on by default in containerd 2.x, off in 1.7"
+                        .to_string(),
                 );
                 None
             }
@@ -197,8 +197,11 @@ fn containerd_findings(host: &HostRoot) -> Vec<CdiFinding> {
 
 fn crio_finding(host: &HostRoot) -> Option<CdiFinding> {
     let (files, table, notes) = runtime::crio_config(host)?;
-    let dirs = string_list(runtime::lookup(&table, &["crio", "runtime", "cdi_spec_dirs"]))
-        .unwrap_or_else(default_dirs);
+    let dirs = string_list(runtime::lookup(
+        &table,
+        &["crio", "runtime", "cdi_spec_dirs"],
+    ))
+    .unwrap_or_else(default_dirs);
     Some(CdiFinding {
         engine: Engine::CriO,
         files: files.join(" + "),
@@ -295,7 +298,10 @@ pub fn runtime(host: &HostRoot, dp: &DevicePluginConfig) -> Check {
             if status == Status::Ok {
                 status = Status::Warn;
             }
-            let mine: Vec<String> = plugin_dirs.iter().map(|d| d.display().to_string()).collect();
+            let mine: Vec<String> = plugin_dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect();
             hints.push(format!(
                 "the runtime reads CDI specs from {} but the device plugin from {}: use the same \
                  directories (cdi_spec_dirs / --cdi-spec-dirs)",

@@ -110,9 +110,8 @@ impl Args {
             .set("device_plugin.device_id_strategy", self.device_id_strategy)
             .set("device_plugin.cdi_kind", self.cdi_kind.clone());
         if !self.device_list_strategy.is_empty() {
-            let list = crate::config::DeviceListStrategies::new(
-                self.device_list_strategy.iter().copied(),
-            );
+            let list =
+                crate::config::DeviceListStrategies::new(self.device_list_strategy.iter().copied());
             flags.set("device_plugin.device_list_strategy", Some(list.to_string()));
         }
         if !self.cdi_spec_dirs.is_empty() {

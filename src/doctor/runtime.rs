@@ -154,8 +154,8 @@ fn note_missing_binary(host: &HostRoot, f: &mut Finding, binary: &str) {
 pub fn containerd(host: &HostRoot) -> Vec<Finding> {
     CONTAINERD_CONFIGS
         .iter()
-    .filter_map(|main| containerd_file(host, Path::new(main)))
-    .collect()
+        .filter_map(|main| containerd_file(host, Path::new(main)))
+        .collect()
 }
 
 /// One containerd configuration file with its `imports` merged (later files win).

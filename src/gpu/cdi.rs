@@ -129,8 +129,14 @@ fn known_version(version: &str) -> bool {
 /// starting and ending with an alphanumeric.
 pub fn valid_device_name(name: &str) -> bool {
     !name.is_empty()
-        && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
-        && name.chars().last().is_some_and(|c| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .last()
+            .is_some_and(|c| c.is_ascii_alphanumeric())
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'))
@@ -373,7 +379,11 @@ mod tests {
         let reg = Registry::read(root.path(), &dirs);
         assert_eq!(reg.specs.len(), 2);
         assert_eq!(reg.errors.len(), 1, "{:?}", reg.errors);
-        assert!(reg.errors[0].to_string().contains("/var/run/cdi/broken.yaml"));
+        assert!(
+            reg.errors[0]
+                .to_string()
+                .contains("/var/run/cdi/broken.yaml")
+        );
         let (spec, dev) = reg.device("nvidia.com/gpu", "0").expect("found");
         assert_eq!(spec.path, Path::new("/var/run/cdi/nvidia.json"));
         assert_eq!(dev.device_nodes, ["/dev/nvidia3"]);

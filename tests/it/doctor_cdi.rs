@@ -56,9 +56,19 @@ fn specs_present_and_cdi_on_pass_without_nvidia_as_default() {
     for id_strategy in ["index", "uuid"] {
         let r = doctor(
             "cdi-present",
-            &["--device-list-strategy", "cdi-cri", "--device-id-strategy", id_strategy],
+            &[
+                "--device-list-strategy",
+                "cdi-cri",
+                "--device-id-strategy",
+                id_strategy,
+            ],
         );
-        assert_eq!(status_of(&r, "cdi-specs"), "ok", "{}", text_of(&r, "cdi-specs"));
+        assert_eq!(
+            status_of(&r, "cdi-specs"),
+            "ok",
+            "{}",
+            text_of(&r, "cdi-specs")
+        );
         assert!(
             text_of(&r, "cdi-specs").contains("/var/run/cdi/nvidia.yaml"),
             "{}",
@@ -98,10 +108,18 @@ fn missing_specs_fail_with_the_nvidia_ctk_command() {
     let r = doctor("cdi-missing", &["--device-list-strategy", "cdi-cri"]);
     assert_eq!(status_of(&r, "cdi-specs"), "fail");
     let text = text_of(&r, "cdi-specs");
-    assert!(text.contains("no CDI spec in /etc/cdi, /var/run/cdi"), "{text}");
-    assert!(text.contains("nvidia.com/gpu=0") && text.contains("nvidia.com/gpu=1"), "{text}");
     assert!(
-        text.contains("nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml --device-name-strategy=index"),
+        text.contains("no CDI spec in /etc/cdi, /var/run/cdi"),
+        "{text}"
+    );
+    assert!(
+        text.contains("nvidia.com/gpu=0") && text.contains("nvidia.com/gpu=1"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml --device-name-strategy=index"
+        ),
         "{text}"
     );
 }
@@ -111,13 +129,23 @@ fn a_stale_spec_is_named() {
     // By UUID: GPU 1 is missing and a foreign UUID is there.
     let r = doctor(
         "cdi-stale",
-        &["--device-list-strategy", "cdi-cri", "--device-id-strategy", "uuid"],
+        &[
+            "--device-list-strategy",
+            "cdi-cri",
+            "--device-id-strategy",
+            "uuid",
+        ],
     );
     assert_eq!(status_of(&r, "cdi-specs"), "fail");
     let text = text_of(&r, "cdi-specs");
-    assert!(text.contains("missing: nvidia.com/gpu=GPU-fake-0000-0000-0000-000000000001"), "{text}");
     assert!(
-        text.contains("nvidia.com/gpu=GPU-520e01f2-cf30-6396-abef-e8e9a5233b0e is not a GPU of this node"),
+        text.contains("missing: nvidia.com/gpu=GPU-fake-0000-0000-0000-000000000001"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "nvidia.com/gpu=GPU-520e01f2-cf30-6396-abef-e8e9a5233b0e is not a GPU of this node"
+        ),
         "{text}"
     );
     assert!(text.contains("--device-name-strategy=uuid"), "{text}");
@@ -133,7 +161,10 @@ fn a_stale_spec_is_named() {
 
 #[test]
 fn cdi_disabled_in_containerd_fails_with_the_fix() {
-    let r = doctor("cdi-containerd-disabled", &["--device-list-strategy", "cdi-cri"]);
+    let r = doctor(
+        "cdi-containerd-disabled",
+        &["--device-list-strategy", "cdi-cri"],
+    );
     assert_eq!(status_of(&r, "cdi-specs"), "ok");
     assert_eq!(status_of(&r, "cdi-runtime"), "fail");
     let text = text_of(&r, "cdi-runtime");
@@ -146,7 +177,12 @@ fn cdi_disabled_in_containerd_fails_with_the_fix() {
 fn the_runtime_and_the_plugin_must_read_the_same_directories() {
     let r = doctor(
         "cdi-present",
-        &["--device-list-strategy", "cdi-cri", "--cdi-spec-dirs", "/opt/cdi"],
+        &[
+            "--device-list-strategy",
+            "cdi-cri",
+            "--cdi-spec-dirs",
+            "/opt/cdi",
+        ],
     );
     assert_eq!(status_of(&r, "cdi-runtime"), "warn");
     assert!(

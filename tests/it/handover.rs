@@ -153,7 +153,10 @@ async fn envvar_is_the_default_and_unchanged() {
     assert!(resp.mounts.is_empty() && resp.devices.is_empty());
     assert!(resp.annotations.is_empty() && resp.cdi_devices.is_empty());
     assert_eq!(
-        Config::default().device_plugin.device_list_strategy.to_string(),
+        Config::default()
+            .device_plugin
+            .device_list_strategy
+            .to_string(),
         "envvar"
     );
     n.stop().await;

@@ -789,7 +789,11 @@ fn each_device_list_strategy_renders_its_flags_and_cdi_mounts() {
             .as_sequence()
             .expect("mounts")
             .iter()
-            .filter(|m| m["name"].as_str().is_some_and(|n| n.starts_with("cdi-specs")))
+            .filter(|m| {
+                m["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("cdi-specs"))
+            })
             .map(|m| {
                 assert_eq!(m["readOnly"], true, "{overlay}");
                 m["mountPath"].as_str().unwrap_or_default().to_string()
@@ -799,12 +803,19 @@ fn each_device_list_strategy_renders_its_flags_and_cdi_mounts() {
             .as_sequence()
             .expect("volumes")
             .iter()
-            .filter(|v| v["name"].as_str().is_some_and(|n| n.starts_with("cdi-specs")))
+            .filter(|v| {
+                v["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("cdi-specs"))
+            })
             .count();
         assert_eq!(cdi_mounts.len(), cdi_volumes, "{overlay}");
         if !cdi {
             assert!(cdi_mounts.is_empty(), "{overlay}: {cdi_mounts:?}");
-            assert!(!a.iter().any(|x| x.starts_with("--cdi-")), "{overlay}: {a:?}");
+            assert!(
+                !a.iter().any(|x| x.starts_with("--cdi-")),
+                "{overlay}: {a:?}"
+            );
             continue;
         }
         if overlay.contains("example.com") {
@@ -819,7 +830,8 @@ fn each_device_list_strategy_renders_its_flags_and_cdi_mounts() {
                 "{a:?}"
             );
             assert!(
-                a.iter().any(|x| x == "--cdi-spec-dirs=/etc/cdi,/var/run/cdi"),
+                a.iter()
+                    .any(|x| x == "--cdi-spec-dirs=/etc/cdi,/var/run/cdi"),
                 "{a:?}"
             );
         }
