@@ -154,7 +154,9 @@ impl Default for ExtenderConfig {
     }
 }
 
-/// Which GPU index form `NVIDIA_VISIBLE_DEVICES` carries.
+/// Which name of a GPU the container is handed (`--device-id-strategy`, formerly
+/// `--visible-devices`): in `NVIDIA_VISIBLE_DEVICES`, in the volume-mount paths and in the CDI
+/// device name (`nvidia.com/gpu=<UUID>` or `=<index>`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum VisibleDevices {
@@ -164,6 +166,172 @@ pub enum VisibleDevices {
     /// The GPU UUID.
     Uuid,
 }
+
+/// NVIDIA's name for [`VisibleDevices`].
+pub type DeviceIdStrategy = VisibleDevices;
+
+/// How a container is told which GPU it has (`--device-list-strategy`, NVIDIA's names).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeviceListStrategy {
+    /// `NVIDIA_VISIBLE_DEVICES=<id>`, acted on by the NVIDIA runtime (default runtime needed).
+    Envvar,
+    /// `NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices` plus one mount per GPU
+    /// (`accept-nvidia-visible-devices-as-volume-mounts` in the NVIDIA runtime).
+    VolumeMounts,
+    /// A `cdi.k8s.io/…` annotation naming the CDI device (containerd 1.7+, CRI-O 1.23+).
+    CdiAnnotations,
+    /// The `cdi_devices` field of the Allocate answer (kubelet 1.28+ with a CDI runtime).
+    CdiCri,
+}
+
+impl DeviceListStrategy {
+    /// The flag / config spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceListStrategy::Envvar => "envvar",
+            DeviceListStrategy::VolumeMounts => "volume-mounts",
+            DeviceListStrategy::CdiAnnotations => "cdi-annotations",
+            DeviceListStrategy::CdiCri => "cdi-cri",
+        }
+    }
+
+    /// Whether the strategy hands the GPU over through CDI.
+    pub fn is_cdi(self) -> bool {
+        matches!(
+            self,
+            DeviceListStrategy::CdiAnnotations | DeviceListStrategy::CdiCri
+        )
+    }
+}
+
+impl std::str::FromStr for DeviceListStrategy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        <Self as clap::ValueEnum>::from_str(s.trim(), true).map_err(|_| {
+            format!("{s:?}: expected envvar, volume-mounts, cdi-annotations or cdi-cri")
+        })
+    }
+}
+
+/// One or more [`DeviceListStrategy`]s, combinable as upstream allows: written as a list or a
+/// comma-separated string (`"envvar,cdi-cri"`), kept sorted and without repeats.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceListStrategies(Vec<DeviceListStrategy>);
+
+impl DeviceListStrategies {
+    /// The strategies given (sorted, deduplicated; empty is refused by validation).
+    pub fn new(list: impl IntoIterator<Item = DeviceListStrategy>) -> Self {
+        let mut v: Vec<DeviceListStrategy> = list.into_iter().collect();
+        v.sort();
+        v.dedup();
+        DeviceListStrategies(v)
+    }
+
+    /// Whether `s` is one of them.
+    pub fn includes(&self, s: DeviceListStrategy) -> bool {
+        self.0.contains(&s)
+    }
+
+    /// Whether any CDI strategy is on.
+    pub fn any_cdi(&self) -> bool {
+        self.0.iter().any(|s| s.is_cdi())
+    }
+
+    /// Whether only CDI strategies are on (no `NVIDIA_VISIBLE_DEVICES` hand-over).
+    pub fn only_cdi(&self) -> bool {
+        !self.0.is_empty() && self.0.iter().all(|s| s.is_cdi())
+    }
+
+    /// The strategies, sorted.
+    pub fn as_slice(&self) -> &[DeviceListStrategy] {
+        &self.0
+    }
+}
+
+impl Default for DeviceListStrategies {
+    fn default() -> Self {
+        DeviceListStrategies(vec![DeviceListStrategy::Envvar])
+    }
+}
+
+impl std::fmt::Display for DeviceListStrategies {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.0.iter().map(|s| s.name()).collect();
+        f.write_str(&names.join(","))
+    }
+}
+
+impl Serialize for DeviceListStrategies {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for DeviceListStrategies {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let items = CommaList::deserialize(d)?.0;
+        let parsed: Result<Vec<DeviceListStrategy>, String> =
+            items.iter().map(|s| s.parse()).collect();
+        parsed
+            .map(DeviceListStrategies::new)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// A list written either as a list or as one comma-separated string (what an environment
+/// variable or a Helm value can carry); empty items are dropped.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct CommaList(Vec<String>);
+
+impl<'de> Deserialize<'de> for CommaList {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Form {
+            One(String),
+            Many(Vec<String>),
+        }
+        let items = match Form::deserialize(d)? {
+            Form::One(s) => s.split(',').map(str::to_string).collect(),
+            Form::Many(v) => v,
+        };
+        Ok(CommaList(
+            items
+                .into_iter()
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect(),
+        ))
+    }
+}
+
+fn comma_paths<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<PathBuf>, D::Error> {
+    Ok(CommaList::deserialize(d)?
+        .0
+        .into_iter()
+        .map(PathBuf::from)
+        .collect())
+}
+
+/// The CDI kind nvidia-ctk and the GPU Operator write for whole GPUs.
+pub const DEFAULT_CDI_KIND: &str = "nvidia.com/gpu";
+/// The CDI annotation prefix containerd and CRI-O read.
+pub const DEFAULT_CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
+/// Where CDI specs live (the CDI specification's defaults; later directories win).
+pub const DEFAULT_CDI_SPEC_DIRS: &[&str] = &["/etc/cdi", "/var/run/cdi"];
 
 /// What Allocate answers when no pod matches.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -188,8 +356,22 @@ pub struct DevicePluginConfig {
     pub pod_resources_socket: PathBuf,
     /// GiB | MiB | <n>MiB: the size of one unit of aliyun.com/gpu-mem.
     pub memory_unit: MemoryUnit,
-    /// index | uuid.
+    /// index | uuid: the GPU's name in NVIDIA_VISIBLE_DEVICES, mounts and CDI device names.
     pub visible_devices: VisibleDevices,
+    /// NVIDIA's name for `visible_devices` (`--device-id-strategy`); when set it wins.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_id_strategy: Option<VisibleDevices>,
+    /// envvar | volume-mounts | cdi-annotations | cdi-cri, several comma-separated.
+    pub device_list_strategy: DeviceListStrategies,
+    /// CDI kind of the GPU devices (`<vendor>/<class>`).
+    pub cdi_kind: String,
+    /// Prefix of the CDI annotation key (ends with '/').
+    pub cdi_annotation_prefix: String,
+    /// Directories holding the node's CDI specs (`.yaml` / `.json`); later ones win.
+    #[serde(deserialize_with = "comma_paths")]
+    pub cdi_spec_dirs: Vec<PathBuf>,
+    /// Also answer DeviceSpecs for /dev/nvidia<minor>, nvidiactl, nvidia-uvm, nvidia-uvm-tools.
+    pub pass_device_specs: bool,
     /// env | error.
     pub allocate_failure: AllocateFailure,
     /// Watch XID errors and report unhealthy GPUs.
@@ -214,6 +396,12 @@ impl Default for DevicePluginConfig {
             pod_resources_socket: PathBuf::from(crate::core::wire::DEFAULT_POD_RESOURCES_SOCKET),
             memory_unit: MemoryUnit::GIB,
             visible_devices: VisibleDevices::Index,
+            device_id_strategy: None,
+            device_list_strategy: DeviceListStrategies::default(),
+            cdi_kind: DEFAULT_CDI_KIND.to_string(),
+            cdi_annotation_prefix: DEFAULT_CDI_ANNOTATION_PREFIX.to_string(),
+            cdi_spec_dirs: DEFAULT_CDI_SPEC_DIRS.iter().map(PathBuf::from).collect(),
+            pass_device_specs: false,
             allocate_failure: AllocateFailure::Env,
             health_check: true,
             health_recovery_secs: 300,
@@ -519,7 +707,10 @@ pub fn load(config_file: Option<&Path>, flags: FlagOverrides) -> Result<Config, 
 impl Config {
     /// Extracts and validates the configuration from any figment (tests pass their own).
     pub fn from_figment(fig: &Figment) -> Result<Config, Error> {
-        let config: Config = fig.extract().map_err(|e| describe(fig, e))?;
+        let mut config: Config = fig.extract().map_err(|e| describe(fig, e))?;
+        if let Some(id) = config.device_plugin.device_id_strategy {
+            config.device_plugin.visible_devices = id;
+        }
         config.validate(fig)?;
         Ok(config)
     }
@@ -632,6 +823,36 @@ impl Config {
                 "must be 0 (unset) to 100".to_string(),
             ));
         }
+        if d.device_list_strategy.as_slice().is_empty() {
+            return Err(invalid(
+                "device_plugin.device_list_strategy",
+                "name at least one of envvar, volume-mounts, cdi-annotations, cdi-cri".to_string(),
+            ));
+        }
+        if !valid_cdi_kind(&d.cdi_kind) {
+            return Err(invalid(
+                "device_plugin.cdi_kind",
+                format!(
+                    "{:?}: expected <vendor>/<class> as in a CDI spec, e.g. nvidia.com/gpu",
+                    d.cdi_kind
+                ),
+            ));
+        }
+        if !d.cdi_annotation_prefix.ends_with('/') || d.cdi_annotation_prefix.len() < 2 {
+            return Err(invalid(
+                "device_plugin.cdi_annotation_prefix",
+                format!(
+                    "{:?}: expected a key prefix ending with '/', e.g. cdi.k8s.io/",
+                    d.cdi_annotation_prefix
+                ),
+            ));
+        }
+        if d.device_list_strategy.any_cdi() && d.cdi_spec_dirs.is_empty() {
+            return Err(invalid(
+                "device_plugin.cdi_spec_dirs",
+                "a CDI strategy needs at least one CDI spec directory".to_string(),
+            ));
+        }
         if !d.admin_address.is_empty() && d.admin_address.parse::<std::net::SocketAddr>().is_err() {
             return Err(invalid(
                 "device_plugin.admin_address",
@@ -640,6 +861,21 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// A CDI kind: `<vendor>/<class>`, vendor a DNS-like name, class alphanumerics, `-`, `_`.
+pub fn valid_cdi_kind(kind: &str) -> bool {
+    let Some((vendor, class)) = kind.split_once('/') else {
+        return false;
+    };
+    let ok = |s: &str, extra: &[char]| {
+        !s.is_empty()
+            && s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+            && s.chars().last().is_some_and(|c| c.is_ascii_alphanumeric())
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || extra.contains(&c))
+    };
+    ok(vendor, &['-', '_', '.']) && ok(class, &['-', '_'])
 }
 
 /// Where the value of `key` came from, for error messages.
@@ -846,6 +1082,44 @@ mod tests {
             let cfg = load(None, FlagOverrides::new()).unwrap();
             assert_eq!(cfg.device_plugin.node_name, "gpu-node-1");
             assert_eq!(cfg.cluster.kubeconfig, "/etc/kubernetes/kubelet.conf");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn device_list_strategies_from_env_file_and_flags() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env(
+                "GPUSHARE_DEVICE_PLUGIN__DEVICE_LIST_STRATEGY",
+                "cdi-cri, envvar,cdi-cri",
+            );
+            jail.set_env("GPUSHARE_DEVICE_PLUGIN__CDI_SPEC_DIRS", "/run/cdi");
+            let cfg = load(None, FlagOverrides::new()).unwrap();
+            let d = &cfg.device_plugin;
+            assert_eq!(d.device_list_strategy.to_string(), "envvar,cdi-cri");
+            assert!(d.device_list_strategy.any_cdi() && !d.device_list_strategy.only_cdi());
+            assert_eq!(d.cdi_spec_dirs, [PathBuf::from("/run/cdi")]);
+            Ok(())
+        });
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "g.toml",
+                "[device_plugin]\ndevice_list_strategy = [\"cdi-annotations\"]\ndevice_id_strategy = \"uuid\"\n",
+            )?;
+            let cfg = load(Some(Path::new("g.toml")), FlagOverrides::new()).unwrap();
+            assert!(cfg.device_plugin.device_list_strategy.only_cdi());
+            assert_eq!(cfg.device_plugin.visible_devices, VisibleDevices::Uuid);
+            for (key, value, what) in [
+                ("device_list_strategy", "cdi", "expected envvar"),
+                ("device_list_strategy", "", "at least one"),
+                ("cdi_kind", "nvidia", "<vendor>/<class>"),
+                ("cdi_annotation_prefix", "cdi.k8s.io", "ending with '/'"),
+            ] {
+                let mut flags = FlagOverrides::new();
+                flags.set(&format!("device_plugin.{key}"), Some(value));
+                let err = load(None, flags).expect_err(key).to_string();
+                assert!(err.contains(what), "{key}={value:?}: {err}");
+            }
             Ok(())
         });
     }

@@ -9,6 +9,9 @@
 //! 0), `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` and `CUDA_MPS_PIPE_DIRECTORY` with the pipe
 //! directory mounted.
 //!
+//! The answer is then shaped by the `--device-list-strategy` ([`handover`](super::handover):
+//! env, volume mounts, CDI annotations or CDI devices, device specs).
+//!
 //! After a match the pod is merge-patched (`gpushare.io/allocated-containers`, and ASSIGNED=true
 //! with the allocation time once its last GPU container is served). Transient API errors are
 //! retried; if the patch still fails the call fails, so no GPU is handed out that the API does
@@ -165,6 +168,14 @@ impl Plugin {
             let units = GpuMem::new(creq.devices_ids.len() as u64);
             match self.find_match(units).await {
                 Ok(m) => {
+                    let base = self.grant(m.gpu_index, visible_uuid, m.pod_total, units);
+                    let response = match self.hand_over(Some(m.gpu_index), base).await {
+                        Ok(r) => r,
+                        Err(e) => {
+                            result = Err(e);
+                            break;
+                        }
+                    };
                     if let Err(e) = self.record_on_pod(&m).await {
                         self.metrics.allocation("patch_failed");
                         let msg = format!(
@@ -185,7 +196,7 @@ impl Plugin {
                         "allocated"
                     );
                     self.metrics.allocation("matched");
-                    responses.push(self.grant(m.gpu_index, visible_uuid, m.pod_total, units));
+                    responses.push(response);
                     records.push_back(AllocationRecord {
                         device_ids: creq.devices_ids.clone(),
                         gpu_index: m.gpu_index,
@@ -205,7 +216,14 @@ impl Plugin {
                         "no pod matched; single-GPU node: giving its only GPU (upstream fallback)"
                     );
                     self.metrics.allocation("single_gpu_fallback");
-                    responses.push(self.grant(gpu.index, true, units, units));
+                    let base = self.grant(gpu.index, true, units, units);
+                    match self.hand_over(Some(gpu.index), base).await {
+                        Ok(r) => responses.push(r),
+                        Err(e) => {
+                            result = Err(e);
+                            break;
+                        }
+                    }
                 }
                 Err(rejected) => {
                     self.metrics.allocation("no_candidate");
@@ -226,7 +244,16 @@ impl Plugin {
                         .await;
                     });
                     match self.config.allocate_failure {
-                        AllocateFailure::Env => responses.push(self.failure_envs(units)),
+                        AllocateFailure::Env => {
+                            let refusal = self.hand_over(None, self.failure_envs(units)).await;
+                            match refusal {
+                                Ok(r) => responses.push(r),
+                                Err(e) => {
+                                    result = Err(e);
+                                    break;
+                                }
+                            }
+                        }
                         AllocateFailure::Error => {
                             result = Err(Status::failed_precondition(why));
                             break;

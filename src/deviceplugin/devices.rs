@@ -23,6 +23,8 @@ pub struct ServedGpu {
     pub uuid: String,
     /// Memory in units (floor of MiB over the unit size).
     pub units: GpuMem,
+    /// Minor number (`/dev/nvidia<minor>`), when the backend knows it.
+    pub minor: Option<u32>,
 }
 
 /// The served GPUs of an inventory, in index order, each with its own unit count.
@@ -34,6 +36,7 @@ pub fn served_gpus(inventory: &Inventory, unit: MemoryUnit) -> Vec<ServedGpu> {
             index: d.index,
             uuid: d.uuid.clone(),
             units: unit.units_of_bytes(d.memory_bytes),
+            minor: d.minor,
         })
         .collect();
     gpus.sort_by_key(|g| g.index);
@@ -159,6 +162,7 @@ pub fn max_node_memory_mib(unit: MemoryUnit, gpus_per_node: u32) -> u64 {
                 index: i,
                 uuid: uuid.clone(),
                 units: GpuMem::new(units),
+                minor: None,
             })
             .collect()
     };
@@ -224,11 +228,13 @@ mod tests {
                     index: 0,
                     uuid: "GPU-abc".to_string(),
                     units: GpuMem::new(units),
+                    minor: None,
                 },
                 ServedGpu {
                     index: 1,
                     uuid: "GPU-00000000-0000-0000-0000-000000000000".to_string(),
                     units: GpuMem::new(units / 3),
+                    minor: None,
                 },
             ];
             let msg = list_and_watch_response(&gpus, |_| false);

@@ -24,6 +24,7 @@
 
 pub mod allocate;
 pub mod devices;
+pub mod handover;
 pub mod health;
 pub mod matching;
 pub mod metrics;
@@ -51,7 +52,10 @@ use tokio::sync::{Mutex, Notify, watch};
 use tokio::task::JoinHandle;
 
 use crate::admin::AdminState;
-use crate::config::{AllocateFailure, Config, DevicePluginConfig, FlagOverrides, VisibleDevices};
+use crate::config::{
+    AllocateFailure, Config, DeviceListStrategies, DeviceListStrategy, DevicePluginConfig,
+    FlagOverrides, VisibleDevices,
+};
 use crate::core::MemoryUnit;
 use crate::core::wire::{DEVICE_PLUGIN_COMPONENT, PLUGIN_SOCKET};
 use crate::gpu::GpuBackend;
@@ -83,9 +87,31 @@ pub struct Args {
     /// Size of one unit of aliyun.com/gpu-mem: GiB, MiB or a multiple such as 256MiB [default: GiB]
     #[arg(long, value_name = "UNIT")]
     pub memory_unit: Option<MemoryUnit>,
-    /// What NVIDIA_VISIBLE_DEVICES carries [default: index]
-    #[arg(long, value_enum)]
+    /// The GPU's name given to the container (NVIDIA_VISIBLE_DEVICES, mount paths, CDI device
+    /// names) [default: index]
+    #[arg(
+        long = "device-id-strategy",
+        visible_alias = "visible-devices",
+        value_enum
+    )]
     pub visible_devices: Option<VisibleDevices>,
+    /// How the container gets its GPU; several may be combined (comma-separated or repeated)
+    /// [default: envvar]
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "STRATEGY")]
+    pub device_list_strategy: Vec<DeviceListStrategy>,
+    /// CDI kind of the GPUs in the node's CDI specs [default: nvidia.com/gpu]
+    #[arg(long, value_name = "VENDOR/CLASS")]
+    pub cdi_kind: Option<String>,
+    /// Prefix of the CDI annotation key (cdi-annotations) [default: cdi.k8s.io/]
+    #[arg(long, value_name = "PREFIX")]
+    pub cdi_annotation_prefix: Option<String>,
+    /// Directories of the node's CDI specs, comma-separated [default: /etc/cdi,/var/run/cdi]
+    #[arg(long, value_delimiter = ',', value_name = "DIR")]
+    pub cdi_spec_dirs: Vec<PathBuf>,
+    /// Also answer DeviceSpecs for /dev/nvidia<minor>, /dev/nvidiactl, /dev/nvidia-uvm and
+    /// /dev/nvidia-uvm-tools (runtimes without the NVIDIA hook)
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub pass_device_specs: Option<bool>,
     /// Answer when no pod matches an Allocate: the upstream env convention, or a gRPC error
     /// [default: env]
     #[arg(long, value_enum)]
@@ -150,7 +176,25 @@ impl Args {
             path(&self.pod_resources_socket),
         );
         flags.set(&dp("memory_unit"), self.memory_unit);
-        flags.set(&dp("visible_devices"), self.visible_devices);
+        flags.set(&dp("device_id_strategy"), self.visible_devices);
+        if !self.device_list_strategy.is_empty() {
+            let list = DeviceListStrategies::new(self.device_list_strategy.iter().copied());
+            flags.set(&dp("device_list_strategy"), Some(list.to_string()));
+        }
+        flags.set(&dp("cdi_kind"), self.cdi_kind.clone());
+        flags.set(
+            &dp("cdi_annotation_prefix"),
+            self.cdi_annotation_prefix.clone(),
+        );
+        if !self.cdi_spec_dirs.is_empty() {
+            let dirs: Vec<String> = self
+                .cdi_spec_dirs
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            flags.set(&dp("cdi_spec_dirs"), Some(dirs));
+        }
+        flags.set(&dp("pass_device_specs"), self.pass_device_specs);
         flags.set(&dp("allocate_failure"), self.allocate_failure);
         flags.set(&dp("health_check"), self.health_check);
         flags.set(&dp("health_recovery_secs"), self.health_recovery);

@@ -1,7 +1,8 @@
 //! `gpushare doctor`: finds the set-up mistakes behind most GPU-sharing trouble (wrong default
 //! container runtime, NVML out of reach, node not labelled, scheduler configuration not
 //! applied, extender unreachable, a memory unit too fine for ListAndWatch) and says how to fix
-//! each one.
+//! each one. With a CDI `--device-list-strategy` it checks the CDI specs and the runtime's CDI
+//! settings instead of asking for nvidia as the default runtime ([`cdi`]).
 //!
 //! Each check has a stable id, a status (ok / warn / fail / skip), what it saw and a fix
 //! ([`report`]). Node checks read host files under `--root` ([`host`], [`runtime`]) and ask
@@ -11,6 +12,7 @@
 //! [`preflight`] before they start. Doctor only reads: it changes nothing on the host or in the
 //! cluster, and every probe has a short deadline.
 
+pub mod cdi;
 pub mod cluster;
 pub mod gpus;
 pub mod host;
@@ -80,6 +82,19 @@ pub struct Args {
     /// Size of one unit of aliyun.com/gpu-mem: GiB, MiB or e.g. 256MiB (device_plugin.memory_unit)
     #[arg(long, value_name = "UNIT")]
     pub memory_unit: Option<MemoryUnit>,
+    /// How the plugin hands GPUs over (device_plugin.device_list_strategy); a CDI strategy
+    /// adds the cdi-specs and cdi-runtime checks
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "STRATEGY")]
+    pub device_list_strategy: Vec<crate::config::DeviceListStrategy>,
+    /// index | uuid: the GPU names the CDI specs must have (device_plugin.device_id_strategy)
+    #[arg(long, value_enum)]
+    pub device_id_strategy: Option<crate::config::VisibleDevices>,
+    /// CDI kind of the GPUs (device_plugin.cdi_kind)
+    #[arg(long, value_name = "VENDOR/CLASS")]
+    pub cdi_kind: Option<String>,
+    /// CDI spec directories, comma-separated (device_plugin.cdi_spec_dirs)
+    #[arg(long, value_delimiter = ',', value_name = "DIR")]
+    pub cdi_spec_dirs: Vec<PathBuf>,
     /// The same GPU access as the device plugin.
     #[command(flatten)]
     pub gpu: crate::gpu::GpuArgs,
@@ -97,7 +112,22 @@ impl Args {
                     .as_ref()
                     .map(|p| p.display().to_string()),
             )
-            .set("device_plugin.memory_unit", self.memory_unit);
+            .set("device_plugin.memory_unit", self.memory_unit)
+            .set("device_plugin.device_id_strategy", self.device_id_strategy)
+            .set("device_plugin.cdi_kind", self.cdi_kind.clone());
+        if !self.device_list_strategy.is_empty() {
+            let list =
+                crate::config::DeviceListStrategies::new(self.device_list_strategy.iter().copied());
+            flags.set("device_plugin.device_list_strategy", Some(list.to_string()));
+        }
+        if !self.cdi_spec_dirs.is_empty() {
+            let dirs: Vec<String> = self
+                .cdi_spec_dirs
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            flags.set("device_plugin.cdi_spec_dirs", Some(dirs));
+        }
         self.gpu.overrides(flags);
     }
 }
@@ -186,10 +216,20 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
         let fake = config.gpu.backend == GpuBackendKind::Fake;
         checks.push(gpus::driver_version(&host, probe));
         checks.push(gpus::gpu_access(probe, &config.gpu));
+        let strategies = &dp.device_list_strategy;
         if !opts.preflight {
             checks.push(host::nvml_library(&host, &config.gpu.nvml_library, fake));
-            checks.push(runtime::check(&host));
+            // Only CDI: the NVIDIA runtime need not be the default.
+            if !strategies.only_cdi() {
+                checks.push(runtime::check(&host));
+            }
             checks.push(host::nvidia_toolkit(&host));
+        }
+        if strategies.any_cdi() {
+            checks.push(cdi::specs(&host, dp, probe.devices(), opts.preflight));
+            if !opts.preflight {
+                checks.push(cdi::runtime(&host, dp));
+            }
         }
         checks.push(host::device_plugin_dir(&host, &dp.device_plugin_dir));
         checks.push(host::kubelet_socket(

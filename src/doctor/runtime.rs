@@ -30,7 +30,8 @@ pub enum Engine {
 }
 
 impl Engine {
-    fn name(self) -> &'static str {
+    /// The engine's name for people.
+    pub fn name(self) -> &'static str {
         match self {
             Engine::Docker => "Docker",
             Engine::Containerd => "containerd",
@@ -165,50 +166,92 @@ fn note_missing_binary(host: &HostRoot, f: &mut Finding, binary: &str) {
 
 /// containerd's configuration files, with `imports` merged (later files win).
 pub fn containerd(host: &HostRoot) -> Vec<Finding> {
-    [
-        "/etc/containerd/config.toml",
-        "/var/lib/rancher/k3s/agent/etc/containerd/config.toml",
-        "/var/lib/rancher/rke2/agent/etc/containerd/config.toml",
-    ]
-    .iter()
-    .filter_map(|main| {
-        let main = Path::new(main);
-        if let Some(text) = host.read(main) {
-            return containerd_file(host, main, text, false);
-        }
-        // k3s / RKE2 render config.toml from config.toml.tmpl when they start.
-        let template = main.with_extension("toml.tmpl");
-        let text = host.read(&template)?;
-        let kept: Vec<&str> = text.lines().filter(|l| !l.contains("{{")).collect();
-        containerd_file(host, &template, kept.join("\n"), true)
-    })
-    .collect()
+    CONTAINERD_CONFIGS
+        .iter()
+        .filter_map(|main| containerd_config(host, Path::new(main)))
+        .map(|cfg| containerd_file(host, cfg))
+        .collect()
 }
 
-fn containerd_file(host: &HostRoot, main: &Path, text: String, template: bool) -> Option<Finding> {
-    let mut f = Finding {
-        engine: Engine::Containerd,
+/// The paths of containerd's configuration files (stock, k3s, RKE2).
+pub const CONTAINERD_CONFIGS: &[&str] = &[
+    "/etc/containerd/config.toml",
+    "/var/lib/rancher/k3s/agent/etc/containerd/config.toml",
+    "/var/lib/rancher/rke2/agent/etc/containerd/config.toml",
+];
+
+/// One containerd configuration file with its `imports` merged (later files win).
+#[derive(Clone, Debug)]
+pub struct ContainerdConfig {
+    /// The file read: `config.toml`, or its k3s/RKE2 `config.toml.tmpl`.
+    pub main: std::path::PathBuf,
+    /// The main file and the imported ones that were read, host paths.
+    pub files: Vec<String>,
+    /// The merged table; `None` when the main file is not valid TOML.
+    pub table: Option<toml::Table>,
+    /// Parse errors and how the file was read.
+    pub notes: Vec<String>,
+    /// Read from a k3s/RKE2 template without its `{{…}}` lines.
+    pub template: bool,
+}
+
+impl ContainerdConfig {
+    /// The `version` key (a k3s/RKE2 template's base declares 2; else 1 when absent).
+    pub fn version(&self) -> i64 {
+        self.table
+            .as_ref()
+            .and_then(|t| t.get("version"))
+            .and_then(|v| v.as_integer())
+            .unwrap_or(if self.template { 2 } else { 1 })
+    }
+
+    /// The CRI plugin's table name for this version.
+    pub fn cri_plugin(&self) -> &'static str {
+        match self.version() {
+            3 => "io.containerd.cri.v1.runtime",
+            2 => "io.containerd.grpc.v1.cri",
+            _ => "cri",
+        }
+    }
+
+    /// `plugins.<cri plugin>`, when present.
+    pub fn cri_section(&self) -> Option<&toml::Value> {
+        lookup(self.table.as_ref()?, &["plugins", self.cri_plugin()])
+    }
+}
+
+/// Reads containerd's `main` configuration (or the k3s/RKE2 template it is rendered from)
+/// and merges its imports; `None` when neither file exists.
+pub fn containerd_config(host: &HostRoot, main: &Path) -> Option<ContainerdConfig> {
+    let (main, text, template) = match host.read(main) {
+        Some(text) => (main.to_path_buf(), text, false),
+        None => {
+            // k3s / RKE2 render config.toml from config.toml.tmpl when they start.
+            let template = main.with_extension("toml.tmpl");
+            let text = host.read(&template)?;
+            let kept: Vec<&str> = text.lines().filter(|l| !l.contains("{{")).collect();
+            (template, kept.join("\n"), true)
+        }
+    };
+    let mut cfg = ContainerdConfig {
         files: vec![main.display().to_string()],
-        default_runtime: "runc".to_string(),
-        binary: None,
-        nvidia: false,
-        serves_cri: true,
+        main,
+        table: None,
         notes: Vec::new(),
-        broken: false,
+        template,
     };
     let mut merged: toml::Table = match toml::from_str(&text) {
         Ok(t) => t,
         Err(e) => {
-            f.notes
+            cfg.notes
                 .push(format!("not valid TOML: {}", e.message().trim()));
             if text.contains("{{") {
-                f.notes.push(
+                cfg.notes.push(
                     "it is an unrendered template ({{…}} placeholders): the real configuration is rendered from it"
                         .to_string(),
                 );
             }
-            f.broken = true;
-            return Some(f);
+            return Some(cfg);
         }
     };
     let imports: Vec<String> = merged
@@ -221,14 +264,14 @@ fn containerd_file(host: &HostRoot, main: &Path, text: String, template: bool) -
         })
         .unwrap_or_default();
     for pattern in imports {
-        let base = main.parent().unwrap_or(Path::new("/"));
+        let base = cfg.main.parent().unwrap_or(Path::new("/")).to_path_buf();
         for file in expand_glob(host, &base.join(&pattern)) {
             match host.read(&file).map(|t| toml::from_str::<toml::Table>(&t)) {
                 Some(Ok(t)) => {
                     merge_tables(&mut merged, t);
-                    f.files.push(file.display().to_string());
+                    cfg.files.push(file.display().to_string());
                 }
-                Some(Err(e)) => f.notes.push(format!(
+                Some(Err(e)) => cfg.notes.push(format!(
                     "{}: not valid TOML: {}",
                     file.display(),
                     e.message()
@@ -237,11 +280,27 @@ fn containerd_file(host: &HostRoot, main: &Path, text: String, template: bool) -
             }
         }
     }
-    // A k3s/RKE2 template's base (`{{ template "base" . }}`) declares version 2.
-    let version = merged
-        .get("version")
-        .and_then(|v| v.as_integer())
-        .unwrap_or(if template { 2 } else { 1 });
+    cfg.table = Some(merged);
+    Some(cfg)
+}
+
+fn containerd_file(host: &HostRoot, cfg: ContainerdConfig) -> Finding {
+    let mut f = Finding {
+        engine: Engine::Containerd,
+        files: cfg.files.clone(),
+        default_runtime: "runc".to_string(),
+        binary: None,
+        nvidia: false,
+        serves_cri: true,
+        notes: cfg.notes.clone(),
+        broken: cfg.table.is_none(),
+    };
+    let version = cfg.version();
+    let template = cfg.template;
+    let main = cfg.main.clone();
+    let Some(merged) = cfg.table else {
+        return f;
+    };
     if template {
         f.notes.push(
             "k3s/RKE2 template (no rendered config.toml yet): read without its {{…}} lines; the base it includes adds runc only"
@@ -310,7 +369,7 @@ fn containerd_file(host: &HostRoot, main: &Path, text: String, template: bool) -
         None => {}
     }
     f.files[0] = format!("{} (version {version})", main.display());
-    Some(f)
+    f
 }
 
 fn runtime_type(runtime: &toml::Value) -> &str {
@@ -347,8 +406,9 @@ fn runtime_program(merged: &toml::Table, runtime: &toml::Value) -> Option<String
         })
 }
 
-/// CRI-O's `crio.conf` and drop-ins (`crio.conf.d/*`, later files win), and the NVIDIA OCI hook.
-pub fn crio(host: &HostRoot) -> Option<Finding> {
+/// CRI-O's `crio.conf` and drop-ins (`crio.conf.d/*`, later files win), merged: the files
+/// read, the table and the parse errors; `None` when CRI-O has no configuration here.
+pub fn crio_config(host: &HostRoot) -> Option<(Vec<String>, toml::Table, Vec<String>)> {
     let main = PathBuf::from("/etc/crio/crio.conf");
     let mut files: Vec<PathBuf> = Vec::new();
     if host.exists(&main) {
@@ -358,29 +418,36 @@ pub fn crio(host: &HostRoot) -> Option<Finding> {
     if files.is_empty() {
         return None;
     }
-    let mut f = Finding {
-        engine: Engine::CriO,
-        files: Vec::new(),
-        default_runtime: "(built-in default: runc or crun)".to_string(),
-        binary: None,
-        nvidia: false,
-        serves_cri: true,
-        notes: Vec::new(),
-        broken: false,
-    };
+    let (mut read, mut notes) = (Vec::new(), Vec::new());
     let mut merged = toml::Table::new();
     for file in files {
         match host.read(&file).map(|t| toml::from_str::<toml::Table>(&t)) {
             Some(Ok(t)) => merge_tables(&mut merged, t),
-            Some(Err(e)) => f.notes.push(format!(
+            Some(Err(e)) => notes.push(format!(
                 "{}: not valid TOML: {}",
                 file.display(),
                 e.message()
             )),
             None => continue,
         }
-        f.files.push(file.display().to_string());
+        read.push(file.display().to_string());
     }
+    Some((read, merged, notes))
+}
+
+/// CRI-O's `crio.conf` and drop-ins (`crio.conf.d/*`, later files win), and the NVIDIA OCI hook.
+pub fn crio(host: &HostRoot) -> Option<Finding> {
+    let (files, merged, notes) = crio_config(host)?;
+    let mut f = Finding {
+        engine: Engine::CriO,
+        files,
+        default_runtime: "(built-in default: runc or crun)".to_string(),
+        binary: None,
+        nvidia: false,
+        serves_cri: true,
+        notes,
+        broken: false,
+    };
     let runtime = lookup(&merged, &["crio", "runtime"]);
     if let Some(name) = runtime
         .and_then(|r| r.get("default_runtime"))
@@ -665,7 +732,7 @@ fn merge_tables(base: &mut toml::Table, over: toml::Table) {
     }
 }
 
-fn lookup<'a>(table: &'a toml::Table, path: &[&str]) -> Option<&'a toml::Value> {
+pub fn lookup<'a>(table: &'a toml::Table, path: &[&str]) -> Option<&'a toml::Value> {
     let (first, rest) = path.split_first()?;
     let mut v = table.get(*first)?;
     for key in rest {

@@ -9,6 +9,7 @@
 //!
 //! Only this module touches NVML.
 
+pub mod cdi;
 pub mod fake;
 pub mod nvidia_smi;
 pub mod nvml;

@@ -83,6 +83,7 @@ fn helm_lint_strict_is_clean_with_every_option() {
         "{}",
         "extender: {leaderElect: false, replicas: 1, hostNetwork: true}",
         "devicePlugin: {kmsg: true, mps: true, hostNetwork: true, runtimeClassName: nvidia}",
+        "devicePlugin: {deviceListStrategy: [envvar, cdi-cri], deviceIdStrategy: uuid, passDeviceSpecs: true}",
     ];
     let values: Vec<Value> = overlays
         .iter()
@@ -731,4 +732,111 @@ fn optional_features_switch_what_they_should() {
             .iter()
             .any(|a| a.starts_with("--lease") || a == "--leader-elect")
     );
+}
+
+#[test]
+fn each_device_list_strategy_renders_its_flags_and_cdi_mounts() {
+    let with = |overlay: &str| {
+        all_documents(merged(
+            &default_values(),
+            &yaml_serde::from_str(overlay).expect("overlay parses"),
+        ))
+    };
+    let cases: [(&str, Option<&str>, bool); 6] = [
+        ("{}", None, false),
+        ("devicePlugin: {deviceListStrategy: envvar}", None, false),
+        (
+            "devicePlugin: {deviceListStrategy: volume-mounts, deviceIdStrategy: uuid}",
+            Some("volume-mounts"),
+            false,
+        ),
+        (
+            "devicePlugin: {deviceListStrategy: cdi-annotations}",
+            Some("cdi-annotations"),
+            true,
+        ),
+        (
+            "devicePlugin: {deviceListStrategy: cdi-cri, passDeviceSpecs: true}",
+            Some("cdi-cri"),
+            true,
+        ),
+        (
+            "devicePlugin: {deviceListStrategy: [envvar, cdi-cri], cdi: {kind: example.com/gpu, specDirs: [/run/cdi]}}",
+            Some("envvar,cdi-cri"),
+            true,
+        ),
+    ];
+    for (overlay, strategy, cdi) in cases {
+        let Some(docs) = with(overlay) else {
+            return;
+        };
+        let dp = pod_spec_of(&docs, "DaemonSet", "gpushare-device-plugin-ds");
+        let c = &dp["containers"][0];
+        let a = args(c);
+        assert_cli_accepts(&a, overlay);
+        let flag = a
+            .iter()
+            .find_map(|x| x.strip_prefix("--device-list-strategy="));
+        assert_eq!(flag, strategy, "{overlay}: {a:?}");
+        assert_eq!(
+            a.iter().any(|x| x == "--device-id-strategy=uuid"),
+            overlay.contains("uuid"),
+            "{overlay}"
+        );
+        assert_eq!(
+            a.iter().any(|x| x == "--pass-device-specs"),
+            overlay.contains("passDeviceSpecs"),
+            "{overlay}"
+        );
+        let cdi_mounts: Vec<String> = c["volumeMounts"]
+            .as_sequence()
+            .expect("mounts")
+            .iter()
+            .filter(|m| {
+                m["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("cdi-specs"))
+            })
+            .map(|m| {
+                assert_eq!(m["readOnly"], true, "{overlay}");
+                m["mountPath"].as_str().unwrap_or_default().to_string()
+            })
+            .collect();
+        let cdi_volumes = dp["volumes"]
+            .as_sequence()
+            .expect("volumes")
+            .iter()
+            .filter(|v| {
+                v["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("cdi-specs"))
+            })
+            .count();
+        assert_eq!(cdi_mounts.len(), cdi_volumes, "{overlay}");
+        if !cdi {
+            assert!(cdi_mounts.is_empty(), "{overlay}: {cdi_mounts:?}");
+            assert!(
+                !a.iter().any(|x| x.starts_with("--cdi-")),
+                "{overlay}: {a:?}"
+            );
+            continue;
+        }
+        if overlay.contains("example.com") {
+            assert_eq!(cdi_mounts, ["/run/cdi"]);
+            assert!(a.iter().any(|x| x == "--cdi-kind=example.com/gpu"), "{a:?}");
+            assert!(a.iter().any(|x| x == "--cdi-spec-dirs=/run/cdi"), "{a:?}");
+        } else {
+            assert_eq!(cdi_mounts, ["/etc/cdi", "/var/run/cdi"]);
+            assert!(a.iter().any(|x| x == "--cdi-kind=nvidia.com/gpu"), "{a:?}");
+            assert!(
+                a.iter().any(|x| x == "--cdi-annotation-prefix=cdi.k8s.io/"),
+                "{a:?}"
+            );
+            assert!(
+                a.iter()
+                    .any(|x| x == "--cdi-spec-dirs=/etc/cdi,/var/run/cdi"),
+                "{a:?}"
+            );
+        }
+    }
 }
