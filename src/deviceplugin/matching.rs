@@ -261,6 +261,7 @@ mod tests {
                 .map(|(n, m)| ContainerGpuRequest {
                     name: n.to_string(),
                     mem: GpuMem::new(*m),
+                    restartable: false,
                 })
                 .collect()
         };

@@ -26,6 +26,19 @@ pub async fn patch_pod_annotations(
         .await
 }
 
+/// Merge-patches annotation changes onto the pod: `Some` sets a value, `None` removes the key.
+pub async fn patch_pod_annotation_changes(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    changes: &BTreeMap<String, Option<String>>,
+) -> Result<Pod, kube::Error> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let patch = json!({ "metadata": { "annotations": changes } });
+    pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+}
+
 /// Creates the Binding of pod `name` (with `uid` as precondition) to `node`.
 pub async fn bind_pod(
     client: &kube::Client,

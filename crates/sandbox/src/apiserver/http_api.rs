@@ -120,7 +120,8 @@ async fn handle(
     } else {
         format!("{path}?{query}")
     };
-    if let Some(action) = shared.take_fault(&parts.method, &path_and_query) {
+    let fault = shared.take_fault(&parts.method, &path_and_query);
+    if let Some(action) = fault.clone() {
         match action {
             FaultAction::Status(code) => return Ok(error_response(&ApiError::from_code(code))),
             FaultAction::Delay(delay) => tokio::time::sleep(delay).await,
@@ -130,7 +131,7 @@ async fn handle(
                     "injected fault: connection dropped",
                 ));
             }
-            FaultAction::CutWatch => {}
+            FaultAction::CutWatch | FaultAction::ApplyThenDrop | FaultAction::ApplyLate(_) => {}
         }
     }
     if bytes.len() > MAX_BODY {
@@ -153,7 +154,26 @@ async fn handle(
             .map(str::to_string),
         body: bytes,
     };
-    Ok(route(&shared, &request))
+    match fault {
+        Some(FaultAction::ApplyThenDrop) => {
+            drop(route(&shared, &request));
+            Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                "injected fault: applied, answer dropped",
+            ))
+        }
+        Some(FaultAction::ApplyLate(delay)) => {
+            // A task of its own, so a client that hangs up cannot cancel the late write.
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = tx.send(route(&shared, &request));
+            });
+            rx.await
+                .map_err(|_| std::io::Error::other("the late apply task ended without an answer"))
+        }
+        _ => Ok(route(&shared, &request)),
+    }
 }
 
 /// A request, parsed.

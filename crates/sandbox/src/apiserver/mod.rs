@@ -114,8 +114,14 @@ pub enum FaultAction {
     Status(u16),
     /// Wait this long, then serve the request normally.
     Delay(Duration),
-    /// Close the connection without an answer.
+    /// Close the connection without an answer (the request is NOT applied).
     DropConnection,
+    /// Apply the request, then close the connection without an answer: the write landed but
+    /// its answer is lost.
+    ApplyThenDrop,
+    /// Apply the request after this long, whatever the client does meanwhile (it may give up
+    /// and hang up: the write still lands late), then answer.
+    ApplyLate(Duration),
     /// End matching watch streams abruptly: open ones at once, later ones right after their
     /// headers. Requests that are not watches are not affected.
     CutWatch,
