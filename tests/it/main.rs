@@ -13,5 +13,6 @@ mod inspect;
 mod packaging;
 mod sandbox_apiserver;
 mod sandbox_kubelet;
+mod settle;
 mod support;
 mod watch_churn;

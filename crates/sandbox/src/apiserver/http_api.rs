@@ -131,7 +131,10 @@ async fn handle(
                     "injected fault: connection dropped",
                 ));
             }
-            FaultAction::CutWatch | FaultAction::ApplyThenDrop | FaultAction::ApplyLate(_) => {}
+            FaultAction::CutWatch
+            | FaultAction::ApplyThenDrop
+            | FaultAction::ApplyLate(_)
+            | FaultAction::AnswerLate(_) => {}
         }
     }
     if bytes.len() > MAX_BODY {
@@ -171,6 +174,11 @@ async fn handle(
             });
             rx.await
                 .map_err(|_| std::io::Error::other("the late apply task ended without an answer"))
+        }
+        Some(FaultAction::AnswerLate(delay)) => {
+            let response = route(&shared, &request);
+            tokio::time::sleep(delay).await;
+            Ok(response)
         }
         _ => Ok(route(&shared, &request)),
     }

@@ -119,6 +119,8 @@ pub enum FaultAction {
     /// Apply the request, then close the connection without an answer: the write landed but
     /// its answer is lost.
     ApplyThenDrop,
+    /// Apply the request at once (a list takes its snapshot now), answer only after this long.
+    AnswerLate(Duration),
     /// Apply the request after this long, whatever the client does meanwhile (it may give up
     /// and hang up: the write still lands late), then answer.
     ApplyLate(Duration),
