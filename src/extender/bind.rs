@@ -423,7 +423,12 @@ async fn settle(job: &Job, deadline: Instant, tx: &watch::Sender<Outcome>) {
             (true, None) if !finished => {
                 let since = *last_unknown.lock().unwrap_or_else(|p| p.into_inner());
                 if since.is_none_or(|t| t.elapsed() >= settle_window) {
-                    release(job, tx, "the pod stayed unbound after a bind of unknown outcome");
+                    release(
+                        job,
+                        tx,
+                        "the pod stayed unbound after a bind of unknown outcome",
+                        false,
+                    );
                     return Ok(());
                 }
                 if !state.is_serving() {
@@ -435,7 +440,7 @@ async fn settle(job: &Job, deadline: Instant, tx: &watch::Sender<Outcome>) {
                         finish_bound(job, tx);
                     }
                     Attempt::Refused { why, definitive: true } => {
-                        release(job, tx, &why);
+                        release(job, tx, &why, false);
                         return Ok(());
                     }
                     Attempt::Refused { .. } => {}
@@ -446,8 +451,12 @@ async fn settle(job: &Job, deadline: Instant, tx: &watch::Sender<Outcome>) {
                 }
                 Err(Pending)
             }
+            (true, Some(_)) if !finished => {
+                release(job, tx, "the pod is bound to another node", false);
+                Ok(())
+            }
             _ => {
-                release(job, tx, "the pod is gone, finished or bound to another node");
+                release(job, tx, "the pod is gone or finished", true);
                 Ok(())
             }
         }
@@ -478,8 +487,16 @@ fn finish_bound(job: &Job, tx: &watch::Sender<Outcome>) {
     tx.send_replace(Outcome::Bound(msg));
 }
 
-fn release(job: &Job, tx: &watch::Sender<Outcome>, why: &str) {
-    if job.state.cache().release(&job.uid, job.reservation.token) {
+/// Releases the reservation; `gone`: the API showed the pod deleted or finished.
+fn release(job: &Job, tx: &watch::Sender<Outcome>, why: &str, gone: bool) {
+    let cache = job.state.cache();
+    let token = job.reservation.token;
+    let released = if gone {
+        cache.release_gone(&job.uid, token)
+    } else {
+        cache.release(&job.uid, token)
+    };
+    if released {
         job.state
             .metrics()
             .settled

@@ -299,6 +299,10 @@ pub struct Cache {
     pods: RwLock<HashMap<Uid, PodRecord>>,
     nodes: RwLock<HashMap<Arc<str>, Arc<NodeSlot>>>,
     next_token: std::sync::atomic::AtomicU64,
+    /// Pods an owner saw gone or finished in the API before the watch did: a watch event
+    /// older than that read must not count them again. Cleared by the watch's own delete
+    /// (or a re-list begun after them that no longer lists them). Each with its stamp.
+    gone: RwLock<HashMap<Uid, u64>>,
 }
 
 impl Cache {
@@ -361,6 +365,9 @@ impl Cache {
     /// Applies what a pod event says. Returns whether the pod is now counted.
     pub fn observe_pod(&self, facts: PodFacts) -> bool {
         let mut pods = write(&self.pods);
+        if read(&self.gone).contains_key(facts.uid.as_str()) {
+            return false;
+        }
         let mut map = write(&self.nodes);
         let key: Uid = match pods.get_key_value(facts.uid.as_str()) {
             Some((k, _)) => k.clone(),
@@ -413,16 +420,29 @@ impl Cache {
     /// The pod is gone (watch delete): release whatever it held, reservations included.
     pub fn forget_pod(&self, uid: &str) {
         let mut pods = write(&self.pods);
+        write(&self.gone).remove(uid);
         if let Some((key, rec)) = pods.remove_entry(uid) {
             let mut map = write(&self.nodes);
             Self::unplace(&mut map, &key, &rec);
         }
     }
 
-    /// After a full re-list of pods: forget every observed pod not in `seen`. Reservations
-    /// stay whatever the list says: one may be newer than the list's snapshot, and each has
-    /// an owner that settles it by reading the API.
-    pub fn retain_pods(&self, seen: &HashSet<String>) -> usize {
+    /// A re-list of pods begins (before its list is asked for): the mark to hand to
+    /// [`Cache::retain_pods`] at its end.
+    pub fn relist_mark(&self) -> u64 {
+        self.tick()
+    }
+
+    fn tick(&self) -> u64 {
+        self.next_token
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1
+    }
+
+    /// After a full re-list of pods begun at `mark`: forget every observed pod not in `seen`.
+    /// Reservations stay whatever the list says: one may be newer than the list's snapshot,
+    /// and each has an owner that settles it by reading the API.
+    pub fn retain_pods(&self, seen: &HashSet<String>, mark: u64) -> usize {
         let mut pods = write(&self.pods);
         let mut map = write(&self.nodes);
         let gone: Vec<Uid> = pods
@@ -435,6 +455,8 @@ impl Cache {
                 Self::unplace(&mut map, uid, &rec);
             }
         }
+        // Gone before the list began and not listed: no older event can come any more.
+        write(&self.gone).retain(|uid, stamp| *stamp > mark || seen.contains(&**uid));
         gone.len()
     }
 
@@ -539,10 +561,7 @@ impl Cache {
             .map(|g| g.total)
             .unwrap_or_default();
         let key: Uid = Arc::from(uid);
-        let token = self
-            .next_token
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            + 1;
+        let token = self.tick();
         e.ledger.apply_pod(
             key.clone(),
             LedgerPod {
@@ -605,6 +624,17 @@ impl Cache {
             Self::unplace(&mut map, &key, &rec);
         }
         true
+    }
+
+    /// The owner read the pod gone or finished: [`Cache::release`], and ignore older watch
+    /// events that still show it running until the watch shows its deletion.
+    pub fn release_gone(&self, uid: &str, token: u64) -> bool {
+        if !self.holds(uid, token) {
+            return false;
+        }
+        let stamp = self.tick();
+        write(&self.gone).insert(Arc::from(uid), stamp);
+        self.release(uid, token)
     }
 
     /// Where the pod `uid` is counted.
@@ -867,7 +897,7 @@ mod tests {
         // A re-list that misses reservations keeps them, confirmed or not: they may be newer
         // than its snapshot.
         c.confirm("u", r.token);
-        assert_eq!(c.retain_pods(&HashSet::new()), 0);
+        assert_eq!(c.retain_pods(&HashSet::new(), c.relist_mark()), 0);
         assert!(c.holds("u", r.token) && c.holds("v", r2.token));
         // Only the owner's token releases.
         assert!(!c.release("v", r.token));
@@ -898,7 +928,7 @@ mod tests {
         c.apply_node("b", gpus(&[16]));
         c.observe_pod(facts("p", "a", 0, 4));
         c.observe_pod(facts("q", "a", 0, 4));
-        assert_eq!(c.retain_pods(&HashSet::from(["q".to_string()])), 1);
+        assert_eq!(c.retain_pods(&HashSet::from(["q".to_string()]), c.relist_mark()), 1);
         assert_eq!(used(&c, "a"), [4]);
         c.retain_nodes(&HashSet::from(["a".to_string()]));
         assert_eq!(c.node_names(), ["a"]);

@@ -11,6 +11,8 @@
 
 pub mod bind;
 pub mod cache;
+#[cfg(test)]
+mod cache_props;
 pub mod filter;
 pub mod inspect;
 pub mod leader;

@@ -308,6 +308,7 @@ async fn watch_pods(
     // Slim: only the fields the ledger reads are decoded from the (large) pod list.
     let api: Api<WatchedPod> = Api::all(state.client().clone());
     let mut seen: HashSet<String> = HashSet::new();
+    let mut mark = 0;
     let metrics = state.metrics().clone();
     drive(&state, api, "pod", shutdown, |ev| {
         let cache = state.cache();
@@ -318,7 +319,10 @@ async fn watch_pods(
                 .inc();
         };
         match ev {
-            Event::Init => seen.clear(),
+            Event::Init => {
+                seen.clear();
+                mark = cache.relist_mark();
+            }
             Event::InitApply(WatchedPod(pod)) => {
                 if let Some(f) = pod_facts(&pod, bad) {
                     seen.insert(f.uid.clone());
@@ -326,7 +330,7 @@ async fn watch_pods(
                 }
             }
             Event::InitDone => {
-                let dropped = cache.retain_pods(&seen);
+                let dropped = cache.retain_pods(&seen, mark);
                 if dropped > 0 {
                     tracing::info!(dropped, "pods gone while the watch was down");
                 }
