@@ -526,17 +526,50 @@ async fn attempt(job: &Job, deadline: Instant) -> Attempt {
     let client = state.client();
     let r = job.reservation;
     let patch = PodGpuAnnotations::bind_patch(r.gpu, job.request, r.device_total, now_ns());
-    let changes = clean_slate(job.pod.metadata.annotations.as_ref(), patch);
+    // Fenced by the pod's resourceVersion: a slow patch of an earlier round (or of an
+    // earlier owner) can never land over this one, nor this one over a later write.
+    let seen = Mutex::new((
+        job.pod.metadata.annotations.clone(),
+        job.pod.metadata.resource_version.clone(),
+    ));
     let patched = with_retry(state, deadline, || async {
-        patch_pod_annotation_changes(client, ns, name, &changes)
-            .await
-            .map(|_| ())
-            .map_err(CallError::Kube)
+        let (annotations, rv) = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let changes = clean_slate(annotations.as_ref(), patch.clone());
+        match patch_pod_annotation_changes(client, ns, name, &changes, rv.as_deref()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                // The pod changed since it was read: read it again.
+                let pod = job.pods.get_opt(name).await.map_err(CallError::Kube)?;
+                let Some(pod) = pod.filter(|p| p.metadata.uid.as_deref() == Some(uid.as_str()))
+                else {
+                    return Err(CallError::Definitive("the pod was deleted or replaced".into()));
+                };
+                match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+                    // Bound here already: by an earlier round of ours, after its own patch.
+                    Some(n) if n == node.as_str() => return Ok(()),
+                    Some(n) if !n.is_empty() => {
+                        return Err(CallError::Definitive(format!(
+                            "the pod is already bound to node {n}"
+                        )));
+                    }
+                    _ => {}
+                }
+                *seen.lock().unwrap_or_else(|p| p.into_inner()) =
+                    (pod.metadata.annotations, pod.metadata.resource_version);
+                Err(CallError::Kube(kube::Error::Api(s)))
+            }
+            Err(e) => Err(CallError::Kube(e)),
+        }
     })
     .await;
     if let Err(e) = patched {
         // No Binding was sent: nothing of this round can land.
-        return if e.is_not_found() {
+        return if let CallError::Definitive(_) = e {
+            Attempt::Refused {
+                why: e.describe(&format!("annotating pod {ns}/{name}")),
+                definitive: true,
+            }
+        } else if e.is_not_found() {
             Attempt::Refused {
                 why: format!("pod {ns}/{name} was deleted during bind"),
                 definitive: true,

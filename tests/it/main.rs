@@ -14,5 +14,6 @@ mod packaging;
 mod sandbox_apiserver;
 mod sandbox_kubelet;
 mod settle;
+mod soak;
 mod support;
 mod watch_churn;

@@ -566,3 +566,47 @@ async fn a_watch_that_keeps_failing_makes_the_extender_unready() {
     assert_eq!(bind(env.addr(), &p, "n1").await.0, 200);
     env.ext.stop().await;
 }
+
+/// An annotation patch that times out and lands late never overwrites the annotations of the
+/// bind that followed it (the patch is fenced by the pod's resourceVersion).
+#[tokio::test]
+async fn a_late_annotation_patch_never_lands_over_a_later_bind() {
+    let mut c = config();
+    c.extender.bind_timeout_ms = 300;
+    let env = Env::start_with(c, |api| {
+        create(api, node("n1", 2, 16));
+        create(api, node("n2", 1, 16));
+        let mut filler = pod("filler", "8");
+        filler["spec"]["nodeName"] = json!("n1");
+        filler["metadata"]["annotations"] = json!({"ALIYUN_COM_GPU_MEM_IDX": "0",
+            "ALIYUN_COM_GPU_MEM_POD": "8", "ALIYUN_COM_GPU_MEM_ASSIGNED": "true"});
+        filler["status"] = json!({"phase": "Running"});
+        create(api, filler);
+    })
+    .await;
+    let p = create(&env.api, pod("p", "10"));
+    env.api.inject(Fault::new(
+        Some(Method::PATCH),
+        "/pods/p",
+        FaultAction::ApplyLate(Duration::from_millis(700)),
+    ));
+    // n1 would put p on GPU 1; the patch saying so is slow and the bind gives up.
+    let (s, r) = bind(env.addr(), &p, "n1").await;
+    assert_eq!(s, 500, "{r}");
+    // The scheduler tries n2 (GPU 0) and succeeds before the slow patch lands.
+    let (s, r) = bind(env.addr(), &p, "n2").await;
+    assert_eq!(s, 200, "{r}");
+    eventually("the slow patch reached the API server", || async {
+        env.api.late_in_flight() == 0
+    })
+    .await;
+    let a = annotations(&env.api, "p");
+    assert_eq!(bound_to(&env.api, "p").as_deref(), Some("n2"));
+    assert_eq!(a["ALIYUN_COM_GPU_MEM_IDX"], "0", "{a:?}");
+    eventually("the ledger holds p on n2", || async {
+        let i = inspect(env.addr()).await;
+        used(&i, "n2") == [10] && used(&i, "n1") == [8, 0]
+    })
+    .await;
+    env.ext.stop().await;
+}

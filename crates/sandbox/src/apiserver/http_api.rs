@@ -168,9 +168,12 @@ async fn handle(
         Some(FaultAction::ApplyLate(delay)) => {
             // A task of its own, so a client that hangs up cannot cancel the late write.
             let (tx, rx) = tokio::sync::oneshot::channel();
+            shared.controls().late_in_flight += 1;
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
-                let _ = tx.send(route(&shared, &request));
+                let response = route(&shared, &request);
+                shared.controls().late_in_flight -= 1;
+                let _ = tx.send(response);
             });
             rx.await
                 .map_err(|_| std::io::Error::other("the late apply task ended without an answer"))

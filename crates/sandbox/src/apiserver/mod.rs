@@ -157,6 +157,7 @@ struct Controls {
     denied: Vec<(String, String)>,
     watches: Vec<(u64, OpenWatch)>,
     next_watch_id: u64,
+    late_in_flight: usize,
 }
 
 /// State shared by the server tasks and the handles.
@@ -276,6 +277,7 @@ impl ApiServer {
                 denied: Vec::new(),
                 watches: Vec::new(),
                 next_watch_id: 0,
+                late_in_flight: 0,
             }),
             addr,
             shutdown,
@@ -439,6 +441,11 @@ impl ApiServer {
         if fault.times > 0 {
             controls.faults.push(fault);
         }
+    }
+
+    /// How many requests held by [`FaultAction::ApplyLate`] have not been applied yet.
+    pub fn late_in_flight(&self) -> usize {
+        self.shared().controls().late_in_flight
     }
 
     /// Removes every pending fault.
