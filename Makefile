@@ -6,7 +6,7 @@ STATIC_BIN := target/$(MUSL_TARGET)/release/gpushare
 GLIBC_TARGET := x86_64-unknown-linux-gnu.2.17
 CI_FLAGS := $(if $(CI),--locked,)
 
-.PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup
+.PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup soak
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -19,6 +19,11 @@ demo: ## run the self-contained demo (sandbox cluster, extender, device plugin, 
 
 test: ## unit + integration tests (no cluster, no GPU needed)
 	$(CARGO) test $(CI_FLAGS) --workspace --all-targets
+
+SOAK_PODS ?= 2000
+SOAK_NODES ?= 50
+soak: ## 2,000 pods bound and deleted over 50 nodes under random API faults, a re-list every ~500 events and one extender restart; prints the counts (SOAK_PODS, SOAK_NODES, SOAK_SEED)
+	SOAK_PODS=$(SOAK_PODS) SOAK_NODES=$(SOAK_NODES) $(CARGO) test $(CI_FLAGS) --test it soak:: -- --ignored --nocapture
 
 test-cluster: ## tests against a real cluster (needs KUBECONFIG)
 	$(CARGO) test $(CI_FLAGS) --test it -- --ignored cluster_

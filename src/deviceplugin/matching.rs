@@ -182,7 +182,7 @@ pub fn find_match<'a>(
                 container: next.name.clone(),
                 units,
                 gpu_index,
-                pod_total: request.total(),
+                pod_total: crate::core::pod_holding(Some(request), ann),
                 allocated_after,
                 complete,
             },

@@ -34,7 +34,7 @@ use kube::api::{Api, PostParams};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::cache::{ReserveError, Reservation};
+use super::cache::{Reservation, ReserveError};
 use super::filter::pod_request;
 use super::metrics::SettleLabels;
 use super::state::ExtenderState;
@@ -236,7 +236,10 @@ pub async fn bind(state: &Arc<ExtenderState>, args: &BindingArgs) -> Result<Stri
             && let Some(p) = state.cache().pod_placement(&uid)
             && p.node == *node
         {
-            return Ok(format!("pod {ns}/{name} is bound to node {node} on GPU {}", p.gpu));
+            return Ok(format!(
+                "pod {ns}/{name} is bound to node {node} on GPU {}",
+                p.gpu
+            ));
         }
         return Err(format!("pod {ns}/{name} is already bound to node {bound}"));
     }
@@ -250,29 +253,26 @@ pub async fn bind(state: &Arc<ExtenderState>, args: &BindingArgs) -> Result<Stri
     if state.cache().slot(node).is_none() {
         return Err(format!("the node {node} is not for GPU share"));
     }
-    let reservation = match state.cache().reserve(
-        &uid,
-        ns,
-        name,
-        node,
-        request,
-        state.config().gpu_policy,
-    ) {
-        Ok(r) => r,
-        Err(e @ ReserveError::AlreadyPlaced { .. }) => {
-            // Another bind of the same pod won the race to reserve: attach to it.
-            return match state.binds().get(&uid) {
-                Some(ticket) => attach(ticket, ns, name, node, deadline).await,
-                None => Err(e.to_string()),
-            };
-        }
-        Err(ReserveError::NoFit(reason)) => {
-            return Err(format!(
-                "The node {node} can't place the pod {name} in ns {ns}: {reason}"
-            ));
-        }
-        Err(other) => return Err(other.to_string()),
-    };
+    let reservation =
+        match state
+            .cache()
+            .reserve(&uid, ns, name, node, request, state.config().gpu_policy)
+        {
+            Ok(r) => r,
+            Err(e @ ReserveError::AlreadyPlaced { .. }) => {
+                // Another bind of the same pod won the race to reserve: attach to it.
+                return match state.binds().get(&uid) {
+                    Some(ticket) => attach(ticket, ns, name, node, deadline).await,
+                    None => Err(e.to_string()),
+                };
+            }
+            Err(ReserveError::NoFit(reason)) => {
+                return Err(format!(
+                    "The node {node} can't place the pod {name} in ns {ns}: {reason}"
+                ));
+            }
+            Err(other) => return Err(other.to_string()),
+        };
     let (tx, rx) = watch::channel(Outcome::Running);
     state.binds().lock().insert(
         uid.clone(),
@@ -439,7 +439,10 @@ async fn settle(job: &Job, deadline: Instant, tx: &watch::Sender<Outcome>) {
                         cache.confirm(&job.uid, token);
                         finish_bound(job, tx);
                     }
-                    Attempt::Refused { why, definitive: true } => {
+                    Attempt::Refused {
+                        why,
+                        definitive: true,
+                    } => {
                         release(job, tx, &why, false);
                         return Ok(());
                     }
@@ -542,7 +545,9 @@ async fn attempt(job: &Job, deadline: Instant) -> Attempt {
                 let pod = job.pods.get_opt(name).await.map_err(CallError::Kube)?;
                 let Some(pod) = pod.filter(|p| p.metadata.uid.as_deref() == Some(uid.as_str()))
                 else {
-                    return Err(CallError::Definitive("the pod was deleted or replaced".into()));
+                    return Err(CallError::Definitive(
+                        "the pod was deleted or replaced".into(),
+                    ));
                 };
                 match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
                     // Bound here already: by an earlier round of ours, after its own patch.
@@ -623,7 +628,9 @@ async fn attempt(job: &Job, deadline: Instant) -> Attempt {
             definitive: true,
         },
         Err(e @ CallError::Timeout) => Attempt::Unknown(e.describe(&what)),
-        Err(e) if in_doubt.load(std::sync::atomic::Ordering::Relaxed) => Attempt::Unknown(e.describe(&what)),
+        Err(e) if in_doubt.load(std::sync::atomic::Ordering::Relaxed) => {
+            Attempt::Unknown(e.describe(&what))
+        }
         Err(e) => Attempt::Refused {
             why: e.describe(&what),
             definitive: false,

@@ -928,7 +928,10 @@ mod tests {
         c.apply_node("b", gpus(&[16]));
         c.observe_pod(facts("p", "a", 0, 4));
         c.observe_pod(facts("q", "a", 0, 4));
-        assert_eq!(c.retain_pods(&HashSet::from(["q".to_string()]), c.relist_mark()), 1);
+        assert_eq!(
+            c.retain_pods(&HashSet::from(["q".to_string()]), c.relist_mark()),
+            1
+        );
         assert_eq!(used(&c, "a"), [4]);
         c.retain_nodes(&HashSet::from(["a".to_string()]));
         assert_eq!(c.node_names(), ["a"]);

@@ -45,15 +45,31 @@ enum Outcome {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Create { mem: u64 },
-    Bind { pod: usize, node: usize, outcome: Outcome },
-    LandLate { pod: usize },
-    Watch { events: usize },
+    Create {
+        mem: u64,
+    },
+    Bind {
+        pod: usize,
+        node: usize,
+        outcome: Outcome,
+    },
+    LandLate {
+        pod: usize,
+    },
+    Watch {
+        events: usize,
+    },
     RelistStart,
     RelistEnd,
-    Owner { pod: usize },
-    Delete { pod: usize },
-    Finish { pod: usize },
+    Owner {
+        pod: usize,
+    },
+    Delete {
+        pod: usize,
+    },
+    Finish {
+        pod: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {

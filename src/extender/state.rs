@@ -13,8 +13,8 @@ use tokio::sync::watch;
 
 use super::bind::BindOwners;
 use super::cache::Cache;
-use super::sync::WatchHealth;
 use super::metrics::Metrics;
+use super::sync::WatchHealth;
 use crate::admin::AdminState;
 use crate::config::ExtenderConfig;
 use crate::shutdown::Shutdown;

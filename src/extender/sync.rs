@@ -25,10 +25,10 @@ use tokio::time::Instant;
 
 use super::cache::{Placement, PodFacts};
 use super::state::ExtenderState;
-use crate::core::{AnnotationError, PodState, pod_holding};
 use crate::core::wire::{
     UNHEALTHY_CONFIGMAP_KEY, UNHEALTHY_CONFIGMAP_NAMESPACE, UNHEALTHY_CONFIGMAP_PREFIX,
 };
+use crate::core::{AnnotationError, PodState, pod_holding};
 use crate::k8s::{WatchedPod, node_gpus, pod_annotations, pod_gpu_request, pod_is_terminal};
 use crate::shutdown::Shutdown;
 
@@ -142,7 +142,10 @@ pub fn spawn(state: Arc<ExtenderState>, shutdown: Shutdown) -> Vec<tokio::task::
         tx.clone(),
         shutdown.clone(),
     )));
-    tasks.push(tokio::spawn(monitor_staleness(state.clone(), shutdown.clone())));
+    tasks.push(tokio::spawn(monitor_staleness(
+        state.clone(),
+        shutdown.clone(),
+    )));
     tasks.push(tokio::spawn(watch_configmaps(state, tx, shutdown)));
     tasks
 }
@@ -473,12 +476,23 @@ mod tests {
         );
         let mut b = base.clone();
         b["metadata"]["annotations"]["ALIYUN_COM_GPU_MEM_POD"] = "7".into();
-        assert_eq!(pod_facts_of(&pod(b)).unwrap().placement.unwrap().mem.units(), 7);
+        assert_eq!(
+            pod_facts_of(&pod(b))
+                .unwrap()
+                .placement
+                .unwrap()
+                .mem
+                .units(),
+            7
+        );
         // An absurd recorded value is counted as bad and read as absent.
         let mut b = base.clone();
         b["metadata"]["annotations"]["ALIYUN_COM_GPU_MEM_POD"] = "18446744073709551615".into();
         let mut bad = Vec::new();
-        let p = pod_facts(&pod(b), |e| bad.push(e.key)).unwrap().placement.unwrap();
+        let p = pod_facts(&pod(b), |e| bad.push(e.key))
+            .unwrap()
+            .placement
+            .unwrap();
         assert_eq!((p.mem.units(), bad), (5, vec!["ALIYUN_COM_GPU_MEM_POD"]));
         // Falls back to the spec's request without the POD annotation.
         let mut b = base.clone();

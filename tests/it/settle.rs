@@ -226,7 +226,10 @@ async fn a_binding_that_lands_after_the_bind_timeout_keeps_its_memory() {
     );
     let (s, r) = bind(env.addr(), &p, "n1").await;
     assert_eq!(s, 500, "{r}");
-    assert!(r["Error"].as_str().unwrap_or("").contains("timed out"), "{r}");
+    assert!(
+        r["Error"].as_str().unwrap_or("").contains("timed out"),
+        "{r}"
+    );
     // While the slow Binding is still on its way, nobody else gets that memory.
     let q = create(&env.api, pod("q", "10"));
     let (s, r) = filter(env.addr(), &q, &["n1"]).await;
@@ -271,7 +274,8 @@ async fn a_scheduler_hanging_up_mid_bind_cancels_nothing_and_retries_attach() {
         FaultAction::ApplyLate(Duration::from_millis(800)),
     ));
     // The scheduler's httpTimeout is shorter than the bind: it hangs up.
-    let hung_up = tokio::time::timeout(Duration::from_millis(150), bind(env.addr(), &p, "n1")).await;
+    let hung_up =
+        tokio::time::timeout(Duration::from_millis(150), bind(env.addr(), &p, "n1")).await;
     assert!(hung_up.is_err(), "the client gave up first");
     // Its retry attaches to the bind still running and gets its outcome.
     let (s, r) = bind(env.addr(), &p, "n1").await;
@@ -305,8 +309,7 @@ async fn a_scheduler_hanging_up_mid_bind_cancels_nothing_and_retries_attach() {
     let _ = tokio::time::timeout(Duration::from_millis(100), bind(env.addr(), &d, "n1")).await;
     env.api.delete_object("pods", Some("default"), "d").unwrap();
     eventually("d's reservation released", || async {
-        used(&inspect(env.addr()).await, "n1") == [12]
-            && env.ext.state().binds().is_empty()
+        used(&inspect(env.addr()).await, "n1") == [12] && env.ext.state().binds().is_empty()
     })
     .await;
     env.ext.stop().await;
@@ -355,9 +358,10 @@ async fn a_relist_keeps_reservations_newer_than_its_snapshot() {
     assert_eq!(s, 200, "{r}");
     let watches_before = pod_watches(&env.api);
 
-    eventually("the re-list is applied and the next watch asked for", || async {
-        pod_watches(&env.api) > watches_before
-    })
+    eventually(
+        "the re-list is applied and the next watch asked for",
+        || async { pod_watches(&env.api) > watches_before },
+    )
     .await;
     // The watch has not shown p yet; its reservation must still count.
     assert_eq!(used(&inspect(env.addr()).await, "n1"), [10]);
@@ -438,10 +442,16 @@ async fn bind_writes_a_clean_slate() {
     assert_eq!(s, 200, "{r}");
     let a = annotations(&env.api, "copy");
     assert!(!a.contains_key("gpushare.io/allocated-containers"), "{a:?}");
-    assert!(!a.contains_key("scheduler.framework.gpushare.allocation"), "{a:?}");
+    assert!(
+        !a.contains_key("scheduler.framework.gpushare.allocation"),
+        "{a:?}"
+    );
     assert_eq!(a["ALIYUN_COM_GPU_MEM_ASSIGNED"], "false");
     assert_eq!(a["ALIYUN_COM_GPU_MEM_IDX"], "0");
-    assert_eq!(a["keep.example.com/mine"], "yes", "foreign annotations stay");
+    assert_eq!(
+        a["keep.example.com/mine"], "yes",
+        "foreign annotations stay"
+    );
     env.ext.stop().await;
 }
 
@@ -518,8 +528,11 @@ async fn absurd_annotation_values_are_bounded_and_counted() {
         assert!(n["totalGPU"].as_u64().unwrap() <= max);
     }
     assert!(
-        metric(env.addr(), "gpushare_extender_bad_annotations_total{key=\"ALIYUN_COM_GPU_MEM_POD\"}")
-            .await
+        metric(
+            env.addr(),
+            "gpushare_extender_bad_annotations_total{key=\"ALIYUN_COM_GPU_MEM_POD\"}"
+        )
+        .await
             >= 1.0
     );
     env.ext.stop().await;
@@ -554,7 +567,10 @@ async fn a_watch_that_keeps_failing_makes_the_extender_unready() {
     assert!(why.contains("stale") && why.contains("pod watch"), "{why}");
     assert_eq!(filter(env.addr(), &p, &["n1"]).await.0, 503);
     assert_eq!(bind(env.addr(), &p, "n1").await.0, 503);
-    assert_eq!(metric(env.addr(), "gpushare_extender_ledger_stale").await, 1.0);
+    assert_eq!(
+        metric(env.addr(), "gpushare_extender_ledger_stale").await,
+        1.0
+    );
     assert!(metric(env.addr(), "gpushare_extender_watch_errors_total").await >= 1.0);
     // RBAC fixed: the watch resumes, the ledger is fresh again.
     env.api.clear_faults();

@@ -31,7 +31,7 @@ const GPU_UNITS: u64 = 16;
 const WORKERS: usize = 32;
 /// Live pods per worker before it deletes its oldest: keeps the cluster near full.
 const LIVE_PER_WORKER: usize = 20;
-const BIND_TIMEOUT_MS: u64 = 400;
+const BIND_TIMEOUT_MS: u64 = 1000;
 
 fn env_num(key: &str, default: u64) -> u64 {
     std::env::var(key)
@@ -94,7 +94,12 @@ async fn start(api: &ApiServer) -> ExtenderHandle {
 
 /// One request; `None` when the extender cannot be reached (restarting) or the client gave
 /// up after `patience`.
-async fn post(addr: SocketAddr, path: &str, body: &Value, patience: Duration) -> Option<(u16, Value)> {
+async fn post(
+    addr: SocketAddr,
+    path: &str,
+    body: &Value,
+    patience: Duration,
+) -> Option<(u16, Value)> {
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let req = http::Request::builder()
         .method(Method::POST)
@@ -119,8 +124,12 @@ fn annotated(api: &ApiServer) -> BTreeMap<(String, u64), u64> {
         let a = &p["metadata"]["annotations"];
         let (Some(node), Some(idx), Some(mem)) = (
             p["spec"]["nodeName"].as_str(),
-            a["ALIYUN_COM_GPU_MEM_IDX"].as_str().and_then(|v| v.parse().ok()),
-            a["ALIYUN_COM_GPU_MEM_POD"].as_str().and_then(|v| v.parse::<u64>().ok()),
+            a["ALIYUN_COM_GPU_MEM_IDX"]
+                .as_str()
+                .and_then(|v| v.parse().ok()),
+            a["ALIYUN_COM_GPU_MEM_POD"]
+                .as_str()
+                .and_then(|v| v.parse::<u64>().ok()),
         ) else {
             continue;
         };
@@ -156,7 +165,10 @@ async fn ledger(addr: SocketAddr) -> Option<BTreeMap<(String, u64), u64>> {
 
 fn assert_no_overcommit(api: &ApiServer) {
     for (gpu, used) in annotated(api) {
-        assert!(used <= GPU_UNITS, "GPU {gpu:?} over-committed in the API: {used}");
+        assert!(
+            used <= GPU_UNITS,
+            "GPU {gpu:?} over-committed in the API: {used}"
+        );
     }
 }
 
@@ -165,7 +177,7 @@ fn assert_no_overcommit(api: &ApiServer) {
 async fn soak_no_overcommit_under_random_faults() {
     let pods = env_num("SOAK_PODS", 2000) as usize;
     let nodes = env_num("SOAK_NODES", 50) as usize;
-    let seed = env_num("SOAK_SEED", 0x5eed_15);
+    let seed = env_num("SOAK_SEED", 0x005e_ed15);
     let started = std::time::Instant::now();
     let api = ApiServer::start().await.expect("sandbox API server starts");
     api.set_history_limit(200);
@@ -173,9 +185,11 @@ async fn soak_no_overcommit_under_random_faults() {
     for n in &names {
         let res = json!({"aliyun.com/gpu-mem": (GPUS_PER_NODE * GPU_UNITS).to_string(),
                          "aliyun.com/gpu-count": GPUS_PER_NODE.to_string()});
-        api.create_object(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n},
-            "status": {"capacity": res, "allocatable": res}}))
-            .expect("node created");
+        api.create_object(
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n},
+            "status": {"capacity": res, "allocatable": res}}),
+        )
+        .expect("node created");
     }
     let first = start(&api).await;
     let addr = Arc::new(RwLock::new(first.addr));
@@ -194,7 +208,11 @@ async fn soak_no_overcommit_under_random_faults() {
                 let rv = api.resource_version();
                 if rv >= last + 500 {
                     last = rv;
-                    api.inject(Fault::new(Some(Method::GET), "/api/v1/pods?", FaultAction::CutWatch));
+                    api.inject(Fault::new(
+                        Some(Method::GET),
+                        "/api/v1/pods?",
+                        FaultAction::CutWatch,
+                    ));
                     counts.relists.fetch_add(1, Ordering::Relaxed);
                 }
                 assert_no_overcommit(&api);
@@ -274,13 +292,20 @@ async fn soak_no_overcommit_under_random_faults() {
                     } else {
                         FaultAction::ApplyThenDrop
                     };
-                    api.inject(Fault::new(Some(Method::POST), format!("/pods/{name}/binding"), action));
+                    api.inject(Fault::new(
+                        Some(Method::POST),
+                        format!("/pods/{name}/binding"),
+                        action,
+                    ));
                     counts.dropped.fetch_add(1, Ordering::Relaxed);
                 }
                 let refs: Vec<&str> = names.iter().map(String::as_str).collect();
                 let mut placed = false;
                 for attempt in 0..40 {
-                    if api.get_object("pods", Some("default"), &name).is_some_and(|p| p["spec"]["nodeName"].is_string()) {
+                    if api
+                        .get_object("pods", Some("default"), &name)
+                        .is_some_and(|p| p["spec"]["nodeName"].is_string())
+                    {
                         placed = true;
                         break;
                     }
@@ -290,14 +315,23 @@ async fn soak_no_overcommit_under_random_faults() {
                     } else {
                         Duration::from_secs(30)
                     };
-                    let Some((200, r)) = post(a, "/gpushare-scheduler/filter",
-                        &json!({"Pod": pod, "NodeNames": refs}), Duration::from_secs(30)).await
+                    let Some((200, r)) = post(
+                        a,
+                        "/gpushare-scheduler/filter",
+                        &json!({"Pod": pod, "NodeNames": refs}),
+                        Duration::from_secs(30),
+                    )
+                    .await
                     else {
                         tokio::time::sleep(Duration::from_millis(20)).await;
                         continue;
                     };
-                    let passing: Vec<String> = r["NodeNames"].as_array().into_iter().flatten()
-                        .filter_map(|n| n.as_str().map(str::to_string)).collect();
+                    let passing: Vec<String> = r["NodeNames"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|n| n.as_str().map(str::to_string))
+                        .collect();
                     if passing.is_empty() {
                         // Full for now: make room, then try again.
                         if let Some(old) = live.pop_front() {
@@ -309,9 +343,14 @@ async fn soak_no_overcommit_under_random_faults() {
                     }
                     let pick = &passing[rng.below(passing.len() as u64) as usize];
                     counts.bind_calls.fetch_add(1, Ordering::Relaxed);
-                    let answer = post(a, "/gpushare-scheduler/bind",
+                    let answer = post(
+                        a,
+                        "/gpushare-scheduler/bind",
                         &json!({"PodName": name, "PodNamespace": "default",
-                                "PodUID": pod["metadata"]["uid"], "Node": pick}), patience).await;
+                                "PodUID": pod["metadata"]["uid"], "Node": pick}),
+                        patience,
+                    )
+                    .await;
                     if matches!(answer, Some((200, _))) {
                         placed = true;
                         break;

@@ -25,8 +25,11 @@ mod tests {
 
     fn request(app: u64, sidecar: u64) -> PodGpuRequest {
         let (a, s) = (app.to_string(), sidecar.to_string());
-        PodGpuRequest::from_containers([("app", Some(a.as_str()))], [("sc", Some(s.as_str()), true)])
-            .expect("valid limits")
+        PodGpuRequest::from_containers(
+            [("app", Some(a.as_str()))],
+            [("sc", Some(s.as_str()), true)],
+        )
+        .expect("valid limits")
     }
 
     fn recorded(pod_mem: Option<u64>) -> PodGpuAnnotations {
@@ -39,9 +42,15 @@ mod tests {
     #[test]
     fn the_larger_of_request_and_record_is_held() {
         // An old bind recorded 16 without the 4-unit sidecar: 20 is held.
-        assert_eq!(pod_holding(Some(&request(16, 4)), &recorded(Some(16))).units(), 20);
+        assert_eq!(
+            pod_holding(Some(&request(16, 4)), &recorded(Some(16))).units(),
+            20
+        );
         // A record larger than the request (the spec changed under it) is kept.
-        assert_eq!(pod_holding(Some(&request(2, 1)), &recorded(Some(8))).units(), 8);
+        assert_eq!(
+            pod_holding(Some(&request(2, 1)), &recorded(Some(8))).units(),
+            8
+        );
         // Unreadable limits: the record alone.
         assert_eq!(pod_holding(None, &recorded(Some(6))).units(), 6);
         assert_eq!(pod_holding(None, &recorded(None)), GpuMem::ZERO);

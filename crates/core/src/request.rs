@@ -320,7 +320,10 @@ mod tests {
             10
         );
         // Plain init containers still take the max, not the sum.
-        assert_eq!(req(&[("app", "3")], &[("i1", "5", false), ("i2", "1", false)]), 5);
+        assert_eq!(
+            req(&[("app", "3")], &[("i1", "5", false), ("i2", "1", false)]),
+            5
+        );
         // Only sidecars: they all run together.
         assert_eq!(req(&[], &[("a", "3", true), ("b", "4", true)]), 7);
     }
