@@ -118,6 +118,14 @@ pub struct ExtenderConfig {
     /// Time budget of one bind including retries, in milliseconds (keep it under the
     /// scheduler's `httpTimeout`).
     pub bind_timeout_ms: u64,
+    /// How long a Binding whose outcome is unknown (timeout, lost answer) may still land, in
+    /// milliseconds: its reservation is kept, and the bind finished, until the API shows the
+    /// pod bound, gone or bound elsewhere, or it stays unbound this long (default 60 000, the
+    /// API server's own request timeout).
+    pub bind_settle_ms: u64,
+    /// A watch that keeps failing this long, in milliseconds, makes the ledger stale: the
+    /// scheduling verbs and `/readyz` answer 503 until it recovers (default 30 000).
+    pub watch_stale_after_ms: u64,
     /// Compete for a Lease; only the leader serves the scheduling verbs.
     pub leader_elect: bool,
     /// Name of the Lease.
@@ -144,6 +152,8 @@ impl Default for ExtenderConfig {
             tls_key: String::new(),
             max_body_bytes: 32 * 1024 * 1024,
             bind_timeout_ms: 4000,
+            bind_settle_ms: 60_000,
+            watch_stale_after_ms: 30_000,
             leader_elect: false,
             lease_name: "gpushare-schd-extender".to_string(),
             lease_namespace: "kube-system".to_string(),
@@ -775,6 +785,14 @@ impl Config {
                 "extender.bind_timeout_ms",
                 "must be above 0".to_string(),
             ));
+        }
+        for (key, ms) in [
+            ("extender.bind_settle_ms", e.bind_settle_ms),
+            ("extender.watch_stale_after_ms", e.watch_stale_after_ms),
+        ] {
+            if ms == 0 {
+                return Err(invalid(key, "must be above 0".to_string()));
+            }
         }
         if e.retry_period_secs == 0
             || e.renew_deadline_secs <= e.retry_period_secs

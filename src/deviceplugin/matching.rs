@@ -182,7 +182,7 @@ pub fn find_match<'a>(
                 container: next.name.clone(),
                 units,
                 gpu_index,
-                pod_total: request.total(),
+                pod_total: crate::core::pod_holding(Some(request), ann),
                 allocated_after,
                 complete,
             },
@@ -261,6 +261,7 @@ mod tests {
                 .map(|(n, m)| ContainerGpuRequest {
                     name: n.to_string(),
                     mem: GpuMem::new(*m),
+                    restartable: false,
                 })
                 .collect()
         };

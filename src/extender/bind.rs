@@ -1,28 +1,47 @@
 //! The bind verb: choose the pod's GPU on the chosen node, reserve it in the ledger, write the
 //! annotations, create the Binding, and say so in an Event.
 //!
-//! Binds to one node are serialised by that node's `bind_lock` (so the per-GPU check is
-//! authoritative); binds to different nodes run concurrently; filters never wait for a bind.
-//! The reservation is made BEFORE the API calls, so concurrent filters already see the memory
-//! as taken. Transient API errors are retried with backoff inside `extender.bind_timeout_ms`;
-//! when the bind fails for good the reservation is rolled back. A Binding answered 409 (for
-//! instance because an earlier attempt did land but its answer was lost) is checked against
-//! the pod: bound to our node means success.
+//! Every reservation has ONE owner: a task spawned for it ([`BindOwners`] lists the live
+//! ones), not the HTTP request, so a kube-scheduler that hangs up mid-bind cancels nothing.
+//! The request waits for the owner's first outcome within `extender.bind_timeout_ms`. The
+//! owner settles the reservation by what the API answers and shows, never by a timeout:
+//! - the Binding landed (or a 409 shows the pod bound to our node): confirmed; the ledger
+//!   keeps it until the watch shows the pod bound;
+//! - the API refused every try for certain (answered errors only, nothing in flight), or shows
+//!   the pod deleted, replaced or bound elsewhere: released;
+//! - otherwise (a try timed out, a connection dropped, an answer was lost) the outcome is
+//!   UNKNOWN: the reservation stays, and the owner reads the pod until the API settles it —
+//!   bound here (confirmed), gone or bound elsewhere (released), still unbound: it finishes
+//!   the bind itself (same GPU, same annotations; a 409 is checked against the pod), and
+//!   releases only once the pod has stayed unbound for `extender.bind_settle_ms` after the
+//!   last unknown try (past which the API server has given up on it too). Only a serving
+//!   replica writes; one that stopped leading only reads.
+//!
+//! A retried bind of a pod whose owner is still at work attaches to that owner's outcome
+//! instead of answering "already holds GPU"; a retried bind of a pod already bound to the
+//! same node answers success. Reservations are atomic in the ledger, so binds to one node
+//! run concurrently without over-committing; filters never wait for a bind. The annotation
+//! patch writes a clean slate: our annotations that the bind does not set (left by another
+//! pod this one was copied from) are removed.
 
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::cache::ReserveError;
+use super::cache::{Reservation, ReserveError};
 use super::filter::pod_request;
+use super::metrics::SettleLabels;
 use super::state::ExtenderState;
 use super::wire::BindingArgs;
-use crate::core::PodGpuAnnotations;
+use crate::core::{GpuMem, PodGpuAnnotations};
 use crate::k8s::events::{Severity, pod_reference};
 use crate::k8s::retry::{RetryError, Transient, retry_until};
-use crate::k8s::write::{bind_pod, now_ns, patch_pod_annotations};
+use crate::k8s::write::{bind_pod, now_ns, patch_pod_annotation_changes};
 
 /// Event reason of a successful bind.
 pub const REASON_BOUND: &str = "GpuShareBound";
@@ -34,8 +53,8 @@ pub const REASON_FAILED: &str = "GpuShareBindFailed";
 enum CallError {
     /// The API answered with an error (or the connection failed).
     Kube(kube::Error),
-    /// A condition that no retry can fix.
-    Permanent(String),
+    /// The pod's state rules the bind out for certain (deleted, replaced, bound elsewhere).
+    Definitive(String),
     /// The bind's time budget ran out.
     Timeout,
 }
@@ -47,7 +66,7 @@ impl CallError {
     fn describe(&self, what: &str) -> String {
         match self {
             CallError::Kube(e) => format!("{what}: {e}"),
-            CallError::Permanent(m) => format!("{what}: {m}"),
+            CallError::Definitive(m) => format!("{what}: {m}"),
             CallError::Timeout => format!("{what}: timed out (extender.bind_timeout_ms)"),
         }
     }
@@ -57,6 +76,11 @@ impl Transient for CallError {
     fn is_transient(&self) -> bool {
         matches!(self, CallError::Kube(k) if k.is_transient())
     }
+}
+
+/// Whether a failed call may nevertheless have reached the API server and been applied.
+fn may_have_landed(e: &kube::Error) -> bool {
+    !matches!(e, kube::Error::Api(_))
 }
 
 /// Runs `op` until it succeeds, fails for good, or the deadline passes (the one retry loop,
@@ -84,8 +108,105 @@ where
     })
 }
 
+/// What the owner of a bind has found out so far.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Still trying.
+    Running,
+    /// Bound to the node (the message for the scheduler).
+    Bound(String),
+    /// Certainly not bound by us; the reservation is released.
+    Failed(String),
+    /// The budget ran out with the outcome unknown; the owner keeps settling it.
+    Unknown(String),
+}
+
+impl Outcome {
+    fn is_final(&self) -> bool {
+        matches!(self, Outcome::Bound(_) | Outcome::Failed(_))
+    }
+}
+
+/// One live owner, as a retried bind finds it.
+#[derive(Clone, Debug)]
+struct Ticket {
+    node: String,
+    token: u64,
+    outcome: watch::Receiver<Outcome>,
+}
+
+/// The owners of reservations still settling, by pod UID.
+#[derive(Debug, Default)]
+pub struct BindOwners {
+    tickets: Mutex<HashMap<String, Ticket>>,
+}
+
+impl BindOwners {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Ticket>> {
+        self.tickets.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn get(&self, uid: &str) -> Option<Ticket> {
+        self.lock().get(uid).cloned()
+    }
+
+    fn remove(&self, uid: &str, token: u64) {
+        let mut t = self.lock();
+        if t.get(uid).is_some_and(|x| x.token == token) {
+            t.remove(uid);
+        }
+    }
+
+    /// How many reservations are still owned by a running task.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether no bind is settling.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What one round of writes achieved.
+#[derive(Debug)]
+enum Attempt {
+    /// The Binding landed (or the pod is bound to our node).
+    Bound,
+    /// Nothing of this round can land. `definitive`: the pod's state rules out any earlier
+    /// round landing too (deleted, replaced, bound elsewhere).
+    Refused { why: String, definitive: bool },
+    /// A Binding may or may not have landed.
+    Unknown(String),
+}
+
+/// Everything the owner needs.
+struct Job {
+    state: Arc<ExtenderState>,
+    pods: Api<Pod>,
+    pod: Pod,
+    namespace: String,
+    name: String,
+    uid: String,
+    node: String,
+    request: GpuMem,
+    reservation: Reservation,
+}
+
+impl Job {
+    fn bound_message(&self) -> String {
+        format!(
+            "assigned GPU {} ({} {} of {})",
+            self.reservation.gpu,
+            self.request,
+            unit_name(&self.state, &self.node),
+            self.reservation.device_total
+        )
+    }
+}
+
 /// Binds the pod; `Err` carries the message for `{"Error": ...}` (HTTP 500).
-pub async fn bind(state: &ExtenderState, args: &BindingArgs) -> Result<String, String> {
+pub async fn bind(state: &Arc<ExtenderState>, args: &BindingArgs) -> Result<String, String> {
     let deadline = Instant::now() + Duration::from_millis(state.config().bind_timeout_ms.max(1));
     let (ns, name, node) = (&args.pod_namespace, &args.pod_name, &args.node);
     let pods: Api<Pod> = Api::namespaced(state.client().clone(), ns);
@@ -103,9 +224,22 @@ pub async fn bind(state: &ExtenderState, args: &BindingArgs) -> Result<String, S
             args.pod_uid
         ));
     }
+    if let Some(ticket) = state.binds().get(&uid) {
+        return attach(ticket, ns, name, node, deadline).await;
+    }
     if let Some(bound) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
         && !bound.is_empty()
     {
+        // A retry of a bind that did land: the same answer again.
+        if bound == node.as_str()
+            && let Some(p) = state.cache().pod_placement(&uid)
+            && p.node == *node
+        {
+            return Ok(format!(
+                "pod {ns}/{name} is bound to node {node} on GPU {}",
+                p.gpu
+            ));
+        }
         return Err(format!("pod {ns}/{name} is already bound to node {bound}"));
     }
     let request = pod_request(&pod).map_err(|e| format!("pod {ns}/{name}: {e}"))?;
@@ -115,97 +249,362 @@ pub async fn bind(state: &ExtenderState, args: &BindingArgs) -> Result<String, S
             crate::core::wire::RESOURCE_GPU_MEM
         ));
     }
-    let slot = state
-        .cache()
-        .slot(node)
-        .ok_or_else(|| format!("the node {node} is not for GPU share"))?;
-    let _node_guard = tokio::time::timeout_at(deadline, slot.bind_lock.lock())
-        .await
-        .map_err(|_| format!("timed out waiting for other binds to node {node}"))?;
-
-    let reservation = state
-        .cache()
-        .reserve(&uid, ns, name, node, request, state.config().gpu_policy)
-        .map_err(|e| match e {
-            ReserveError::NoFit(reason) => {
-                format!("The node {node} can't place the pod {name} in ns {ns}: {reason}")
+    if state.cache().slot(node).is_none() {
+        return Err(format!("the node {node} is not for GPU share"));
+    }
+    let reservation =
+        match state
+            .cache()
+            .reserve(&uid, ns, name, node, request, state.config().gpu_policy)
+        {
+            Ok(r) => r,
+            Err(e @ ReserveError::AlreadyPlaced { .. }) => {
+                // Another bind of the same pod won the race to reserve: attach to it.
+                return match state.binds().get(&uid) {
+                    Some(ticket) => attach(ticket, ns, name, node, deadline).await,
+                    None => Err(e.to_string()),
+                };
             }
-            other => other.to_string(),
-        })?;
-    let gpu = reservation.gpu;
-    let result = write_and_bind(
-        state,
-        &pods,
-        args,
-        &uid,
-        gpu,
+            Err(ReserveError::NoFit(reason)) => {
+                return Err(format!(
+                    "The node {node} can't place the pod {name} in ns {ns}: {reason}"
+                ));
+            }
+            Err(other) => return Err(other.to_string()),
+        };
+    let (tx, rx) = watch::channel(Outcome::Running);
+    state.binds().lock().insert(
+        uid.clone(),
+        Ticket {
+            node: node.clone(),
+            token: reservation.token,
+            outcome: rx.clone(),
+        },
+    );
+    let job = Job {
+        state: state.clone(),
+        pods,
+        pod,
+        namespace: ns.clone(),
+        name: name.clone(),
+        uid,
+        node: node.clone(),
         request,
-        reservation.device_total,
-        deadline,
-    )
+        reservation,
+    };
+    tokio::spawn(own(job, deadline, tx));
+    wait_for(rx, deadline, |o| *o != Outcome::Running)
+        .await
+        .unwrap_or_else(|| {
+            Err(format!(
+                "binding pod {ns}/{name} to node {node}: timed out (extender.bind_timeout_ms); \
+                 the outcome is unknown and the extender settles it by reading the API"
+            ))
+        })
+}
+
+/// Waits until `done` holds for the owner's outcome, or the deadline; maps it to an answer.
+async fn wait_for(
+    mut rx: watch::Receiver<Outcome>,
+    deadline: Instant,
+    done: impl Fn(&Outcome) -> bool,
+) -> Option<Result<String, String>> {
+    let waited = tokio::time::timeout_at(deadline, async {
+        rx.wait_for(|o| done(o)).await.map(|o| o.clone()).ok()
+    })
     .await;
-    match result {
-        Ok(()) => {
-            state.cache().confirm(&uid);
-            let msg = format!(
-                "assigned GPU {gpu} ({request} {} of {})",
-                unit_name(state, node),
-                reservation.device_total
-            );
-            emit_event(state, &pod, REASON_BOUND, &msg, Severity::Normal);
-            Ok(msg)
-        }
-        Err(why) => {
-            state.cache().rollback(&uid, node, gpu);
-            emit_event(state, &pod, REASON_FAILED, &why, Severity::Warning);
-            Err(why)
-        }
+    let outcome = match waited {
+        Ok(Some(o)) => o,
+        // The owner is gone: its last word stands.
+        Ok(None) => rx.borrow().clone(),
+        Err(_) => return None,
+    };
+    match outcome {
+        Outcome::Bound(msg) => Some(Ok(msg)),
+        Outcome::Failed(why) | Outcome::Unknown(why) => Some(Err(why)),
+        Outcome::Running => None,
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn write_and_bind(
-    state: &ExtenderState,
-    pods: &Api<Pod>,
-    args: &BindingArgs,
-    uid: &str,
-    gpu: u32,
-    request: crate::core::GpuMem,
-    device_total: crate::core::GpuMem,
+/// A retried bind of a pod whose owner still works: the owner's outcome answers it.
+async fn attach(
+    ticket: Ticket,
+    ns: &str,
+    name: &str,
+    node: &str,
     deadline: Instant,
-) -> Result<(), String> {
-    let (ns, name, node) = (&args.pod_namespace, &args.pod_name, &args.node);
-    let client = state.client();
-    let patch = PodGpuAnnotations::bind_patch(gpu, request, device_total, now_ns());
-    with_retry(state, deadline, || async {
-        patch_pod_annotations(client, ns, name, &patch)
-            .await
-            .map(|_| ())
-            .map_err(CallError::Kube)
-    })
-    .await
-    .map_err(|e| {
-        if e.is_not_found() {
-            format!("pod {ns}/{name} was deleted during bind")
-        } else {
-            e.describe(&format!("annotating pod {ns}/{name}"))
+) -> Result<String, String> {
+    let answer = wait_for(ticket.outcome, deadline, Outcome::is_final).await;
+    match answer {
+        Some(Ok(msg)) if ticket.node == node => Ok(msg),
+        Some(Ok(_)) => Err(format!(
+            "pod {ns}/{name} is already bound to node {}",
+            ticket.node
+        )),
+        Some(Err(why)) => Err(why),
+        None => Err(format!(
+            "an earlier bind of pod {ns}/{name} to node {} has an unknown outcome; \
+             the extender is settling it by reading the API",
+            ticket.node
+        )),
+    }
+}
+
+/// The owner of one reservation: first round within the request's budget, then — if the
+/// outcome is unknown — settles it by reading the API (see the module documentation).
+async fn own(job: Job, deadline: Instant, tx: watch::Sender<Outcome>) {
+    let state = job.state.clone();
+    let stop = state.shutdown().clone();
+    tokio::select! {
+        _ = stop.wait() => {}
+        _ = settle(&job, deadline, &tx) => {}
+    }
+    state.binds().remove(&job.uid, job.reservation.token);
+}
+
+async fn settle(job: &Job, deadline: Instant, tx: &watch::Sender<Outcome>) {
+    let state = &job.state;
+    let cache = state.cache();
+    let token = job.reservation.token;
+    let first = match attempt(job, deadline).await {
+        Attempt::Bound => {
+            cache.confirm(&job.uid, token);
+            let msg = job.bound_message();
+            emit_event(state, &job.pod, REASON_BOUND, &msg, Severity::Normal);
+            tx.send_replace(Outcome::Bound(msg));
+            None
         }
-    })?;
-    with_retry(state, deadline, || async {
-        match bind_pod(client, ns, name, uid, node).await {
+        Attempt::Refused { why, .. } => {
+            cache.release(&job.uid, token);
+            emit_event(state, &job.pod, REASON_FAILED, &why, Severity::Warning);
+            tx.send_replace(Outcome::Failed(why));
+            return;
+        }
+        Attempt::Unknown(why) => {
+            state.metrics().bind_unknown.inc();
+            tracing::warn!(
+                pod = %format!("{}/{}", job.namespace, job.name), node = %job.node,
+                "bind outcome unknown ({why}); keeping the reservation and settling it by reading the API"
+            );
+            tx.send_replace(Outcome::Unknown(why));
+            Some(Instant::now())
+        }
+    };
+    let last_unknown = Mutex::new(first);
+    let settle_window = Duration::from_millis(state.config().bind_settle_ms);
+    let call_budget = Duration::from_millis(state.config().bind_timeout_ms.max(1));
+    // Polls until the reservation ends: the watch shows the pod (observed, deleted), or the
+    // API read here settles it. Each poll is one step of the one retry loop.
+    let step = || async {
+        if !cache.holds(&job.uid, token) {
+            return Ok(());
+        }
+        let read = tokio::time::timeout(call_budget, job.pods.get_opt(&job.name)).await;
+        let Ok(Ok(pod)) = read else {
+            return Err(Pending);
+        };
+        let pod = pod.filter(|p| p.metadata.uid.as_deref() == Some(job.uid.as_str()));
+        let bound_to = pod
+            .as_ref()
+            .and_then(|p| p.spec.as_ref())
+            .and_then(|s| s.node_name.clone())
+            .filter(|n| !n.is_empty());
+        let finished = pod.as_ref().is_some_and(crate::k8s::pod_is_terminal);
+        match (pod.is_some(), bound_to) {
+            (true, Some(n)) if n == job.node && !finished => {
+                // Bound here: confirmed; the watch turns it into an observed pod.
+                if !tx.borrow().is_final() {
+                    finish_bound(job, tx);
+                }
+                cache.confirm(&job.uid, token);
+                Err(Pending)
+            }
+            (true, None) if !finished => {
+                let since = *last_unknown.lock().unwrap_or_else(|p| p.into_inner());
+                if since.is_none_or(|t| t.elapsed() >= settle_window) {
+                    release(
+                        job,
+                        tx,
+                        "the pod stayed unbound after a bind of unknown outcome",
+                        false,
+                    );
+                    return Ok(());
+                }
+                if !state.is_serving() {
+                    return Err(Pending);
+                }
+                match attempt(job, Instant::now() + call_budget).await {
+                    Attempt::Bound => {
+                        cache.confirm(&job.uid, token);
+                        finish_bound(job, tx);
+                    }
+                    Attempt::Refused {
+                        why,
+                        definitive: true,
+                    } => {
+                        release(job, tx, &why, false);
+                        return Ok(());
+                    }
+                    Attempt::Refused { .. } => {}
+                    Attempt::Unknown(_) => {
+                        *last_unknown.lock().unwrap_or_else(|p| p.into_inner()) =
+                            Some(Instant::now());
+                    }
+                }
+                Err(Pending)
+            }
+            (true, Some(_)) if !finished => {
+                release(job, tx, "the pod is bound to another node", false);
+                Ok(())
+            }
+            _ => {
+                release(job, tx, "the pod is gone or finished", true);
+                Ok(())
+            }
+        }
+    };
+    // The owner lives as long as its reservation; a far deadline only bounds a stuck API.
+    let far = Instant::now() + Duration::from_secs(24 * 3600);
+    let _ = retry_until(far, |_| {}, step).await;
+}
+
+/// "Not settled yet": always worth another poll.
+#[derive(Debug)]
+struct Pending;
+
+impl Transient for Pending {
+    fn is_transient(&self) -> bool {
+        true
+    }
+}
+
+fn finish_bound(job: &Job, tx: &watch::Sender<Outcome>) {
+    let msg = job.bound_message();
+    job.state
+        .metrics()
+        .settled
+        .get_or_create(&SettleLabels { outcome: "bound" })
+        .inc();
+    emit_event(&job.state, &job.pod, REASON_BOUND, &msg, Severity::Normal);
+    tx.send_replace(Outcome::Bound(msg));
+}
+
+/// Releases the reservation; `gone`: the API showed the pod deleted or finished.
+fn release(job: &Job, tx: &watch::Sender<Outcome>, why: &str, gone: bool) {
+    let cache = job.state.cache();
+    let token = job.reservation.token;
+    let released = if gone {
+        cache.release_gone(&job.uid, token)
+    } else {
+        cache.release(&job.uid, token)
+    };
+    if released {
+        job.state
+            .metrics()
+            .settled
+            .get_or_create(&SettleLabels {
+                outcome: "released",
+            })
+            .inc();
+        tracing::info!(
+            pod = %format!("{}/{}", job.namespace, job.name), node = %job.node,
+            "reservation released: {why}"
+        );
+    }
+    if !tx.borrow().is_final() {
+        let why = format!(
+            "binding pod {}/{} to node {}: {why}",
+            job.namespace, job.name, job.node
+        );
+        emit_event(&job.state, &job.pod, REASON_FAILED, &why, Severity::Warning);
+        tx.send_replace(Outcome::Failed(why));
+    }
+}
+
+/// One round: the clean-slate annotation patch, then the Binding, retried within `deadline`.
+async fn attempt(job: &Job, deadline: Instant) -> Attempt {
+    let state = &job.state;
+    let (ns, name, node, uid) = (&job.namespace, &job.name, &job.node, &job.uid);
+    let client = state.client();
+    let r = job.reservation;
+    let patch = PodGpuAnnotations::bind_patch(r.gpu, job.request, r.device_total, now_ns());
+    // Fenced by the pod's resourceVersion: a slow patch of an earlier round (or of an
+    // earlier owner) can never land over this one, nor this one over a later write.
+    let seen = Mutex::new((
+        job.pod.metadata.annotations.clone(),
+        job.pod.metadata.resource_version.clone(),
+    ));
+    let patched = with_retry(state, deadline, || async {
+        let (annotations, rv) = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let changes = clean_slate(annotations.as_ref(), patch.clone());
+        match patch_pod_annotation_changes(client, ns, name, &changes, rv.as_deref()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                // The pod changed since it was read: read it again.
+                let pod = job.pods.get_opt(name).await.map_err(CallError::Kube)?;
+                let Some(pod) = pod.filter(|p| p.metadata.uid.as_deref() == Some(uid.as_str()))
+                else {
+                    return Err(CallError::Definitive(
+                        "the pod was deleted or replaced".into(),
+                    ));
+                };
+                match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+                    // Bound here already: by an earlier round of ours, after its own patch.
+                    Some(n) if n == node.as_str() => return Ok(()),
+                    Some(n) if !n.is_empty() => {
+                        return Err(CallError::Definitive(format!(
+                            "the pod is already bound to node {n}"
+                        )));
+                    }
+                    _ => {}
+                }
+                *seen.lock().unwrap_or_else(|p| p.into_inner()) =
+                    (pod.metadata.annotations, pod.metadata.resource_version);
+                Err(CallError::Kube(kube::Error::Api(s)))
+            }
+            Err(e) => Err(CallError::Kube(e)),
+        }
+    })
+    .await;
+    if let Err(e) = patched {
+        // No Binding was sent: nothing of this round can land.
+        return if let CallError::Definitive(_) = e {
+            Attempt::Refused {
+                why: e.describe(&format!("annotating pod {ns}/{name}")),
+                definitive: true,
+            }
+        } else if e.is_not_found() {
+            Attempt::Refused {
+                why: format!("pod {ns}/{name} was deleted during bind"),
+                definitive: true,
+            }
+        } else {
+            Attempt::Refused {
+                why: e.describe(&format!("annotating pod {ns}/{name}")),
+                definitive: false,
+            }
+        };
+    }
+    let in_doubt = std::sync::atomic::AtomicBool::new(false);
+    let bound = with_retry(state, deadline, || async {
+        let r = bind_pod(client, ns, name, uid, node).await;
+        if matches!(&r, Err(e) if may_have_landed(e)) {
+            in_doubt.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        match r {
             Ok(()) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 409 => {
-                // Maybe an earlier attempt landed: look at the pod.
-                let pod = pods.get_opt(name).await.map_err(CallError::Kube)?;
+                // Maybe an earlier try landed: look at the pod.
+                let pod = job.pods.get_opt(name).await.map_err(CallError::Kube)?;
                 let Some(pod) = pod else {
-                    return Err(CallError::Permanent("the pod was deleted".to_string()));
+                    return Err(CallError::Definitive("the pod was deleted".to_string()));
                 };
-                if pod.metadata.uid.as_deref() != Some(uid) {
-                    return Err(CallError::Permanent("the pod was replaced".to_string()));
+                if pod.metadata.uid.as_deref() != Some(uid.as_str()) {
+                    return Err(CallError::Definitive("the pod was replaced".to_string()));
                 }
                 match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
                     Some(n) if n == node.as_str() => Ok(()),
-                    Some(n) if !n.is_empty() => Err(CallError::Permanent(format!(
+                    Some(n) if !n.is_empty() => Err(CallError::Definitive(format!(
                         "the pod is already bound to node {n}"
                     ))),
                     _ => Err(CallError::Kube(kube::Error::Api(s))),
@@ -214,14 +613,44 @@ async fn write_and_bind(
             Err(e) => Err(CallError::Kube(e)),
         }
     })
-    .await
-    .map_err(|e| {
-        if e.is_not_found() {
-            format!("pod {ns}/{name} was deleted during bind")
-        } else {
-            e.describe(&format!("binding pod {ns}/{name} to node {node}"))
+    .await;
+    // A lost answer of an earlier try leaves the round in doubt even if the last was refused.
+    let what = format!("binding pod {ns}/{name} to node {node}");
+    match bound {
+        Ok(()) => Attempt::Bound,
+        Err(e @ CallError::Definitive(_)) => Attempt::Refused {
+            why: e.describe(&what),
+            definitive: true,
+        },
+        Err(e) if e.is_not_found() => Attempt::Refused {
+            why: format!("pod {ns}/{name} was deleted during bind"),
+            definitive: true,
+        },
+        Err(e @ CallError::Timeout) => Attempt::Unknown(e.describe(&what)),
+        Err(e) if in_doubt.load(std::sync::atomic::Ordering::Relaxed) => {
+            Attempt::Unknown(e.describe(&what))
         }
-    })
+        Err(e) => Attempt::Refused {
+            why: e.describe(&what),
+            definitive: false,
+        },
+    }
+}
+
+/// The bind's annotation changes: `patch`, and a removal of every annotation of ours the pod
+/// carries that the bind does not set (a pod created from another pod's YAML).
+pub fn clean_slate(
+    existing: Option<&BTreeMap<String, String>>,
+    patch: BTreeMap<String, String>,
+) -> BTreeMap<String, Option<String>> {
+    let mut changes: BTreeMap<String, Option<String>> =
+        patch.into_iter().map(|(k, v)| (k, Some(v))).collect();
+    for key in existing.into_iter().flat_map(|a| a.keys()) {
+        if crate::core::wire::is_our_pod_annotation(key) && !changes.contains_key(key) {
+            changes.insert(key.clone(), None);
+        }
+    }
+    changes
 }
 
 fn unit_name(state: &ExtenderState, node: &str) -> String {

@@ -5,13 +5,21 @@
 //!
 //! Locking: the node map is a `RwLock<HashMap<name, Arc<NodeSlot>>>` and every node has its
 //! own `RwLock<NodeEntry>`. Filter and prioritize take read locks only (map, then node) and
-//! never wait for a bind's API calls: a bind serialises with other binds of the same node
-//! through the node's async `bind_lock`, and holds the node's entry lock only for the moment
-//! it takes to choose and reserve a GPU. Every mutation takes the pod index lock first, then
-//! the map, then a node entry — one order, so no deadlock.
+//! never wait for a bind's API calls: a bind holds the node's entry lock only for the moment
+//! it takes to choose and reserve a GPU, so concurrent binds to one node each reserve what
+//! is still free. Every mutation takes the pod index lock first, then the map, then a node
+//! entry — one order, so no deadlock.
 //!
-//! A reservation made by bind is kept while the bind runs and until the watch shows the pod
-//! bound (or deleted), so a watch event that still shows the pod unbound cannot drop it.
+//! The settle rules. A record is either *observed* (the watch showed the pod bound with our
+//! annotations) or a *reservation* made by bind, identified by a token and owned by exactly
+//! one task (`bind`'s owner) that settles it by reading the API: it [`Cache::confirm`]s it
+//! when the Binding landed and [`Cache::release`]s it when the API shows the pod gone, bound
+//! elsewhere or finished, or the Binding was refused for certain. A reservation ends when the
+//! watch shows the pod bound (it becomes observed), deleted or finished, or by its owner —
+//! never by a timeout and never by a re-list: a re-list drops only observed pods it did not
+//! list again (their events are older than the list), because a reservation may be newer
+//! than the list's snapshot. A watch event that shows a pod unbound never removes anything:
+//! `spec.nodeName` is never unset, so such an event is older than what we know.
 //!
 //! This module does no I/O: `sync` feeds it from watches, `bind` from the API calls it makes.
 
@@ -70,8 +78,8 @@ pub struct PodFacts {
 enum Hold {
     /// Seen bound with a valid annotation in the watch.
     Observed,
-    /// Reserved by our bind; `in_flight` while the bind still runs.
-    Reserved { in_flight: bool },
+    /// Reserved by the bind with this token; `bound` once the Binding is known to have landed.
+    Reserved { token: u64, bound: bool },
 }
 
 #[derive(Debug, Clone)]
@@ -125,19 +133,16 @@ impl NodeEntry {
     }
 }
 
-/// A node's entry plus its bind lock.
+/// A node's entry.
 #[derive(Debug)]
 pub struct NodeSlot {
     entry: RwLock<NodeEntry>,
-    /// Serialises binds to this node (held across the bind's API calls).
-    pub bind_lock: tokio::sync::Mutex<()>,
 }
 
 impl NodeSlot {
     fn new() -> Arc<NodeSlot> {
         Arc::new(NodeSlot {
             entry: RwLock::new(NodeEntry::default()),
-            bind_lock: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -183,7 +188,7 @@ pub enum ReserveError {
     /// No GPU fits.
     #[error("{0}")]
     NoFit(String),
-    /// The pod already holds memory.
+    /// The pod already holds memory (seen bound, or reserved by a bind that still settles).
     #[error("pod {namespace}/{name} already holds GPU {gpu} on node {node}")]
     AlreadyPlaced {
         /// Namespace.
@@ -204,6 +209,17 @@ pub struct Reservation {
     pub gpu: u32,
     /// That GPU's total memory (the DEV annotation).
     pub device_total: GpuMem,
+    /// Identifies this reservation to its owner's [`Cache::confirm`] and [`Cache::release`].
+    pub token: u64,
+}
+
+/// What became of a reservation when its owner applied what the API showed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// Still this reservation (the pod is unbound, or bound here but not yet in the watch).
+    Held,
+    /// The record is no longer this reservation (observed by the watch, or released).
+    Ended,
 }
 
 /// Read-only view of one pod on a node.
@@ -282,6 +298,11 @@ pub struct CacheStats {
 pub struct Cache {
     pods: RwLock<HashMap<Uid, PodRecord>>,
     nodes: RwLock<HashMap<Arc<str>, Arc<NodeSlot>>>,
+    next_token: std::sync::atomic::AtomicU64,
+    /// Pods an owner saw gone or finished in the API before the watch did: a watch event
+    /// older than that read must not count them again. Cleared by the watch's own delete
+    /// (or a re-list begun after them that no longer lists them). Each with its stamp.
+    gone: RwLock<HashMap<Uid, u64>>,
 }
 
 impl Cache {
@@ -344,20 +365,21 @@ impl Cache {
     /// Applies what a pod event says. Returns whether the pod is now counted.
     pub fn observe_pod(&self, facts: PodFacts) -> bool {
         let mut pods = write(&self.pods);
+        if read(&self.gone).contains_key(facts.uid.as_str()) {
+            return false;
+        }
         let mut map = write(&self.nodes);
         let key: Uid = match pods.get_key_value(facts.uid.as_str()) {
             Some((k, _)) => k.clone(),
             None => Arc::from(facts.uid.as_str()),
         };
         let Some(p) = facts.placement else {
-            if let Some(rec) = pods.get(&key) {
-                // An unbound, unfinished pod is what our own bind is about to turn into a
-                // placement: keep its reservation. A settled one releases it.
-                if matches!(rec.hold, Hold::Reserved { .. }) && !facts.settled {
-                    return true;
-                }
-                let rec = rec.clone();
-                pods.remove(&key);
+            // An unbound, unfinished pod: an event older than what we know (a pod is never
+            // unbound again), or one our own bind is about to place. It changes nothing.
+            if !facts.settled {
+                return pods.contains_key(&key);
+            }
+            if let Some(rec) = pods.remove(&key) {
                 Self::unplace(&mut map, &key, &rec);
             }
             return false;
@@ -398,22 +420,34 @@ impl Cache {
     /// The pod is gone (watch delete): release whatever it held, reservations included.
     pub fn forget_pod(&self, uid: &str) {
         let mut pods = write(&self.pods);
+        write(&self.gone).remove(uid);
         if let Some((key, rec)) = pods.remove_entry(uid) {
             let mut map = write(&self.nodes);
             Self::unplace(&mut map, &key, &rec);
         }
     }
 
-    /// After a full re-list of pods: forget every pod not in `seen`, except reservations of
-    /// binds still running.
-    pub fn retain_pods(&self, seen: &HashSet<String>) -> usize {
+    /// A re-list of pods begins (before its list is asked for): the mark to hand to
+    /// [`Cache::retain_pods`] at its end.
+    pub fn relist_mark(&self) -> u64 {
+        self.tick()
+    }
+
+    fn tick(&self) -> u64 {
+        self.next_token
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1
+    }
+
+    /// After a full re-list of pods begun at `mark`: forget every observed pod not in `seen`.
+    /// Reservations stay whatever the list says: one may be newer than the list's snapshot,
+    /// and each has an owner that settles it by reading the API.
+    pub fn retain_pods(&self, seen: &HashSet<String>, mark: u64) -> usize {
         let mut pods = write(&self.pods);
         let mut map = write(&self.nodes);
         let gone: Vec<Uid> = pods
             .iter()
-            .filter(|(uid, rec)| {
-                !seen.contains(&***uid) && rec.hold != (Hold::Reserved { in_flight: true })
-            })
+            .filter(|(uid, rec)| !seen.contains(&***uid) && rec.hold == Hold::Observed)
             .map(|(uid, _)| uid.clone())
             .collect();
         for uid in &gone {
@@ -421,6 +455,8 @@ impl Cache {
                 Self::unplace(&mut map, uid, &rec);
             }
         }
+        // Gone before the list began and not listed: no older event can come any more.
+        write(&self.gone).retain(|uid, stamp| *stamp > mark || seen.contains(&**uid));
         gone.len()
     }
 
@@ -488,7 +524,8 @@ impl Cache {
         }
     }
 
-    /// Chooses a GPU of `node` for the pod and reserves it (as Assumed, bind in flight).
+    /// Chooses a GPU of `node` for the pod and reserves it (as Assumed); the caller owns the
+    /// reservation (its token) until it is confirmed-and-observed or released.
     pub fn reserve(
         &self,
         uid: &str,
@@ -524,6 +561,7 @@ impl Cache {
             .map(|g| g.total)
             .unwrap_or_default();
         let key: Uid = Arc::from(uid);
+        let token = self.tick();
         e.ledger.apply_pod(
             key.clone(),
             LedgerPod {
@@ -541,28 +579,44 @@ impl Cache {
                 state: PodState::Assumed,
                 namespace: namespace.into(),
                 name: name.into(),
-                hold: Hold::Reserved { in_flight: true },
+                hold: Hold::Reserved {
+                    token,
+                    bound: false,
+                },
             },
         );
-        Ok(Reservation { gpu, device_total })
+        Ok(Reservation {
+            gpu,
+            device_total,
+            token,
+        })
     }
 
-    /// The bind finished: keep the reservation until the watch shows the pod bound.
-    pub fn confirm(&self, uid: &str) {
+    /// The Binding landed: keep the reservation until the watch shows the pod bound.
+    pub fn confirm(&self, uid: &str, token: u64) {
         if let Some(rec) = write(&self.pods).get_mut(uid)
-            && rec.hold == (Hold::Reserved { in_flight: true })
+            && matches!(rec.hold, Hold::Reserved { token: t, .. } if t == token)
         {
-            rec.hold = Hold::Reserved { in_flight: false };
+            rec.hold = Hold::Reserved { token, bound: true };
         }
     }
 
-    /// The bind failed: drop the reservation if it is still the one made for it.
-    pub fn rollback(&self, uid: &str, node: &str, gpu: u32) -> bool {
+    /// Whether `uid`'s record is still the reservation `token`.
+    pub fn holds(&self, uid: &str, token: u64) -> bool {
+        read(&self.pods)
+            .get(uid)
+            .is_some_and(|rec| matches!(rec.hold, Hold::Reserved { token: t, .. } if t == token))
+    }
+
+    /// The API showed, for certain, that the reservation holds nothing (the pod is gone,
+    /// bound elsewhere, finished, or the Binding was refused): drop it if it is still
+    /// reservation `token`. Returns whether it was dropped.
+    pub fn release(&self, uid: &str, token: u64) -> bool {
         let mut pods = write(&self.pods);
-        let ours = pods.get(uid).is_some_and(|rec| {
-            matches!(rec.hold, Hold::Reserved { .. }) && *rec.node == *node && rec.gpu == gpu
-        });
-        if !ours {
+        if !pods
+            .get(uid)
+            .is_some_and(|rec| matches!(rec.hold, Hold::Reserved { token: t, .. } if t == token))
+        {
             return false;
         }
         if let Some((key, rec)) = pods.remove_entry(uid) {
@@ -570,6 +624,17 @@ impl Cache {
             Self::unplace(&mut map, &key, &rec);
         }
         true
+    }
+
+    /// The owner read the pod gone or finished: [`Cache::release`], and ignore older watch
+    /// events that still show it running until the watch shows its deletion.
+    pub fn release_gone(&self, uid: &str, token: u64) -> bool {
+        if !self.holds(uid, token) {
+            return false;
+        }
+        let stamp = self.tick();
+        write(&self.gone).insert(Arc::from(uid), stamp);
+        self.release(uid, token)
     }
 
     /// Where the pod `uid` is counted.
@@ -806,7 +871,7 @@ mod tests {
     }
 
     #[test]
-    fn reservations_survive_unbound_views_until_rollback_or_bound() {
+    fn reservations_end_only_by_their_owner_or_the_watch() {
         let c = Cache::new();
         c.apply_node("a", gpus(&[16, 16]));
         let r = c
@@ -829,13 +894,26 @@ mod tests {
             c.fit("a", GpuMem::new(10)),
             Fit::NoFit(NoFit::InsufficientInOneDevice)
         );
-        // A re-list that misses an in-flight reservation keeps it.
-        assert_eq!(c.retain_pods(&HashSet::new()), 0);
-        assert!(c.rollback("v", "a", r2.gpu));
-        assert!(!c.rollback("v", "a", r2.gpu));
-        c.confirm("u");
+        // A re-list that misses reservations keeps them, confirmed or not: they may be newer
+        // than its snapshot.
+        c.confirm("u", r.token);
+        assert_eq!(c.retain_pods(&HashSet::new(), c.relist_mark()), 0);
+        assert!(c.holds("u", r.token) && c.holds("v", r2.token));
+        // Only the owner's token releases.
+        assert!(!c.release("v", r.token));
+        assert!(c.release("v", r2.token));
+        assert!(!c.release("v", r2.token));
+        // The watch shows u bound: observed; an older unbound event changes nothing.
         c.observe_pod(facts("u", "a", r.gpu, 10));
-        assert!(!c.observe_pod(unbound), "observed pods follow the watch");
+        assert!(!c.holds("u", r.token));
+        assert!(c.observe_pod(unbound));
+        assert_eq!(used(&c, "a").iter().sum::<u64>(), 10);
+        // A settled pod without a placement (finished, bound without annotations) holds nothing.
+        c.observe_pod(PodFacts {
+            placement: None,
+            settled: true,
+            ..facts("u", "a", 0, 10)
+        });
         assert_eq!(used(&c, "a"), [0, 0]);
         assert!(matches!(
             c.reserve("w", "ns", "w", "nope", GpuMem::new(1), GpuPolicy::Binpack),
@@ -850,7 +928,10 @@ mod tests {
         c.apply_node("b", gpus(&[16]));
         c.observe_pod(facts("p", "a", 0, 4));
         c.observe_pod(facts("q", "a", 0, 4));
-        assert_eq!(c.retain_pods(&HashSet::from(["q".to_string()])), 1);
+        assert_eq!(
+            c.retain_pods(&HashSet::from(["q".to_string()]), c.relist_mark()),
+            1
+        );
         assert_eq!(used(&c, "a"), [4]);
         c.retain_nodes(&HashSet::from(["a".to_string()]));
         assert_eq!(c.node_names(), ["a"]);

@@ -72,26 +72,31 @@ fn pod(p: &PodView) -> InspectPod {
     InspectPod {
         name: p.name.clone(),
         namespace: p.namespace.clone(),
-        used_gpu: p.mem.units(),
+        used_gpu: int64(p.mem.units()),
         uid: p.uid.clone(),
         state: p.state,
     }
+}
+
+/// A count as the JSON answer carries it: never above int64 (what Go and kubectl decode).
+fn int64(units: u64) -> u64 {
+    units.min(i64::MAX as u64)
 }
 
 /// One node's entry.
 pub fn node(v: &NodeView) -> InspectNode {
     InspectNode {
         name: v.name.clone(),
-        total_gpu: v.total().units(),
-        used_gpu: v.used().units(),
+        total_gpu: int64(v.total().units()),
+        used_gpu: int64(v.used().units()),
         unit: v.unit.map(|u| u.to_string()),
         devs: v
             .gpus
             .iter()
             .map(|g| InspectDev {
                 id: g.index,
-                total_gpu: g.total.units(),
-                used_gpu: g.used.units(),
+                total_gpu: int64(g.total.units()),
+                used_gpu: int64(g.used.units()),
                 healthy: g.healthy,
                 pods: g.pods.iter().map(pod).collect(),
             })

@@ -2,7 +2,9 @@
 //! rejections by reason, bind retries, and — refreshed from the ledger at every scrape —
 //! total and allocated memory per node and GPU in bytes, pods held, assumed pods, the sync
 //! state and whether this replica leads (so dashboards summing over replicas can keep to the
-//! leader's numbers: `... * on(instance) gpushare_extender_leader`).
+//! leader's numbers: `... * on(instance) gpushare_extender_leader`); binds whose outcome was
+//! unknown and how reservations were settled; annotation values of ours that could not be
+//! used; watch errors and whether the ledger is stale.
 //!
 //! Registered in the role's [`AdminState`] registry; rendering is `AdminState::render_metrics`.
 
@@ -32,6 +34,27 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
+/// Labels of the bad-annotation counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KeyLabels {
+    /// The annotation key.
+    pub key: &'static str,
+}
+
+/// Labels of the watch error counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WatchLabels {
+    /// pod | node | ConfigMap.
+    pub watch: &'static str,
+}
+
+/// Labels of the settle counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SettleLabels {
+    /// bound (confirmed from the API) | released.
+    pub outcome: &'static str,
+}
+
 /// Labels of the per-GPU gauges.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GpuLabels {
@@ -57,6 +80,18 @@ pub struct Metrics {
     pub rejections: Family<ReasonLabels, Counter>,
     /// `gpushare_extender_bind_retries_total`.
     pub bind_retries: Counter,
+    /// `gpushare_extender_bind_unknown_outcomes_total`: binds whose Binding may or may not
+    /// have landed when the request's budget ran out (settled later by reading the API).
+    pub bind_unknown: Counter,
+    /// `gpushare_extender_reservations_settled_total{outcome}`: unknown outcomes settled.
+    pub settled: Family<SettleLabels, Counter>,
+    /// `gpushare_extender_bad_annotations_total{key}`: values of our annotations that could
+    /// not be used (garbage, absurdly large), read as absent.
+    pub bad_annotations: Family<KeyLabels, Counter>,
+    /// `gpushare_extender_watch_errors_total{watch}`.
+    pub watch_errors: Family<WatchLabels, Counter>,
+    /// `gpushare_extender_ledger_stale`: 1 while a watch keeps failing (not ready).
+    pub stale: Gauge,
     gpu_total: Family<GpuLabels, Gauge>,
     gpu_used: Family<GpuLabels, Gauge>,
     pods: Gauge,
@@ -74,6 +109,11 @@ impl Metrics {
             latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             rejections: Family::default(),
             bind_retries: Counter::default(),
+            bind_unknown: Counter::default(),
+            settled: Family::default(),
+            bad_annotations: Family::default(),
+            watch_errors: Family::default(),
+            stale: Gauge::default(),
             gpu_total: Family::default(),
             gpu_used: Family::default(),
             pods: Gauge::default(),
@@ -102,6 +142,31 @@ impl Metrics {
                 "gpushare_extender_bind_retries",
                 "API calls of bind retried after a transient error",
                 m.bind_retries.clone(),
+            );
+            r.register(
+                "gpushare_extender_bind_unknown_outcomes",
+                "Binds whose Binding may or may not have landed when their budget ran out",
+                m.bind_unknown.clone(),
+            );
+            r.register(
+                "gpushare_extender_reservations_settled",
+                "Reservations of unknown outcome settled by reading the API, by outcome",
+                m.settled.clone(),
+            );
+            r.register(
+                "gpushare_extender_bad_annotations",
+                "Values of gpushare pod annotations that could not be used, by key",
+                m.bad_annotations.clone(),
+            );
+            r.register(
+                "gpushare_extender_watch_errors",
+                "Errors of the pod, node and ConfigMap watches",
+                m.watch_errors.clone(),
+            );
+            r.register(
+                "gpushare_extender_ledger_stale",
+                "1 while a watch has kept failing for longer than extender.watch_stale_after_ms",
+                m.stale.clone(),
             );
             r.register(
                 "gpushare_extender_gpu_memory_bytes",

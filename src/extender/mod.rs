@@ -11,6 +11,8 @@
 
 pub mod bind;
 pub mod cache;
+#[cfg(test)]
+mod cache_props;
 pub mod filter;
 pub mod inspect;
 pub mod leader;
@@ -179,9 +181,9 @@ pub async fn start(
         (false, false) => Some(routes::tls_acceptor(&ext.tls_cert, &ext.tls_key)?),
         _ => anyhow::bail!("extender.tls_cert and extender.tls_key must be given together"),
     };
-    let state = ExtenderState::new(ext.clone(), client);
     // Either the caller's shutdown or our own stop ends everything.
     let (stop, combined) = shutdown.child();
+    let state = ExtenderState::new(ext.clone(), client, combined.clone());
     let mut watches = sync::spawn(state.clone(), combined.clone());
     let election = if ext.leader_elect {
         // The election owns the watches: it restarts them (a fresh list) on every win.

@@ -1,33 +1,41 @@
-//! The extender's shared state: configuration, the ledger, metrics, the API client, and the
-//! readiness gate (ready = ledger synced AND serving).
+//! The extender's shared state: configuration, the ledger, the owners of in-flight binds,
+//! metrics, the API client, and the readiness gate (ready = ledger synced AND fresh AND
+//! serving; fresh = no watch has kept failing past `extender.watch_stale_after_ms`).
 //!
 //! `serving` is the seam for leader election: it defaults to true when leader election is
 //! off; the leader-election loop flips it with [`ExtenderState::set_serving`]. While not
 //! ready, the scheduling verbs answer 503.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
+use super::bind::BindOwners;
 use super::cache::Cache;
 use super::metrics::Metrics;
+use super::sync::WatchHealth;
 use crate::admin::AdminState;
 use crate::config::ExtenderConfig;
 use crate::core::wire::EXTENDER_COMPONENT;
 use crate::k8s::events::Events;
+use crate::shutdown::Shutdown;
 
 /// Everything the request handlers and the watches share.
 pub struct ExtenderState {
     config: ExtenderConfig,
     cache: Cache,
+    binds: BindOwners,
+    watch_health: WatchHealth,
     admin: Arc<AdminState>,
     metrics: Metrics,
     client: kube::Client,
     events: Events,
     synced: AtomicBool,
     serving: AtomicBool,
+    stale: Mutex<Option<String>>,
     ready_tx: watch::Sender<bool>,
+    shutdown: Shutdown,
 }
 
 impl std::fmt::Debug for ExtenderState {
@@ -40,8 +48,13 @@ impl std::fmt::Debug for ExtenderState {
 }
 
 impl ExtenderState {
-    /// A new state: not synced; serving unless leader election is on.
-    pub fn new(config: ExtenderConfig, client: kube::Client) -> Arc<ExtenderState> {
+    /// A new state: not synced; serving unless leader election is on. `shutdown` stops the
+    /// tasks that own reservations.
+    pub fn new(
+        config: ExtenderConfig,
+        client: kube::Client,
+        shutdown: Shutdown,
+    ) -> Arc<ExtenderState> {
         let admin = AdminState::new();
         let metrics = Metrics::register(&admin);
         let serving = !config.leader_elect;
@@ -49,13 +62,17 @@ impl ExtenderState {
         Arc::new(ExtenderState {
             config,
             cache: Cache::new(),
+            binds: BindOwners::default(),
+            watch_health: WatchHealth::default(),
             admin,
             metrics,
             events: Events::new(client.clone(), EXTENDER_COMPONENT, &instance_name()),
             client,
             synced: AtomicBool::new(false),
             serving: AtomicBool::new(serving),
+            stale: Mutex::new(None),
             ready_tx,
+            shutdown,
         })
     }
 
@@ -67,6 +84,32 @@ impl ExtenderState {
     /// The ledger.
     pub fn cache(&self) -> &Cache {
         &self.cache
+    }
+
+    /// The owners of binds still settling.
+    pub fn binds(&self) -> &BindOwners {
+        &self.binds
+    }
+
+    /// The watches' failing streaks.
+    pub fn watch_health(&self) -> &WatchHealth {
+        &self.watch_health
+    }
+
+    /// Fires when the extender stops.
+    pub fn shutdown(&self) -> &Shutdown {
+        &self.shutdown
+    }
+
+    /// Why the ledger is stale (a watch keeps failing), if it is.
+    pub fn stale_reason(&self) -> Option<String> {
+        self.stale.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Marks the ledger stale (with the reason) or fresh again.
+    pub fn set_stale(&self, reason: Option<String>) {
+        *self.stale.lock().unwrap_or_else(|p| p.into_inner()) = reason;
+        self.update_ready();
     }
 
     /// Health and the metrics registry.
@@ -99,9 +142,9 @@ impl ExtenderState {
         self.serving.load(Ordering::SeqCst)
     }
 
-    /// Ready: synced and serving.
+    /// Ready: synced, fresh and serving.
     pub fn is_ready(&self) -> bool {
-        self.is_synced() && self.is_serving()
+        self.is_synced() && self.is_serving() && self.stale_reason().is_none()
     }
 
     /// Opens or closes the serving gate (leader election).
@@ -128,11 +171,13 @@ impl ExtenderState {
     }
 
     /// Why the scheduling verbs are refused now, if they are.
-    pub fn unavailable_reason(&self) -> Option<&'static str> {
+    pub fn unavailable_reason(&self) -> Option<String> {
         if !self.is_synced() {
-            Some("the extender's ledger is not synced with the cluster yet")
+            Some("the extender's ledger is not synced with the cluster yet".to_string())
+        } else if let Some(why) = self.stale_reason() {
+            Some(format!("the extender's ledger is stale: {why}"))
         } else if !self.is_serving() {
-            Some("this extender replica is not the leader")
+            Some("this extender replica is not the leader".to_string())
         } else {
             None
         }

@@ -5,11 +5,15 @@
 //! Each watch applies its first full list, then events; on a re-list (after a 410 Gone or a
 //! dropped stream, kube-runtime's `Init … InitDone`) objects not listed again are removed, so
 //! nothing is lost or counted twice. The ledger is "synced" once all three watches have
-//! completed their first list. Watch errors are logged and retried with backoff; they never
-//! stop the extender.
+//! completed their first list. Watch errors are logged, counted and retried with backoff;
+//! they never stop the extender, but a watch that keeps failing for
+//! `extender.watch_stale_after_ms` makes the ledger *stale*: `/readyz` and the scheduling
+//! verbs answer 503 (with the reason) until it recovers, so nothing is placed from a ledger
+//! known to be out of date.
 
-use std::collections::{BTreeSet, HashSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
@@ -17,29 +21,31 @@ use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::cache::{Placement, PodFacts};
 use super::state::ExtenderState;
-use crate::core::PodState;
 use crate::core::wire::{
     UNHEALTHY_CONFIGMAP_KEY, UNHEALTHY_CONFIGMAP_NAMESPACE, UNHEALTHY_CONFIGMAP_PREFIX,
 };
+use crate::core::{AnnotationError, PodState, pod_holding};
 use crate::k8s::{WatchedPod, node_gpus, pod_annotations, pod_gpu_request, pod_is_terminal};
 use crate::shutdown::Shutdown;
 
-/// What a pod event means for the ledger.
-pub fn pod_facts(pod: &Pod) -> Option<PodFacts> {
+/// What a pod event means for the ledger. `on_bad` sees every annotation of ours whose
+/// value could not be used (read as absent) on a pod that holds memory.
+pub fn pod_facts(pod: &Pod, mut on_bad: impl FnMut(&AnnotationError)) -> Option<PodFacts> {
     let uid = pod.metadata.uid.clone()?;
     let namespace = pod.metadata.namespace.clone().unwrap_or_default();
     let name = pod.metadata.name.clone().unwrap_or_default();
     let (ann, errors) = pod_annotations(pod);
     let request = match pod_gpu_request(pod) {
-        Ok(r) => r.total(),
+        Ok(r) => Some(r),
         Err(e) => {
             if ann.gpu_index.is_some() {
                 tracing::warn!(pod = %format!("{namespace}/{name}"), error = %e, "unreadable gpu-mem limit");
             }
-            crate::core::GpuMem::ZERO
+            None
         }
     };
     let node = pod
@@ -50,7 +56,7 @@ pub fn pod_facts(pod: &Pod) -> Option<PodFacts> {
     let settled = node.is_some() || pod_is_terminal(pod);
     let placement = match (node, ann.gpu_index) {
         (Some(node), Some(gpu)) if !pod_is_terminal(pod) => {
-            let mem = ann.pod_mem.filter(|m| !m.is_zero()).unwrap_or(request);
+            let mem = pod_holding(request.as_ref(), &ann);
             (!mem.is_zero()).then_some(Placement {
                 node,
                 gpu,
@@ -64,9 +70,10 @@ pub fn pod_facts(pod: &Pod) -> Option<PodFacts> {
         }
         _ => None,
     };
-    if placement.is_some() {
-        for e in errors {
-            tracing::warn!(pod = %format!("{namespace}/{name}"), error = %e, "bad gpushare annotation");
+    if settled {
+        for e in &errors {
+            tracing::warn!(pod = %format!("{namespace}/{name}"), error = %e, "bad gpushare annotation, read as absent");
+            on_bad(e);
         }
     }
     Some(PodFacts {
@@ -135,13 +142,132 @@ pub fn spawn(state: Arc<ExtenderState>, shutdown: Shutdown) -> Vec<tokio::task::
         tx.clone(),
         shutdown.clone(),
     )));
+    tasks.push(tokio::spawn(monitor_staleness(
+        state.clone(),
+        shutdown.clone(),
+    )));
     tasks.push(tokio::spawn(watch_configmaps(state, tx, shutdown)));
     tasks
 }
 
+/// A failing streak of one watch: since when, the last error and when it came.
+#[derive(Debug, Clone)]
+struct Streak {
+    since: Instant,
+    last: Instant,
+    error: String,
+}
+
+/// The health of the three watches, read by the staleness monitor.
+#[derive(Debug, Default)]
+pub struct WatchHealth {
+    streaks: Mutex<BTreeMap<&'static str, Streak>>,
+}
+
+impl WatchHealth {
+    fn failed(&self, what: &'static str, error: String) {
+        let now = Instant::now();
+        let mut s = self.streaks.lock().unwrap_or_else(|p| p.into_inner());
+        let streak = s.entry(what).or_insert(Streak {
+            since: now,
+            last: now,
+            error: String::new(),
+        });
+        streak.last = now;
+        streak.error = error;
+    }
+
+    fn succeeded(&self, what: &'static str) {
+        self.streaks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(what);
+    }
+
+    /// The reason the ledger is stale at `now`, if a watch has kept failing for `after`.
+    /// A streak ends with a good event, or when no error came for [`QUIET`] (a watch that
+    /// resumed quietly: errors come at least every [`MAX_BACKOFF`] while it fails).
+    fn stale(&self, now: Instant, after: Duration) -> Option<String> {
+        let mut s = self.streaks.lock().unwrap_or_else(|p| p.into_inner());
+        s.retain(|_, st| now.saturating_duration_since(st.last) < QUIET);
+        s.iter()
+            .find(|(_, st)| now.saturating_duration_since(st.since) >= after)
+            .map(|(what, st)| {
+                format!(
+                    "the {what} watch has failed for {} s: {}",
+                    now.saturating_duration_since(st.since).as_secs(),
+                    st.error
+                )
+            })
+    }
+}
+
+/// Longest wait between two tries of a failing watch.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// A streak without an error for this long has ended.
+const QUIET: Duration = Duration::from_secs(6);
+
+/// The watches' backoff: doubling from 100 ms to [`MAX_BACKOFF`], reset by a good event. Short
+/// enough that a failing watch reports an error at least every few seconds.
+#[derive(Debug)]
+struct WatchBackoff {
+    next: Duration,
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        WatchBackoff {
+            next: Duration::from_millis(100),
+        }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+    fn next(&mut self) -> Option<Duration> {
+        let d = self.next;
+        self.next = (self.next * 2).min(MAX_BACKOFF);
+        Some(d)
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        *self = WatchBackoff::default();
+    }
+}
+
+/// Marks the ledger stale while a watch keeps failing past `extender.watch_stale_after_ms`
+/// (logged once per change, counted in `gpushare_extender_ledger_stale`).
+async fn monitor_staleness(state: Arc<ExtenderState>, shutdown: Shutdown) {
+    let after = Duration::from_millis(state.config().watch_stale_after_ms);
+    let period = (after / 4).clamp(Duration::from_millis(20), Duration::from_secs(1));
+    let mut tick = tokio::time::interval(period);
+    let stop = shutdown.wait();
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tick.tick() => {}
+        }
+        let now = state.watch_health().stale(Instant::now(), after);
+        let was = state.stale_reason();
+        if now.is_some() != was.is_some() {
+            match &now {
+                Some(why) => tracing::error!("ledger stale, refusing filter and bind: {why}"),
+                None => tracing::info!("watches recovered; the ledger is fresh again"),
+            }
+            state.metrics().stale.set(i64::from(now.is_some()));
+            state.set_stale(now);
+        }
+    }
+}
+
 /// Drives one watch until shutdown or the end of its stream, handing every event to
-/// `on_event`; errors are logged and the watcher retries with backoff.
+/// `on_event`; errors are logged, counted and retried with backoff, and feed the staleness
+/// monitor.
 async fn drive<K>(
+    state: &ExtenderState,
     api: Api<K>,
     what: &'static str,
     shutdown: Shutdown,
@@ -149,7 +275,7 @@ async fn drive<K>(
 ) where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let stream = watcher::watcher(api, watcher::Config::default()).backoff(WatchBackoff::default());
     let mut stream = std::pin::pin!(stream);
     let stop = shutdown.wait();
     let mut stop = std::pin::pin!(stop);
@@ -160,8 +286,19 @@ async fn drive<K>(
         };
         match ev {
             None => return,
-            Some(Err(e)) => tracing::warn!(error = %e, "{what} watch failed; retrying"),
-            Some(Ok(ev)) => on_event(ev),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "{what} watch failed; retrying");
+                state
+                    .metrics()
+                    .watch_errors
+                    .get_or_create(&super::metrics::WatchLabels { watch: what })
+                    .inc();
+                state.watch_health().failed(what, e.to_string());
+            }
+            Some(Ok(ev)) => {
+                state.watch_health().succeeded(what);
+                on_event(ev);
+            }
         }
     }
 }
@@ -174,18 +311,29 @@ async fn watch_pods(
     // Slim: only the fields the ledger reads are decoded from the (large) pod list.
     let api: Api<WatchedPod> = Api::all(state.client().clone());
     let mut seen: HashSet<String> = HashSet::new();
-    drive(api, "pod", shutdown, |ev| {
+    let mut mark = 0;
+    let metrics = state.metrics().clone();
+    drive(&state, api, "pod", shutdown, |ev| {
         let cache = state.cache();
+        let bad = |e: &AnnotationError| {
+            metrics
+                .bad_annotations
+                .get_or_create(&super::metrics::KeyLabels { key: e.key })
+                .inc();
+        };
         match ev {
-            Event::Init => seen.clear(),
+            Event::Init => {
+                seen.clear();
+                mark = cache.relist_mark();
+            }
             Event::InitApply(WatchedPod(pod)) => {
-                if let Some(f) = pod_facts(&pod) {
+                if let Some(f) = pod_facts(&pod, bad) {
                     seen.insert(f.uid.clone());
                     cache.observe_pod(f);
                 }
             }
             Event::InitDone => {
-                let dropped = cache.retain_pods(&seen);
+                let dropped = cache.retain_pods(&seen, mark);
                 if dropped > 0 {
                     tracing::info!(dropped, "pods gone while the watch was down");
                 }
@@ -193,7 +341,7 @@ async fn watch_pods(
                 tx.send_modify(|f| f.pods = true);
             }
             Event::Apply(WatchedPod(pod)) => {
-                if let Some(f) = pod_facts(&pod) {
+                if let Some(f) = pod_facts(&pod, bad) {
                     cache.observe_pod(f);
                 }
             }
@@ -214,7 +362,7 @@ async fn watch_nodes(
 ) {
     let api: Api<Node> = Api::all(state.client().clone());
     let mut seen: HashSet<String> = HashSet::new();
-    drive(api, "node", shutdown, |ev| {
+    drive(&state, api, "node", shutdown, |ev| {
         let cache = state.cache();
         match ev {
             Event::Init => seen.clear(),
@@ -255,7 +403,7 @@ async fn watch_configmaps(
     let api: Api<ConfigMap> =
         Api::namespaced(state.client().clone(), UNHEALTHY_CONFIGMAP_NAMESPACE);
     let mut seen: HashSet<String> = HashSet::new();
-    drive(api, "ConfigMap", shutdown, |ev| {
+    drive(&state, api, "ConfigMap", shutdown, |ev| {
         let cache = state.cache();
         match ev {
             Event::Init => seen.clear(),
@@ -301,6 +449,10 @@ mod tests {
         assert!(parse_unhealthy("n", "x").is_empty(), "never GPU 0");
     }
 
+    fn pod_facts_of(pod: &Pod) -> Option<PodFacts> {
+        pod_facts(pod, |_| {})
+    }
+
     fn pod(json: serde_json::Value) -> Pod {
         serde_json::from_value(json).unwrap()
     }
@@ -315,30 +467,51 @@ mod tests {
                 "resources": {"limits": {"aliyun.com/gpu-mem": "5"}}}]},
             "status": {"phase": "Running"}
         });
-        let f = pod_facts(&pod(base.clone())).unwrap();
+        let f = pod_facts_of(&pod(base.clone())).unwrap();
         let p = f.placement.unwrap();
         assert_eq!(
             (p.node.as_str(), p.gpu, p.mem.units(), p.state),
-            ("n1", 1, 3, PodState::Assigned)
+            ("n1", 1, 5, PodState::Assigned),
+            "the larger of the recorded 3 and the requested 5"
         );
+        let mut b = base.clone();
+        b["metadata"]["annotations"]["ALIYUN_COM_GPU_MEM_POD"] = "7".into();
+        assert_eq!(
+            pod_facts_of(&pod(b))
+                .unwrap()
+                .placement
+                .unwrap()
+                .mem
+                .units(),
+            7
+        );
+        // An absurd recorded value is counted as bad and read as absent.
+        let mut b = base.clone();
+        b["metadata"]["annotations"]["ALIYUN_COM_GPU_MEM_POD"] = "18446744073709551615".into();
+        let mut bad = Vec::new();
+        let p = pod_facts(&pod(b), |e| bad.push(e.key))
+            .unwrap()
+            .placement
+            .unwrap();
+        assert_eq!((p.mem.units(), bad), (5, vec!["ALIYUN_COM_GPU_MEM_POD"]));
         // Falls back to the spec's request without the POD annotation.
         let mut b = base.clone();
         b["metadata"]["annotations"] = serde_json::json!({"ALIYUN_COM_GPU_MEM_IDX": "0"});
-        let p = pod_facts(&pod(b)).unwrap().placement.unwrap();
+        let p = pod_facts_of(&pod(b)).unwrap().placement.unwrap();
         assert_eq!((p.mem.units(), p.state), (5, PodState::Assumed));
         // Finished pods hold nothing; terminating ones keep their memory.
         let mut b = base.clone();
         b["status"]["phase"] = "Succeeded".into();
-        assert!(pod_facts(&pod(b)).unwrap().placement.is_none());
+        assert!(pod_facts_of(&pod(b)).unwrap().placement.is_none());
         let mut b = base.clone();
         b["metadata"]["deletionTimestamp"] = "2024-01-01T00:00:00Z".into();
-        assert!(pod_facts(&pod(b)).unwrap().placement.is_some());
+        assert!(pod_facts_of(&pod(b)).unwrap().placement.is_some());
         // Unbound, or bad index: nothing.
         let mut b = base.clone();
         b["spec"]["nodeName"] = serde_json::Value::Null;
-        assert!(pod_facts(&pod(b)).unwrap().placement.is_none());
+        assert!(pod_facts_of(&pod(b)).unwrap().placement.is_none());
         let mut b = base;
         b["metadata"]["annotations"]["ALIYUN_COM_GPU_MEM_IDX"] = "-1".into();
-        assert!(pod_facts(&pod(b)).unwrap().placement.is_none());
+        assert!(pod_facts_of(&pod(b)).unwrap().placement.is_none());
     }
 }

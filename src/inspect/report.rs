@@ -26,7 +26,6 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::{Deserialize, Serialize};
 
-use crate::core::GpuMem;
 use crate::core::annotations::decode_allocation_json;
 use crate::core::wire::ANN_ALLOCATION_JSON;
 use crate::k8s::project::{node_gpus, pod_annotations, pod_gpu_request, pod_is_terminal};
@@ -327,10 +326,8 @@ impl NodeReport {
 /// Puts one pod's memory where it belongs on `node`.
 fn place_pod(node: &mut NodeReport, pod: &Pod) {
     let (annotations, _) = pod_annotations(pod);
-    let memory = match pod_gpu_request(pod) {
-        Ok(request) => request.total(),
-        Err(_) => annotations.pod_mem.unwrap_or(GpuMem::ZERO),
-    };
+    // The one rule the extender and the device plugin count by.
+    let memory = crate::core::pod_holding(pod_gpu_request(pod).ok().as_ref(), &annotations);
     if memory.is_zero() {
         return;
     }

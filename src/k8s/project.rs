@@ -18,7 +18,8 @@ use crate::core::wire::{
 };
 use crate::core::{AnnotationError, GpuSpec, MemoryUnit, PodGpuAnnotations};
 
-/// A pod's GPU request from its containers' `aliyun.com/gpu-mem` limits.
+/// A pod's GPU request from its containers' `aliyun.com/gpu-mem` limits (init containers with
+/// `restartPolicy: Always` are native sidecars).
 pub fn pod_gpu_request(pod: &Pod) -> Result<PodGpuRequest, RequestError> {
     let Some(spec) = pod.spec.as_ref() else {
         return Ok(PodGpuRequest::default());
@@ -35,15 +36,18 @@ pub fn pod_gpu_request(pod: &Pod) -> Result<PodGpuRequest, RequestError> {
         .iter()
         .map(|c| (c.name.clone(), limit(c)))
         .collect();
-    let init: Vec<(String, Option<String>)> = spec
+    let init: Vec<(String, Option<String>, bool)> = spec
         .init_containers
         .iter()
         .flatten()
-        .map(|c| (c.name.clone(), limit(c)))
+        .map(|c| {
+            let sidecar = c.restart_policy.as_deref() == Some("Always");
+            (c.name.clone(), limit(c), sidecar)
+        })
         .collect();
-    PodGpuRequest::from_limits(
+    PodGpuRequest::from_containers(
         app.iter().map(|(n, l)| (n.as_str(), l.as_deref())),
-        init.iter().map(|(n, l)| (n.as_str(), l.as_deref())),
+        init.iter().map(|(n, l, r)| (n.as_str(), l.as_deref(), *r)),
     )
 }
 

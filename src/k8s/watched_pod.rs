@@ -1,6 +1,6 @@
 //! [`WatchedPod`]: a Pod as the extender's watch reads it — only the fields the ledger uses
 //! (name, namespace, UID, resourceVersion, annotations, deletion time; node, the containers'
-//! and init containers' names and resources; phase). Everything else in the JSON, above all
+//! and init containers' names, resources and restart policies; phase). Everything else in the JSON, above all
 //! `managedFields`, env, volumes and the status's container states, is skipped while parsing
 //! and never allocated, so a full list of a large cluster costs a fraction of decoding whole
 //! Pods. Inside is an ordinary `k8s_openapi` Pod with only those fields set, so the same
@@ -59,6 +59,7 @@ struct WireContainer {
     #[serde(deserialize_with = "null_as_default")]
     name: String,
     resources: Option<ResourceRequirements>,
+    restart_policy: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -98,6 +99,7 @@ fn container(c: WireContainer) -> Container {
     Container {
         name: c.name,
         resources: c.resources,
+        restart_policy: c.restart_policy,
         ..Container::default()
     }
 }
@@ -152,7 +154,9 @@ mod tests {
         "spec": {
             "nodeName": "gpu-node-1",
             "initContainers": [{"name": "init", "image": "busybox",
-                "resources": {"limits": {"aliyun.com/gpu-mem": "2"}}}],
+                "resources": {"limits": {"aliyun.com/gpu-mem": "2"}}},
+                {"name": "sidecar-init", "image": "envoy", "restartPolicy": "Always",
+                "resources": {"limits": {"aliyun.com/gpu-mem": "1"}}}],
             "containers": [
                 {"name": "main", "image": "train:1", "env": [{"name": "A", "value": "b"}],
                  "resources": {"limits": {"aliyun.com/gpu-mem": "4", "cpu": "2"}},
@@ -191,7 +195,12 @@ mod tests {
         let spec = slim.spec.as_ref().expect("a spec");
         assert_eq!(spec.node_name.as_deref(), Some("gpu-node-1"));
         assert_eq!(spec.containers.len(), 2);
-        assert_eq!(spec.init_containers.as_ref().map(Vec::len), Some(1));
+        assert_eq!(spec.init_containers.as_ref().map(Vec::len), Some(2));
+        assert_eq!(
+            pod_gpu_request(&slim).map(|r| r.total().units()),
+            Ok(5),
+            "app 4 + sidecar 1"
+        );
         // What it skipped is not there.
         assert!(slim.metadata.managed_fields.is_none());
         assert!(slim.metadata.labels.is_none());

@@ -26,6 +26,25 @@ pub async fn patch_pod_annotations(
         .await
 }
 
+/// Merge-patches annotation changes onto the pod: `Some` sets a value, `None` removes the key.
+/// With `resource_version` the patch applies only to that version of the pod (409 Conflict
+/// otherwise), so a slow patch cannot land over a newer write.
+pub async fn patch_pod_annotation_changes(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    changes: &BTreeMap<String, Option<String>>,
+    resource_version: Option<&str>,
+) -> Result<Pod, kube::Error> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let mut patch = json!({ "metadata": { "annotations": changes } });
+    if let Some(rv) = resource_version {
+        patch["metadata"]["resourceVersion"] = json!(rv);
+    }
+    pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+}
+
 /// Creates the Binding of pod `name` (with `uid` as precondition) to `node`.
 pub async fn bind_pod(
     client: &kube::Client,

@@ -20,6 +20,8 @@ mod packaging;
 mod realdata;
 mod sandbox_apiserver;
 mod sandbox_kubelet;
+mod settle;
+mod soak;
 mod support;
 mod watch_churn;
 mod webhook;

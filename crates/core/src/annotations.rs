@@ -56,12 +56,9 @@ impl PodGpuAnnotations {
                 None
             }
         });
-        let pod_mem = field(ANN_POD_MEM)
-            .and_then(|v| decode_u64(ANN_POD_MEM, v, &mut errors))
-            .map(GpuMem::new);
-        let device_mem = field(ANN_DEVICE_MEM)
-            .and_then(|v| decode_u64(ANN_DEVICE_MEM, v, &mut errors))
-            .map(GpuMem::new);
+        let pod_mem = field(ANN_POD_MEM).and_then(|v| decode_mem(ANN_POD_MEM, v, &mut errors));
+        let device_mem =
+            field(ANN_DEVICE_MEM).and_then(|v| decode_mem(ANN_DEVICE_MEM, v, &mut errors));
         let assigned = match field(ANN_ASSIGNED) {
             None => None,
             Some("true") => Some(true),
@@ -154,6 +151,17 @@ pub fn decode_allocation_json(value: &str) -> Result<BTreeMap<u32, GpuMem>, Anno
     Ok(per_gpu)
 }
 
+/// A memory amount, bounded like every other quantity (at most 2^40 units): another tool's
+/// `18446744073709551615` is an error, not a GPU's worth of memory.
+fn decode_mem(key: &'static str, value: &str, errors: &mut Vec<AnnotationError>) -> Option<GpuMem> {
+    let units = decode_u64(key, value, errors)?;
+    if units > GpuMem::MAX_REQUEST.units() {
+        errors.push(err(key, value, "absurdly large (more than 2^40 units)"));
+        return None;
+    }
+    Some(GpuMem::new(units))
+}
+
 fn decode_u64(key: &'static str, value: &str, errors: &mut Vec<AnnotationError>) -> Option<u64> {
     match value.trim().parse::<u64>() {
         Ok(v) => Some(v),
@@ -216,6 +224,20 @@ mod tests {
         let (decoded, errors) = PodGpuAnnotations::decode(&map(&[(ANN_GPU_INDEX, "4294967296")]));
         assert_eq!(decoded.gpu_index, None);
         assert_eq!(errors[0].reason, "GPU index out of range");
+    }
+
+    #[test]
+    fn absurd_memory_values_are_bounded() {
+        let (decoded, errors) = PodGpuAnnotations::decode(&map(&[
+            (ANN_POD_MEM, "18446744073709551615"),
+            (ANN_DEVICE_MEM, "1099511627777"),
+        ]));
+        assert_eq!((decoded.pod_mem, decoded.device_mem), (None, None));
+        assert_eq!(errors.len(), 2);
+        assert!(errors.iter().all(|e| e.reason.contains("absurdly large")));
+        let (decoded, errors) = PodGpuAnnotations::decode(&map(&[(ANN_POD_MEM, "1099511627776")]));
+        assert_eq!(decoded.pod_mem, Some(GpuMem::MAX_REQUEST));
+        assert!(errors.is_empty());
     }
 
     #[test]

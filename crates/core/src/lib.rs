@@ -6,6 +6,7 @@
 //! the device plugin and `inspect` all build on these types, so they agree by construction.
 
 pub mod annotations;
+pub mod holding;
 pub mod ledger;
 pub mod memory;
 pub mod placement;
@@ -16,6 +17,7 @@ pub mod wire;
 mod proptests;
 
 pub use annotations::{AnnotationError, PodGpuAnnotations};
+pub use holding::pod_holding;
 pub use ledger::{GpuSpec, LedgerPod, NodeLedger, PodState};
 pub use memory::{GpuMem, MemoryUnit, UnitError};
 pub use placement::{GpuPolicy, NoFit, NodePolicy};

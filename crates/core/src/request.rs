@@ -2,9 +2,13 @@
 //!
 //! Per container, the limit is parsed as a Kubernetes quantity that must be a whole,
 //! non-negative number of units no larger than 2^40 (suffixes count numerically, as upstream:
-//! `10G` is 10 000 000 000 units and is rejected as absurd). The pod needs
-//! max(largest init container, sum of app containers): init containers run one at a time
-//! before the app containers, so they never add to the total (upstream ignored them).
+//! `10G` is 10 000 000 000 units and is rejected as absurd). What the pod needs on its GPU
+//! ([`PodGpuRequest::total`]) is counted as kube-scheduler counts it, native sidecars (init
+//! containers with `restartPolicy: Always`, Kubernetes 1.29+) included:
+//! max(max over init containers i of (init_i + sidecars declared before i),
+//! sum(app containers) + sum(sidecars)). Plain init containers run one at a time before the
+//! app containers, so they never add to the total (upstream ignored them); sidecars keep
+//! running beside everything started after them.
 //!
 //! The input is a plain list of (container name, limit string) so that this module needs no
 //! Kubernetes types; `k8s` projects a `Pod` into it.
@@ -117,6 +121,9 @@ pub struct ContainerGpuRequest {
     pub name: String,
     /// Its `aliyun.com/gpu-mem` limit.
     pub mem: GpuMem,
+    /// An init container with `restartPolicy: Always` (a native sidecar): it keeps running
+    /// beside the containers started after it.
+    pub restartable: bool,
 }
 
 /// A pod's GPU memory requests, per container.
@@ -124,7 +131,7 @@ pub struct ContainerGpuRequest {
 pub struct PodGpuRequest {
     /// App containers with a non-zero request, in spec order.
     pub containers: Vec<ContainerGpuRequest>,
-    /// Init containers with a non-zero request, in spec order.
+    /// Init containers (native sidecars included) with a non-zero request, in spec order.
     pub init_containers: Vec<ContainerGpuRequest>,
 }
 
@@ -140,16 +147,29 @@ pub struct RequestError {
 }
 
 impl PodGpuRequest {
-    /// Reads the request from (name, limit) pairs of app and init containers.
+    /// Reads the request from (name, limit) pairs of app and init containers (no sidecars).
     pub fn from_limits<'a>(
         containers: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
         init_containers: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
     ) -> Result<PodGpuRequest, RequestError> {
+        Self::from_containers(
+            containers,
+            init_containers.into_iter().map(|(n, l)| (n, l, false)),
+        )
+    }
+
+    /// Reads the request from (name, limit) pairs of app containers and (name, limit,
+    /// restartable) triples of init containers, in spec order; `restartable` marks a native
+    /// sidecar (`restartPolicy: Always`).
+    pub fn from_containers<'a>(
+        containers: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
+        init_containers: impl IntoIterator<Item = (&'a str, Option<&'a str>, bool)>,
+    ) -> Result<PodGpuRequest, RequestError> {
         fn read<'a>(
-            list: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
+            list: impl IntoIterator<Item = (&'a str, Option<&'a str>, bool)>,
         ) -> Result<Vec<ContainerGpuRequest>, RequestError> {
             let mut out = Vec::new();
-            for (name, limit) in list {
+            for (name, limit, restartable) in list {
                 let Some(limit) = limit else { continue };
                 let mem = parse_quantity(limit).map_err(|source| RequestError {
                     container: name.to_string(),
@@ -159,13 +179,14 @@ impl PodGpuRequest {
                     out.push(ContainerGpuRequest {
                         name: name.to_string(),
                         mem,
+                        restartable,
                     });
                 }
             }
             Ok(out)
         }
         Ok(PodGpuRequest {
-            containers: read(containers)?,
+            containers: read(containers.into_iter().map(|(n, l)| (n, l, false)))?,
             init_containers: read(init_containers)?,
         })
     }
@@ -175,15 +196,31 @@ impl PodGpuRequest {
         self.containers.iter().map(|c| c.mem).sum()
     }
 
-    /// What the pod needs on one GPU: max(largest init container, sum of app containers).
-    pub fn total(&self) -> GpuMem {
-        let init = self
-            .init_containers
+    /// Sum of the native sidecars' requests.
+    pub fn sidecar_total(&self) -> GpuMem {
+        self.init_containers
             .iter()
+            .filter(|c| c.restartable)
             .map(|c| c.mem)
-            .max()
-            .unwrap_or_default();
-        init.max(self.app_total())
+            .sum()
+    }
+
+    /// What the pod needs on its GPU, as kube-scheduler counts a pod's resources:
+    /// max(max over init containers i of (init_i + sidecars declared before i),
+    /// sum(app containers) + sum(sidecars)). The one rule for the extender, the device
+    /// plugin and `inspect`.
+    pub fn total(&self) -> GpuMem {
+        let mut sidecars = GpuMem::ZERO;
+        let mut init_peak = GpuMem::ZERO;
+        for c in &self.init_containers {
+            if c.restartable {
+                sidecars = sidecars.saturating_add(c.mem);
+                init_peak = init_peak.max(sidecars);
+            } else {
+                init_peak = init_peak.max(c.mem.saturating_add(sidecars));
+            }
+        }
+        init_peak.max(self.app_total().saturating_add(sidecars))
     }
 
     /// Whether the pod asks for GPU memory at all.
@@ -257,6 +294,38 @@ mod tests {
         assert_eq!(req.total(), GpuMem::new(7));
         let names: Vec<_> = req.all_containers().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["init", "a"]);
+    }
+
+    #[test]
+    fn native_sidecars_count_as_kube_scheduler_counts_them() {
+        let req = |app: &[(&str, &str)], init: &[(&str, &str, bool)]| {
+            PodGpuRequest::from_containers(
+                app.iter().map(|(n, l)| (*n, Some(*l))),
+                init.iter().map(|(n, l, r)| (*n, Some(*l), *r)),
+            )
+            .unwrap()
+            .total()
+            .units()
+        };
+        // The case: a 4-unit sidecar beside a 16-unit app is 20, not 16.
+        assert_eq!(req(&[("app", "16")], &[("sidecar", "4", true)]), 20);
+        // An init container after a sidecar runs beside it: 4 + 10 = 14 > 2 + 4.
+        assert_eq!(
+            req(&[("app", "2")], &[("sc", "4", true), ("init", "10", false)]),
+            14
+        );
+        // Before the sidecar it runs alone: max(10, 2 + 4).
+        assert_eq!(
+            req(&[("app", "2")], &[("init", "10", false), ("sc", "4", true)]),
+            10
+        );
+        // Plain init containers still take the max, not the sum.
+        assert_eq!(
+            req(&[("app", "3")], &[("i1", "5", false), ("i2", "1", false)]),
+            5
+        );
+        // Only sidecars: they all run together.
+        assert_eq!(req(&[], &[("a", "3", true), ("b", "4", true)]), 7);
     }
 
     #[test]

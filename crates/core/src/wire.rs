@@ -92,6 +92,15 @@ pub const NODE_ANN_MEMORY_UNIT: &str = "gpushare.io/memory-unit";
 /// Pod annotation (ours): names of the pod's GPU containers already allocated, comma-separated.
 pub const POD_ANN_ALLOCATED_CONTAINERS: &str = "gpushare.io/allocated-containers";
 
+/// Whether a pod annotation key is one gpushare (ours or upstream's) writes and reads:
+/// `ALIYUN_COM_GPU_MEM_*`, `gpushare.io/*` and the scheduler framework's allocation JSON.
+/// Bind removes every such key it does not set (a clean slate).
+pub fn is_our_pod_annotation(key: &str) -> bool {
+    key.starts_with("ALIYUN_COM_GPU_MEM_")
+        || key.starts_with("gpushare.io/")
+        || key == ANN_ALLOCATION_JSON
+}
+
 /// The fake device ID of unit `n` of the GPU with `uuid`.
 pub fn fake_device_id(uuid: &str, n: u64) -> String {
     format!("{uuid}{FAKE_ID_SEPARATOR}{n}")

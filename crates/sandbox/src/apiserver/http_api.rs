@@ -121,7 +121,8 @@ async fn handle(
     } else {
         format!("{path}?{query}")
     };
-    if let Some(action) = shared.take_fault(&parts.method, &path_and_query) {
+    let fault = shared.take_fault(&parts.method, &path_and_query);
+    if let Some(action) = fault.clone() {
         match action {
             FaultAction::Status(code) => return Ok(error_response(&ApiError::from_code(code))),
             FaultAction::Delay(delay) => tokio::time::sleep(delay).await,
@@ -131,7 +132,10 @@ async fn handle(
                     "injected fault: connection dropped",
                 ));
             }
-            FaultAction::CutWatch => {}
+            FaultAction::CutWatch
+            | FaultAction::ApplyThenDrop
+            | FaultAction::ApplyLate(_)
+            | FaultAction::AnswerLate(_) => {}
         }
     }
     if bytes.len() > MAX_BODY {
@@ -168,7 +172,35 @@ async fn handle(
             Err(err) => return Ok(error_response(&err)),
         }
     }
-    let mut response = route(&shared, &request);
+    let mut response = match fault {
+        Some(FaultAction::ApplyThenDrop) => {
+            drop(route(&shared, &request));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                "injected fault: applied, answer dropped",
+            ));
+        }
+        Some(FaultAction::ApplyLate(delay)) => {
+            // A task of its own, so a client that hangs up cannot cancel the late write.
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            shared.controls().late_in_flight += 1;
+            let late = shared.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let response = route(&late, &request);
+                late.controls().late_in_flight -= 1;
+                let _ = tx.send(response);
+            });
+            rx.await
+                .map_err(|_| std::io::Error::other("the late apply task ended without an answer"))?
+        }
+        Some(FaultAction::AnswerLate(delay)) => {
+            let response = route(&shared, &request);
+            tokio::time::sleep(delay).await;
+            response
+        }
+        _ => route(&shared, &request),
+    };
     for w in warnings {
         let text = format!("299 - \"{}\"", w.replace(['"', '\n', '\r'], " "));
         if let Ok(v) = http::HeaderValue::from_str(&text) {

@@ -121,8 +121,16 @@ pub enum FaultAction {
     Status(u16),
     /// Wait this long, then serve the request normally.
     Delay(Duration),
-    /// Close the connection without an answer.
+    /// Close the connection without an answer (the request is NOT applied).
     DropConnection,
+    /// Apply the request, then close the connection without an answer: the write landed but
+    /// its answer is lost.
+    ApplyThenDrop,
+    /// Apply the request at once (a list takes its snapshot now), answer only after this long.
+    AnswerLate(Duration),
+    /// Apply the request after this long, whatever the client does meanwhile (it may give up
+    /// and hang up: the write still lands late), then answer.
+    ApplyLate(Duration),
     /// End matching watch streams abruptly: open ones at once, later ones right after their
     /// headers. Requests that are not watches are not affected.
     CutWatch,
@@ -158,6 +166,7 @@ struct Controls {
     next_watch_id: u64,
     /// (namespace, service, address) for webhooks named by `clientConfig.service`.
     services: Vec<(String, String, SocketAddr)>,
+    late_in_flight: usize,
 }
 
 /// State shared by the server tasks and the handles.
@@ -278,6 +287,7 @@ impl ApiServer {
                 watches: Vec::new(),
                 next_watch_id: 0,
                 services: Vec::new(),
+                late_in_flight: 0,
             }),
             addr,
             shutdown,
@@ -453,6 +463,11 @@ impl ApiServer {
         controls
             .services
             .push((namespace.to_string(), service.to_string(), addr));
+    }
+
+    /// How many requests held by [`FaultAction::ApplyLate`] have not been applied yet.
+    pub fn late_in_flight(&self) -> usize {
+        self.shared().controls().late_in_flight
     }
 
     /// Removes every pending fault.

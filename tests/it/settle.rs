@@ -1,0 +1,628 @@
+//! Zero over-commit under faults and ambiguous outcomes (issue 15, extender items 1–8), over
+//! real HTTP against the sandbox API server and its fault injection: a Binding that lands
+//! after the bind timeout, a scheduler that hangs up mid-bind, a lost answer, a re-list while
+//! binds go on, native sidecars, stale annotations copied from another pod, absurd foreign
+//! annotation values, a watch that keeps failing, and 300 slow clients.
+//!
+//! No sleeps as synchronisation: every wait is a bounded poll of a condition.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use gpushare::config::Config;
+use gpushare::extender::{self, ExtenderHandle};
+use gpushare::shutdown::Shutdown;
+use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
+use http::Method;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+// ---------------------------------------------------------------- harness
+
+struct Env {
+    api: ApiServer,
+    ext: ExtenderHandle,
+}
+
+fn config() -> Config {
+    let mut c = Config::default();
+    c.extender.bind_address = [127, 0, 0, 1].into();
+    c.extender.port = 0;
+    c.extender.bind_timeout_ms = 3000;
+    c.doctor.skip = true;
+    c
+}
+
+impl Env {
+    async fn start_with(config: Config, seed: impl FnOnce(&ApiServer)) -> Env {
+        let api = ApiServer::start().await.expect("sandbox API server starts");
+        seed(&api);
+        let ext = extender::start(&config, api.client(), Shutdown::never())
+            .await
+            .expect("extender starts");
+        ext.wait_ready().await.expect("extender becomes ready");
+        Env { api, ext }
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.ext.addr
+    }
+}
+
+async fn request(addr: SocketAddr, method: Method, path: &str, body: Vec<u8>) -> (u16, String) {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let req = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .expect("request builds");
+    let resp = client.request(req).await.expect("extender answers");
+    let status = resp.status().as_u16();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .expect("body reads")
+        .to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+async fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
+    let (s, b) = request(addr, Method::POST, path, body.to_string().into_bytes()).await;
+    (s, serde_json::from_str(&b).unwrap_or(Value::String(b)))
+}
+
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    request(addr, Method::GET, path, Vec::new()).await
+}
+
+async fn inspect(addr: SocketAddr) -> Value {
+    let (s, b) = get(addr, "/gpushare-scheduler/inspect").await;
+    assert_eq!(s, 200, "{b}");
+    serde_json::from_str(&b).expect("inspect is JSON")
+}
+
+async fn eventually<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let end = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        if cond().await {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn node(name: &str, gpus: u64, per_gpu: u64) -> Value {
+    let res = json!({"aliyun.com/gpu-mem": (gpus * per_gpu).to_string(),
+                     "aliyun.com/gpu-count": gpus.to_string(), "cpu": "8"});
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+           "status": {"capacity": res, "allocatable": res}})
+}
+
+fn pod(name: &str, mem: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": "default"},
+           "spec": {"containers": [{"name": "main", "image": "cuda",
+               "resources": {"limits": {"aliyun.com/gpu-mem": mem}}}]}})
+}
+
+fn create(api: &ApiServer, obj: Value) -> Value {
+    api.create_object(obj).expect("object created")
+}
+
+async fn filter(addr: SocketAddr, pod: &Value, nodes: &[&str]) -> (u16, Value) {
+    post(
+        addr,
+        "/gpushare-scheduler/filter",
+        &json!({"Pod": pod, "NodeNames": nodes}),
+    )
+    .await
+}
+
+async fn bind(addr: SocketAddr, pod: &Value, node: &str) -> (u16, Value) {
+    post(
+        addr,
+        "/gpushare-scheduler/bind",
+        &json!({"PodName": pod["metadata"]["name"], "PodNamespace": "default",
+                "PodUID": pod["metadata"]["uid"], "Node": node}),
+    )
+    .await
+}
+
+fn stored(api: &ApiServer, name: &str) -> Value {
+    api.get_object("pods", Some("default"), name)
+        .unwrap_or(Value::Null)
+}
+
+fn annotations(api: &ApiServer, name: &str) -> BTreeMap<String, String> {
+    serde_json::from_value(stored(api, name)["metadata"]["annotations"].clone()).unwrap_or_default()
+}
+
+fn used(inspect: &Value, node: &str) -> Vec<u64> {
+    inspect["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|n| n["name"] == node)
+        .map(|n| {
+            n["devs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|d| d["usedGPU"].as_u64().unwrap_or(u64::MAX))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Memory per (node, GPU index) as the API server's annotations of bound pods say.
+fn annotated_per_gpu(api: &ApiServer) -> BTreeMap<(String, String), u64> {
+    let mut per_gpu = BTreeMap::new();
+    for p in api.list_objects("pods", None) {
+        let (Some(node), Some(idx), Some(mem)) = (
+            p["spec"]["nodeName"].as_str(),
+            p["metadata"]["annotations"]["ALIYUN_COM_GPU_MEM_IDX"].as_str(),
+            p["metadata"]["annotations"]["ALIYUN_COM_GPU_MEM_POD"].as_str(),
+        ) else {
+            continue;
+        };
+        *per_gpu
+            .entry((node.to_string(), idx.to_string()))
+            .or_default() += mem.parse::<u64>().unwrap_or(u64::MAX);
+    }
+    per_gpu
+}
+
+fn bound_to(api: &ApiServer, name: &str) -> Option<String> {
+    stored(api, name)["spec"]["nodeName"]
+        .as_str()
+        .map(str::to_string)
+}
+
+async fn metric(addr: SocketAddr, name: &str) -> f64 {
+    let (_, body) = get(addr, "/metrics").await;
+    body.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+// ---------------------------------------------------------------- item 1
+
+/// A Binding our side gave up on (bind timeout) that lands later never lets its memory go to
+/// another pod: no 10 + 10 on a 16-unit GPU.
+#[tokio::test]
+async fn a_binding_that_lands_after_the_bind_timeout_keeps_its_memory() {
+    let mut c = config();
+    c.extender.bind_timeout_ms = 300;
+    let env = Env::start_with(c, |api| {
+        create(api, node("n1", 1, 16));
+    })
+    .await;
+    let p = create(&env.api, pod("p", "10"));
+    env.api.inject(
+        Fault::new(
+            Some(Method::POST),
+            "/pods/p/binding",
+            FaultAction::ApplyLate(Duration::from_millis(1500)),
+        )
+        .times(1),
+    );
+    let (s, r) = bind(env.addr(), &p, "n1").await;
+    assert_eq!(s, 500, "{r}");
+    assert!(
+        r["Error"].as_str().unwrap_or("").contains("timed out"),
+        "{r}"
+    );
+    // While the slow Binding is still on its way, nobody else gets that memory.
+    let q = create(&env.api, pod("q", "10"));
+    let (s, r) = filter(env.addr(), &q, &["n1"]).await;
+    assert_eq!(s, 200);
+    assert_eq!(r["NodeNames"], json!([]), "{r}");
+    let (s, r) = bind(env.addr(), &q, "n1").await;
+    assert_eq!(s, 500, "{r}");
+    assert_eq!(used(&inspect(env.addr()).await, "n1"), [10]);
+    // It lands; the ledger and the API agree, and no GPU is over its size.
+    eventually("p bound to n1", || async {
+        bound_to(&env.api, "p").as_deref() == Some("n1")
+    })
+    .await;
+    eventually("ledger equals the annotations", || async {
+        used(&inspect(env.addr()).await, "n1") == [10]
+    })
+    .await;
+    assert_eq!(bound_to(&env.api, "q"), None);
+    assert!(annotated_per_gpu(&env.api).values().all(|u| *u <= 16));
+    assert!(metric(env.addr(), "gpushare_extender_bind_unknown_outcomes_total").await >= 1.0);
+    // kube-scheduler's retry of p gets the same answer: success.
+    let (s, r) = bind(env.addr(), &p, "n1").await;
+    assert_eq!(s, 200, "{r}");
+    env.ext.stop().await;
+}
+
+// ---------------------------------------------------------------- item 2
+
+/// kube-scheduler hangs up in the middle of a bind: the bind still completes, the reservation
+/// does not leak, and a retry of the same pod attaches to it instead of answering "already
+/// holds GPU". A lost answer (applied, connection dropped) settles the same way.
+#[tokio::test]
+async fn a_scheduler_hanging_up_mid_bind_cancels_nothing_and_retries_attach() {
+    let env = Env::start_with(config(), |api| {
+        create(api, node("n1", 1, 16));
+    })
+    .await;
+    let p = create(&env.api, pod("p", "6"));
+    env.api.inject(Fault::new(
+        Some(Method::POST),
+        "/pods/p/binding",
+        FaultAction::ApplyLate(Duration::from_millis(800)),
+    ));
+    // The scheduler's httpTimeout is shorter than the bind: it hangs up.
+    let hung_up =
+        tokio::time::timeout(Duration::from_millis(150), bind(env.addr(), &p, "n1")).await;
+    assert!(hung_up.is_err(), "the client gave up first");
+    // Its retry attaches to the bind still running and gets its outcome.
+    let (s, r) = bind(env.addr(), &p, "n1").await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(bound_to(&env.api, "p").as_deref(), Some("n1"));
+    eventually("the ledger holds p once", || async {
+        used(&inspect(env.addr()).await, "n1") == [6]
+    })
+    .await;
+    // A Binding applied whose answer is lost: settled as bound, not rolled back.
+    let q = create(&env.api, pod("q", "6"));
+    env.api.inject(Fault::new(
+        Some(Method::POST),
+        "/pods/q/binding",
+        FaultAction::ApplyThenDrop,
+    ));
+    let (s, r) = bind(env.addr(), &q, "n1").await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(bound_to(&env.api, "q").as_deref(), Some("n1"));
+    eventually("the ledger holds p and q", || async {
+        used(&inspect(env.addr()).await, "n1") == [12]
+    })
+    .await;
+    // The hung-up bind of a pod deleted meanwhile does not leak its reservation.
+    let d = create(&env.api, pod("d", "4"));
+    env.api.inject(Fault::new(
+        Some(Method::PATCH),
+        "/pods/d",
+        FaultAction::ApplyLate(Duration::from_millis(500)),
+    ));
+    let _ = tokio::time::timeout(Duration::from_millis(100), bind(env.addr(), &d, "n1")).await;
+    env.api.delete_object("pods", Some("default"), "d").unwrap();
+    eventually("d's reservation released", || async {
+        used(&inspect(env.addr()).await, "n1") == [12] && env.ext.state().binds().is_empty()
+    })
+    .await;
+    env.ext.stop().await;
+}
+
+// ---------------------------------------------------------------- item 3
+
+/// A re-list (410 Gone after a cut watch) while binds go on: a pod bound after the list's
+/// snapshot keeps its reservation until the watch shows it, so a bind in that window cannot
+/// over-commit.
+#[tokio::test]
+async fn a_relist_keeps_reservations_newer_than_its_snapshot() {
+    let env = Env::start_with(config(), |api| {
+        create(api, node("n1", 1, 16));
+    })
+    .await;
+    env.api.set_history_limit(1);
+    // The re-list's snapshot is taken at once but answered late; the watch after it is slow.
+    env.api.inject(Fault::new(
+        Some(Method::GET),
+        "/api/v1/pods?&limit=",
+        FaultAction::AnswerLate(Duration::from_millis(1000)),
+    ));
+    env.api.inject(
+        Fault::new(
+            Some(Method::GET),
+            "/api/v1/pods?&watch=",
+            FaultAction::Delay(Duration::from_millis(1500)),
+        )
+        .times(3),
+    );
+    let lists_before = pod_lists(&env.api);
+    create(&env.api, pod("filler-1", "0"));
+    create(&env.api, pod("filler-2", "0"));
+    env.api.inject(Fault::new(
+        Some(Method::GET),
+        "/api/v1/pods?",
+        FaultAction::CutWatch,
+    ));
+    eventually("the re-list's snapshot is taken", || async {
+        pod_lists(&env.api) > lists_before
+    })
+    .await;
+    let p = create(&env.api, pod("p", "10"));
+    let (s, r) = bind(env.addr(), &p, "n1").await;
+    assert_eq!(s, 200, "{r}");
+    let watches_before = pod_watches(&env.api);
+
+    eventually(
+        "the re-list is applied and the next watch asked for",
+        || async { pod_watches(&env.api) > watches_before },
+    )
+    .await;
+    // The watch has not shown p yet; its reservation must still count.
+    assert_eq!(used(&inspect(env.addr()).await, "n1"), [10]);
+    let q = create(&env.api, pod("q", "10"));
+    let (s, r) = bind(env.addr(), &q, "n1").await;
+    assert_eq!(s, 500, "{r}");
+    eventually("ledger equals the annotations", || async {
+        used(&inspect(env.addr()).await, "n1") == [10]
+    })
+    .await;
+    assert!(annotated_per_gpu(&env.api).values().all(|u| *u <= 16));
+    env.ext.stop().await;
+}
+
+fn pod_lists(api: &ApiServer) -> usize {
+    api.requests()
+        .iter()
+        .filter(|r| r.path == "/api/v1/pods" && !r.query.contains("watch"))
+        .count()
+}
+
+fn pod_watches(api: &ApiServer) -> usize {
+    api.requests()
+        .iter()
+        .filter(|r| r.path == "/api/v1/pods" && r.query.contains("watch"))
+        .count()
+}
+
+// ---------------------------------------------------------------- item 4
+
+/// Native sidecars count as kube-scheduler counts them: 16 + a 4-unit sidecar is 20.
+#[tokio::test]
+async fn native_sidecars_are_counted() {
+    let env = Env::start_with(config(), |api| {
+        create(api, node("small", 1, 16));
+        create(api, node("big", 1, 24));
+    })
+    .await;
+    let mut s = pod("s", "16");
+    s["spec"]["initContainers"] = json!([{"name": "proxy", "image": "envoy",
+        "restartPolicy": "Always", "resources": {"limits": {"aliyun.com/gpu-mem": "4"}}}]);
+    let s = create(&env.api, s);
+    let (code, r) = filter(env.addr(), &s, &["small", "big"]).await;
+    assert_eq!(code, 200);
+    assert_eq!(r["NodeNames"], json!(["big"]), "{r}");
+    let (code, r) = bind(env.addr(), &s, "big").await;
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(annotations(&env.api, "s")["ALIYUN_COM_GPU_MEM_POD"], "20");
+    eventually("the ledger holds 20", || async {
+        used(&inspect(env.addr()).await, "big") == [20]
+    })
+    .await;
+    let t = create(&env.api, pod("t", "5"));
+    let (_, r) = filter(env.addr(), &t, &["big"]).await;
+    assert_eq!(r["NodeNames"], json!([]), "{r}");
+    env.ext.stop().await;
+}
+
+// ---------------------------------------------------------------- item 5
+
+/// A pod created from another pod's YAML carries our annotations: bind removes them.
+#[tokio::test]
+async fn bind_writes_a_clean_slate() {
+    let env = Env::start_with(config(), |api| {
+        create(api, node("n1", 1, 16));
+    })
+    .await;
+    let mut p = pod("copy", "4");
+    p["metadata"]["annotations"] = json!({
+        "gpushare.io/allocated-containers": "main",
+        "scheduler.framework.gpushare.allocation": "{\"0\":{\"0\":9}}",
+        "ALIYUN_COM_GPU_MEM_ASSIGNED": "true",
+        "ALIYUN_COM_GPU_MEM_IDX": "3",
+        "keep.example.com/mine": "yes"
+    });
+    let p = create(&env.api, p);
+    let (s, r) = bind(env.addr(), &p, "n1").await;
+    assert_eq!(s, 200, "{r}");
+    let a = annotations(&env.api, "copy");
+    assert!(!a.contains_key("gpushare.io/allocated-containers"), "{a:?}");
+    assert!(
+        !a.contains_key("scheduler.framework.gpushare.allocation"),
+        "{a:?}"
+    );
+    assert_eq!(a["ALIYUN_COM_GPU_MEM_ASSIGNED"], "false");
+    assert_eq!(a["ALIYUN_COM_GPU_MEM_IDX"], "0");
+    assert_eq!(
+        a["keep.example.com/mine"], "yes",
+        "foreign annotations stay"
+    );
+    env.ext.stop().await;
+}
+
+// ---------------------------------------------------------------- item 6
+
+/// 300 slow clients (headers dribbling in, a body that never comes) do not stop `/healthz`
+/// or filter from answering, and a slow body gets 408.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_hundred_slow_clients_do_not_stop_healthz_or_filter() {
+    let mut c = config();
+    c.http.header_read_timeout_ms = 5_000;
+    c.http.body_read_timeout_ms = 300;
+    let env = Env::start_with(c, |api| {
+        create(api, node("n1", 1, 16));
+    })
+    .await;
+    let mut slow = Vec::new();
+    for i in 0..300 {
+        let mut s = tokio::net::TcpStream::connect(env.addr())
+            .await
+            .expect("slow client connects");
+        let start = if i % 2 == 0 {
+            // Headers that never end.
+            "POST /gpushare-scheduler/filter HTTP/1.1\r\nHost: x\r\n".to_string()
+        } else {
+            // A body that never comes.
+            "POST /gpushare-scheduler/filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{".to_string()
+        };
+        s.write_all(start.as_bytes()).await.expect("slow write");
+        slow.push(s);
+    }
+    let (s, b) = get(env.addr(), "/healthz").await;
+    assert_eq!((s, b.as_str()), (200, "ok\n"));
+    let p = create(&env.api, pod("p", "4"));
+    let (s, r) = filter(env.addr(), &p, &["n1"]).await;
+    assert_eq!(s, 200);
+    assert_eq!(r["NodeNames"], json!(["n1"]), "{r}");
+    // A slow body is answered 408 once its deadline passes.
+    let mut body_client = slow.swap_remove(1);
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(DEADLINE, body_client.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the server closes a slow body's connection");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    drop(slow);
+    env.ext.stop().await;
+}
+
+// ---------------------------------------------------------------- item 7
+
+/// Foreign or absurd values in our annotations are bounded, counted and never printed above
+/// int64 by `/inspect`.
+#[tokio::test]
+async fn absurd_annotation_values_are_bounded_and_counted() {
+    let env = Env::start_with(config(), |api| {
+        create(api, node("n1", 1, 16));
+        let mut p = pod("foreign", "4");
+        p["spec"]["nodeName"] = json!("n1");
+        p["metadata"]["annotations"] = json!({
+            "ALIYUN_COM_GPU_MEM_IDX": "0",
+            "ALIYUN_COM_GPU_MEM_POD": "18446744073709551615",
+            "ALIYUN_COM_GPU_MEM_ASSIGNED": "true"});
+        p["status"] = json!({"phase": "Running"});
+        create(api, p);
+    })
+    .await;
+    let i = inspect(env.addr()).await;
+    assert_eq!(used(&i, "n1"), [4], "{i}");
+    let text = i.to_string();
+    assert!(!text.contains("18446744073709551615"), "{text}");
+    let max = i64::MAX as u64;
+    for n in i["nodes"].as_array().unwrap() {
+        assert!(n["usedGPU"].as_u64().unwrap() <= max);
+        assert!(n["totalGPU"].as_u64().unwrap() <= max);
+    }
+    assert!(
+        metric(
+            env.addr(),
+            "gpushare_extender_bad_annotations_total{key=\"ALIYUN_COM_GPU_MEM_POD\"}"
+        )
+        .await
+            >= 1.0
+    );
+    env.ext.stop().await;
+}
+
+// ---------------------------------------------------------------- item 8
+
+/// A watch that keeps failing (403 after an RBAC change) makes `/readyz` 503 within a bounded
+/// time, with the reason; filter and bind are refused meanwhile; it recovers by itself.
+#[tokio::test]
+async fn a_watch_that_keeps_failing_makes_the_extender_unready() {
+    let mut c = config();
+    c.extender.watch_stale_after_ms = 300;
+    let env = Env::start_with(c, |api| {
+        create(api, node("n1", 1, 16));
+    })
+    .await;
+    let p = create(&env.api, pod("p", "4"));
+    env.api.inject(
+        Fault::new(Some(Method::GET), "/api/v1/pods?", FaultAction::Status(403)).times(100_000),
+    );
+    env.api.inject(Fault::new(
+        Some(Method::GET),
+        "/api/v1/pods?",
+        FaultAction::CutWatch,
+    ));
+    eventually("/readyz answers 503", || async {
+        get(env.addr(), "/readyz").await.0 == 503
+    })
+    .await;
+    let (_, why) = get(env.addr(), "/readyz").await;
+    assert!(why.contains("stale") && why.contains("pod watch"), "{why}");
+    assert_eq!(filter(env.addr(), &p, &["n1"]).await.0, 503);
+    assert_eq!(bind(env.addr(), &p, "n1").await.0, 503);
+    assert_eq!(
+        metric(env.addr(), "gpushare_extender_ledger_stale").await,
+        1.0
+    );
+    assert!(metric(env.addr(), "gpushare_extender_watch_errors_total").await >= 1.0);
+    // RBAC fixed: the watch resumes, the ledger is fresh again.
+    env.api.clear_faults();
+    create(&env.api, pod("wake", "1"));
+    eventually("/readyz answers 200 again", || async {
+        get(env.addr(), "/readyz").await.0 == 200
+    })
+    .await;
+    assert_eq!(bind(env.addr(), &p, "n1").await.0, 200);
+    env.ext.stop().await;
+}
+
+/// An annotation patch that times out and lands late never overwrites the annotations of the
+/// bind that followed it (the patch is fenced by the pod's resourceVersion).
+#[tokio::test]
+async fn a_late_annotation_patch_never_lands_over_a_later_bind() {
+    let mut c = config();
+    c.extender.bind_timeout_ms = 300;
+    let env = Env::start_with(c, |api| {
+        create(api, node("n1", 2, 16));
+        create(api, node("n2", 1, 16));
+        let mut filler = pod("filler", "8");
+        filler["spec"]["nodeName"] = json!("n1");
+        filler["metadata"]["annotations"] = json!({"ALIYUN_COM_GPU_MEM_IDX": "0",
+            "ALIYUN_COM_GPU_MEM_POD": "8", "ALIYUN_COM_GPU_MEM_ASSIGNED": "true"});
+        filler["status"] = json!({"phase": "Running"});
+        create(api, filler);
+    })
+    .await;
+    let p = create(&env.api, pod("p", "10"));
+    env.api.inject(Fault::new(
+        Some(Method::PATCH),
+        "/pods/p",
+        FaultAction::ApplyLate(Duration::from_millis(700)),
+    ));
+    // n1 would put p on GPU 1; the patch saying so is slow and the bind gives up.
+    let (s, r) = bind(env.addr(), &p, "n1").await;
+    assert_eq!(s, 500, "{r}");
+    // The scheduler tries n2 (GPU 0) and succeeds before the slow patch lands.
+    let (s, r) = bind(env.addr(), &p, "n2").await;
+    assert_eq!(s, 200, "{r}");
+    eventually("the slow patch reached the API server", || async {
+        env.api.late_in_flight() == 0
+    })
+    .await;
+    let a = annotations(&env.api, "p");
+    assert_eq!(bound_to(&env.api, "p").as_deref(), Some("n2"));
+    assert_eq!(a["ALIYUN_COM_GPU_MEM_IDX"], "0", "{a:?}");
+    eventually("the ledger holds p on n2", || async {
+        let i = inspect(env.addr()).await;
+        used(&i, "n2") == [10] && used(&i, "n1") == [8, 0]
+    })
+    .await;
+    env.ext.stop().await;
+}

@@ -1,0 +1,451 @@
+//! `make soak`: pods created, bound and deleted concurrently over many nodes while faults are
+//! injected at random — a PATCH or Binding applied only after the bind timeout (5% of pods), a
+//! scheduler hanging up mid-bind and a Binding whose connection drops (2% each), a forced
+//! re-list (cut watch + compacted history → 410) about every 500 events, and one extender
+//! restart half-way. Throughout, no GPU is over-committed in the API's annotations nor in the
+//! ledger; at the end the ledger equals the annotations and no reservation is left. Prints
+//! the counts.
+//!
+//! `#[ignore]`d: `make soak` runs it (SOAK_PODS, default 2000; SOAK_NODES, default 50;
+//! SOAK_SEED). CI runs a shorter version.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use gpushare::config::Config;
+use gpushare::extender::{self, ExtenderHandle};
+use gpushare::shutdown::Shutdown;
+use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
+use http::Method;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+
+const GPUS_PER_NODE: u64 = 4;
+const GPU_UNITS: u64 = 16;
+const WORKERS: usize = 32;
+/// Live pods per worker before it deletes its oldest: keeps the cluster near full.
+const LIVE_PER_WORKER: usize = 20;
+const BIND_TIMEOUT_MS: u64 = 1000;
+
+fn env_num(key: &str, default: u64) -> u64 {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// xorshift64*: deterministic per seed, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+#[derive(Default)]
+struct Counts {
+    created: AtomicUsize,
+    bound: AtomicUsize,
+    deleted: AtomicUsize,
+    unschedulable: AtomicUsize,
+    bind_calls: AtomicUsize,
+    bind_errors: AtomicUsize,
+    late_faults: AtomicUsize,
+    hang_ups: AtomicUsize,
+    dropped: AtomicUsize,
+    relists: AtomicUsize,
+    restarts: AtomicUsize,
+    overcommit_checks: AtomicUsize,
+}
+
+fn config() -> Config {
+    let mut c = Config::default();
+    c.extender.bind_address = [127, 0, 0, 1].into();
+    c.extender.port = 0;
+    c.extender.bind_timeout_ms = BIND_TIMEOUT_MS;
+    c.extender.bind_settle_ms = 5_000;
+    c.doctor.skip = true;
+    c
+}
+
+async fn start(api: &ApiServer) -> ExtenderHandle {
+    let ext = extender::start(&config(), api.client(), Shutdown::never())
+        .await
+        .expect("extender starts");
+    ext.wait_ready().await.expect("extender becomes ready");
+    ext
+}
+
+/// One request; `None` when the extender cannot be reached (restarting) or the client gave
+/// up after `patience`.
+async fn post(
+    addr: SocketAddr,
+    path: &str,
+    body: &Value,
+    patience: Duration,
+) -> Option<(u16, Value)> {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let req = http::Request::builder()
+        .method(Method::POST)
+        .uri(format!("http://{addr}{path}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .ok()?;
+    let answer = tokio::time::timeout(patience, async {
+        let resp = client.request(req).await.ok()?;
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await.ok()?.to_bytes();
+        Some((status, serde_json::from_slice(&body).unwrap_or(Value::Null)))
+    })
+    .await;
+    answer.ok().flatten()
+}
+
+/// Memory per (node, GPU) from the annotations of bound, running pods.
+fn annotated(api: &ApiServer) -> BTreeMap<(String, u64), u64> {
+    let mut per_gpu = BTreeMap::new();
+    for p in api.list_objects("pods", None) {
+        let a = &p["metadata"]["annotations"];
+        let (Some(node), Some(idx), Some(mem)) = (
+            p["spec"]["nodeName"].as_str(),
+            a["ALIYUN_COM_GPU_MEM_IDX"]
+                .as_str()
+                .and_then(|v| v.parse().ok()),
+            a["ALIYUN_COM_GPU_MEM_POD"]
+                .as_str()
+                .and_then(|v| v.parse::<u64>().ok()),
+        ) else {
+            continue;
+        };
+        if matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed")) {
+            continue;
+        }
+        *per_gpu.entry((node.to_string(), idx)).or_default() += mem;
+    }
+    per_gpu
+}
+
+async fn ledger(addr: SocketAddr) -> Option<BTreeMap<(String, u64), u64>> {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let req = http::Request::builder()
+        .uri(format!("http://{addr}/gpushare-scheduler/inspect"))
+        .body(Full::new(Bytes::new()))
+        .ok()?;
+    let resp = client.request(req).await.ok()?;
+    let body = resp.into_body().collect().await.ok()?.to_bytes();
+    let v: Value = serde_json::from_slice(&body).ok()?;
+    let mut per_gpu = BTreeMap::new();
+    for n in v["nodes"].as_array()? {
+        for d in n["devs"].as_array()? {
+            let used = d["usedGPU"].as_u64()?;
+            assert!(used <= d["totalGPU"].as_u64()?, "ledger over capacity: {n}");
+            if used > 0 {
+                per_gpu.insert((n["name"].as_str()?.to_string(), d["id"].as_u64()?), used);
+            }
+        }
+    }
+    Some(per_gpu)
+}
+
+fn assert_no_overcommit(api: &ApiServer) {
+    for (gpu, used) in annotated(api) {
+        assert!(
+            used <= GPU_UNITS,
+            "GPU {gpu:?} over-committed in the API: {used}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "long: make soak"]
+async fn soak_no_overcommit_under_random_faults() {
+    let pods = env_num("SOAK_PODS", 2000) as usize;
+    let nodes = env_num("SOAK_NODES", 50) as usize;
+    let seed = env_num("SOAK_SEED", 0x005e_ed15);
+    let started = std::time::Instant::now();
+    let api = ApiServer::start().await.expect("sandbox API server starts");
+    api.set_history_limit(200);
+    let names: Vec<String> = (0..nodes).map(|n| format!("n{n:03}")).collect();
+    for n in &names {
+        let res = json!({"aliyun.com/gpu-mem": (GPUS_PER_NODE * GPU_UNITS).to_string(),
+                         "aliyun.com/gpu-count": GPUS_PER_NODE.to_string()});
+        api.create_object(
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n},
+            "status": {"capacity": res, "allocatable": res}}),
+        )
+        .expect("node created");
+    }
+    let first = start(&api).await;
+    let addr = Arc::new(RwLock::new(first.addr));
+    let ext = Arc::new(tokio::sync::Mutex::new(Some(first)));
+    let counts = Arc::new(Counts::default());
+    let next_pod = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let unknown_before_restart = Arc::new(AtomicU64::new(0));
+
+    // Forced re-lists about every 500 events, and the over-commit watchdog.
+    let chaos = {
+        let (api, counts, done) = (api.clone(), counts.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut last = api.resource_version();
+            while !done.load(Ordering::SeqCst) {
+                let rv = api.resource_version();
+                if rv >= last + 500 {
+                    last = rv;
+                    api.inject(Fault::new(
+                        Some(Method::GET),
+                        "/api/v1/pods?",
+                        FaultAction::CutWatch,
+                    ));
+                    counts.relists.fetch_add(1, Ordering::Relaxed);
+                }
+                assert_no_overcommit(&api);
+                counts.overcommit_checks.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        })
+    };
+
+    let mut workers = Vec::new();
+    for w in 0..WORKERS {
+        let (api, addr, counts, next_pod, ext, names, unknown_before_restart) = (
+            api.clone(),
+            addr.clone(),
+            counts.clone(),
+            next_pod.clone(),
+            ext.clone(),
+            names.clone(),
+            unknown_before_restart.clone(),
+        );
+        workers.push(tokio::spawn(async move {
+            let mut rng = Rng((seed ^ (w as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1);
+            let mut live: std::collections::VecDeque<String> = Default::default();
+            loop {
+                let i = next_pod.fetch_add(1, Ordering::SeqCst);
+                if i >= pods {
+                    break;
+                }
+                if i == pods / 2 {
+                    // One extender restart. The old one's last late writes land before the new
+                    // one lists (what the HA lease timing guarantees in a cluster).
+                    let mut slot = ext.lock().await;
+                    if let Some(old) = slot.take() {
+                        let old_addr = *addr.read().unwrap_or_else(|p| p.into_inner());
+                        unknown_before_restart.store(unknown_of(old_addr).await, Ordering::SeqCst);
+                        old.stop().await;
+                        while api.late_in_flight() > 0 {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                        let new = start(&api).await;
+                        *addr.write().unwrap_or_else(|p| p.into_inner()) = new.addr;
+                        *slot = Some(new);
+                        counts.restarts.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                let name = format!("p{i:05}");
+                let mem = 1 + rng.below(8);
+                let pod = api
+                    .create_object(json!({"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": name, "namespace": "default"},
+                        "spec": {"containers": [{"name": "main", "image": "cuda",
+                            "resources": {"limits": {"aliyun.com/gpu-mem": mem.to_string()}}}]}}))
+                    .expect("pod created");
+                counts.created.fetch_add(1, Ordering::Relaxed);
+                // Faults for this pod.
+                let late = Duration::from_millis(BIND_TIMEOUT_MS + 100 + rng.below(300));
+                let mut hang_up = false;
+                if rng.chance(5) {
+                    let (method, path) = if rng.chance(50) {
+                        (Method::PATCH, format!("/pods/{name}"))
+                    } else {
+                        (Method::POST, format!("/pods/{name}/binding"))
+                    };
+                    api.inject(Fault::new(Some(method), path, FaultAction::ApplyLate(late)));
+                    counts.late_faults.fetch_add(1, Ordering::Relaxed);
+                } else if rng.chance(2) {
+                    api.inject(Fault::new(
+                        Some(Method::POST),
+                        format!("/pods/{name}/binding"),
+                        FaultAction::ApplyLate(Duration::from_millis(150)),
+                    ));
+                    hang_up = true;
+                    counts.hang_ups.fetch_add(1, Ordering::Relaxed);
+                } else if rng.chance(2) {
+                    let action = if rng.chance(50) {
+                        FaultAction::DropConnection
+                    } else {
+                        FaultAction::ApplyThenDrop
+                    };
+                    api.inject(Fault::new(
+                        Some(Method::POST),
+                        format!("/pods/{name}/binding"),
+                        action,
+                    ));
+                    counts.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+                let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+                let mut placed = false;
+                for attempt in 0..40 {
+                    if api
+                        .get_object("pods", Some("default"), &name)
+                        .is_some_and(|p| p["spec"]["nodeName"].is_string())
+                    {
+                        placed = true;
+                        break;
+                    }
+                    let a = *addr.read().unwrap_or_else(|p| p.into_inner());
+                    let patience = if hang_up && attempt == 0 {
+                        Duration::from_millis(50)
+                    } else {
+                        Duration::from_secs(30)
+                    };
+                    let Some((200, r)) = post(
+                        a,
+                        "/gpushare-scheduler/filter",
+                        &json!({"Pod": pod, "NodeNames": refs}),
+                        Duration::from_secs(30),
+                    )
+                    .await
+                    else {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    };
+                    let passing: Vec<String> = r["NodeNames"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|n| n.as_str().map(str::to_string))
+                        .collect();
+                    if passing.is_empty() {
+                        // Full for now: make room, then try again.
+                        if let Some(old) = live.pop_front() {
+                            let _ = api.delete_object("pods", Some("default"), &old);
+                            counts.deleted.fetch_add(1, Ordering::Relaxed);
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                    let pick = &passing[rng.below(passing.len() as u64) as usize];
+                    counts.bind_calls.fetch_add(1, Ordering::Relaxed);
+                    let answer = post(
+                        a,
+                        "/gpushare-scheduler/bind",
+                        &json!({"PodName": name, "PodNamespace": "default",
+                                "PodUID": pod["metadata"]["uid"], "Node": pick}),
+                        patience,
+                    )
+                    .await;
+                    if matches!(answer, Some((200, _))) {
+                        placed = true;
+                        break;
+                    }
+                    counts.bind_errors.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(10 + rng.below(40))).await;
+                }
+                if placed {
+                    counts.bound.fetch_add(1, Ordering::Relaxed);
+                    live.push_back(name);
+                    while live.len() > LIVE_PER_WORKER {
+                        if let Some(old) = live.pop_front() {
+                            let _ = api.delete_object("pods", Some("default"), &old);
+                            counts.deleted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                } else {
+                    counts.unschedulable.fetch_add(1, Ordering::Relaxed);
+                    let _ = api.delete_object("pods", Some("default"), &name);
+                    counts.deleted.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    for w in workers {
+        w.await.expect("worker finished");
+    }
+    done.store(true, Ordering::SeqCst);
+    chaos.await.expect("chaos task finished");
+    api.clear_faults();
+    assert_no_overcommit(&api);
+
+    // The ledger converges to the annotations and no reservation is left.
+    let handle = ext.lock().await.take().expect("an extender runs");
+    let a = handle.addr;
+    let end = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let l = ledger(a).await;
+        let want = annotated(&api);
+        if l.as_ref() == Some(&want) && handle.state().binds().is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "ledger never converged:\nledger {l:?}\nannotations {want:?}\nowners left {}",
+            handle.state().binds().len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let unknown = unknown_before_restart.load(Ordering::SeqCst) + unknown_of(a).await;
+    let held: u64 = annotated(&api).values().sum();
+    let c = &counts;
+    let n = |x: &AtomicUsize| x.load(Ordering::Relaxed);
+    println!(
+        "soak: {pods} pods over {nodes} nodes in {:.1} s: created {}, bound {}, deleted {}, \
+         unschedulable {}; bind calls {}, bind errors {}; faults: late {}, hang-ups {}, dropped {}; \
+         unknown outcomes {unknown}; forced re-lists {}, restarts {}; over-commit checks {} (0 failed); \
+         end: {held} units held, ledger = annotations",
+        started.elapsed().as_secs_f64(),
+        n(&c.created),
+        n(&c.bound),
+        n(&c.deleted),
+        n(&c.unschedulable),
+        n(&c.bind_calls),
+        n(&c.bind_errors),
+        n(&c.late_faults),
+        n(&c.hang_ups),
+        n(&c.dropped),
+        n(&c.relists),
+        n(&c.restarts),
+        n(&c.overcommit_checks),
+    );
+    assert_eq!(n(&c.created), pods);
+    assert_eq!(n(&c.restarts), usize::from(pods >= 2));
+    handle.stop().await;
+}
+
+/// `gpushare_extender_bind_unknown_outcomes_total` of the extender at `addr` (0 if unreachable).
+async fn unknown_of(addr: SocketAddr) -> u64 {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let Ok(req) = http::Request::builder()
+        .uri(format!("http://{addr}/metrics"))
+        .body(Full::new(Bytes::new()))
+    else {
+        return 0;
+    };
+    let Ok(resp) = client.request(req).await else {
+        return 0;
+    };
+    let Ok(body) = resp.into_body().collect().await else {
+        return 0;
+    };
+    String::from_utf8_lossy(&body.to_bytes())
+        .lines()
+        .find(|l| l.starts_with("gpushare_extender_bind_unknown_outcomes_total"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
