@@ -313,6 +313,19 @@ impl DevicePluginHandle {
         self.plugin.reconcile_now.notify_one();
     }
 
+    /// Runs one PodResources reconcile pass now and waits for it (its corrections included).
+    pub async fn reconcile(&self) -> anyhow::Result<()> {
+        let mut reported = std::collections::HashSet::new();
+        reconcile::reconcile_once(&self.plugin, &mut reported)
+            .await
+            .map(|_| ())
+    }
+
+    /// Whether the pod store has completed its first list of this node's pods.
+    pub fn pods_synced(&self) -> bool {
+        self.plugin.pods.is_synced()
+    }
+
     /// Stops serving, ends the ListAndWatch streams and removes the socket.
     pub async fn stop(self) {
         self.stop.trigger();

@@ -4,6 +4,7 @@
 mod cli;
 mod demo;
 mod deviceplugin;
+mod deviceplugin_settle;
 mod doctor;
 mod extender;
 mod gpu;
