@@ -20,7 +20,10 @@
 //!   annotation of that pod, nor of any pod swapped with it, is rewritten — whatever index
 //!   they were given, the per-GPU totals would be wrong. It is logged, counted
 //!   (`gpushare_device_plugin_split_pods`) and reported as a node Event
-//!   (`GpuShareAllocationSplit`), once per pod.
+//!   (`GpuShareAllocationSplit`), once per pod;
+//! - an answer kubelet does not show yet (the pod is mid-admission, or the Allocate failed):
+//!   where that container runs is not known, so that pod and the pods swapped with it wait
+//!   for a later pass.
 //!
 //! Records of pods that are gone (deleted, re-created under the same name with another UID,
 //! finished) are dropped first, so a stale record never moves another pod. Device IDs
@@ -42,8 +45,9 @@ use tonic::transport::{Endpoint, Uri};
 
 use super::Plugin;
 use super::api::bounded;
+use super::matching::PodSnapshot;
 use super::node::warn_event;
-use super::records::PodId;
+use super::records::{PodId, Records};
 use crate::core::wire::{
     ANN_ASSIGNED, ANN_ASSUME_TIME, ANN_DEVICE_MEM, ANN_GPU_INDEX, POD_ANN_ALLOCATED_CONTAINERS,
     RESOURCE_GPU_MEM, parse_fake_device_id,
@@ -117,6 +121,16 @@ pub(crate) async fn run(plugin: Arc<Plugin>, stop: Shutdown) {
             _ = tokio::time::sleep(wait) => {}
         }
         if !plugin.config.pod_resources_socket.exists() {
+            // No cross-check; the records of gone pods still go.
+            if plugin.pods.is_synced() {
+                let pods = plugin.pods.snapshot();
+                drop_gone(&mut plugin.records(), |ns, name| {
+                    pods.iter()
+                        .find(|p| p.namespace == ns && p.name == name)
+                        .cloned()
+                });
+                plugin.prune_pod_locks();
+            }
             follow_until = None;
             continue;
         }
@@ -228,18 +242,19 @@ pub(crate) async fn reconcile_once(plugin: &Arc<Plugin>) -> anyhow::Result<usize
 /// annotations to write and what to report.
 fn plan(plugin: &Plugin, truth: &HashMap<String, Holder>, reported: &mut Reported) -> Plan {
     let mut out = Plan::default();
+    // A copy of the store, taken before the records are locked (the store is never read
+    // while the records are held).
+    let pods: HashMap<(String, String), PodSnapshot> = plugin
+        .pods
+        .snapshot()
+        .into_iter()
+        .map(|p| ((p.namespace.clone(), p.name.clone()), p))
+        .collect();
+    let get = |ns: &str, name: &str| pods.get(&(ns.to_string(), name.to_string()));
     let mut records = plugin.records();
     // Records of pods that are gone go first: they must never move another pod.
     if plugin.pods.is_synced() {
-        let dropped = records.retain(|uid, p| {
-            plugin
-                .pods
-                .get(&p.namespace, &p.name)
-                .is_some_and(|s| s.uid == uid && !s.terminal)
-        });
-        if !dropped.is_empty() {
-            tracing::debug!(pods = dropped.len(), "dropped the records of gone pods");
-        }
+        drop_gone(&mut records, |ns, name| get(ns, name).cloned());
     }
     struct Seen {
         grant_uid: String,
@@ -249,6 +264,10 @@ fn plan(plugin: &Plugin, truth: &HashMap<String, Holder>, reported: &mut Reporte
         holder_container: String,
     }
     let mut seen: Vec<Seen> = Vec::new();
+    // Pods with an answer kubelet does not show yet (mid-admission, or an Allocate that
+    // failed): where that container really runs is not known, so nothing about them, nor
+    // about the pods swapped with them, is corrected in this pass.
+    let mut unsettled: BTreeSet<String> = BTreeSet::new();
     for (uid, pod) in records.pods() {
         for grant in &pod.containers {
             let holders: BTreeSet<&Holder> = grant
@@ -259,13 +278,14 @@ fn plan(plugin: &Plugin, truth: &HashMap<String, Holder>, reported: &mut Reporte
             let Some((ns, name, container)) = holders.iter().next().map(|h| (&h.0, &h.1, &h.2))
             else {
                 out.outstanding += 1;
+                unsettled.insert(uid.clone());
                 continue;
             };
             if holders.len() > 1 {
                 tracing::warn!(ids = ?grant.device_ids, ?holders, "kubelet split one allocation over several containers");
                 continue;
             }
-            let Some(holder) = plugin.pods.get(ns, name) else {
+            let Some(holder) = get(ns, name) else {
                 continue;
             };
             if (ns, name) == (&pod.namespace, &pod.name) && holder.uid != *uid {
@@ -310,7 +330,8 @@ fn plan(plugin: &Plugin, truth: &HashMap<String, Holder>, reported: &mut Reporte
             ));
         }
     }
-    // Every pod swapped (directly or not) with a split pod is left alone too.
+    // Every pod swapped (directly or not) with a split or unsettled pod is left alone too.
+    excluded.extend(unsettled);
     loop {
         let before = excluded.len();
         for s in &seen {
@@ -340,10 +361,8 @@ fn plan(plugin: &Plugin, truth: &HashMap<String, Holder>, reported: &mut Reporte
             .pod(&s.grant_uid)
             .map(|p| (p.namespace.clone(), p.name.clone()))
             .unwrap_or_default();
-        let holder_gpu = plugin
-            .pods
-            .get(&s.holder.namespace, &s.holder.name)
-            .and_then(|p| p.annotations.gpu_index);
+        let holder_gpu =
+            get(&s.holder.namespace, &s.holder.name).and_then(|p| p.annotations.gpu_index);
         let mistaken = desired.entry(s.grant_uid.clone()).or_default();
         mistaken.remove.insert(s.grant_container.clone());
         mistaken.swap_gpu = holder_gpu;
@@ -373,7 +392,7 @@ fn plan(plugin: &Plugin, truth: &HashMap<String, Holder>, reported: &mut Reporte
         let Some(gpu) = parse_fake_device_id(id).and_then(|(u, _)| plugin.gpu_by_uuid(u)) else {
             continue;
         };
-        if let Some(pod) = plugin.pods.get(&holder.0, &holder.1)
+        if let Some(pod) = get(&holder.0, &holder.1)
             && pod.annotations.gpu_index.is_some_and(|i| i != gpu.index)
         {
             plugin.metrics.mismatches_seen.inc();
@@ -391,6 +410,20 @@ fn plan(plugin: &Plugin, truth: &HashMap<String, Holder>, reported: &mut Reporte
     records.reassign(&moves);
     out.desired = desired;
     out
+}
+
+/// Drops the records of pods that are gone: `current(namespace, name)` is the pod of that
+/// name now (another UID means the recorded one was deleted and re-created).
+pub(crate) fn drop_gone(
+    records: &mut Records,
+    current: impl Fn(&str, &str) -> Option<PodSnapshot>,
+) {
+    let dropped = records.retain(|uid, p| {
+        current(&p.namespace, &p.name).is_some_and(|s| s.uid == uid && !s.terminal)
+    });
+    if !dropped.is_empty() {
+        tracing::debug!(pods = dropped.len(), "dropped the records of gone pods");
+    }
 }
 
 /// The annotations to merge onto pod `uid` so that they say `d`; `None` when they do.

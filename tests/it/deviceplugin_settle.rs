@@ -57,12 +57,16 @@ async fn a_pod_split_over_two_gpus_is_reported_not_corrected() {
     let c = cluster("2x16GiB", |_| {}).await;
     c.bound_pod("m", &[("c1", 3), ("c2", 2)], Some(0), 1_000);
     c.bound_pod("p", &[("main", 3)], Some(1), 2_000);
+    // The cross-check sees kubelet's allocations only once all three are made (a pass in
+    // between would correct the first swap and avoid the split this test is about).
+    c.kubelet.pause_pod_resources(true);
     // kubelet starts p first: its container looks like m's first one (older, same size).
     let (_, p) = c.allocate("p", "main", 3).await.expect("allocated");
     let (_, m1) = c.allocate("m", "c1", 3).await.expect("allocated");
     let (_, m2) = c.allocate("m", "c2", 2).await.expect("allocated");
     assert_ne!(gpu_of(&m1), gpu_of(&m2), "the scenario splits m");
     let before = (c.annotations("m"), c.annotations("p"));
+    c.kubelet.pause_pod_resources(false);
     c.plugin().reconcile().await.expect("a reconcile pass");
     let after = (c.annotations("m"), c.annotations("p"));
     for (pod, b, a) in [("m", &before.0, &after.0), ("p", &before.1, &after.1)] {
