@@ -9,24 +9,42 @@
 //! 0), `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` and `CUDA_MPS_PIPE_DIRECTORY` with the pipe
 //! directory mounted.
 //!
-//! The answer is then shaped by the `--device-list-strategy` ([`handover`](super::handover):
-//! env, volume mounts, CDI annotations or CDI devices, device specs).
+//! A container is claimed in the [`Records`](super::records::Records) (keyed by pod UID) the
+//! moment it is matched, under a mutex held for that in-memory step only; then the pod is
+//! merge-patched (`gpushare.io/allocated-containers`, and ASSIGNED=true with the allocation
+//! time once its last GPU container is served) under that pod's own lock, so a slow PATCH
+//! holds up no other pod. Each request has a timeout and the whole Allocate a deadline
+//! ([`ALLOCATE_DEADLINE`]); transient errors are retried within it. A PATCH the API refused
+//! fails the call and drops the claim, so no GPU is handed out that the API does not know
+//! about; a PATCH whose outcome is unknown (no answer in time) fails the call but keeps the
+//! claim: the container is not matched to anything else, and kubelet asking again gets the
+//! same GPU.
 //!
-//! After a match the pod is merge-patched (`gpushare.io/allocated-containers`, and ASSIGNED=true
-//! with the allocation time once its last GPU container is served). Transient API errors are
-//! retried; if the patch still fails the call fails, so no GPU is handed out that the API does
-//! not know about. No match: on a one-GPU node the upstream fallback (that GPU, no patch);
-//! otherwise the upstream failure envs or, with `--allocate-failure error`, a gRPC error that
-//! names the pods considered; either way a Warning Event on the node.
+//! kubelet may ask again for a container it was answered before (a restart before its
+//! checkpoint, a cancelled call): the same device IDs find their record; other IDs find the
+//! latest served container of that size that kubelet's PodResources shows no devices for
+//! ([`matching::find_repeat`]). Either way the same GPU is answered.
+//!
+//! The answer is then shaped by the `--device-list-strategy` ([`handover`](super::handover):
+//! env, volume mounts, CDI annotations or CDI devices, device specs), before the pod is
+//! patched, so a GPU without its CDI device never marks the pod.
+//!
+//! No match: on a one-GPU node the upstream fallback (that GPU, no patch); otherwise the
+//! upstream failure envs or, with `--allocate-failure error`, a gRPC error that names the pods
+//! considered; either way a Warning Event on the node.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 
+use tokio::time::Instant;
 use tonic::Status;
 
-use super::matching::{self, Match};
+use super::api::bounded;
+use super::matching::{self, Match, NotMatched};
 use super::node;
-use super::{AllocationRecord, Plugin, RECORDS_KEPT};
+use super::records::PodId;
+use super::{Plugin, reconcile};
 use crate::config::{AllocateFailure, VisibleDevices};
 use crate::core::wire::{
     ENV_CGPU_DISABLE, ENV_CONTAINER_MEM, ENV_DEVICE_MEM, ENV_GPU_INDEX,
@@ -34,7 +52,7 @@ use crate::core::wire::{
     ENV_POD_MEM, ENV_VISIBLE_DEVICES,
 };
 use crate::core::{GpuMem, PodGpuAnnotations};
-use crate::k8s::retry::retry_attempts;
+use crate::k8s::retry::{RetryError, retry_until};
 use crate::k8s::write::now_ns;
 use crate::kubelet_api::deviceplugin::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse,
@@ -42,10 +60,26 @@ use crate::kubelet_api::deviceplugin::{
     PreferredAllocationResponse,
 };
 
-/// How long Allocate waits for the first pod list after a (re)start.
-const SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-/// Attempts of the pod patch on transient errors.
-const PATCH_ATTEMPTS: u32 = 4;
+/// How long one Allocate may take in all (waiting for the pod list, the PATCH and its
+/// retries); kubelet turns a failed Allocate into a Failed pod, so this is generous.
+pub(crate) const ALLOCATE_DEADLINE: Duration = Duration::from_secs(8);
+/// How long Allocate waits for the watch's first pod list before it reads the API itself
+/// (registration waits for that list, so this is for the unexpected).
+const SYNC_WAIT: Duration = Duration::from_secs(2);
+
+/// How a container's request was matched.
+enum Choice {
+    /// A pod's next container (`repeat`: one answered before, asked again).
+    Matched { m: Match, seq: u64, repeat: bool },
+    /// Nothing waits for this size.
+    Unmatched(Vec<NotMatched>),
+}
+
+/// Why recording an allocation on the pod did not succeed.
+struct NotRecorded {
+    message: String,
+    unknown: bool,
+}
 
 impl Plugin {
     fn base_envs(
@@ -124,68 +158,226 @@ impl Plugin {
         }
     }
 
-    /// Matches from the store; on a miss, catches up with one LIST and tries again.
-    async fn find_match(&self, units: GpuMem) -> Result<Match, Vec<matching::NotMatched>> {
-        let known = |i: u32| self.gpu_by_index(i).is_some();
-        match matching::find_match(&self.pods.snapshot(), units, known) {
-            Ok(m) => Ok(m),
-            Err(_) => {
-                if let Err(e) = self.pods.refresh(&self.client, &self.node).await {
-                    tracing::debug!(error = %e, "pod refresh after a miss failed");
-                }
-                matching::find_match(&self.pods.snapshot(), units, known)
+    fn known(&self) -> impl Fn(u32) -> bool + '_ {
+        |i| self.gpu_by_index(i).is_some()
+    }
+
+    /// Matches `ids` from the store and claims the container in the records (one in-memory
+    /// step under the records mutex).
+    fn claim(&self, ids: &[String], units: GpuMem) -> Result<(Match, u64), Vec<NotMatched>> {
+        let known = self.known();
+        self.pods.with_pods(|pods| {
+            let mut records = self.records();
+            let m = matching::find_match(pods, &records, units, known)?;
+            let seq = records.claim(&pod_id(&m), &m.container, ids, m.gpu_index);
+            Ok((m, seq))
+        })
+    }
+
+    /// The same device IDs asked again: the container they were answered for.
+    fn same_ids(&self, ids: &[String]) -> Option<(Match, u64, bool)> {
+        let (pod, grant) = self.records().for_ids(ids)?;
+        let snap = self
+            .pods
+            .get(&pod.namespace, &pod.name)
+            .filter(|s| s.uid == pod.uid)?;
+        let mut records = self.records();
+        let m = matching::match_for(&snap, &records, &grant.container, grant.gpu_index)?;
+        if grant.recorded {
+            return Some((m, grant.seq, true));
+        }
+        let seq = records.claim(&pod, &grant.container, ids, grant.gpu_index);
+        Some((m, seq, false))
+    }
+
+    /// A container answered before that kubelet does not show (it asks again with other IDs).
+    async fn repeat(&self, ids: &[String], units: GpuMem) -> Option<(Match, u64)> {
+        let socket = &self.config.pod_resources_socket;
+        if !socket.exists() {
+            return None;
+        }
+        let truth = match tokio::time::timeout(
+            super::api::REQUEST_TIMEOUT,
+            reconcile::list_assignments(socket),
+        )
+        .await
+        {
+            Ok(Ok(t)) => t,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "PodResources unavailable to recognise a repeat");
+                return None;
             }
+            Err(_) => return None,
+        };
+        let held: HashSet<(&str, &str, &str)> = truth
+            .values()
+            .map(|(ns, pod, c)| (ns.as_str(), pod.as_str(), c.as_str()))
+            .collect();
+        let known = self.known();
+        self.pods.with_pods(|pods| {
+            let mut records = self.records();
+            let m = matching::find_repeat(
+                pods,
+                &records,
+                units,
+                |ns, pod, c| held.contains(&(ns, pod, c)),
+                known,
+            )?;
+            let seq = records.claim(&pod_id(&m), &m.container, ids, m.gpu_index);
+            Some((m, seq))
+        })
+    }
+
+    /// Matches one container request: a pod's next container; else the container these very
+    /// IDs were answered for (kubelet asking again); else, after one LIST (the watch may lag),
+    /// a pod's next container or a container asked again with other IDs. A pod waiting for
+    /// this size comes before a repeat: kubelet reuses the IDs of gone containers, so the same
+    /// IDs alone do not prove a repeat.
+    async fn choose(&self, ids: &[String], units: GpuMem) -> Choice {
+        let matched = |(m, seq): (Match, u64)| Choice::Matched {
+            m,
+            seq,
+            repeat: false,
+        };
+        if let Ok(found) = self.claim(ids, units) {
+            return matched(found);
+        }
+        if let Some((m, seq, recorded)) = self.same_ids(ids) {
+            return Choice::Matched {
+                m,
+                seq,
+                repeat: recorded,
+            };
+        }
+        if let Err(e) = self.pods.refresh(&self.client, &self.node).await {
+            tracing::debug!(error = %e, "pod refresh after a miss failed");
+        }
+        let rejected = match self.claim(ids, units) {
+            Ok(found) => return matched(found),
+            Err(rejected) => rejected,
+        };
+        match self.repeat(ids, units).await {
+            Some(found) => matched(found),
+            None => Choice::Unmatched(rejected),
         }
     }
 
-    /// Merge-patches the pod after serving `m`; returns the updated pod into the store.
-    async fn record_on_pod(&self, m: &Match) -> Result<(), kube::Error> {
+    /// Merge-patches the pod after matching `m` (answer `seq`), under the pod's lock, within
+    /// `deadline`; the updated pod goes into the store. A refused PATCH drops the claim; one
+    /// whose outcome is unknown keeps it.
+    async fn record_on_pod(
+        &self,
+        m: &Match,
+        seq: u64,
+        deadline: Instant,
+    ) -> Result<(), NotRecorded> {
+        let lock = self.pod_lock(&m.uid);
+        let _pod_locked = lock.lock().await;
         let patch = PodGpuAnnotations::allocated_patch(&m.allocated_after, m.complete, now_ns());
-        let pod = retry_attempts(PATCH_ATTEMPTS, || {
-            crate::k8s::write::patch_pod_annotations(&self.client, &m.namespace, &m.name, &patch)
-        })
-        .await?;
-        self.pods.apply(&pod);
-        Ok(())
+        let outcome = retry_until(
+            deadline,
+            |e| tracing::debug!(error = %e, pod = m.name, "pod patch failed, retrying"),
+            || {
+                bounded(crate::k8s::write::patch_pod_annotations(
+                    &self.client,
+                    &m.namespace,
+                    &m.name,
+                    &patch,
+                ))
+            },
+        )
+        .await;
+        match outcome {
+            Ok(pod) => {
+                self.pods.apply(&pod);
+                self.records().mark_recorded(&m.uid, &m.container, seq);
+                Ok(())
+            }
+            Err(RetryError::Failed(e)) if !e.outcome_unknown() => {
+                self.records().release(&m.uid, &m.container, seq);
+                Err(NotRecorded {
+                    message: e.to_string(),
+                    unknown: false,
+                })
+            }
+            Err(RetryError::Failed(e)) => Err(NotRecorded {
+                message: format!("{e} (outcome unknown)"),
+                unknown: true,
+            }),
+            Err(RetryError::DeadlineExceeded) => Err(NotRecorded {
+                message: format!(
+                    "no answer within the Allocate deadline of {ALLOCATE_DEADLINE:?} (outcome \
+                     unknown)"
+                ),
+                unknown: true,
+            }),
+        }
     }
 
-    /// Serves one Allocate call, container by container, under the allocation lock.
+    /// Waits for the watch's first pod list; past [`SYNC_WAIT`] reads the API itself.
+    async fn ensure_pods(&self, deadline: Instant) -> Result<(), Status> {
+        if self.pods.is_synced()
+            || tokio::time::timeout(SYNC_WAIT, self.pods.synced())
+                .await
+                .is_ok()
+        {
+            return Ok(());
+        }
+        retry_until(
+            deadline,
+            |_| {},
+            || self.pods.refresh(&self.client, &self.node),
+        )
+        .await
+        .map_err(|e| {
+            Status::unavailable(format!(
+                "the device plugin could not read this node's pods: {e:?}"
+            ))
+        })
+    }
+
+    /// Serves one Allocate call, container by container, within [`ALLOCATE_DEADLINE`].
     pub(crate) async fn allocate(
         self: &Arc<Self>,
         request: AllocateRequest,
     ) -> Result<AllocateResponse, Status> {
         let started = std::time::Instant::now();
-        let mut records = self.allocations.lock().await;
-        if !self.pods.wait_synced(SYNC_WAIT).await {
-            return Err(Status::unavailable(
-                "the device plugin has not listed this node's pods yet; retry",
-            ));
-        }
+        let deadline = Instant::now() + ALLOCATE_DEADLINE;
+        let result = self.allocate_within(request, deadline).await;
+        self.reconcile_now.notify_one();
+        self.metrics
+            .allocate_seconds
+            .observe(started.elapsed().as_secs_f64());
+        result
+    }
+
+    async fn allocate_within(
+        self: &Arc<Self>,
+        request: AllocateRequest,
+        deadline: Instant,
+    ) -> Result<AllocateResponse, Status> {
+        self.ensure_pods(deadline).await?;
         let visible_uuid = self.config.visible_devices == VisibleDevices::Uuid;
         let mut responses = Vec::with_capacity(request.container_requests.len());
-        let mut result = Ok(());
         for creq in &request.container_requests {
             let units = GpuMem::new(creq.devices_ids.len() as u64);
-            match self.find_match(units).await {
-                Ok(m) => {
+            match self.choose(&creq.devices_ids, units).await {
+                Choice::Matched { m, seq, repeat } => {
                     let base = self.grant(m.gpu_index, visible_uuid, m.pod_total, units);
-                    let response = match self.hand_over(Some(m.gpu_index), base).await {
-                        Ok(r) => r,
-                        Err(e) => {
-                            result = Err(e);
-                            break;
-                        }
-                    };
-                    if let Err(e) = self.record_on_pod(&m).await {
-                        self.metrics.allocation("patch_failed");
+                    let response = self.hand_over(Some(m.gpu_index), base).await?;
+                    if !repeat && let Err(e) = self.record_on_pod(&m, seq, deadline).await {
+                        self.metrics.allocation(if e.unknown {
+                            "patch_unknown"
+                        } else {
+                            "patch_failed"
+                        });
                         let msg = format!(
                             "matched pod {}/{} container {:?} to GPU {}, but recording it on the \
-                             pod failed: {e}; not handing out a GPU the API does not know about",
-                            m.namespace, m.name, m.container, m.gpu_index
+                             pod failed: {}; not handing out a GPU the API does not know about",
+                            m.namespace, m.name, m.container, m.gpu_index, e.message
                         );
                         tracing::error!("{msg}");
-                        result = Err(Status::unavailable(msg));
-                        break;
+                        return Err(Status::unavailable(msg));
                     }
                     tracing::info!(
                         pod = format!("{}/{}", m.namespace, m.name),
@@ -193,22 +385,14 @@ impl Plugin {
                         gpu = m.gpu_index,
                         units = units.units(),
                         complete = m.complete,
+                        repeat,
                         "allocated"
                     );
-                    self.metrics.allocation("matched");
+                    self.metrics
+                        .allocation(if repeat { "repeated" } else { "matched" });
                     responses.push(response);
-                    records.push_back(AllocationRecord {
-                        device_ids: creq.devices_ids.clone(),
-                        gpu_index: m.gpu_index,
-                        namespace: m.namespace.clone(),
-                        name: m.name.clone(),
-                        container: m.container.clone(),
-                    });
-                    while records.len() > RECORDS_KEPT {
-                        records.pop_front();
-                    }
                 }
-                Err(rejected) if self.gpus.len() == 1 => {
+                Choice::Unmatched(rejected) if self.gpus.len() == 1 => {
                     let gpu = &self.gpus[0];
                     tracing::info!(
                         units = units.units(),
@@ -217,15 +401,9 @@ impl Plugin {
                     );
                     self.metrics.allocation("single_gpu_fallback");
                     let base = self.grant(gpu.index, true, units, units);
-                    match self.hand_over(Some(gpu.index), base).await {
-                        Ok(r) => responses.push(r),
-                        Err(e) => {
-                            result = Err(e);
-                            break;
-                        }
-                    }
+                    responses.push(self.hand_over(Some(gpu.index), base).await?);
                 }
-                Err(rejected) => {
+                Choice::Unmatched(rejected) => {
                     self.metrics.allocation("no_candidate");
                     let amount = self.config.memory_unit.format_amount(units);
                     let why = matching::explain(&amount, &rejected);
@@ -245,61 +423,65 @@ impl Plugin {
                     });
                     match self.config.allocate_failure {
                         AllocateFailure::Env => {
-                            let refusal = self.hand_over(None, self.failure_envs(units)).await;
-                            match refusal {
-                                Ok(r) => responses.push(r),
-                                Err(e) => {
-                                    result = Err(e);
-                                    break;
-                                }
-                            }
+                            responses.push(self.hand_over(None, self.failure_envs(units)).await?)
                         }
-                        AllocateFailure::Error => {
-                            result = Err(Status::failed_precondition(why));
-                            break;
-                        }
+                        AllocateFailure::Error => return Err(Status::failed_precondition(why)),
                     }
                 }
             }
         }
-        drop(records);
-        self.reconcile_now.notify_one();
-        self.metrics
-            .allocate_seconds
-            .observe(started.elapsed().as_secs_f64());
-        result.map(|()| AllocateResponse {
+        Ok(AllocateResponse {
             container_responses: responses,
         })
     }
 
     /// Prefers device IDs of the GPU of the pod the next Allocate of this size will match, so
-    /// kubelet's checkpoint and PodResources name the real GPU.
+    /// kubelet's checkpoint and PodResources name the real GPU. Takes no lock across an API
+    /// call and claims nothing.
     pub(crate) async fn preferred_allocation(
         &self,
         request: PreferredAllocationRequest,
     ) -> PreferredAllocationResponse {
-        let _serialised = self.allocations.lock().await;
-        let _ = self.pods.wait_synced(SYNC_WAIT).await;
+        let _ = tokio::time::timeout(SYNC_WAIT, self.pods.synced()).await;
         let mut container_responses = Vec::with_capacity(request.container_requests.len());
         for creq in &request.container_requests {
             let size = usize::try_from(creq.allocation_size.max(0)).unwrap_or(0);
             let units = GpuMem::new(size as u64);
-            let target = self
-                .find_match(units)
-                .await
-                .ok()
-                .and_then(|m| self.gpu_by_index(m.gpu_index))
-                .map(|g| g.uuid.as_str());
+            let target = || {
+                let known = self.known();
+                self.pods.with_pods(|pods| {
+                    let records = self.records();
+                    matching::find_match(pods, &records, units, known)
+                        .ok()
+                        .map(|m| m.gpu_index)
+                })
+            };
+            let mut gpu = target();
+            if gpu.is_none() {
+                if let Err(e) = self.pods.refresh(&self.client, &self.node).await {
+                    tracing::debug!(error = %e, "pod refresh after a miss failed");
+                }
+                gpu = target();
+            }
             let ids = matching::preferred_ids(
                 &creq.available_device_i_ds,
                 &creq.must_include_device_i_ds,
                 size,
-                target,
+                gpu.and_then(|g| self.gpu_by_index(g))
+                    .map(|g| g.uuid.as_str()),
             );
             container_responses.push(ContainerPreferredAllocationResponse { device_i_ds: ids });
         }
         PreferredAllocationResponse {
             container_responses,
         }
+    }
+}
+
+fn pod_id(m: &Match) -> PodId {
+    PodId {
+        uid: m.uid.clone(),
+        namespace: m.namespace.clone(),
+        name: m.name.clone(),
     }
 }

@@ -3,18 +3,26 @@
 //! A candidate is a pod on this node that the extender bound (`ALIYUN_COM_GPU_MEM_IDX` set,
 //! `ASSIGNED=false`), not finished, whose NEXT not-yet-allocated GPU container (init
 //! containers first, then app containers, in spec order, minus those listed in
-//! `gpushare.io/allocated-containers`) requests exactly the units kubelet asked for. The
-//! oldest assume time wins; ties are broken by namespace/name so the choice is deterministic.
-//! Upstream compared the pod's total with a container's request, so pods with two GPU
-//! containers never matched (EXT#143).
+//! `gpushare.io/allocated-containers` or already answered by this process, see
+//! [`Records`]) requests exactly the units kubelet asked for. A pod whose containers are half
+//! allocated comes first: kubelet admits one pod at a time and asks for its containers in
+//! order, so the next call is for that pod, and finishing it keeps all its containers on one
+//! GPU. Then the oldest assume time wins; ties are broken by namespace/name so the choice is
+//! deterministic. Upstream compared the pod's total with a container's request, so pods with
+//! two GPU containers never matched (EXT#143).
 //!
-//! Pure: works on [`PodSnapshot`]s, never talks to the API.
+//! [`find_repeat`] recognises kubelet asking again for a container it was answered before
+//! (a restart before its checkpoint, a cancelled call): the latest such container that
+//! kubelet's PodResources shows no devices for.
+//!
+//! Pure: works on [`PodSnapshot`]s and [`Records`], never talks to the API.
 
 use std::collections::BTreeSet;
 use std::fmt;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use super::records::Records;
 use crate::core::wire::parse_fake_device_id;
 use crate::core::{GpuMem, PodGpuAnnotations, PodGpuRequest};
 use crate::k8s::{pod_annotations, pod_gpu_request, pod_is_terminal};
@@ -66,6 +74,8 @@ impl PodSnapshot {
 /// The pod and container an Allocate call is for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Match {
+    /// Pod UID.
+    pub uid: String,
     /// Namespace.
     pub namespace: String,
     /// Name.
@@ -99,39 +109,75 @@ impl fmt::Display for NotMatched {
     }
 }
 
+/// The GPU containers of `pod` already served: listed in its annotations or answered by this
+/// process.
+fn served<'a>(pod: &'a PodSnapshot, records: &'a Records) -> BTreeSet<&'a str> {
+    pod.annotations
+        .allocated_containers
+        .iter()
+        .map(String::as_str)
+        .chain(
+            records
+                .containers_of(&pod.uid)
+                .map(|g| g.container.as_str()),
+        )
+        .collect()
+}
+
+/// The GPU a pod's containers are given: the one its earlier containers got (so a pod never
+/// spans two GPUs), else the extender's choice.
+fn gpu_of(pod: &PodSnapshot, records: &Records) -> Option<u32> {
+    records
+        .containers_of(&pod.uid)
+        .next()
+        .map(|g| g.gpu_index)
+        .or(pod.annotations.gpu_index)
+}
+
+/// A bound, unfinished GPU pod with a readable request, or why it is not one (`None`: not a
+/// GPU pod at all).
+fn bound_request(pod: &PodSnapshot) -> Option<Result<&PodGpuRequest, String>> {
+    let request = match &pod.request {
+        Ok(r) if r.is_gpu_pod() => r,
+        Ok(_) => return None,
+        Err(e) => return Some(Err(format!("unreadable request: {e}"))),
+    };
+    if pod.terminal {
+        return Some(Err("finished".to_string()));
+    }
+    if pod.annotations.gpu_index.is_none() {
+        return Some(Err(
+            "not bound by the extender (no ALIYUN_COM_GPU_MEM_IDX)".to_string()
+        ));
+    }
+    Some(Ok(request))
+}
+
 /// Finds the pod whose next GPU container asks for `units`; `gpu_known(idx)` says whether the
 /// node has GPU `idx`. On failure, every GPU pod considered with its reason (sorted by name).
 pub fn find_match<'a>(
     pods: impl IntoIterator<Item = &'a PodSnapshot>,
+    records: &Records,
     units: GpuMem,
     gpu_known: impl Fn(u32) -> bool,
 ) -> Result<Match, Vec<NotMatched>> {
-    let mut found: Vec<(u64, &PodSnapshot, Match)> = Vec::new();
+    // (half allocated first, assume time, pod, match)
+    let mut found: Vec<(bool, u64, &PodSnapshot, Match)> = Vec::new();
     let mut rejected = Vec::new();
     for pod in pods {
         let reject = |reason: String| NotMatched {
             pod: pod.key(),
             reason,
         };
-        let request = match &pod.request {
-            Ok(r) if r.is_gpu_pod() => r,
-            Ok(_) => continue,
-            Err(e) => {
-                rejected.push(reject(format!("unreadable request: {e}")));
+        let request = match bound_request(pod) {
+            None => continue,
+            Some(Err(reason)) => {
+                rejected.push(reject(reason));
                 continue;
             }
+            Some(Ok(r)) => r,
         };
-        if pod.terminal {
-            rejected.push(reject("finished".to_string()));
-            continue;
-        }
         let ann = &pod.annotations;
-        let Some(gpu_index) = ann.gpu_index else {
-            rejected.push(reject(
-                "not bound by the extender (no ALIYUN_COM_GPU_MEM_IDX)".to_string(),
-            ));
-            continue;
-        };
         if ann.assigned != Some(false) {
             rejected.push(reject(match ann.assigned {
                 Some(true) => "already allocated (ASSIGNED=true)".to_string(),
@@ -139,11 +185,7 @@ pub fn find_match<'a>(
             }));
             continue;
         }
-        let done: BTreeSet<&str> = ann
-            .allocated_containers
-            .iter()
-            .map(String::as_str)
-            .collect();
+        let done = served(pod, records);
         let mut remaining = request
             .all_containers()
             .filter(|c| !done.contains(c.name.as_str()));
@@ -160,12 +202,13 @@ pub fn find_match<'a>(
             )));
             continue;
         }
-        if !gpu_known(gpu_index) {
+        let Some(gpu_index) = gpu_of(pod, records).filter(|i| gpu_known(*i)) else {
             rejected.push(reject(format!(
-                "ALIYUN_COM_GPU_MEM_IDX={gpu_index} names no GPU of this node"
+                "ALIYUN_COM_GPU_MEM_IDX={} names no GPU of this node",
+                ann.gpu_index.map(|i| i.to_string()).unwrap_or_default()
             )));
             continue;
-        }
+        };
         let complete = remaining.next().is_none();
         let mut allocated_after: Vec<String> = request
             .all_containers()
@@ -174,9 +217,11 @@ pub fn find_match<'a>(
             .collect();
         allocated_after.push(next.name.clone());
         found.push((
+            done.is_empty(),
             ann.assume_time_ns.unwrap_or(0),
             pod,
             Match {
+                uid: pod.uid.clone(),
                 namespace: pod.namespace.clone(),
                 name: pod.name.clone(),
                 container: next.name.clone(),
@@ -188,14 +233,92 @@ pub fn find_match<'a>(
             },
         ));
     }
-    found.sort_by(|a, b| (a.0, &a.1.namespace, &a.1.name).cmp(&(b.0, &b.1.namespace, &b.1.name)));
-    match found.into_iter().next() {
-        Some((_, _, m)) => Ok(m),
+    match found.into_iter().min_by(|a, b| {
+        (a.0, a.1, &a.2.namespace, &a.2.name).cmp(&(b.0, b.1, &b.2.namespace, &b.2.name))
+    }) {
+        Some((_, _, _, m)) => Ok(m),
         None => {
             rejected.sort_by(|a, b| a.pod.cmp(&b.pod));
             Err(rejected)
         }
     }
+}
+
+/// The match of container `container` of `pod`, already served (kubelet asking again with
+/// the same device IDs), on GPU `gpu_index`; `None` when the pod is no longer bound and
+/// unfinished or has no such GPU container.
+pub fn match_for(
+    pod: &PodSnapshot,
+    records: &Records,
+    container: &str,
+    gpu_index: u32,
+) -> Option<Match> {
+    let Some(Ok(request)) = bound_request(pod) else {
+        return None;
+    };
+    let c = request.all_containers().find(|c| c.name == container)?;
+    let mut done = served(pod, records);
+    done.insert(container);
+    Some(Match {
+        uid: pod.uid.clone(),
+        namespace: pod.namespace.clone(),
+        name: pod.name.clone(),
+        container: c.name.clone(),
+        units: c.mem,
+        gpu_index,
+        pod_total: request.total(),
+        allocated_after: request
+            .all_containers()
+            .filter(|x| done.contains(x.name.as_str()))
+            .map(|x| x.name.clone())
+            .collect(),
+        complete: request
+            .all_containers()
+            .all(|x| done.contains(x.name.as_str())),
+    })
+}
+
+/// kubelet asking again for a container it was answered before: among the bound, unfinished
+/// pods, the GPU containers of `units` already served (annotations or records) for which
+/// `held(namespace, pod, container)` is false (kubelet's PodResources shows no devices for
+/// them), the latest answered wins. The match names that container and the GPU it was given.
+pub fn find_repeat<'a>(
+    pods: impl IntoIterator<Item = &'a PodSnapshot>,
+    records: &Records,
+    units: GpuMem,
+    held: impl Fn(&str, &str, &str) -> bool,
+    gpu_known: impl Fn(u32) -> bool,
+) -> Option<Match> {
+    let mut best: Option<((u64, u64), Match)> = None;
+    for pod in pods {
+        let Some(Ok(request)) = bound_request(pod) else {
+            continue;
+        };
+        let done = served(pod, records);
+        let Some(gpu_index) = gpu_of(pod, records).filter(|i| gpu_known(*i)) else {
+            continue;
+        };
+        for c in request.all_containers() {
+            if c.mem != units
+                || !done.contains(c.name.as_str())
+                || held(&pod.namespace, &pod.name, &c.name)
+            {
+                continue;
+            }
+            let seq = records
+                .containers_of(&pod.uid)
+                .find(|g| g.container == c.name)
+                .map_or(0, |g| g.seq);
+            let rank = (seq, pod.annotations.assume_time_ns.unwrap_or(0));
+            if best.as_ref().is_some_and(|(r, _)| *r >= rank) {
+                continue;
+            }
+            if let Some(m) = match_for(pod, records, &c.name, gpu_index) {
+                best = Some((rank, m));
+            }
+        }
+    }
+    best.map(|(_, m)| m)
 }
 
 /// The explanation of a failed match, for the gRPC error and the node Event.
@@ -299,9 +422,9 @@ mod tests {
             pod("a", req(&[("c", 2)], &[]), Some(0), 10),
             pod("z", req(&[("c", 2)], &[]), Some(1), 5),
         ];
-        let m = find_match(&pods, GpuMem::new(2), ANY_GPU).unwrap();
+        let m = find_match(&pods, &Records::default(), GpuMem::new(2), ANY_GPU).unwrap();
         assert_eq!((m.name.as_str(), m.gpu_index), ("z", 1));
-        let m = find_match(&pods[..2], GpuMem::new(2), ANY_GPU).unwrap();
+        let m = find_match(&pods[..2], &Records::default(), GpuMem::new(2), ANY_GPU).unwrap();
         assert_eq!(m.name, "a");
         assert!(m.complete);
         assert_eq!(m.allocated_after, vec!["c".to_string()]);
@@ -316,18 +439,56 @@ mod tests {
             1,
         );
         // Init container first.
-        let m = find_match([&p], GpuMem::new(4), ANY_GPU).unwrap();
+        let m = find_match([&p], &Records::default(), GpuMem::new(4), ANY_GPU).unwrap();
         assert_eq!(m.container, "init");
         assert!(!m.complete);
         assert_eq!(m.pod_total, GpuMem::new(5));
-        assert!(find_match([&p], GpuMem::new(2), ANY_GPU).is_err());
+        assert!(find_match([&p], &Records::default(), GpuMem::new(2), ANY_GPU).is_err());
         p.annotations.allocated_containers = vec!["init".to_string()];
-        let m = find_match([&p], GpuMem::new(2), ANY_GPU).unwrap();
+        let m = find_match([&p], &Records::default(), GpuMem::new(2), ANY_GPU).unwrap();
         assert_eq!(m.container, "x");
         p.annotations.allocated_containers.push("x".to_string());
-        let m = find_match([&p], GpuMem::new(3), ANY_GPU).unwrap();
+        let m = find_match([&p], &Records::default(), GpuMem::new(3), ANY_GPU).unwrap();
         assert!(m.complete);
         assert_eq!(m.allocated_after, vec!["init", "x", "y"]);
+    }
+
+    #[test]
+    fn a_half_allocated_pod_comes_before_older_ones() {
+        let older = pod("older", req(&[("c", 3)], &[]), Some(1), 1);
+        let mut half = pod("half", req(&[("a", 2), ("b", 3)], &[]), Some(0), 9);
+        half.annotations.allocated_containers = vec!["a".to_string()];
+        let m = find_match(
+            [&older, &half],
+            &Records::default(),
+            GpuMem::new(3),
+            ANY_GPU,
+        )
+        .unwrap();
+        assert_eq!((m.name.as_str(), m.gpu_index), ("half", 0));
+        // Answered by this process but not yet in the annotations counts the same.
+        let fresh = pod("half", req(&[("a", 2), ("b", 3)], &[]), Some(0), 9);
+        let mut records = Records::default();
+        let id = crate::deviceplugin::records::PodId {
+            uid: fresh.uid.clone(),
+            namespace: fresh.namespace.clone(),
+            name: fresh.name.clone(),
+        };
+        records.claim(&id, "a", &["x".to_string(), "y".to_string()], 0);
+        let m = find_match([&older, &fresh], &records, GpuMem::new(3), ANY_GPU).unwrap();
+        assert_eq!((m.name.as_str(), m.container.as_str()), ("half", "b"));
+        assert!(m.complete);
+        // Asked again for "a", which kubelet does not show: the same container and GPU.
+        let again = find_repeat(
+            [&older, &fresh],
+            &records,
+            GpuMem::new(2),
+            |_, _, _| false,
+            ANY_GPU,
+        )
+        .expect("a repeat");
+        assert_eq!((again.container.as_str(), again.gpu_index), ("a", 0));
+        assert!(find_repeat([&fresh], &records, GpuMem::new(2), |_, _, _| true, ANY_GPU).is_none());
     }
 
     #[test]
@@ -344,7 +505,7 @@ mod tests {
             pod("badidx", req(&[("c", 2)], &[]), Some(7), 1),
             pod("cpu", req(&[], &[]), None, 1),
         ];
-        let why = find_match(&pods, GpuMem::new(2), ANY_GPU).unwrap_err();
+        let why = find_match(&pods, &Records::default(), GpuMem::new(2), ANY_GPU).unwrap_err();
         let names: Vec<&str> = why.iter().map(|n| n.pod.as_str()).collect();
         assert_eq!(
             names,

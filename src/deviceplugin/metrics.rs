@@ -13,7 +13,8 @@ use crate::admin::AdminState;
 /// Label of the allocation counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
-    /// `matched`, `single_gpu_fallback`, `no_candidate`, `patch_failed`.
+    /// `matched`, `repeated` (the same container asked again), `single_gpu_fallback`,
+    /// `no_candidate`, `patch_failed` (the API refused), `patch_unknown` (no answer in time).
     pub outcome: String,
 }
 
@@ -28,6 +29,12 @@ pub struct Metrics {
     pub swaps_corrected: Counter,
     /// Mismatches between kubelet's record and the annotations that were only reported.
     pub mismatches_seen: Counter,
+    /// Pods whose containers kubelet ran on devices of different GPUs (reported, never
+    /// corrected).
+    pub split_pods: Counter,
+    /// 1 while a change of `--memory-unit` is refused because pods placed under the unit the
+    /// node had still run.
+    pub memory_unit_change_refused: Gauge,
     /// GPUs currently unhealthy.
     pub unhealthy_gpus: Gauge,
     /// XIDs at a PCI address that is none of the served GPUs (marked no GPU).
@@ -48,6 +55,8 @@ impl Metrics {
             ]),
             swaps_corrected: Counter::default(),
             mismatches_seen: Counter::default(),
+            split_pods: Counter::default(),
+            memory_unit_change_refused: Gauge::default(),
             unhealthy_gpus: Gauge::default(),
             unattributed_xids: Counter::default(),
             registered: Gauge::default(),
@@ -73,6 +82,16 @@ impl Metrics {
                 "gpushare_device_plugin_mismatches_seen",
                 "GPU mismatches between kubelet PodResources and pod annotations that were reported only",
                 m.mismatches_seen.clone(),
+            );
+            r.register(
+                "gpushare_device_plugin_split_pods",
+                "Pods whose containers got devices of different GPUs; reported, not corrected",
+                m.split_pods.clone(),
+            );
+            r.register(
+                "gpushare_device_plugin_memory_unit_change_refused",
+                "1 while a memory unit change is refused because pods placed under the old unit run",
+                m.memory_unit_change_refused.clone(),
             );
             r.register(
                 "gpushare_device_plugin_unhealthy_gpus",

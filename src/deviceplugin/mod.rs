@@ -23,6 +23,7 @@
 #![cfg_attr(not(unix), allow(dead_code))]
 
 pub mod allocate;
+pub mod api;
 pub mod devices;
 pub mod handover;
 pub mod health;
@@ -38,17 +39,19 @@ use no_unix_sockets as reconcile;
 use no_unix_sockets as registration;
 #[cfg(unix)]
 pub mod reconcile;
+pub mod records;
 #[cfg(unix)]
 pub mod registration;
 mod service;
+mod unit_change;
 
-use std::collections::VecDeque;
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Mutex, Notify, watch};
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use crate::admin::AdminState;
@@ -67,6 +70,7 @@ use devices::ServedGpu;
 use health::HealthTracker;
 use metrics::Metrics;
 use pods::PodStore;
+use records::Records;
 
 /// Flags of `gpushare device-plugin` (each overrides its `[device_plugin]`, `[gpu]` or
 /// `[doctor]` key). Upstream's flags are accepted: `--memory-unit`, `--health-check`, `--mps`
@@ -250,6 +254,8 @@ pub async fn run(_args: Args, config: Config) -> anyhow::Result<ExitCode> {
 /// the container was given (its `NVIDIA_VISIBLE_DEVICES`), and the pod it was matched to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AllocationRecord {
+    /// UID of the pod matched.
+    pub uid: String,
     /// The device IDs of the Allocate container request.
     pub device_ids: Vec<String>,
     /// The GPU handed out.
@@ -276,9 +282,15 @@ pub(crate) struct Plugin {
     pub(crate) health: std::sync::Mutex<HealthTracker>,
     pub(crate) devices_tx: watch::Sender<Arc<ListAndWatchResponse>>,
     pub(crate) pods: PodStore,
-    /// Serialises Allocate and GetPreferredAllocation; holds the recent allocations.
-    pub(crate) allocations: Mutex<VecDeque<AllocationRecord>>,
+    /// The allocations answered, by pod UID. Held for in-memory steps only, never across an
+    /// await.
+    pub(crate) records: std::sync::Mutex<Records>,
+    /// One lock per pod, held across that pod's annotation PATCH (Allocate and the reconcile
+    /// never write the same pod at once; other pods are not held up).
+    pub(crate) pod_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     pub(crate) reconcile_now: Notify,
+    /// What the reconciler has reported already.
+    pub(crate) reported: std::sync::Mutex<reconcile::Reported>,
     pub(crate) metrics: Metrics,
     pub(crate) admin: Arc<AdminState>,
 }
@@ -293,10 +305,49 @@ impl std::fmt::Debug for Plugin {
     }
 }
 
-/// How many allocation records the reconciler keeps.
-pub(crate) const RECORDS_KEPT: usize = 4096;
-
 impl Plugin {
+    pub(crate) fn records(&self) -> std::sync::MutexGuard<'_, Records> {
+        self.records.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The lock of pod `uid`'s annotation writes.
+    pub(crate) fn pod_lock(&self, uid: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.pod_locks.lock().unwrap_or_else(|p| p.into_inner());
+        locks.entry(uid.to_string()).or_default().clone()
+    }
+
+    /// Forgets the locks of pods that have no records and that nobody holds.
+    pub(crate) fn prune_pod_locks(&self) {
+        let records = self.records();
+        let mut locks = self.pod_locks.lock().unwrap_or_else(|p| p.into_inner());
+        locks.retain(|uid, lock| records.pod(uid).is_some() || Arc::strong_count(lock) > 1);
+    }
+
+    /// Every allocation answered, oldest first.
+    pub(crate) fn allocation_records(&self) -> Vec<AllocationRecord> {
+        let records = self.records();
+        let mut out: Vec<(u64, AllocationRecord)> = records
+            .pods()
+            .flat_map(|(uid, pod)| {
+                pod.containers.iter().map(move |c| {
+                    (
+                        c.seq,
+                        AllocationRecord {
+                            uid: uid.clone(),
+                            device_ids: c.device_ids.clone(),
+                            gpu_index: c.gpu_index,
+                            namespace: pod.namespace.clone(),
+                            name: pod.name.clone(),
+                            container: c.container.clone(),
+                        },
+                    )
+                })
+            })
+            .collect();
+        out.sort_by_key(|(seq, _)| *seq);
+        out.into_iter().map(|(_, r)| r).collect()
+    }
+
     pub(crate) fn gpu_by_index(&self, index: u32) -> Option<&ServedGpu> {
         self.gpus.iter().find(|g| g.index == index)
     }
@@ -356,20 +407,25 @@ impl DevicePluginHandle {
         &self.plugin.gpus
     }
 
-    /// The allocations answered (most recent last).
+    /// The allocations answered and still held (most recent last): pods that are gone and
+    /// containers whose device IDs kubelet gave to another are dropped.
     pub async fn allocations(&self) -> Vec<AllocationRecord> {
-        self.plugin
-            .allocations
-            .lock()
-            .await
-            .iter()
-            .cloned()
-            .collect()
+        self.plugin.allocation_records()
     }
 
     /// Asks the PodResources reconciler to run now.
     pub fn reconcile_now(&self) {
         self.plugin.reconcile_now.notify_one();
+    }
+
+    /// Runs one PodResources reconcile pass now and waits for it (its corrections included).
+    pub async fn reconcile(&self) -> anyhow::Result<()> {
+        reconcile::reconcile_once(&self.plugin).await.map(|_| ())
+    }
+
+    /// Whether the pod store has completed its first list of this node's pods.
+    pub fn pods_synced(&self) -> bool {
+        self.plugin.pods.is_synced()
     }
 
     /// Stops serving, ends the ListAndWatch streams and removes the socket.
@@ -392,7 +448,7 @@ pub async fn start(
     backend: Arc<dyn GpuBackend>,
     shutdown: Shutdown,
 ) -> anyhow::Result<DevicePluginHandle> {
-    let dp = config.device_plugin.clone();
+    let mut dp = config.device_plugin.clone();
     let node = dp.node_name.trim().to_string();
     anyhow::ensure!(
         !node.is_empty(),
@@ -414,9 +470,12 @@ pub async fn start(
             .map(|g| format!("; GPU {} {}: {}", g.index, g.uuid, g.reason))
             .collect::<String>()
     );
+    let facts = node::read_node(&client, &node).await?;
+    let unit =
+        unit_change::decide(&client, &node, facts.memory_unit.as_deref(), dp.memory_unit).await?;
+    dp.memory_unit = unit.unit;
     devices::check_message_size(&inventory, dp.memory_unit)?;
     let gpus = devices::served_gpus(&inventory, dp.memory_unit);
-    let facts = node::read_node(&client, &node).await?;
     node::publish_gpu_count(&client, &node, gpus.len()).await?;
     node::publish_devices(
         &client,
@@ -451,11 +510,27 @@ pub async fn start(
         health: std::sync::Mutex::new(tracker),
         devices_tx,
         pods: PodStore::default(),
-        allocations: Mutex::new(VecDeque::new()),
+        records: std::sync::Mutex::default(),
+        pod_locks: std::sync::Mutex::default(),
         reconcile_now: Notify::new(),
+        reported: std::sync::Mutex::default(),
         metrics,
         admin: admin.clone(),
     });
+
+    if let Some(refused) = &unit.refused {
+        tracing::error!("{refused}");
+        plugin.metrics.memory_unit_change_refused.set(1);
+        node::warn_event(
+            &plugin.events,
+            &node,
+            &plugin.node_uid,
+            "Start",
+            "GpuShareMemoryUnitChangeRefused",
+            refused,
+        )
+        .await;
+    }
 
     // One internal stop that fires on the caller's shutdown or on `stop()`.
     let (stop_trigger, stop) = shutdown.child();

@@ -2,13 +2,15 @@
 //! (upstream contract), the per-GPU memory and health in `gpushare.io/devices` plus the unit in
 //! `gpushare.io/memory-unit` (ours, read by the extender and inspect), and Warning Events.
 //!
-//! Writes are retried on transient errors; Events are best effort (a failure is logged).
+//! Every call has a request timeout; writes are retried on transient errors; Events are best
+//! effort (a failure is logged).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
+use super::api::bounded;
 use super::devices::ServedGpu;
 use crate::core::MemoryUnit;
 use crate::core::wire::{
@@ -27,12 +29,14 @@ pub struct NodeFacts {
     pub uid: String,
     /// Label `cgpu.disable.isolation=true`.
     pub cgpu_disable: bool,
+    /// The unit the node's GPU memory was last published in (`gpushare.io/memory-unit`).
+    pub memory_unit: Option<String>,
 }
 
 /// Reads the node (it must exist).
 pub async fn read_node(client: &kube::Client, node: &str) -> anyhow::Result<NodeFacts> {
     let api: Api<Node> = Api::all(client.clone());
-    let n = retry_attempts(4, || api.get(node))
+    let n = retry_attempts(4, || bounded(api.get(node)))
         .await
         .map_err(|e| anyhow::anyhow!("cannot read node {node:?} (is --node-name right?): {e}"))?;
     let cgpu_disable = n
@@ -41,9 +45,16 @@ pub async fn read_node(client: &kube::Client, node: &str) -> anyhow::Result<Node
         .as_ref()
         .and_then(|l| l.get(LABEL_CGPU_DISABLE))
         .is_some_and(|v| v == "true");
+    let memory_unit = n
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(NODE_ANN_MEMORY_UNIT))
+        .cloned();
     Ok(NodeFacts {
         uid: n.metadata.uid.unwrap_or_default(),
         cgpu_disable,
+        memory_unit,
     })
 }
 
@@ -53,7 +64,7 @@ pub async fn publish_gpu_count(
     node: &str,
     count: usize,
 ) -> anyhow::Result<()> {
-    retry_attempts(4, || patch_node_gpu_count(client, node, count))
+    retry_attempts(4, || bounded(patch_node_gpu_count(client, node, count)))
         .await
         .map_err(|e| anyhow::anyhow!("cannot patch aliyun.com/gpu-count on node {node}: {e}"))?;
     Ok(())
@@ -108,9 +119,11 @@ pub async fn publish_devices(
     node: &str,
     annotations: &BTreeMap<String, String>,
 ) -> anyhow::Result<()> {
-    retry_attempts(4, || patch_node_annotations(client, node, annotations))
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot patch the device annotations of node {node}: {e}"))?;
+    retry_attempts(4, || {
+        bounded(patch_node_annotations(client, node, annotations))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("cannot patch the device annotations of node {node}: {e}"))?;
     Ok(())
 }
 

@@ -16,6 +16,7 @@ use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::watch;
 
+use super::api::{ApiCallError, bounded};
 use super::matching::PodSnapshot;
 use crate::shutdown::Shutdown;
 
@@ -82,6 +83,16 @@ impl PodStore {
         *self.pods.write().unwrap_or_else(|p| p.into_inner()) = fresh;
     }
 
+    /// Runs `f` over the pods without copying them (a read lock is held meanwhile: `f` must
+    /// not block).
+    pub fn with_pods<T>(
+        &self,
+        f: impl FnOnce(std::collections::btree_map::Values<'_, String, PodSnapshot>) -> T,
+    ) -> T {
+        let pods = self.pods.read().unwrap_or_else(|p| p.into_inner());
+        f(pods.values())
+    }
+
     /// A copy of every pod.
     pub fn snapshot(&self) -> Vec<PodSnapshot> {
         self.pods
@@ -124,12 +135,16 @@ impl PodStore {
             .is_ok_and(|r| r.is_ok())
     }
 
-    /// Catches up with the API by one LIST of `node`'s pods (only when a match missed: the
-    /// watch may lag behind a pod bound a moment ago).
-    pub async fn refresh(&self, client: &kube::Client, node: &str) -> Result<(), kube::Error> {
-        let api: Api<Pod> = Api::all(client.clone());
-        let params = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
-        for pod in api.list(&params).await?.items {
+    /// Waits until the first list has completed.
+    pub async fn synced(&self) {
+        let mut rx = self.synced_tx.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// Catches up with the API by one LIST of `node`'s pods (when a match missed: the watch
+    /// may lag behind a pod bound a moment ago), bounded by the request timeout.
+    pub async fn refresh(&self, client: &kube::Client, node: &str) -> Result<(), ApiCallError> {
+        for pod in list_node_pods(client, node).await? {
             self.apply(&pod);
         }
         Ok(())
@@ -164,6 +179,16 @@ impl PodStore {
             }
         }
     }
+}
+
+/// One LIST of `node`'s pods, bounded by the request timeout.
+pub(crate) async fn list_node_pods(
+    client: &kube::Client,
+    node: &str,
+) -> Result<Vec<Pod>, ApiCallError> {
+    let api: Api<Pod> = Api::all(client.clone());
+    let params = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
+    Ok(bounded(api.list(&params)).await?.items)
 }
 
 #[cfg(test)]

@@ -1,8 +1,9 @@
 //! Serving the plugin socket and registering with kubelet, again and again.
 //!
 //! A serving generation: remove a stale `<dir>/aliyungpushare.sock`, listen on it, serve the
-//! gRPC service, Register with `<dir>/kubelet.sock` (retrying every 500 ms until kubelet
-//! answers). Then the socket inodes are polled every 250 ms: when kubelet.sock is recreated
+//! gRPC service, wait for the first list of this node's pods (kubelet calls Allocate at once
+//! and fails the pod when Allocate fails), Register with `<dir>/kubelet.sock` (retrying every
+//! 500 ms until kubelet answers). Then the socket inodes are polled every 250 ms: when kubelet.sock is recreated
 //! (kubelet restarted) or our socket vanishes (kubelet removes plugin sockets when it
 //! restarts), the generation is stopped — its ListAndWatch streams end — and a new one serves
 //! and re-registers, well within a second. On stop the socket is removed.
@@ -130,6 +131,18 @@ async fn supervise(plugin: Arc<Plugin>, stop: Shutdown, first: Generation) {
     let kubelet_socket = plugin.config.device_plugin_dir.join(KUBELET_SOCKET);
     let our_socket = plugin.socket_path();
     loop {
+        // kubelet calls Allocate as soon as we are registered, and turns a failed Allocate
+        // into a Failed pod: register only once the pods of this node are known.
+        if !plugin.pods.is_synced() {
+            tracing::info!("waiting for the first list of this node's pods before registering");
+            tokio::select! {
+                _ = stop.clone().wait() => {
+                    generation.stop(&plugin, true).await;
+                    return;
+                }
+                _ = plugin.pods.synced() => {}
+            }
+        }
         // Register (until kubelet answers, our socket goes away, or we stop).
         let mut failures = 0u32;
         let registered_inode = loop {

@@ -8,6 +8,9 @@
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
+/// How long one publish may take: an Event is never worth a stuck task.
+const PUBLISH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The most a note may hold (the API's limit is 1 kB).
 const NOTE_LIMIT: usize = 1024;
 
@@ -65,8 +68,11 @@ impl Events {
             action: action.to_string(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, regarding).await {
-            tracing::warn!(error = %e, reason, "could not publish an Event");
+        match tokio::time::timeout(PUBLISH_TIMEOUT, self.recorder.publish(&event, regarding)).await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, reason, "could not publish an Event"),
+            Err(_) => tracing::warn!(reason, "publishing an Event timed out"),
         }
     }
 }

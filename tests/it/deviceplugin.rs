@@ -18,14 +18,14 @@ use gpushare_sandbox::kubelet::Kubelet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::Value;
 
-const RESOURCE: &str = wire::RESOURCE_GPU_MEM;
-const NODE: &str = "gpu-node-1";
+pub(crate) const RESOURCE: &str = wire::RESOURCE_GPU_MEM;
+pub(crate) const NODE: &str = "gpu-node-1";
 const DEADLINE: Duration = Duration::from_secs(20);
 
 /// A sandbox cluster with the device plugin running on it.
-struct Cluster {
-    api: ApiServer,
-    kubelet: Kubelet,
+pub(crate) struct Cluster {
+    pub(crate) api: ApiServer,
+    pub(crate) kubelet: Kubelet,
     health: FakeHealth,
     plugin: Option<DevicePluginHandle>,
     _dir: tempfile::TempDir,
@@ -38,7 +38,7 @@ fn short_tempdir() -> tempfile::TempDir {
         .expect("a temp dir under /tmp")
 }
 
-fn node_yaml(labels: &str) -> String {
+pub(crate) fn node_yaml(labels: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Node\nmetadata:\n  name: {NODE}\n  labels:\n    gpushare: \"true\"\n{labels}status:\n  capacity:\n    cpu: \"8\"\n    aliyun.com/gpu-mem: \"40\"\n"
     )
@@ -49,9 +49,21 @@ async fn cluster_with(
     node_labels: &str,
     tweak: impl FnOnce(&mut Config),
 ) -> anyhow::Result<Cluster> {
+    cluster_seeded(gpus, &node_yaml(node_labels), |_| {}, tweak).await
+}
+
+/// A cluster whose API server holds `node` (YAML) and what `seed` adds before the device
+/// plugin starts.
+pub(crate) async fn cluster_seeded(
+    gpus: &str,
+    node: &str,
+    seed: impl FnOnce(&ApiServer),
+    tweak: impl FnOnce(&mut Config),
+) -> anyhow::Result<Cluster> {
     let dir = short_tempdir();
     let api = ApiServer::start().await?;
-    api.seed_yaml(&node_yaml(node_labels))?;
+    api.seed_yaml(node)?;
+    seed(&api);
     let kubelet = Kubelet::start(dir.path()).await?;
     let mut config = Config::default();
     config.device_plugin.node_name = NODE.to_string();
@@ -79,14 +91,14 @@ async fn cluster_with(
     })
 }
 
-async fn cluster(gpus: &str, tweak: impl FnOnce(&mut Config)) -> Cluster {
+pub(crate) async fn cluster(gpus: &str, tweak: impl FnOnce(&mut Config)) -> Cluster {
     cluster_with(gpus, "", tweak)
         .await
         .expect("the sandbox cluster and device plugin start")
 }
 
 impl Cluster {
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         if let Some(p) = self.plugin.take() {
             let socket = p.socket_path();
             p.stop().await;
@@ -96,16 +108,22 @@ impl Cluster {
         self.api.shutdown().await;
     }
 
-    fn plugin(&self) -> &DevicePluginHandle {
+    pub(crate) fn plugin(&self) -> &DevicePluginHandle {
         self.plugin.as_ref().expect("running")
     }
 
     /// Seeds a pod bound to the node by the extender (annotations as bind writes them).
-    fn bound_pod(&self, name: &str, containers: &[(&str, u64)], idx: Option<u32>, t: u64) {
+    pub(crate) fn bound_pod(
+        &self,
+        name: &str,
+        containers: &[(&str, u64)],
+        idx: Option<u32>,
+        t: u64,
+    ) {
         self.pod_with(name, &[], containers, idx, t);
     }
 
-    fn pod_with(
+    pub(crate) fn pod_with(
         &self,
         name: &str,
         init: &[(&str, u64)],
@@ -113,43 +131,12 @@ impl Cluster {
         idx: Option<u32>,
         assume_time: u64,
     ) {
-        let c = |list: &[(&str, u64)]| -> Vec<Value> {
-            list.iter()
-                .map(|(n, m)| {
-                    serde_json::json!({"name": n, "image": "cuda",
-                        "resources": {"limits": {RESOURCE: m.to_string()}}})
-                })
-                .collect()
-        };
-        let total = init
-            .iter()
-            .map(|x| x.1)
-            .max()
-            .unwrap_or(0)
-            .max(containers.iter().map(|x| x.1).sum());
-        let mut annotations = serde_json::Map::new();
-        if let Some(idx) = idx {
-            annotations.insert(wire::ANN_GPU_INDEX.into(), idx.to_string().into());
-            annotations.insert(wire::ANN_POD_MEM.into(), total.to_string().into());
-            annotations.insert(wire::ANN_DEVICE_MEM.into(), "16".into());
-            annotations.insert(wire::ANN_ASSIGNED.into(), "false".into());
-            annotations.insert(wire::ANN_ASSUME_TIME.into(), assume_time.to_string().into());
-        }
-        let mut spec = serde_json::json!({"nodeName": NODE, "containers": c(containers)});
-        if !init.is_empty() {
-            spec["initContainers"] = Value::Array(c(init));
-        }
         self.api
-            .create_object(serde_json::json!({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "namespace": "default", "annotations": annotations},
-                "spec": spec,
-                "status": {"phase": "Pending"},
-            }))
+            .create_object(pod_json(name, init, containers, idx, assume_time))
             .expect("pod created");
     }
 
-    fn annotations(&self, pod: &str) -> BTreeMap<String, String> {
+    pub(crate) fn annotations(&self, pod: &str) -> BTreeMap<String, String> {
         self.api
             .get_as::<Pod>("pods", Some("default"), pod)
             .and_then(|p| p.metadata.annotations)
@@ -162,7 +149,7 @@ impl Cluster {
             .expect("the node exists")
     }
 
-    async fn allocate(
+    pub(crate) async fn allocate(
         &self,
         pod: &str,
         container: &str,
@@ -173,7 +160,7 @@ impl Cluster {
             .await
     }
 
-    async fn wait_for(&self, what: &str, check: impl Fn(&Cluster) -> bool) {
+    pub(crate) async fn wait_for(&self, what: &str, check: impl Fn(&Cluster) -> bool) {
         let deadline = tokio::time::Instant::now() + DEADLINE;
         while !check(self) {
             assert!(
@@ -184,7 +171,7 @@ impl Cluster {
         }
     }
 
-    fn warning_events(&self, reason: &str) -> Vec<Value> {
+    pub(crate) fn warning_events(&self, reason: &str) -> Vec<Value> {
         self.api
             .list_objects("events.events.k8s.io", Some("default"))
             .into_iter()
@@ -193,11 +180,55 @@ impl Cluster {
     }
 }
 
-fn env<'a>(resp: &'a ContainerAllocateResponse, key: &str) -> &'a str {
+/// A pod on the node in `default` with these GPU init and app containers; with `idx`, the
+/// annotations the extender's bind writes (GPU `idx`, ASSIGNED=false, ASSUME_TIME
+/// `assume_time`).
+pub(crate) fn pod_json(
+    name: &str,
+    init: &[(&str, u64)],
+    containers: &[(&str, u64)],
+    idx: Option<u32>,
+    assume_time: u64,
+) -> Value {
+    let c = |list: &[(&str, u64)]| -> Vec<Value> {
+        list.iter()
+            .map(|(n, m)| {
+                serde_json::json!({"name": n, "image": "cuda",
+                        "resources": {"limits": {RESOURCE: m.to_string()}}})
+            })
+            .collect()
+    };
+    let total = init
+        .iter()
+        .map(|x| x.1)
+        .max()
+        .unwrap_or(0)
+        .max(containers.iter().map(|x| x.1).sum());
+    let mut annotations = serde_json::Map::new();
+    if let Some(idx) = idx {
+        annotations.insert(wire::ANN_GPU_INDEX.into(), idx.to_string().into());
+        annotations.insert(wire::ANN_POD_MEM.into(), total.to_string().into());
+        annotations.insert(wire::ANN_DEVICE_MEM.into(), "16".into());
+        annotations.insert(wire::ANN_ASSIGNED.into(), "false".into());
+        annotations.insert(wire::ANN_ASSUME_TIME.into(), assume_time.to_string().into());
+    }
+    let mut spec = serde_json::json!({"nodeName": NODE, "containers": c(containers)});
+    if !init.is_empty() {
+        spec["initContainers"] = Value::Array(c(init));
+    }
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "annotations": annotations},
+        "spec": spec,
+        "status": {"phase": "Pending"},
+    })
+}
+
+pub(crate) fn env<'a>(resp: &'a ContainerAllocateResponse, key: &str) -> &'a str {
     resp.envs.get(key).map(String::as_str).unwrap_or("<unset>")
 }
 
-fn uuid_of(id: &str) -> String {
+pub(crate) fn uuid_of(id: &str) -> String {
     wire::parse_fake_device_id(id)
         .map(|(u, _)| u.to_string())
         .unwrap_or_default()

@@ -6,6 +6,7 @@ mod clients;
 mod cluster;
 mod demo;
 mod deviceplugin;
+mod deviceplugin_settle;
 mod doctor;
 mod doctor_cdi;
 mod doctor_managed;

@@ -10,7 +10,8 @@
 //!   free healthy IDs, `GetPreferredAllocation` when offered, `Allocate`, `PreStartContainer`
 //!   when required) and records the allocation (IDs are not reused until [`Kubelet::release_pod`]);
 //! - serves PodResources v1 (`List`, `Get`, `GetAllocatableResources`) on
-//!   `<root>/pod-resources/kubelet.sock` from the recorded allocations;
+//!   `<root>/pod-resources/kubelet.sock` from the recorded allocations (pausable:
+//!   [`Kubelet::pause_pod_resources`]);
 //! - simulates a kubelet restart ([`Kubelet::restart`]): drops plugin connections, removes
 //!   `kubelet.sock` and every other socket in the device-plugin dir, serves a fresh
 //!   `kubelet.sock`.
@@ -114,6 +115,8 @@ struct State {
     registrations: HashMap<String, usize>,
     allocations: Vec<Allocation>,
     next_generation: u64,
+    /// PodResources answers `Unavailable` while set.
+    pod_resources_paused: bool,
 }
 
 #[derive(Debug)]
@@ -438,6 +441,13 @@ impl Kubelet {
             .state()
             .allocations
             .retain(|a| !(a.namespace == namespace && a.pod == pod));
+        self.inner.bump();
+    }
+
+    /// Makes the PodResources service answer `Unavailable` (`paused`) or serve again, so a
+    /// test decides when a plugin's cross-check can see kubelet's allocations.
+    pub fn pause_pod_resources(&self, paused: bool) {
+        self.inner.state().pod_resources_paused = paused;
         self.inner.bump();
     }
 
@@ -769,6 +779,13 @@ struct PodResourcesService {
 }
 
 impl PodResourcesService {
+    fn check_paused(&self) -> Result<(), Status> {
+        if self.inner.state().pod_resources_paused {
+            return Err(Status::unavailable("PodResources paused by the test"));
+        }
+        Ok(())
+    }
+
     fn pods(&self) -> Vec<PodResources> {
         let state = self.inner.state();
         let mut pods: Vec<PodResources> = Vec::new();
@@ -819,6 +836,7 @@ impl PodResourcesLister for PodResourcesService {
         &self,
         _: Request<ListPodResourcesRequest>,
     ) -> Result<Response<ListPodResourcesResponse>, Status> {
+        self.check_paused()?;
         Ok(Response::new(ListPodResourcesResponse {
             pod_resources: self.pods(),
         }))
@@ -828,6 +846,7 @@ impl PodResourcesLister for PodResourcesService {
         &self,
         _: Request<AllocatableResourcesRequest>,
     ) -> Result<Response<AllocatableResourcesResponse>, Status> {
+        self.check_paused()?;
         let state = self.inner.state();
         let mut devices: Vec<ContainerDevices> = state
             .plugins
@@ -854,6 +873,7 @@ impl PodResourcesLister for PodResourcesService {
         &self,
         request: Request<GetPodResourcesRequest>,
     ) -> Result<Response<GetPodResourcesResponse>, Status> {
+        self.check_paused()?;
         let request = request.into_inner();
         self.pods()
             .into_iter()

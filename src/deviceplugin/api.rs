@@ -1,0 +1,57 @@
+//! The device plugin's calls to the API server, each bounded by a request timeout, and what
+//! their errors mean: a definite answer (the API said no) or an unknown outcome (no answer in
+//! time, a dropped connection), which is never taken for a failure.
+//!
+//! It does not retry (that is [`crate::k8s::retry`]) and does not decide what to do with an
+//! unknown outcome (the caller settles it by reading the API).
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::k8s::retry::Transient;
+
+/// How long one API request may take before it is given up (its outcome then unknown).
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Why an API call of the plugin did not succeed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiCallError {
+    /// The API server (or the connection to it) answered with an error.
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    /// No answer within the request timeout: the request may still land.
+    #[error("no answer from the API server within {0:?}")]
+    TimedOut(Duration),
+}
+
+impl ApiCallError {
+    /// Whether the request may have taken effect although it did not succeed here (no answer,
+    /// or the connection broke after the request was sent).
+    pub fn outcome_unknown(&self) -> bool {
+        match self {
+            ApiCallError::TimedOut(_) => true,
+            ApiCallError::Kube(e) => {
+                matches!(e, kube::Error::HyperError(_) | kube::Error::Service(_))
+            }
+        }
+    }
+}
+
+impl Transient for ApiCallError {
+    fn is_transient(&self) -> bool {
+        match self {
+            ApiCallError::TimedOut(_) => true,
+            ApiCallError::Kube(e) => e.is_transient(),
+        }
+    }
+}
+
+/// Runs one API request, giving up after [`REQUEST_TIMEOUT`].
+pub(crate) async fn bounded<T>(
+    request: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, ApiCallError> {
+    match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
+        Ok(result) => result.map_err(ApiCallError::Kube),
+        Err(_) => Err(ApiCallError::TimedOut(REQUEST_TIMEOUT)),
+    }
+}
