@@ -195,7 +195,19 @@ def krew_manifest(dest: Path, version: str, base_url: str, archives: dict[str, P
         "# packaging/krew/inspect-gpushare.yaml: install with\n"
         "#   kubectl krew install --manifest=inspect-gpushare.yaml\n"
     )
-    dest.write_text(header + yaml.safe_dump(template, sort_keys=False, width=100))
+    dest.write_text(header + yaml.dump(template, Dumper=_LiteralDumper, sort_keys=False, width=100))
+
+
+class _LiteralDumper(yaml.SafeDumper):
+    """Writes multi-line strings (the description) as `|` blocks, as the template has them."""
+
+
+def _str_representer(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_LiteralDumper.add_representer(str, _str_representer)
 
 
 def sbom(dest: Path, version: str, mtime: int) -> None:

@@ -190,10 +190,10 @@ class Checker:
 
         path = self.root / f"gpushare-{self.version}.tgz"
         chart = helm.Chart.load(str(path))
-        meta = chart.metadata()
+        meta = chart.metadata
         assert meta.get("version") == self.version, meta
         assert meta.get("appVersion") == self.version, meta
-        assert chart.values()["image"]["tag"] == self.version, chart.values()["image"]
+        assert chart.values["image"]["tag"] == self.version, chart.values["image"]
         report = helm.lint(str(path), strict=True)
         errors = [m for m in report.get("messages", []) if m.get("severity", 0) >= 3] + report.get("errors", [])
         assert not errors, errors
