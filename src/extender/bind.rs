@@ -7,9 +7,8 @@
 //! as taken. Transient API errors are retried with backoff inside `extender.bind_timeout_ms`;
 //! when the bind fails for good the reservation is rolled back. A Binding answered 409 (for
 //! instance because an earlier attempt did land but its answer was lost) is checked against
-//! the pod: bound to our node means success.
-
-use std::time::Duration;
+//! the pod: bound to our node means success. Every write is fenced by the bind's [`Ticket`]
+//! (admitted under the leadership term before the request body was read; see `leader`).
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -18,6 +17,7 @@ use tokio::time::Instant;
 
 use super::cache::ReserveError;
 use super::filter::pod_request;
+use super::leader::{Fenced, Ticket};
 use super::state::ExtenderState;
 use super::wire::BindingArgs;
 use crate::core::PodGpuAnnotations;
@@ -39,6 +39,8 @@ enum CallError {
     Permanent(String),
     /// The bind's time budget ran out.
     Timeout,
+    /// FENCE (issue 18): the leadership term the bind was admitted under forbids writing.
+    Fenced(Fenced),
 }
 
 impl CallError {
@@ -50,6 +52,7 @@ impl CallError {
             CallError::Kube(e) => format!("{what}: {e}"),
             CallError::Permanent(m) => format!("{what}: {m}"),
             CallError::Timeout => format!("{what}: timed out (extender.bind_timeout_ms)"),
+            CallError::Fenced(f) => format!("{what}: not written: {f}"),
         }
     }
 }
@@ -85,9 +88,15 @@ where
     })
 }
 
-/// Binds the pod; `Err` carries the message for `{"Error": ...}` (HTTP 500).
-pub async fn bind(state: &ExtenderState, args: &BindingArgs) -> Result<String, String> {
-    let deadline = Instant::now() + Duration::from_millis(state.config().bind_timeout_ms.max(1));
+/// Binds the pod; `Err` carries the message for `{"Error": ...}` (HTTP 500). `ticket` is the
+/// bind's admission under the leadership term: its deadline, and the check before each write.
+pub async fn bind(
+    state: &ExtenderState,
+    args: &BindingArgs,
+    ticket: &Ticket,
+) -> Result<String, String> {
+    // FENCE (issue 18): the deadline counts from admission, before the body was read.
+    let deadline = ticket.deadline();
     let (ns, name, node) = (&args.pod_namespace, &args.pod_name, &args.node);
     let pods: Api<Pod> = Api::namespaced(state.client().clone(), ns);
 
@@ -143,6 +152,7 @@ pub async fn bind(state: &ExtenderState, args: &BindingArgs) -> Result<String, S
         request,
         reservation.device_total,
         deadline,
+        ticket,
     )
     .await;
     match result {
@@ -174,11 +184,14 @@ async fn write_and_bind(
     request: crate::core::GpuMem,
     device_total: crate::core::GpuMem,
     deadline: Instant,
+    ticket: &Ticket,
 ) -> Result<(), String> {
     let (ns, name, node) = (&args.pod_namespace, &args.pod_name, &args.node);
     let client = state.client();
     let patch = PodGpuAnnotations::bind_patch(gpu, request, device_total, now_ns());
     with_retry(state, deadline, || async {
+        // FENCE (issue 18): still this term, inside the write window, before the deadline.
+        ticket.check().map_err(CallError::Fenced)?;
         patch_pod_annotations(client, ns, name, &patch)
             .await
             .map(|_| ())
@@ -193,6 +206,8 @@ async fn write_and_bind(
         }
     })?;
     with_retry(state, deadline, || async {
+        // FENCE (issue 18): checked again right before the Binding.
+        ticket.check().map_err(CallError::Fenced)?;
         match bind_pod(client, ns, name, uid, node).await {
             Ok(()) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 409 => {

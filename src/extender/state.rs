@@ -3,7 +3,8 @@
 //!
 //! `serving` is the seam for leader election: it defaults to true when leader election is
 //! off; the leader-election loop flips it with [`ExtenderState::set_serving`]. While not
-//! ready, the scheduling verbs answer 503.
+//! serving, the scheduling verbs go to the leader (`forward`); while serving but not synced
+//! they answer 503. The [`Fence`] is the leadership term binds are admitted under.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::watch;
 
 use super::cache::Cache;
+use super::leader::Fence;
 use super::metrics::Metrics;
 use crate::admin::AdminState;
 use crate::config::ExtenderConfig;
@@ -25,6 +27,7 @@ pub struct ExtenderState {
     synced: AtomicBool,
     serving: AtomicBool,
     ready_tx: watch::Sender<bool>,
+    fence: Arc<Fence>,
 }
 
 impl std::fmt::Debug for ExtenderState {
@@ -37,8 +40,13 @@ impl std::fmt::Debug for ExtenderState {
 }
 
 impl ExtenderState {
-    /// A new state: not synced; serving unless leader election is on.
-    pub fn new(config: ExtenderConfig, client: kube::Client) -> Arc<ExtenderState> {
+    /// A new state: not synced; serving unless leader election is on; binds fenced by
+    /// `fence`.
+    pub fn new(
+        config: ExtenderConfig,
+        client: kube::Client,
+        fence: Arc<Fence>,
+    ) -> Arc<ExtenderState> {
         let admin = AdminState::new();
         let metrics = Metrics::register(&admin);
         let serving = !config.leader_elect;
@@ -52,6 +60,7 @@ impl ExtenderState {
             synced: AtomicBool::new(false),
             serving: AtomicBool::new(serving),
             ready_tx,
+            fence,
         })
     }
 
@@ -78,6 +87,11 @@ impl ExtenderState {
     /// The API client.
     pub fn client(&self) -> &kube::Client {
         &self.client
+    }
+
+    /// The leadership term binds are admitted under, and who leads.
+    pub fn fence(&self) -> &Arc<Fence> {
+        &self.fence
     }
 
     /// Whether the first full sync of pods, nodes and ConfigMaps has been applied.
