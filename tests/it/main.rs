@@ -8,6 +8,7 @@ mod doctor;
 mod extender;
 mod gpu;
 mod ha;
+mod ha_replicas;
 mod hostile;
 mod inspect;
 mod packaging;

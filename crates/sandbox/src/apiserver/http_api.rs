@@ -131,6 +131,7 @@ async fn handle(
                 ));
             }
             FaultAction::CutWatch => {}
+            FaultAction::Hold(hold) => hold.pass().await,
         }
     }
     if bytes.len() > MAX_BODY {
