@@ -26,12 +26,12 @@ const MANIFESTS: &str = "packaging/manifests";
 const RELEASE: &str = "gpushare";
 const NAMESPACE: &str = "kube-system";
 
-fn default_values() -> Value {
+pub(super) fn default_values() -> Value {
     serde_yaml::from_str(&read(&format!("{CHART}/values.yaml"))).expect("values.yaml parses")
 }
 
 /// `base` with `overlay` merged in (maps deeply, everything else replaced), like `--set`.
-fn merged(base: &Value, overlay: &Value) -> Value {
+pub(super) fn merged(base: &Value, overlay: &Value) -> Value {
     match (base, overlay) {
         (Value::Mapping(b), Value::Mapping(o)) => {
             let mut out = b.clone();
@@ -153,7 +153,7 @@ fn round_trip<T: DeserializeOwned + Serialize>(doc: &Value) -> Result<(), String
 }
 
 /// Checks `doc` against the k8s-openapi type its `kind` names; returns the kind.
-fn check_typed(doc: &Value) -> Result<String, String> {
+pub(super) fn check_typed(doc: &Value) -> Result<String, String> {
     let kind = doc
         .get("kind")
         .and_then(Value::as_str)
@@ -169,6 +169,9 @@ fn check_typed(doc: &Value) -> Result<String, String> {
         "Role" => round_trip::<Role>(doc),
         "RoleBinding" => round_trip::<RoleBinding>(doc),
         "ConfigMap" => round_trip::<ConfigMap>(doc),
+        "PodDisruptionBudget" => {
+            round_trip::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(doc)
+        }
         other => Err(format!("unexpected kind {other}")),
     }?;
     Ok(kind)
@@ -191,6 +194,7 @@ fn every_manifest_is_a_valid_kubernetes_object() {
         "ConfigMap",
         "DaemonSet",
         "Deployment",
+        "PodDisruptionBudget",
         "Role",
         "RoleBinding",
         "Service",
@@ -253,7 +257,7 @@ fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {kind} {name}"))
 }
 
-fn all_documents(values: Value) -> Vec<Value> {
+pub(super) fn all_documents(values: Value) -> Vec<Value> {
     render_chart(values)
         .iter()
         .flat_map(|(name, text)| yaml_documents(name, text))

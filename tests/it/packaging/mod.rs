@@ -3,6 +3,7 @@
 //! manifest. Nothing here needs a cluster, Helm, Docker or a running systemd.
 
 mod chart;
+mod ha_chart;
 mod helm_lite;
 mod image;
 mod kubeadm;
