@@ -540,3 +540,21 @@ async fn a_binds_deadline_counts_from_its_admission_including_the_body() {
     );
     ext.stop().await;
 }
+
+#[test]
+fn a_bind_timeout_that_does_not_fit_the_lease_margin_stops_the_extender_with_78() {
+    let out = super::support::run_with_env(
+        &["extender", "--leader-elect", "--skip-doctor"],
+        &[("GPUSHARE_EXTENDER__BIND_TIMEOUT_MS", "6000")],
+    );
+    let err = super::support::stderr(&out);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    for key in [
+        "extender.bind_timeout_ms",
+        "extender.lease_duration_secs",
+        "extender.renew_deadline_secs",
+        "GPUSHARE_EXTENDER__BIND_TIMEOUT_MS",
+    ] {
+        assert!(err.contains(key), "{key} missing from: {err}");
+    }
+}
