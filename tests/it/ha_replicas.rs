@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::ha::{
     DEADLINE, assert_not_overcommitted, bind_via, binding_args, converge, eventually,
-    extender_config, http, lease_field, pending_pod, sandbox, start_named, truth, wait_http_ok,
+    extender_config, http, pending_pod, sandbox, start_named, truth, wait_http_ok,
 };
 
 const UNITS: u64 = 8;
