@@ -558,3 +558,40 @@ fn a_bind_timeout_that_does_not_fit_the_lease_margin_stops_the_extender_with_78(
         assert!(err.contains(key), "{key} missing from: {err}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_time_jumped_mid_bind_checks_its_fence_before_writing() {
+    // How a pause looks from inside the paused process: its monotonic clock jumps. The bind
+    // must not rely on its own timers having fired; the check before the write decides.
+    let api = sandbox(1, 1, UNITS).await;
+    let config = extender_config(true);
+    let clock = AdjustableClock::new();
+    let options = StartOptions {
+        clock: Some(clock.clone()),
+        identity: Some("replica-a".into()),
+    };
+    let a = gpushare::extender::start_with(&config, api.client(), Shutdown::never(), options)
+        .await
+        .expect("extender starts");
+    wait_leading(&a.state(), "replica-a").await;
+    api.create_object(pending_pod("victim", 4)).expect("seed");
+    let hold = Hold::new();
+    api.inject(Fault::new(
+        Some(http::Method::GET),
+        "/namespaces/default/pods/victim",
+        FaultAction::Hold(hold.clone()),
+    ));
+    let answer = {
+        let api = api.clone();
+        let addr = a.addr;
+        tokio::spawn(async move { bind_via(&api, addr, "victim", "node-0").await })
+    };
+    hold.wait_reached(1).await;
+    clock.advance(Duration::from_secs(config.extender.lease_duration_secs + 1));
+    hold.release();
+    let status = answer.await.expect("bind answer");
+    assert!(matches!(status, Some(500 | 503)), "{status:?}");
+    assert_eq!(pod_writes(&api, "victim"), 0, "a fenced bind wrote");
+    assert_eq!(node_of(&api, "victim"), None);
+    a.stop().await;
+}
