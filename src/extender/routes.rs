@@ -184,10 +184,10 @@ pub async fn handle(
     Ok(resp)
 }
 
-/// Whether this replica answers the verbs itself: it serves (leads, or no election) or the
+/// Whether this replica answers the verbs itself: no election, or it serves (leads), or the
 /// request was already forwarded once (never forwarded again).
 fn answers_locally(state: &ExtenderState, req: &Request<Incoming>) -> bool {
-    state.is_serving() || req.headers().contains_key(FORWARDED_BY)
+    !state.fence().is_elected() || state.is_serving() || req.headers().contains_key(FORWARDED_BY)
 }
 
 /// How long a forwarded request may take (the bind: the leader's deadline and a second).
@@ -232,7 +232,7 @@ fn leader_url(state: &ExtenderState) -> Result<(String, String), String> {
 /// it can reach a leader that is ready. 503 otherwise, with the reason.
 async fn readyz(state: &ExtenderState, forwarder: &Forwarder) -> Resp {
     const TEXT: &str = "text/plain; charset=utf-8";
-    if state.is_serving() {
+    if !state.fence().is_elected() || state.is_serving() {
         return match state.unavailable_reason() {
             None => text(StatusCode::OK, "ok\n".into(), TEXT),
             Some(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n"), TEXT),
