@@ -260,6 +260,17 @@ pub struct Observation {
     at: Instant,
 }
 
+impl Observation {
+    /// The local instant after which the lease counts as expired unless it changes.
+    pub fn expires_at(&self, default_duration: Duration) -> Instant {
+        let duration = match self.record.duration {
+            Some(secs) if secs > 0 => Duration::from_secs(u64::from(secs.unsigned_abs())),
+            _ => default_duration,
+        };
+        self.at + duration
+    }
+}
+
 /// The election rule. `now` is local monotonic time; `seen` is this candidate's memory of
 /// the lease (updated here: a changed record restarts the count); `default_duration`
 /// applies when the lease does not say how long it lasts. A foreign lease is expired once its
@@ -733,6 +744,13 @@ impl LeaderElector {
         // Start of the last round that renewed (or acquired) the lease, on our clock.
         let mut renewed_at: Option<Instant> = None;
         let mut seen: Option<Observation> = None;
+        // Changes of the Lease, as a watch sees them (a hint to look again, never a decision).
+        let lease_changed = Arc::new(tokio::sync::Notify::new());
+        let lease_watch = tokio::spawn(watch_lease(
+            self.api.clone(),
+            self.name.clone(),
+            lease_changed.clone(),
+        ));
         let stop = shutdown.clone().wait();
         tokio::pin!(stop);
         loop {
@@ -773,8 +791,12 @@ impl LeaderElector {
                     tracing::warn!(identity = %me, lease = %self.name, "lease round timed out");
                 }
             }
-            // Sleep one retry period, but wake at the renew deadline if that comes first.
-            let deadline = match (*tx.borrow(), renewed_at) {
+            // Sleep one retry period, but wake at the renew deadline if that comes first; a
+            // follower also wakes just past the moment the lease it follows expires by its
+            // clock, and at once when the lease changes (released, taken) — so a free lease is
+            // taken within moments, not a retry period later.
+            let leading_now = *tx.borrow();
+            let deadline = match (leading_now, renewed_at) {
                 (true, Some(at)) => Some(at + self.timing.renew_deadline),
                 _ => None,
             };
@@ -782,9 +804,14 @@ impl LeaderElector {
             if let Some(d) = deadline {
                 nap = nap.min(d.saturating_duration_since(clock.now()));
             }
+            if !leading_now && let Some(o) = &seen {
+                let expiry = o.expires_at(self.timing.lease_duration) + Duration::from_millis(1);
+                nap = nap.min(expiry.saturating_duration_since(clock.now()));
+            }
             tokio::select! {
                 _ = &mut stop => break,
                 _ = tokio::time::sleep(nap) => {}
+                _ = lease_changed.notified(), if !leading_now => {}
             }
             if let Some(d) = deadline
                 && clock.now() >= d
@@ -796,6 +823,7 @@ impl LeaderElector {
                 set(false);
             }
         }
+        lease_watch.abort();
         let was_leading = *tx.borrow();
         self.fence.lost(KnownLeader::Unknown);
         set(false);
@@ -920,6 +948,21 @@ impl LeaderElector {
                 tracing::warn!(identity = %me, error = %err, "could not release the lease")
             }
             Err(_) => tracing::warn!(identity = %me, "releasing the lease timed out"),
+        }
+    }
+}
+
+/// Pings `changed` on every change of Lease `name` (a watch; errors are retried with backoff).
+async fn watch_lease(api: Api<Lease>, name: String, changed: Arc<tokio::sync::Notify>) {
+    use futures::StreamExt;
+    use kube::runtime::WatchStreamExt;
+    use kube::runtime::watcher;
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let stream = watcher::watcher(api, config).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        if event.is_ok() {
+            changed.notify_one();
         }
     }
 }
