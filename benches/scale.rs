@@ -583,7 +583,8 @@ struct Extender {
 }
 
 impl Extender {
-    async fn start(api: &ApiServer) -> anyhow::Result<Extender> {
+    /// Starts an extender; with `replica`, leader election on with that pod name.
+    async fn start(api: &ApiServer, replica: Option<&str>) -> anyhow::Result<Extender> {
         // A port the kernel just handed out; the extender binds it right after.
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -598,7 +599,11 @@ impl Extender {
             .env("GPUSHARE_DOCTOR__SKIP", "true")
             .env("GPUSHARE_EXTENDER__BIND_ADDRESS", "127.0.0.1")
             .env("GPUSHARE_EXTENDER__PORT", port.to_string())
-            .env("GPUSHARE_EXTENDER__LEADER_ELECT", "false")
+            .env(
+                "GPUSHARE_EXTENDER__LEADER_ELECT",
+                if replica.is_some() { "true" } else { "false" },
+            )
+            .env("POD_NAME", replica.unwrap_or("bench"))
             .kill_on_drop(true)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
@@ -764,7 +769,7 @@ async fn run(size: Size) -> anyhow::Result<Vec<Figure>> {
 
     // 4. The extender, in a process of its own: time to ready, its memory and CPU.
     let config = Config::default();
-    let mut extender = Extender::start(&api).await?;
+    let mut extender = Extender::start(&api, None).await?;
     let started = Instant::now();
     extender.wait_synced().await?;
     let ready_in = started.elapsed();
@@ -964,11 +969,174 @@ async fn run(size: Size) -> anyhow::Result<Vec<Figure>> {
         pass: Some(peak > 0 && peak < 256 * 1024 * 1024),
     });
     extender.stop().await;
+
+    // 7. Failover between replicas: the leader stopped (SIGTERM: it releases the Lease) and
+    //    killed (SIGKILL: the Lease expires), measured from the moment the Lease is free to
+    //    the first bind the new leader itself answers 200.
+    figures.extend(failover_figures(&api, &client, &config).await?);
     drop(api);
 
-    // 7. The device plugin, in a process of its own.
+    // 8. The device plugin, in a process of its own.
     figures.extend(device_plugin_figures(size).await?);
     Ok(figures)
+}
+
+/// The extenders' Lease in the sandbox: (holder, renewTime) as stored.
+fn lease_state(api: &ApiServer, config: &Config) -> (String, String) {
+    let lease = api.get_object(
+        "leases",
+        Some(&config.extender.lease_namespace),
+        &config.extender.lease_name,
+    );
+    let spec = lease.map(|l| l["spec"].clone()).unwrap_or(Value::Null);
+    (
+        spec["holderIdentity"].as_str().unwrap_or("").to_string(),
+        spec["renewTime"].as_str().unwrap_or("").to_string(),
+    )
+}
+
+/// Polls the Lease every 5 ms until `done` holds for (holder, renewTime); returns that state
+/// and when the last change before it was seen.
+async fn watch_lease(
+    api: &ApiServer,
+    config: &Config,
+    limit: Duration,
+    mut done: impl FnMut(&(String, String)) -> bool,
+) -> anyhow::Result<((String, String), Instant)> {
+    let end = Instant::now() + limit;
+    let mut last = lease_state(api, config);
+    let mut changed_at = Instant::now();
+    loop {
+        let now = lease_state(api, config);
+        if now != last {
+            last = now;
+            changed_at = Instant::now();
+        }
+        if done(&last) {
+            return Ok((last, changed_at));
+        }
+        if Instant::now() > end {
+            bail!("the Lease did not reach the expected state within {limit:?}: {last:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Binds a fresh probe pod through `replica` every 20 ms until one answers 200 (the old
+/// leader is gone by then, so the answer is the new leader's own); returns when.
+async fn first_own_bind(
+    api: &ApiServer,
+    client: &HttpClient,
+    config: &Config,
+    replica: &Extender,
+    label: &str,
+    limit: Duration,
+) -> anyhow::Result<Instant> {
+    let created = api.create_object(pending_pod(&format!("failover-{label}"), 1))?;
+    let uid = created["metadata"]["uid"].as_str().unwrap_or_default();
+    let body = Bytes::from(serde_json::to_vec(&json!({
+        "PodName": format!("failover-{label}"), "PodNamespace": "default",
+        "PodUID": uid, "Node": node_name(0),
+    }))?);
+    let url = format!("http://{}{}/bind", replica.addr, config.extender.url_prefix);
+    let end = Instant::now() + limit;
+    loop {
+        if let Ok((200, _)) = post(client, &url, body.clone()).await {
+            return Ok(Instant::now());
+        }
+        if Instant::now() > end {
+            bail!("no bind through the new leader succeeded within {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn failover_figures(
+    api: &ApiServer,
+    client: &HttpClient,
+    config: &Config,
+) -> anyhow::Result<Vec<Figure>> {
+    let lease = Duration::from_secs(config.extender.lease_duration_secs);
+    let limit = Duration::from_secs(600);
+    let mut a = Extender::start(api, Some("bench-a")).await?;
+    a.wait_synced().await?;
+    watch_lease(api, config, limit, |(h, _)| h.starts_with("bench-a")).await?;
+    let mut b = Extender::start(api, Some("bench-b")).await?;
+    b.wait_synced().await?;
+    let standby_ready = format!("http://{}/readyz", b.addr);
+    let end = Instant::now() + limit;
+    while get(client, &standby_ready).await.map(|r| r.0).ok() != Some(200) {
+        if Instant::now() > end {
+            bail!("the standby never turned Ready");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut figures = Vec::new();
+
+    // Stopped: SIGTERM, the leader drains and clears holderIdentity.
+    let _ = nix_signal(a.pid, "TERM");
+    let (_, released_at) = watch_lease(api, config, limit, |(h, _)| h.is_empty()).await?;
+    let served_at = first_own_bind(api, client, config, &b, "stopped", limit).await?;
+    let (_, acquired_at) =
+        watch_lease(api, config, limit, |(h, _)| h.starts_with("bench-b")).await?;
+    let _ = a.child.wait().await;
+    let stopped = served_at.saturating_duration_since(released_at);
+    figures.push(Figure {
+        name: "failover, leader stopped (SIGTERM releases the Lease): Lease free to the new leader's first bind".to_string(),
+        value: format!(
+            "{:.2} s (taken over after {:.2} s, then the rebuild: a fresh list of {} pods)",
+            stopped.as_secs_f64(),
+            acquired_at.saturating_duration_since(released_at).as_secs_f64(),
+            api.list_objects("pods", None).len()
+        ),
+        budget: "<= 5 s",
+        pass: Some(stopped <= Duration::from_secs(5)),
+    });
+
+    // Killed: SIGKILL, the Lease is free once it has not changed for its duration.
+    let mut c = Extender::start(api, Some("bench-c")).await?;
+    c.wait_synced().await?;
+    let standby_ready = format!("http://{}/readyz", c.addr);
+    let end = Instant::now() + limit;
+    while get(client, &standby_ready).await.map(|r| r.0).ok() != Some(200) {
+        if Instant::now() > end {
+            bail!("the second standby never turned Ready");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Kill right after a renewal lands, so the Lease's last change is known to the ms.
+    let (before, _) = watch_lease(api, config, limit, |_| true).await?;
+    let (_, renewed_at) = watch_lease(api, config, limit, |s| s.1 != before.1).await?;
+    let _ = b.child.start_kill();
+    let free_at = renewed_at + lease;
+    let served_at = first_own_bind(api, client, config, &c, "killed", limit).await?;
+    let (_, acquired_at) =
+        watch_lease(api, config, limit, |(h, _)| h.starts_with("bench-c")).await?;
+    let killed = served_at.saturating_duration_since(free_at);
+    figures.push(Figure {
+        name: format!(
+            "failover, leader killed (SIGKILL): Lease expiry ({} s after its last renewal) to the new leader's first bind",
+            lease.as_secs()
+        ),
+        value: format!(
+            "{:.2} s (taken over {:.2} s after expiry; {:.2} s after the last renewal in all)",
+            killed.as_secs_f64(),
+            acquired_at.saturating_duration_since(free_at).as_secs_f64(),
+            served_at.saturating_duration_since(renewed_at).as_secs_f64()
+        ),
+        budget: "<= 5 s",
+        pass: Some(killed <= Duration::from_secs(5)),
+    });
+    b.stop().await;
+    c.stop().await;
+    Ok(figures)
+}
+
+/// Sends `signal` (a `kill -s` name) to `pid`.
+fn nix_signal(pid: u32, signal: &str) -> std::io::Result<std::process::ExitStatus> {
+    std::process::Command::new("kill")
+        .args(["-s", signal, &pid.to_string()])
+        .status()
 }
 
 /// The device plugin's figures: the real `gpushare device-plugin` binary in a process of its

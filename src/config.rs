@@ -126,8 +126,13 @@ pub struct ExtenderConfig {
     /// A watch that keeps failing this long, in milliseconds, makes the ledger stale: the
     /// scheduling verbs and `/readyz` answer 503 until it recovers (default 30 000).
     pub watch_stale_after_ms: u64,
-    /// Compete for a Lease; only the leader serves the scheduling verbs.
+    /// Compete for a Lease; the leader serves the scheduling verbs, the other replicas
+    /// forward them to it.
     pub leader_elect: bool,
+    /// `HOST[:PORT]` where the other replicas reach this one when it leads; empty means the
+    /// `POD_IP` environment variable (else the bind address, when it is not 0.0.0.0) and the
+    /// serving port.
+    pub advertise_address: String,
     /// Name of the Lease.
     pub lease_name: String,
     /// Namespace of the Lease.
@@ -155,6 +160,7 @@ impl Default for ExtenderConfig {
             bind_settle_ms: 60_000,
             watch_stale_after_ms: 30_000,
             leader_elect: false,
+            advertise_address: String::new(),
             lease_name: "gpushare-schd-extender".to_string(),
             lease_namespace: "kube-system".to_string(),
             lease_duration_secs: 15,
@@ -834,6 +840,29 @@ impl Config {
                 "must be above 0".to_string(),
             ));
         }
+        if e.leader_elect {
+            let margin_ms = (e.lease_duration_secs - e.renew_deadline_secs).saturating_mul(1000);
+            if e.bind_timeout_ms >= margin_ms {
+                return Err(invalid(
+                    "extender.bind_timeout_ms",
+                    format!(
+                        "{} ms does not fit inside extender.lease_duration_secs ({}) - \
+                         extender.renew_deadline_secs ({}) = {margin_ms} ms: with leader election a \
+                         bind of a deposed leader could still write after the next leader took over; \
+                         lower bind_timeout_ms or widen the gap between the two",
+                        e.bind_timeout_ms, e.lease_duration_secs, e.renew_deadline_secs
+                    ),
+                ));
+            }
+        }
+        if !e.advertise_address.is_empty()
+            && let Err(why) = split_host_port(&e.advertise_address)
+        {
+            return Err(invalid(
+                "extender.advertise_address",
+                format!("{:?}: {why}", e.advertise_address),
+            ));
+        }
         let d = &self.device_plugin;
         if d.mps_active_thread_percentage > 100 {
             return Err(invalid(
@@ -894,6 +923,41 @@ pub fn valid_cdi_kind(kind: &str) -> bool {
                 .all(|c| c.is_ascii_alphanumeric() || extra.contains(&c))
     };
     ok(vendor, &['-', '_', '.']) && ok(class, &['-', '_'])
+}
+
+/// Splits `HOST[:PORT]` (an IPv6 host bare or in brackets: `fe80::1`, `[fe80::1]:8080`).
+pub fn split_host_port(s: &str) -> Result<(String, Option<u16>), String> {
+    let bad_port = |p: &str| format!("port {p:?} is not a number from 1 to 65535");
+    let port = |p: &str| match p.parse::<u16>() {
+        Ok(0) | Err(_) => Err(bad_port(p)),
+        Ok(n) => Ok(Some(n)),
+    };
+    if let Some(rest) = s.strip_prefix('[') {
+        let (host, tail) = rest
+            .split_once(']')
+            .ok_or_else(|| "an opening '[' without ']'".to_string())?;
+        if host.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(format!("{host:?} in brackets is not an IPv6 address"));
+        }
+        return match tail {
+            "" => Ok((host.to_string(), None)),
+            t => match t.strip_prefix(':') {
+                Some(p) => Ok((host.to_string(), port(p)?)),
+                None => Err(format!("unexpected {t:?} after ']'")),
+            },
+        };
+    }
+    if s.parse::<std::net::Ipv6Addr>().is_ok() {
+        return Ok((s.to_string(), None));
+    }
+    let (host, p) = match s.rsplit_once(':') {
+        Some((h, p)) => (h, port(p)?),
+        None => (s, None),
+    };
+    if host.is_empty() || host.contains(['/', ' ', '[', ']', ':', '@']) {
+        return Err("expected HOST[:PORT]".to_string());
+    }
+    Ok((host.to_string(), p))
 }
 
 /// Where the value of `key` came from, for error messages.
@@ -1044,6 +1108,42 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("extender.url_prefix"), "{err}");
+    }
+
+    #[test]
+    fn a_bind_timeout_outside_the_lease_margin_is_an_error_naming_the_keys() {
+        let err = from_toml("[extender]\nleader_elect = true\nbind_timeout_ms = 5000\n")
+            .unwrap_err()
+            .to_string();
+        for key in [
+            "extender.bind_timeout_ms",
+            "extender.lease_duration_secs",
+            "extender.renew_deadline_secs",
+        ] {
+            assert!(err.contains(key), "{err}");
+        }
+        assert!(from_toml("[extender]\nleader_elect = true\nbind_timeout_ms = 4999\n").is_ok());
+        // Without an election there is no lease to fit into.
+        assert!(from_toml("[extender]\nbind_timeout_ms = 9000\n").is_ok());
+    }
+
+    #[test]
+    fn advertise_addresses_are_host_and_optional_port() {
+        let ok = |s: &str| split_host_port(s).unwrap();
+        assert_eq!(ok("10.0.0.7"), ("10.0.0.7".into(), None));
+        assert_eq!(ok("10.0.0.7:12345"), ("10.0.0.7".into(), Some(12345)));
+        assert_eq!(ok("cp-1.example"), ("cp-1.example".into(), None));
+        assert_eq!(ok("fe80::1"), ("fe80::1".into(), None));
+        assert_eq!(ok("[fe80::1]:80"), ("fe80::1".into(), Some(80)));
+        for bad in [
+            "", ":80", "h:0", "h:x", "[x]:1", "[fe80::1", "http://h", "h:99999",
+        ] {
+            assert!(split_host_port(bad).is_err(), "{bad}");
+        }
+        let err = from_toml("[extender]\nadvertise_address = \"a b\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("extender.advertise_address"), "{err}");
     }
 
     #[test]

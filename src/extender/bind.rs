@@ -35,6 +35,7 @@ use tokio::time::Instant;
 
 use super::cache::{Reservation, ReserveError};
 use super::filter::pod_request;
+use super::leader::{Fenced, Ticket as Admission};
 use super::metrics::SettleLabels;
 use super::state::ExtenderState;
 use super::wire::BindingArgs;
@@ -183,6 +184,8 @@ enum Attempt {
 /// Everything the owner needs.
 struct Job {
     state: Arc<ExtenderState>,
+    /// The leadership term the bind was admitted under: no write outside it.
+    admission: Admission,
     pods: Api<Pod>,
     pod: Pod,
     namespace: String,
@@ -205,9 +208,15 @@ impl Job {
     }
 }
 
-/// Binds the pod; `Err` carries the message for `{"Error": ...}` (HTTP 500).
-pub async fn bind(state: &Arc<ExtenderState>, args: &BindingArgs) -> Result<String, String> {
-    let deadline = Instant::now() + Duration::from_millis(state.config().bind_timeout_ms.max(1));
+/// Binds the pod; `Err` carries the message for `{"Error": ...}` (HTTP 500). `admission` is
+/// the bind's admission under the leadership term (issue 18): its deadline counts from then,
+/// and every write of this bind and of its owner is checked against it first.
+pub async fn bind(
+    state: &Arc<ExtenderState>,
+    args: &BindingArgs,
+    admission: &Admission,
+) -> Result<String, String> {
+    let deadline = admission.deadline();
     let (ns, name, node) = (&args.pod_namespace, &args.pod_name, &args.node);
     let pods: Api<Pod> = Api::namespaced(state.client().clone(), ns);
 
@@ -282,6 +291,7 @@ pub async fn bind(state: &Arc<ExtenderState>, args: &BindingArgs) -> Result<Stri
         },
     );
     let job = Job {
+        admission: admission.clone(),
         state: state.clone(),
         pods,
         pod,
@@ -522,8 +532,23 @@ fn release(job: &Job, tx: &watch::Sender<Outcome>, why: &str, gone: bool) {
 }
 
 /// One round: the clean-slate annotation patch, then the Binding, retried within `deadline`.
+/// FENCE (issue 18): why this bind may not write now, if it may not: the leadership term it
+/// was admitted under has ended, or the last renewal is older than the write window. Time
+/// is bounded separately: each round by its own deadline (the request's, from admission, for
+/// the first; the owner's budget for settle rounds).
+fn fenced(job: &Job) -> Option<Fenced> {
+    job.admission.check_term().err()
+}
+
 async fn attempt(job: &Job, deadline: Instant) -> Attempt {
     let state = &job.state;
+    if let Some(f) = fenced(job) {
+        // Nothing is sent, so nothing of this round can land.
+        return Attempt::Refused {
+            why: format!("not written: {f}"),
+            definitive: false,
+        };
+    }
     let (ns, name, node, uid) = (&job.namespace, &job.name, &job.node, &job.uid);
     let client = state.client();
     let r = job.reservation;
@@ -583,6 +608,13 @@ async fn attempt(job: &Job, deadline: Instant) -> Attempt {
                 why: e.describe(&format!("annotating pod {ns}/{name}")),
                 definitive: false,
             }
+        };
+    }
+    // FENCE (issue 18): checked again right before the Binding.
+    if let Some(f) = fenced(job) {
+        return Attempt::Refused {
+            why: format!("annotated, but the Binding was not sent: {f}"),
+            definitive: false,
         };
     }
     let in_doubt = std::sync::atomic::AtomicBool::new(false);

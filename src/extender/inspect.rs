@@ -1,7 +1,8 @@
 //! The inspect endpoint: the ledger as JSON, in upstream's shape
 //! (`{"nodes":[{"name","totalGPU","usedGPU","devs":[{"id","totalGPU","usedGPU","pods":[…]}]}]}`)
 //! with added fields: node `unit` and `pending` (pods whose GPU index is not on the node),
-//! GPU `healthy`, pod `uid` and `state`. Nodes are sorted by name, pods by namespace/name.
+//! GPU `healthy`, pod `uid` and `state`, and, with leader election, `view`: whose ledger this
+//! is. Nodes are sorted by name, pods by namespace/name.
 
 use serde::Serialize;
 
@@ -13,6 +14,21 @@ use crate::core::PodState;
 pub struct Inspect {
     /// Nodes.
     pub nodes: Vec<InspectNode>,
+    /// Whose ledger this is (with leader election only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub view: Option<View>,
+}
+
+/// Whose ledger an answer shows.
+#[derive(Debug, Clone, Serialize)]
+pub struct View {
+    /// The replica's identity.
+    pub replica: String,
+    /// Whether it leads (its ledger is the one binds use).
+    pub leader: bool,
+    /// Why a standby shows its own view rather than the leader's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// One node.
@@ -109,5 +125,6 @@ pub fn node(v: &NodeView) -> InspectNode {
 pub fn inspect(views: &[NodeView]) -> Inspect {
     Inspect {
         nodes: views.iter().map(node).collect(),
+        view: None,
     }
 }

@@ -3,8 +3,8 @@
 //!
 //! Layout: [`wire`] (the extender API JSON), [`cache`] (the ledger), [`sync`] (watches that
 //! feed it), [`filter`], [`prioritize`], [`bind`], [`inspect`] (the verbs), [`routes`] (HTTP),
-//! [`metrics`], [`state`] (shared state and the readiness gate). Leader election is not here:
-//! it flips [`state::ExtenderState::set_serving`].
+//! [`metrics`], [`state`] (shared state and the readiness gate), [`leader`] (Lease election
+//! and the fence of binds), [`forward`] (standbys hand the verbs to the leader).
 //!
 //! [`start`] is the in-process entry point (tests, `gpushare demo`); [`run`] is the
 //! subcommand.
@@ -14,6 +14,7 @@ pub mod cache;
 #[cfg(test)]
 mod cache_props;
 pub mod filter;
+pub mod forward;
 pub mod inspect;
 pub mod leader;
 pub mod metrics;
@@ -66,10 +67,15 @@ pub struct Args {
     /// PEM private key for --tls-cert [config: extender.tls_key]
     #[arg(long, value_name = "PATH", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// Run several replicas: compete for a Lease; only the leader is ready and serves the
-    /// scheduling verbs (`--leader-elect=false` turns it off) [config: extender.leader_elect]
+    /// Run several replicas: compete for a Lease; the leader serves the scheduling verbs and
+    /// the others forward them to it, so every replica is Ready (`--leader-elect=false` turns
+    /// it off) [config: extender.leader_elect]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub leader_elect: Option<bool>,
+    /// HOST[:PORT] where the other replicas reach this one when it leads (the port defaults
+    /// to --port) [config: extender.advertise_address; default: $POD_IP and the serving port]
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub advertise_address: Option<String>,
     /// Name of the Lease for --leader-elect [config: extender.lease_name;
     /// default gpushare-schd-extender]
     #[arg(long, value_name = "NAME")]
@@ -94,6 +100,7 @@ impl Args {
             tls_cert,
             tls_key,
             leader_elect,
+            advertise_address,
             lease_name,
             lease_namespace,
             skip_doctor,
@@ -112,6 +119,7 @@ impl Args {
             tls_key.as_ref().map(|p| p.display().to_string()),
         );
         flags.set("extender.leader_elect", *leader_elect);
+        flags.set("extender.advertise_address", advertise_address.clone());
         flags.set("extender.lease_name", lease_name.clone());
         flags.set("extender.lease_namespace", lease_namespace.clone());
         flags.set_flag("doctor.skip", *skip_doctor);
@@ -163,12 +171,31 @@ impl ExtenderHandle {
     }
 }
 
+/// What an in-process start may set besides the configuration (tests).
+#[derive(Clone, Debug, Default)]
+pub struct StartOptions {
+    /// The clock of the election and the fence; the machine's when `None`.
+    pub clock: Option<Arc<dyn leader::Clock>>,
+    /// The replica's identity; [`leader::identity`] when `None`.
+    pub identity: Option<String>,
+}
+
 /// Starts the extender in-process: binds the listener first (a port conflict fails at once),
 /// then starts the watches and the server. Stops on `shutdown` or [`ExtenderHandle::stop`].
 pub async fn start(
     config: &Config,
     client: kube::Client,
     shutdown: Shutdown,
+) -> anyhow::Result<ExtenderHandle> {
+    start_with(config, client, shutdown, StartOptions::default()).await
+}
+
+/// [`start`] with [`StartOptions`].
+pub async fn start_with(
+    config: &Config,
+    client: kube::Client,
+    shutdown: Shutdown,
+    options: StartOptions,
 ) -> anyhow::Result<ExtenderHandle> {
     let ext = &config.extender;
     let addr = SocketAddr::new(ext.bind_address, ext.port);
@@ -181,24 +208,50 @@ pub async fn start(
         (false, false) => Some(routes::tls_acceptor(&ext.tls_cert, &ext.tls_key)?),
         _ => anyhow::bail!("extender.tls_cert and extender.tls_key must be given together"),
     };
+    let clock = options
+        .clock
+        .unwrap_or_else(|| Arc::new(leader::SystemClock) as Arc<dyn leader::Clock>);
+    let identity = leader::identity(options.identity.as_deref());
+    let fence = if ext.leader_elect {
+        leader::Fence::elected(identity, clock, leader::LeaseTiming::from_config(ext)?)
+    } else {
+        leader::Fence::unelected(identity, clock)
+    };
     // Either the caller's shutdown or our own stop ends everything.
     let (stop, combined) = shutdown.child();
-    let state = ExtenderState::new(ext.clone(), client, combined.clone());
+    let state = ExtenderState::new(ext.clone(), client, fence, combined.clone());
     let mut watches = sync::spawn(state.clone(), combined.clone());
     let election = if ext.leader_elect {
         // The election owns the watches: it restarts them (a fresh list) on every win.
         let taken = std::mem::take(&mut watches);
+        let pod_ip = std::env::var("POD_IP").ok();
+        let address = leader::advertise_url(
+            &ext.advertise_address,
+            pod_ip.as_deref(),
+            ext.bind_address,
+            addr.port(),
+            tls.is_some(),
+        );
+        if address.is_none() {
+            tracing::warn!(
+                "no address to advertise (set --advertise-address or POD_IP): while this replica \
+                 leads, the others cannot forward to it"
+            );
+        }
         Some(leader::Election::start(
             state.clone(),
             taken,
+            address,
             combined.clone(),
         )?)
     } else {
         None
     };
+    let forwarder = forward::Forwarder::new(state.fence().identity(), &ext.tls_cert)?;
     let server = tokio::spawn(routes::serve(
         listener,
         tls,
+        forwarder,
         state.clone(),
         crate::http_server::Limits::from_config(&config.http),
         combined,

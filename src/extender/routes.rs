@@ -3,10 +3,12 @@
 //!
 //! Paths: `POST {prefix}/filter|prioritize|bind`, `GET {prefix}/inspect[/{node}]`,
 //! `GET /version`, `/healthz`, `/readyz`, `/metrics`. Every error body is `{"Error": "..."}`.
+//! With leader election, a standby forwards the verbs and `inspect` to the leader
+//! ([`super::forward`]); a bind is admitted under the leader's term before its body is read.
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
@@ -16,6 +18,8 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
+use super::forward::{self, FORWARDED_BY, ForwardError, Forwarded, Forwarder, Settled, VIEW_OF};
+use super::leader::KnownLeader;
 use super::state::ExtenderState;
 use super::wire::{ErrorBody, decode_binding_args, decode_extender_args};
 use super::{bind, filter, inspect, prioritize};
@@ -102,9 +106,12 @@ fn route<'a>(prefix: &str, path: &'a str) -> Option<Route<'a>> {
     }
 }
 
-/// Answers one request. Never fails: every problem is a status and a JSON body.
+/// Answers one request. Never fails: every problem is a status and a JSON body. A standby
+/// (leader election on, not leading) forwards the scheduling verbs and `inspect` to the
+/// leader through `forwarder`.
 pub async fn handle(
     state: Arc<ExtenderState>,
+    forwarder: Arc<Forwarder>,
     limits: http_server::Limits,
     req: Request<Incoming>,
 ) -> Result<Resp, Infallible> {
@@ -146,20 +153,7 @@ pub async fn handle(
             text(StatusCode::OK, "ok\n".into(), "text/plain; charset=utf-8"),
             "",
         ),
-        Route::Readyz => match state.unavailable_reason() {
-            None => (
-                text(StatusCode::OK, "ok\n".into(), "text/plain; charset=utf-8"),
-                "",
-            ),
-            Some(why) => (
-                text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("{why}\n"),
-                    "text/plain; charset=utf-8",
-                ),
-                "",
-            ),
-        },
+        Route::Readyz => (readyz(&state, &forwarder).await, ""),
         Route::Metrics => {
             state
                 .metrics()
@@ -178,27 +172,15 @@ pub async fn handle(
                 "",
             )
         }
-        Route::Inspect(node) => match node {
-            None => (
-                json(StatusCode::OK, &inspect::inspect(&state.cache().views())),
-                "ok",
-            ),
-            Some(n) => match state.cache().node_view(n) {
-                Some(v) => (
-                    json(StatusCode::OK, &inspect::inspect(std::slice::from_ref(&v))),
-                    "ok",
-                ),
-                None => (
-                    error(
-                        StatusCode::NOT_FOUND,
-                        format!("node {n:?} is not known to the extender"),
-                    ),
-                    "not_found",
-                ),
-            },
-        },
+        Route::Inspect(node) => {
+            let path_and_query = req
+                .uri()
+                .path_and_query()
+                .map_or(path.clone(), |p| p.as_str().to_string());
+            inspect_route(&state, &forwarder, &req, node, &path_and_query).await
+        }
         Route::Filter | Route::Prioritize | Route::Bind => {
-            scheduling(&state, &limits, route, req).await
+            scheduling(&state, &forwarder, &limits, route, req).await
         }
     };
     if !outcome.is_empty() {
@@ -209,28 +191,228 @@ pub async fn handle(
     Ok(resp)
 }
 
+/// Whether this replica answers the verbs itself: no election, or it serves (leads), or the
+/// request was already forwarded once (never forwarded again).
+fn answers_locally(state: &ExtenderState, req: &Request<Incoming>) -> bool {
+    !state.fence().is_elected() || state.is_serving() || req.headers().contains_key(FORWARDED_BY)
+}
+
+/// How long a forwarded request may take (the bind: the leader's deadline and a second).
+fn forward_timeout(
+    state: &ExtenderState,
+    limits: &http_server::Limits,
+    route: Route<'_>,
+) -> Duration {
+    let cap = limits.request.saturating_sub(Duration::from_millis(500));
+    let want = match route {
+        Route::Bind => {
+            Duration::from_millis(state.config().bind_timeout_ms) + Duration::from_secs(1)
+        }
+        _ => Duration::from_secs(10),
+    };
+    want.min(cap).max(Duration::from_millis(100))
+}
+
+/// The leader's base URL, or why there is none to forward to.
+fn leader_url(state: &ExtenderState) -> Result<(String, String), String> {
+    match state.fence().leader() {
+        KnownLeader::Unknown => {
+            Err("no extender replica is known to lead (leader election in progress)".into())
+        }
+        KnownLeader::Me => {
+            Err("this replica has just become the leader; its ledger is being rebuilt".into())
+        }
+        KnownLeader::Other {
+            identity,
+            address: None,
+        } => Err(format!(
+            "the leader {identity} publishes no address to forward to (set --advertise-address or POD_IP there)"
+        )),
+        KnownLeader::Other {
+            identity,
+            address: Some(url),
+        } => Ok((identity, url)),
+    }
+}
+
+/// `/readyz`: the leader (or a single replica) once its ledger is synced; a standby while
+/// it can reach a leader that is ready. 503 otherwise, with the reason.
+async fn readyz(state: &ExtenderState, forwarder: &Forwarder) -> Resp {
+    const TEXT: &str = "text/plain; charset=utf-8";
+    if !state.fence().is_elected() || state.is_serving() {
+        return match state.unavailable_reason() {
+            None => text(StatusCode::OK, "ok\n".into(), TEXT),
+            Some(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n"), TEXT),
+        };
+    }
+    let (leader, url) = match leader_url(state) {
+        Ok(l) => l,
+        Err(why) => return text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n"), TEXT),
+    };
+    match forwarder
+        .send(
+            &url,
+            Method::GET,
+            "/readyz",
+            Bytes::new(),
+            Duration::from_secs(2),
+        )
+        .await
+    {
+        Ok(r) if r.status == StatusCode::OK => text(
+            StatusCode::OK,
+            format!("ok (standby; the leader {leader} at {url} is ready)\n"),
+            TEXT,
+        ),
+        Ok(r) => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the leader {leader} at {url} is not ready: {}\n",
+                String::from_utf8_lossy(&r.body).trim()
+            ),
+            TEXT,
+        ),
+        Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n"), TEXT),
+    }
+}
+
+/// Sets `X-Gpushare-View` on `resp`.
+fn with_view(mut resp: Resp, view: &str) -> Resp {
+    if let Ok(v) = header::HeaderValue::from_str(view) {
+        resp.headers_mut().insert(VIEW_OF, v);
+    }
+    resp
+}
+
+/// The leader's answer, passed through.
+fn passed_through(r: Forwarded) -> Resp {
+    let mut resp = Response::builder()
+        .status(r.status)
+        .body(Full::new(r.body))
+        .unwrap_or_default();
+    if let Some(ct) = r.content_type {
+        resp.headers_mut().insert(header::CONTENT_TYPE, ct);
+    }
+    if let Some(v) = r.view {
+        resp.headers_mut().insert(VIEW_OF, v);
+    }
+    resp
+}
+
+/// `inspect`: the leader's ledger. A standby forwards; when the leader cannot be reached it
+/// shows its own (warm, maybe stale) ledger and says so in `view`.
+async fn inspect_route(
+    state: &Arc<ExtenderState>,
+    forwarder: &Forwarder,
+    req: &Request<Incoming>,
+    node: Option<&str>,
+    path_and_query: &str,
+) -> (Resp, &'static str) {
+    let fence = state.fence();
+    let mut note = None;
+    if fence.is_elected() && !answers_locally(state, req) {
+        match leader_url(state) {
+            Ok((_, url)) => match forwarder
+                .send(
+                    &url,
+                    Method::GET,
+                    path_and_query,
+                    Bytes::new(),
+                    Duration::from_secs(10),
+                )
+                .await
+            {
+                Ok(r) => return (passed_through(r), "ok"),
+                Err(e) => note = Some(format!("{e}; showing this standby's own ledger")),
+            },
+            Err(why) => note = Some(format!("{why}; showing this standby's own ledger")),
+        }
+    }
+    let leading = fence.is_leading() && state.is_serving();
+    let view = fence.is_elected().then(|| inspect::View {
+        replica: fence.identity().to_string(),
+        leader: leading,
+        note,
+    });
+    let view_header = format!(
+        "{} ({})",
+        fence.identity(),
+        if leading { "leader" } else { "standby" }
+    );
+    let (resp, outcome) = match node {
+        None => {
+            let mut answer = inspect::inspect(&state.cache().views());
+            answer.view = view;
+            (json(StatusCode::OK, &answer), "ok")
+        }
+        Some(n) => match state.cache().node_view(n) {
+            Some(v) => {
+                let mut answer = inspect::inspect(std::slice::from_ref(&v));
+                answer.view = view;
+                (json(StatusCode::OK, &answer), "ok")
+            }
+            None => (
+                error(
+                    StatusCode::NOT_FOUND,
+                    format!("node {n:?} is not known to the extender"),
+                ),
+                "not_found",
+            ),
+        },
+    };
+    (with_view(resp, &view_header), outcome)
+}
+
+async fn read_request_body(
+    state: &ExtenderState,
+    limits: &http_server::Limits,
+    req: Request<Incoming>,
+) -> Result<Bytes, (Resp, &'static str)> {
+    match http_server::read_body(req, state.config().max_body_bytes, limits.body_read).await {
+        Ok(b) => Ok(b),
+        Err(e @ http_server::BodyError::TooLarge { .. }) => Err((
+            error(e.status(), format!("{e} (extender.max_body_bytes)")),
+            "bad_request",
+        )),
+        Err(e) => Err((error(e.status(), e.to_string()), "bad_request")),
+    }
+}
+
 async fn scheduling(
     state: &Arc<ExtenderState>,
+    forwarder: &Forwarder,
     limits: &http_server::Limits,
     route: Route<'_>,
     req: Request<Incoming>,
 ) -> (Resp, &'static str) {
+    if !answers_locally(state, &req) {
+        return forward_verb(state, forwarder, limits, route, req).await;
+    }
     if let Some(why) = state.unavailable_reason() {
         return (error(StatusCode::SERVICE_UNAVAILABLE, why), "unavailable");
     }
-    let body =
-        match http_server::read_body(req, state.config().max_body_bytes, limits.body_read).await {
-            Ok(b) => b,
-            Err(e @ http_server::BodyError::TooLarge { .. }) => {
+    // A bind is admitted under the current leadership term BEFORE its body is read: its
+    // deadline counts from here, and a term that ends meanwhile fences its writes.
+    let ticket = if route == Route::Bind {
+        let timeout = Duration::from_millis(state.config().bind_timeout_ms.max(1));
+        match state.fence().admit(timeout) {
+            Ok(t) => Some(t),
+            Err(e) => {
                 return (
-                    error(e.status(), format!("{e} (extender.max_body_bytes)")),
-                    "bad_request",
+                    error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+                    "unavailable",
                 );
             }
-            Err(e) => return (error(e.status(), e.to_string()), "bad_request"),
-        };
-    match route {
-        Route::Filter | Route::Prioritize => {
+        }
+    } else {
+        None
+    };
+    let body = match read_request_body(state, limits, req).await {
+        Ok(b) => b,
+        Err(answer) => return answer,
+    };
+    match (route, ticket) {
+        (Route::Filter | Route::Prioritize, _) => {
             let args = match decode_extender_args(&body) {
                 Ok(a) => a,
                 Err(e) => return (error(StatusCode::BAD_REQUEST, e.0), "bad_request"),
@@ -256,12 +438,12 @@ async fn scheduling(
                 }
             }
         }
-        _ => {
+        (_, Some(ticket)) => {
             let args = match decode_binding_args(&body) {
                 Ok(a) => a,
                 Err(e) => return (error(StatusCode::BAD_REQUEST, e.0), "bad_request"),
             };
-            match bind::bind(state, &args).await {
+            match bind::bind(state, &args, &ticket).await {
                 Ok(msg) => {
                     tracing::info!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, "bound: {msg}");
                     (error(StatusCode::OK, ""), "ok")
@@ -270,6 +452,120 @@ async fn scheduling(
                     tracing::warn!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, "bind failed: {why}");
                     (error(StatusCode::INTERNAL_SERVER_ERROR, why), "error")
                 }
+            }
+        }
+        (_, None) => (
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "a bind without admission",
+            ),
+            "error",
+        ),
+    }
+}
+
+/// A standby's scheduling verb: the leader answers. A bind whose answer is lost is settled
+/// by reading the pod once the leader's fence forbids that bind any further write.
+async fn forward_verb(
+    state: &Arc<ExtenderState>,
+    forwarder: &Forwarder,
+    limits: &http_server::Limits,
+    route: Route<'_>,
+    req: Request<Incoming>,
+) -> (Resp, &'static str) {
+    let (leader, url) = match leader_url(state) {
+        Ok(l) => l,
+        Err(why) => return (error(StatusCode::SERVICE_UNAVAILABLE, why), "unavailable"),
+    };
+    let path_and_query = req
+        .uri()
+        .path_and_query()
+        .map_or_else(|| req.uri().path().to_string(), |p| p.as_str().to_string());
+    let body = match read_request_body(state, limits, req).await {
+        Ok(b) => b,
+        Err(answer) => return answer,
+    };
+    // A bind needs its pod for settling a lost answer: decode it here (the leader would
+    // refuse the same body with the same 400).
+    let binding = if route == Route::Bind {
+        match decode_binding_args(&body) {
+            Ok(a) => Some(a),
+            Err(e) => return (error(StatusCode::BAD_REQUEST, e.0), "bad_request"),
+        }
+    } else {
+        None
+    };
+    let timeout = forward_timeout(state, limits, route);
+    match forwarder
+        .send(&url, Method::POST, &path_and_query, body, timeout)
+        .await
+    {
+        Ok(r) => {
+            let outcome = if r.status.is_success() {
+                "forwarded"
+            } else {
+                "forwarded_error"
+            };
+            (passed_through(r), outcome)
+        }
+        Err(e @ (ForwardError::NotSent { .. } | ForwardError::BadAddress(_))) => {
+            tracing::warn!(%leader, error = %e, "could not forward to the leader");
+            (
+                error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+                "unavailable",
+            )
+        }
+        Err(e @ ForwardError::Lost { .. }) => {
+            let Some(args) = binding else {
+                // Filter and prioritize write nothing: the scheduler may simply ask again.
+                return (
+                    error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+                    "unavailable",
+                );
+            };
+            // The leader admitted the bind no later than now; its fence forbids writes after
+            // its bind_timeout_ms from admission. Past that (and a margin for a write in
+            // flight), an unbound pod means the bind did not happen.
+            let bind_timeout = Duration::from_millis(state.config().bind_timeout_ms);
+            let settle_at = tokio::time::Instant::now() + bind_timeout + Duration::from_secs(1);
+            let give_up = settle_at + Duration::from_secs(5);
+            let settled = forward::settle_bind(
+                state.client(),
+                &args.pod_namespace,
+                &args.pod_name,
+                &args.pod_uid,
+                &args.node,
+                settle_at,
+                give_up,
+            )
+            .await;
+            let pod = format!("{}/{}", args.pod_namespace, args.pod_name);
+            match settled {
+                Ok(Settled::Bound) => {
+                    tracing::info!(%pod, node = %args.node, %leader, "the leader's answer was lost; the pod is bound: success");
+                    (error(StatusCode::OK, ""), "ok")
+                }
+                Ok(Settled::Refused(why)) => (
+                    error(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}; {why}")),
+                    "error",
+                ),
+                Ok(Settled::NotBound) => (
+                    error(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!(
+                            "{e}; the pod {pod} is not bound to {}: the bind did not happen",
+                            args.node
+                        ),
+                    ),
+                    "error",
+                ),
+                Err(why) => (
+                    error(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!("{e}; outcome unknown: {why}"),
+                    ),
+                    "error",
+                ),
             }
         }
     }
@@ -301,19 +597,23 @@ pub fn tls_acceptor(cert: &str, key: &str) -> anyhow::Result<TlsAcceptor> {
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
-/// Serves the extender on `listener` until `shutdown` (the shared [`http_server`] loop).
+/// Serves the extender on `listener` until `shutdown` (the shared [`http_server`] loop);
+/// a standby forwards through `forwarder`.
 pub async fn serve(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
+    forwarder: Forwarder,
     state: Arc<ExtenderState>,
     limits: http_server::Limits,
     shutdown: Shutdown,
 ) {
     let metrics = http_server::ServerMetrics::register(state.admin());
+    let forwarder = Arc::new(forwarder);
     let handler = move |req| {
         let state = state.clone();
+        let forwarder = forwarder.clone();
         async move {
-            match handle(state, limits, req).await {
+            match handle(state, forwarder, limits, req).await {
                 Ok(r) => r,
                 Err(never) => match never {},
             }

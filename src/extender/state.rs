@@ -4,7 +4,8 @@
 //!
 //! `serving` is the seam for leader election: it defaults to true when leader election is
 //! off; the leader-election loop flips it with [`ExtenderState::set_serving`]. While not
-//! ready, the scheduling verbs answer 503.
+//! serving, the scheduling verbs go to the leader (`forward`); while serving but not synced
+//! they answer 503. The [`Fence`] is the leadership term binds are admitted under.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,6 +14,7 @@ use tokio::sync::watch;
 
 use super::bind::BindOwners;
 use super::cache::Cache;
+use super::leader::Fence;
 use super::metrics::Metrics;
 use super::sync::WatchHealth;
 use crate::admin::AdminState;
@@ -36,6 +38,7 @@ pub struct ExtenderState {
     stale: Mutex<Option<String>>,
     ready_tx: watch::Sender<bool>,
     shutdown: Shutdown,
+    fence: Arc<Fence>,
 }
 
 impl std::fmt::Debug for ExtenderState {
@@ -48,11 +51,12 @@ impl std::fmt::Debug for ExtenderState {
 }
 
 impl ExtenderState {
-    /// A new state: not synced; serving unless leader election is on. `shutdown` stops the
-    /// tasks that own reservations.
+    /// A new state: not synced; serving unless leader election is on; binds fenced by
+    /// `fence`; `shutdown` stops the tasks that own reservations.
     pub fn new(
         config: ExtenderConfig,
         client: kube::Client,
+        fence: Arc<Fence>,
         shutdown: Shutdown,
     ) -> Arc<ExtenderState> {
         let admin = AdminState::new();
@@ -73,6 +77,7 @@ impl ExtenderState {
             stale: Mutex::new(None),
             ready_tx,
             shutdown,
+            fence,
         })
     }
 
@@ -130,6 +135,11 @@ impl ExtenderState {
     /// The Event publisher (events.k8s.io/v1, repeats aggregated).
     pub fn events(&self) -> &Events {
         &self.events
+    }
+
+    /// The leadership term binds are admitted under, and who leads.
+    pub fn fence(&self) -> &Arc<Fence> {
+        &self.fence
     }
 
     /// Whether the first full sync of pods, nodes and ConfigMaps has been applied.

@@ -5,14 +5,14 @@
 
 use std::time::Duration;
 
-use gpushare::extender::leader::{LeaderElector, Leadership, LeaseTiming};
+use gpushare::extender::leader::{AdjustableClock, LeaderElector, Leadership, LeaseTiming};
 use gpushare::shutdown::{self, Trigger};
 use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
 use tokio::sync::watch;
 
 const NS: &str = "kube-system";
 const LEASE: &str = "gpushare-ha-test";
-const DEADLINE: Duration = Duration::from_secs(20);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(20);
 
 fn timing() -> LeaseTiming {
     LeaseTiming::new(
@@ -41,7 +41,7 @@ fn candidate(api: &ApiServer, id: &'static str) -> Candidate {
 }
 
 /// Waits until `rx` reads `want`, or fails after [`DEADLINE`].
-async fn wait_flag(rx: &mut watch::Receiver<bool>, want: bool, what: &str) {
+pub(crate) async fn wait_flag(rx: &mut watch::Receiver<bool>, want: bool, what: &str) {
     // (`wait_for`'s `Ref` holds the channel's read lock: drop it at once.)
     let waited = matches!(
         tokio::time::timeout(DEADLINE, rx.wait_for(|v| *v == want)).await,
@@ -64,7 +64,7 @@ async fn first_leader(a: &mut watch::Receiver<bool>, b: &mut watch::Receiver<boo
 }
 
 /// Watches two flags and records whether they were ever both true at once.
-fn never_both(
+pub(crate) fn never_both(
     mut a: watch::Receiver<bool>,
     mut b: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<bool> {
@@ -81,14 +81,14 @@ fn never_both(
     })
 }
 
-fn lease_field(api: &ApiServer, field: &str) -> serde_json::Value {
+pub(crate) fn lease_field(api: &ApiServer, field: &str) -> serde_json::Value {
     api.get_object("leases", Some(NS), LEASE)
         .and_then(|l| l.get("spec").and_then(|s| s.get(field)).cloned())
         .unwrap_or(serde_json::Value::Null)
 }
 
 /// Polls `cond` every 20 ms until it holds or [`DEADLINE`] passes.
-async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+pub(crate) async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let end = tokio::time::Instant::now() + DEADLINE;
     while !cond() {
         assert!(
@@ -243,6 +243,64 @@ async fn a_live_lease_of_a_stranger_is_respected_until_released() {
     me.leadership.join().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_clock_is_20_s_behind_keeps_its_lease() {
+    // Expiry is judged by each candidate's own clock since it saw the record change; the
+    // holder's renewTime (20 s "old" here) is never compared with a wall clock. Before, a
+    // renewTime 20 s behind looked expired to everyone, and so did any lease to a candidate
+    // whose clock ran ahead.
+    let api = ApiServer::start().await.expect("api server");
+    let behind = AdjustableClock::new();
+    behind.set_wall_offset(k8s_openapi::jiff::SignedDuration::from_secs(-20));
+    let (holder_stop, handle) = shutdown::channel();
+    let holder = LeaderElector::new(api.client(), NS, LEASE, "slow-clock".into(), timing())
+        .with_clock(behind)
+        .spawn(handle);
+    let mut rx = holder.subscribe();
+    wait_flag(&mut rx, true, "the slow-clocked holder's flag").await;
+    let ahead = AdjustableClock::new();
+    ahead.set_wall_offset(k8s_openapi::jiff::SignedDuration::from_secs(20));
+    let (fast_stop, handle) = shutdown::channel();
+    let fast = LeaderElector::new(api.client(), NS, LEASE, "fast-clock".into(), timing())
+        .with_clock(ahead)
+        .spawn(handle);
+    let plain = candidate(&api, "plain-clock");
+    let overlap_fast = never_both(holder.subscribe(), fast.subscribe());
+    let overlap_plain = never_both(holder.subscribe(), plain.leadership.subscribe());
+    // Five lease durations' worth of rounds by the two challengers (retry 200 ms, lease 2 s).
+    let lease_path = format!("/leases/{LEASE}");
+    let reads = |api: &ApiServer| {
+        api.requests()
+            .iter()
+            .filter(|r| r.method == http::Method::GET && r.path.ends_with(&lease_path))
+            .count()
+    };
+    let before = reads(&api);
+    eventually("100 more lease reads", || reads(&api) >= before + 100).await;
+    assert!(holder.is_leader(), "the holder kept its lease");
+    assert!(!fast.is_leader() && !plain.leadership.is_leader());
+    assert_eq!(lease_field(&api, "holderIdentity"), "slow-clock");
+    assert_eq!(
+        lease_field(&api, "leaseTransitions"),
+        0,
+        "nobody took it over"
+    );
+    holder_stop.trigger();
+    fast_stop.trigger();
+    plain.trigger.trigger();
+    holder.join().await;
+    fast.join().await;
+    plain.leadership.join().await;
+    assert!(
+        overlap_fast.await.unwrap_or(false),
+        "two replicas led at once"
+    );
+    assert!(
+        overlap_plain.await.unwrap_or(false),
+        "two replicas led at once"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // Harness shared with `watch_churn` and `hostile`: a sandbox with GPU nodes, extenders on
 // loopback, a plain HTTP client, and the ledger/truth comparison.
@@ -325,6 +383,22 @@ pub(crate) fn extender_config(leader_elect: bool) -> Config {
 
 pub(crate) async fn start_extender(api: &ApiServer, config: &Config) -> ExtenderHandle {
     gpushare::extender::start(config, api.client(), shutdown::Shutdown::never())
+        .await
+        .expect("extender starts")
+}
+
+/// An extender whose replica identity is `identity` (its lease writes carry
+/// `fieldManager=<identity>`, which fault filters can single out).
+pub(crate) async fn start_named(
+    api: &ApiServer,
+    config: &Config,
+    identity: &str,
+) -> ExtenderHandle {
+    let options = gpushare::extender::StartOptions {
+        identity: Some(identity.to_string()),
+        ..Default::default()
+    };
+    gpushare::extender::start_with(config, api.client(), shutdown::Shutdown::never(), options)
         .await
         .expect("extender starts")
 }
@@ -485,7 +559,7 @@ pub(crate) fn assert_not_overcommitted(api: &ApiServer, units: u64) {
     }
 }
 
-fn binding_args(api: &ApiServer, name: &str, node: &str) -> Vec<u8> {
+pub(crate) fn binding_args(api: &ApiServer, name: &str, node: &str) -> Vec<u8> {
     let uid = api
         .get_object("pods", Some("default"), name)
         .and_then(|p| p["metadata"]["uid"].as_str().map(str::to_string))
@@ -514,6 +588,23 @@ pub(crate) async fn bind_via(
     .map(|(s, _)| s)
 }
 
+/// Polls `url` (GET) until it answers 200, or fails after [`DEADLINE`].
+pub(crate) async fn wait_http_ok(url: &str) {
+    let end = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let got = http(http::Method::GET, url, None).await;
+        if got.as_ref().map(|r| r.0) == Some(200) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "{url} never answered 200; last: {:?}",
+            got.map(|(s, b)| (s, String::from_utf8_lossy(&b).into_owned()))
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn wait_ready_or_leading(a: &ExtenderHandle, b: &ExtenderHandle) -> usize {
     let (mut ra, mut rb) = (a.state().ready_watch(), b.state().ready_watch());
     first_leader(&mut ra, &mut rb).await
@@ -529,7 +620,7 @@ async fn failover_between_two_extenders_never_double_allocates() {
     let first = wait_ready_or_leading(&a, &b).await;
     let (leader, standby) = if first == 0 { (a, b) } else { (b, a) };
 
-    // The standby answers 503 on the scheduling verbs and /readyz; /healthz is fine.
+    // The standby forwards the scheduling verbs to the leader and is Ready itself.
     let standby_url = format!("http://{}", standby.addr);
     let filter = http(
         http::Method::POST,
@@ -537,9 +628,8 @@ async fn failover_between_two_extenders_never_double_allocates() {
         Some(br#"{"Pod":{"metadata":{"name":"x"}},"NodeNames":["node-0"]}"#.to_vec()),
     )
     .await;
-    assert_eq!(filter.map(|r| r.0), Some(503));
-    let readyz = http(http::Method::GET, &format!("{standby_url}/readyz"), None).await;
-    assert_eq!(readyz.map(|r| r.0), Some(503));
+    assert_eq!(filter.map(|r| r.0), Some(200));
+    wait_http_ok(&format!("{standby_url}/readyz")).await;
     let healthz = http(http::Method::GET, &format!("{standby_url}/healthz"), None).await;
     assert_eq!(healthz.map(|r| r.0), Some(200));
     // The leader gauge tells dashboards which replica's ledger to count.
@@ -611,7 +701,7 @@ async fn failover_between_two_extenders_never_double_allocates() {
         for s in [first, second].into_iter().flatten() {
             assert!(
                 matches!(s, 200 | 500 | 503),
-                "a bind answered {s}; expected 200, 500 (does not fit) or 503 (not leader)"
+                "a bind answered {s}; expected 200, 500 (does not fit) or 503 (no leader reachable)"
             );
         }
     }

@@ -13,6 +13,7 @@ mod doctor_managed;
 mod extender;
 mod gpu;
 mod ha;
+mod ha_replicas;
 mod handover;
 mod hostile;
 mod inspect;

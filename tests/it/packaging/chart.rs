@@ -29,12 +29,12 @@ const MANIFESTS: &str = "packaging/manifests";
 const RELEASE: &str = "gpushare";
 const NAMESPACE: &str = "kube-system";
 
-fn default_values() -> Value {
+pub(super) fn default_values() -> Value {
     yaml_serde::from_str(&read(&format!("{CHART}/values.yaml"))).expect("values.yaml parses")
 }
 
 /// `base` with `overlay` merged in (maps deeply, everything else replaced), like `--set`.
-fn merged(base: &Value, overlay: &Value) -> Value {
+pub(super) fn merged(base: &Value, overlay: &Value) -> Value {
     match (base, overlay) {
         (Value::Mapping(b), Value::Mapping(o)) => {
             let mut out = b.clone();
@@ -201,7 +201,7 @@ fn round_trip<T: DeserializeOwned + Serialize>(doc: &Value) -> Result<(), String
 }
 
 /// Checks `doc` against the k8s-openapi type its `kind` names; returns the kind.
-fn check_typed(doc: &Value) -> Result<String, String> {
+pub(super) fn check_typed(doc: &Value) -> Result<String, String> {
     let kind = doc
         .get("kind")
         .and_then(Value::as_str)
@@ -217,6 +217,9 @@ fn check_typed(doc: &Value) -> Result<String, String> {
         "Role" => round_trip::<Role>(doc),
         "RoleBinding" => round_trip::<RoleBinding>(doc),
         "ConfigMap" => round_trip::<ConfigMap>(doc),
+        "PodDisruptionBudget" => {
+            round_trip::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(doc)
+        }
         other => Err(format!("unexpected kind {other}")),
     }?;
     Ok(kind)
@@ -239,6 +242,7 @@ fn every_manifest_is_a_valid_kubernetes_object() {
         "ConfigMap",
         "DaemonSet",
         "Deployment",
+        "PodDisruptionBudget",
         "Role",
         "RoleBinding",
         "Service",
@@ -306,7 +310,7 @@ fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
 }
 
 /// Every rendered object; `None` when the Helm engine is missing (skipped).
-fn all_documents(values: Value) -> Option<Vec<Value>> {
+pub(super) fn all_documents(values: Value) -> Option<Vec<Value>> {
     Some(
         render_chart(values)?
             .iter()

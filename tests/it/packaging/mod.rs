@@ -5,6 +5,7 @@
 
 mod chart;
 mod chart_dedicated;
+mod ha_chart;
 mod image;
 mod kubeadm;
 mod systemd;

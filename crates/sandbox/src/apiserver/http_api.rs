@@ -136,6 +136,7 @@ async fn handle(
             | FaultAction::ApplyThenDrop
             | FaultAction::ApplyLate(_)
             | FaultAction::AnswerLate(_) => {}
+            FaultAction::Hold(hold) => hold.pass().await,
         }
     }
     if bytes.len() > MAX_BODY {

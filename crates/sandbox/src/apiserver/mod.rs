@@ -39,8 +39,11 @@
 //!   and `services`, and `admissionregistration.k8s.io/v1` webhook configurations are
 //!   stored like any other object.
 //! - Test controls: [`ApiServer::seed_yaml`], [`ApiServer::get_object`],
-//!   [`ApiServer::set_pod_phase`], fault injection ([`Fault`]), a request log
-//!   ([`ApiServer::requests`]) and access denials.
+//!   [`ApiServer::set_pod_phase`], fault injection ([`Fault`]: error codes, delays, dropped
+//!   connections, cut watches, requests held at a [`Hold`] until released — a paused
+//!   client; a filter on `fieldManager=<identity>` singles out one replica's lease writes), a
+//!   request log ([`ApiServer::requests`]) and access denials. Clock skew is not the server's
+//!   business: the extender's leader election reads an injectable clock.
 //!
 //! # Limits (it is a test double)
 //! No authentication or authorization (every request is allowed; only
@@ -134,6 +137,59 @@ pub enum FaultAction {
     /// End matching watch streams abruptly: open ones at once, later ones right after their
     /// headers. Requests that are not watches are not affected.
     CutWatch,
+    /// Hold the request until the [`Hold`] is released, then serve it normally: a client (or
+    /// the network) paused with the request in flight.
+    Hold(Hold),
+}
+
+/// A gate for [`FaultAction::Hold`]: requests wait on it until [`Hold::release`].
+#[derive(Clone, Debug)]
+pub struct Hold {
+    released: Arc<watch::Sender<bool>>,
+    held: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Default for Hold {
+    fn default() -> Self {
+        Hold::new()
+    }
+}
+
+impl Hold {
+    /// A closed gate.
+    pub fn new() -> Hold {
+        let (released, _) = watch::channel(false);
+        Hold {
+            released: Arc::new(released),
+            held: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        }
+    }
+
+    /// Lets every held request (and later ones) through.
+    pub fn release(&self) {
+        self.released.send_replace(true);
+    }
+
+    /// How many requests have reached the gate so far (held now or let through since).
+    pub fn reached(&self) -> usize {
+        self.held.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Resolves once at least `n` requests have reached the gate.
+    pub async fn wait_reached(&self, n: usize) {
+        let mut rx = self.released.subscribe();
+        while self.reached() < n {
+            // Each arrival pings the channel (`send_modify` without a change of value).
+            let _ = rx.changed().await;
+        }
+    }
+
+    pub(crate) async fn pass(&self) {
+        self.held.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.released.send_modify(|_| {});
+        let mut rx = self.released.subscribe();
+        let _ = rx.wait_for(|r| *r).await;
+    }
 }
 
 /// One request as the server received it.

@@ -1,0 +1,597 @@
+//! High availability with whole extenders: two and three replicas over the sandbox API
+//! server, every one Ready, standbys forwarding to the leader; the leader killed,
+//! partitioned (faults on its lease writes) and paused with a bind in flight; binds fenced by
+//! the leadership term. After each: no GPU over-committed in the pod annotations, and the new
+//! leader's ledger equals them.
+//!
+//! A replica that must be killed or paused runs in a runtime of its own on a thread of its
+//! own ([`Isolated`]): killing drops that runtime without running any of its shutdown (the
+//! Lease is not released, as after `kill -9`), pausing blocks its only thread (every task of
+//! it stops, as under SIGSTOP, while time goes on). Waits are on conditions, never sleeps.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpushare::config::Config;
+use gpushare::extender::leader::{AdjustableClock, Clock};
+use gpushare::extender::{ExtenderState, StartOptions};
+use gpushare::shutdown::Shutdown;
+use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction, Hold};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
+
+use super::ha::{
+    DEADLINE, assert_not_overcommitted, bind_via, binding_args, converge, eventually,
+    extender_config, http, pending_pod, sandbox, start_named, truth, wait_http_ok,
+};
+
+const UNITS: u64 = 8;
+
+enum Control {
+    Pause {
+        paused: oneshot::Sender<()>,
+        resume: std::sync::mpsc::Receiver<()>,
+    },
+    Kill,
+}
+
+/// An extender in a runtime and thread of its own, so that it can be killed or paused.
+struct Isolated {
+    addr: SocketAddr,
+    state: Arc<ExtenderState>,
+    control: mpsc::UnboundedSender<Control>,
+}
+
+/// Resumes a paused [`Isolated`] replica.
+struct Paused(std::sync::mpsc::Sender<()>);
+
+impl Paused {
+    fn resume(self) {
+        let _ = self.0.send(());
+    }
+}
+
+impl Isolated {
+    async fn start(
+        api: &ApiServer,
+        config: &Config,
+        identity: &str,
+        clock: Option<Arc<dyn Clock>>,
+    ) -> Isolated {
+        let (started_tx, started) = oneshot::channel();
+        let (control, mut commands) = mpsc::unbounded_channel();
+        let (api, config) = (api.clone(), config.clone());
+        let options = StartOptions {
+            clock,
+            identity: Some(identity.to_string()),
+        };
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            rt.block_on(async move {
+                // The client too lives in this runtime: its connections stop with it.
+                let handle = gpushare::extender::start_with(
+                    &config,
+                    api.client(),
+                    Shutdown::never(),
+                    options,
+                )
+                .await
+                .expect("extender starts");
+                let _ = started_tx.send((handle.addr, handle.state()));
+                while let Some(command) = commands.recv().await {
+                    match command {
+                        Control::Pause { paused, resume } => {
+                            let _ = paused.send(());
+                            // Blocks the runtime's only thread: nothing of this replica runs.
+                            let _ = resume.recv();
+                        }
+                        Control::Kill => break,
+                    }
+                }
+                // Killed: no stop, no drain, no lease release.
+                std::mem::forget(handle);
+            });
+            rt.shutdown_background();
+        });
+        let (addr, state) = started.await.expect("the isolated extender started");
+        Isolated {
+            addr,
+            state,
+            control,
+        }
+    }
+
+    async fn pause(&self) -> Paused {
+        let (paused, is_paused) = oneshot::channel();
+        let (resume_tx, resume) = std::sync::mpsc::channel();
+        let _ = self.control.send(Control::Pause { paused, resume });
+        is_paused.await.expect("the replica paused");
+        Paused(resume_tx)
+    }
+
+    fn kill(&self) {
+        let _ = self.control.send(Control::Kill);
+    }
+}
+
+/// Waits until `state` serves as a synced leader.
+async fn wait_leading(state: &ExtenderState, what: &str) {
+    let mut rx = state.ready_watch();
+    let ok = matches!(
+        tokio::time::timeout(DEADLINE, rx.wait_for(|r| *r)).await,
+        Ok(Ok(_))
+    );
+    assert!(ok, "{what} never became a synced leader");
+}
+
+/// The holder of the extenders' Lease (`extender_config`'s).
+fn holder(api: &ApiServer) -> Value {
+    let lease = api.get_object("leases", Some("kube-system"), "gpushare-ha-extenders");
+    lease.map_or(Value::Null, |l| l["spec"]["holderIdentity"].clone())
+}
+
+fn seed_pods(api: &ApiServer, prefix: &str, n: usize, mem: u64) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            let name = format!("{prefix}-{i:02}");
+            api.create_object(pending_pod(&name, mem))
+                .expect("seed pod");
+            name
+        })
+        .collect()
+}
+
+fn node_of(api: &ApiServer, pod: &str) -> Option<String> {
+    api.get_object("pods", Some("default"), pod)
+        .and_then(|p| p["spec"]["nodeName"].as_str().map(str::to_string))
+}
+
+async fn post(addr: SocketAddr, verb: &str, body: &Value) -> Option<(u16, Vec<u8>)> {
+    let url = format!("http://{addr}/gpushare-scheduler/{verb}");
+    http(
+        http::Method::POST,
+        &url,
+        Some(serde_json::to_vec(body).unwrap_or_default()),
+    )
+    .await
+}
+
+async fn replicas_answer_as_the_leader(n: usize) {
+    let api = sandbox(3, 2, UNITS).await;
+    let config = extender_config(true);
+    let mut replicas = Vec::new();
+    for i in 0..n {
+        replicas.push(start_named(&api, &config, &format!("replica-{i}")).await);
+    }
+    // One becomes the synced leader ...
+    let end = tokio::time::Instant::now() + DEADLINE;
+    let leader = loop {
+        if let Some(i) = replicas.iter().position(|r| r.state().is_ready()) {
+            break i;
+        }
+        assert!(tokio::time::Instant::now() < end, "nobody leads");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let leader_id = format!("replica-{leader}");
+    assert_eq!(holder(&api), leader_id.as_str());
+    // ... and every replica is Ready.
+    for r in &replicas {
+        wait_http_ok(&format!("http://{}/readyz", r.addr)).await;
+    }
+    // Binds through each replica land (the standbys forward them to the leader).
+    let names = seed_pods(&api, "job", 3 * n, 3);
+    for (i, name) in names.iter().enumerate() {
+        let via = replicas[i % n].addr;
+        let status = bind_via(&api, via, name, &format!("node-{}", i % 3)).await;
+        assert_eq!(
+            status,
+            Some(200),
+            "bind of {name} through replica {}",
+            i % n
+        );
+        assert_eq!(node_of(&api, name), Some(format!("node-{}", i % 3)));
+    }
+    // Filter and prioritize through each replica give the leader's answer, byte for byte.
+    let probe =
+        json!({ "Pod": pending_pod("probe", 5), "NodeNames": ["node-0", "node-1", "node-2"] });
+    let leader_addr = replicas[leader].addr;
+    for verb in ["filter", "prioritize"] {
+        let want = post(leader_addr, verb, &probe)
+            .await
+            .expect("leader answers");
+        assert_eq!(want.0, 200, "{verb} at the leader");
+        for r in &replicas {
+            let got = post(r.addr, verb, &probe).await.expect("replica answers");
+            assert_eq!(
+                got, want,
+                "{verb} through {} differs from the leader's",
+                r.addr
+            );
+        }
+    }
+    // A bad request is refused alike everywhere.
+    for r in &replicas {
+        let got = post(r.addr, "bind", &json!({"PodName": 7}))
+            .await
+            .map(|a| a.0);
+        assert_eq!(got, Some(400));
+    }
+    // /inspect through a standby is the leader's view, and says so.
+    for r in &replicas {
+        let (status, body) = http(
+            http::Method::GET,
+            &format!("http://{}/gpushare-scheduler/inspect", r.addr),
+            None,
+        )
+        .await
+        .expect("inspect answers");
+        assert_eq!(status, 200);
+        let v: Value = serde_json::from_slice(&body).expect("inspect JSON");
+        assert_eq!(v["view"]["replica"], leader_id.as_str(), "{v}");
+        assert_eq!(v["view"]["leader"], true);
+        converge(&api, r.addr).await;
+    }
+    assert_not_overcommitted(&api, UNITS);
+    for r in replicas {
+        r.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_are_ready_and_answer_as_the_leader() {
+    replicas_answer_as_the_leader(2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_are_ready_and_answer_as_the_leader() {
+    replicas_answer_as_the_leader(3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leader_is_replaced_without_double_allocation() {
+    let api = sandbox(2, 2, UNITS).await;
+    let config = extender_config(true);
+    let a = Isolated::start(&api, &config, "replica-a", None).await;
+    wait_leading(&a.state, "replica-a").await;
+    let b = start_named(&api, &config, "replica-b").await;
+    wait_http_ok(&format!("http://{}/readyz", b.addr)).await;
+    let names = seed_pods(&api, "job", 20, 3);
+    for (i, n) in names[..4].iter().enumerate() {
+        let status = bind_via(&api, b.addr, n, &format!("node-{}", i % 2)).await;
+        assert_eq!(status, Some(200), "forwarded bind of {n}");
+    }
+    a.kill();
+    // The lease is not released: B takes over once it has not changed for a lease duration.
+    wait_leading(&b.state(), "replica-b").await;
+    assert_eq!(holder(&api), "replica-b");
+    for (i, n) in names[4..].iter().enumerate() {
+        let status = bind_via(&api, b.addr, n, &format!("node-{}", i % 2)).await;
+        assert!(matches!(status, Some(200 | 500)), "{n}: {status:?}");
+    }
+    assert_not_overcommitted(&api, UNITS);
+    let used: u64 = truth(&api).values().flat_map(|p| p.values()).sum();
+    assert_eq!(used, 2 * 2 * 6, "every GPU holds two 3-unit pods");
+    converge(&api, b.addr).await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_leader_hands_over_and_then_forwards() {
+    let api = sandbox(4, 2, UNITS).await;
+    let config = extender_config(true);
+    let a = start_named(&api, &config, "replica-a").await;
+    wait_leading(&a.state(), "replica-a").await;
+    let b = start_named(&api, &config, "replica-b").await;
+    wait_http_ok(&format!("http://{}/readyz", b.addr)).await;
+    let names = seed_pods(&api, "job", 48, 3);
+    let (a_addr, b_addr) = (a.addr, b.addr);
+    let driver_api = api.clone();
+    let first_half: Vec<String> = names[..24].to_vec();
+    let driver = tokio::spawn(async move {
+        let mut statuses = Vec::new();
+        for (i, n) in first_half.iter().enumerate() {
+            let via = if i % 2 == 0 { a_addr } else { b_addr };
+            statuses.push(bind_via(&driver_api, via, n, &format!("node-{}", i % 4)).await);
+        }
+        statuses
+    });
+    // Every lease write of A fails from now on; its reads and pod writes still work.
+    api.inject(
+        Fault::new(
+            Some(http::Method::PUT),
+            "fieldManager=replica-a",
+            FaultAction::Status(500),
+        )
+        .times(1_000_000),
+    );
+    wait_leading(&b.state(), "replica-b").await;
+    for s in driver.await.expect("driver") {
+        assert!(matches!(s, Some(200 | 500 | 503)), "a bind answered {s:?}");
+    }
+    // Healed: A follows B and forwards to it.
+    api.clear_faults();
+    wait_http_ok(&format!("http://{}/readyz", a.addr)).await;
+    assert!(!a.state().is_serving(), "A follows");
+    for (i, n) in names[24..].iter().enumerate() {
+        let via = if i % 2 == 0 { a.addr } else { b.addr };
+        let status = bind_via(&api, via, n, &format!("node-{}", i % 4)).await;
+        assert!(matches!(status, Some(200 | 500)), "{n}: {status:?}");
+    }
+    assert_not_overcommitted(&api, UNITS);
+    converge(&api, b.addr).await;
+    converge(&api, a.addr).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_paused_with_a_bind_in_flight_writes_nothing_after_resuming() {
+    // One GPU of 8 units: the victim (4) and two fillers (4 + 4) cannot all fit.
+    let api = sandbox(1, 1, UNITS).await;
+    let config = extender_config(true);
+    let a = Isolated::start(&api, &config, "replica-a", None).await;
+    wait_leading(&a.state, "replica-a").await;
+    let b = start_named(&api, &config, "replica-b").await;
+    wait_http_ok(&format!("http://{}/readyz", b.addr)).await;
+    api.create_object(pending_pod("victim", 4)).expect("seed");
+    let fillers = seed_pods(&api, "filler", 2, 4);
+    // The victim's bind at A stops at its first read of the pod ...
+    let hold = Hold::new();
+    api.inject(Fault::new(
+        Some(http::Method::GET),
+        "/namespaces/default/pods/victim",
+        FaultAction::Hold(hold.clone()),
+    ));
+    let victim = {
+        let api = api.clone();
+        let addr = a.addr;
+        tokio::spawn(async move { bind_via(&api, addr, "victim", "node-0").await })
+    };
+    hold.wait_reached(1).await;
+    // ... and A is paused there; the read's answer waits for it in the socket.
+    let paused = a.pause().await;
+    hold.release();
+    wait_leading(&b.state(), "replica-b").await;
+    for f in &fillers {
+        assert_eq!(bind_via(&api, b.addr, f, "node-0").await, Some(200));
+    }
+    paused.resume();
+    let answer = victim.await.expect("victim bind");
+    assert_ne!(
+        answer,
+        Some(200),
+        "the resumed ex-leader completed its bind"
+    );
+    assert_eq!(node_of(&api, "victim"), None, "the victim was bound");
+    assert_not_overcommitted(&api, UNITS);
+    converge(&api, b.addr).await;
+    // The ex-leader follows and forwards again.
+    wait_http_ok(&format!("http://{}/readyz", a.addr)).await;
+    converge(&api, a.addr).await;
+    a.kill();
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_bind_whose_answer_is_lost_is_settled_by_reading_the_pod() {
+    let api = sandbox(1, 1, UNITS).await;
+    let config = extender_config(true);
+    let a = Isolated::start(&api, &config, "replica-a", None).await;
+    wait_leading(&a.state, "replica-a").await;
+    let b = start_named(&api, &config, "replica-b").await;
+    wait_http_ok(&format!("http://{}/readyz", b.addr)).await;
+    api.create_object(pending_pod("victim", 4)).expect("seed");
+    // A's Binding of the victim is held at the API server; A pauses; the Binding then
+    // lands, but A cannot answer B: B's forward loses the answer.
+    let hold = Hold::new();
+    api.inject(Fault::new(
+        Some(http::Method::POST),
+        "/namespaces/default/pods/victim/binding",
+        FaultAction::Hold(hold.clone()),
+    ));
+    let answer = {
+        let api = api.clone();
+        let addr = b.addr;
+        tokio::spawn(async move { bind_via(&api, addr, "victim", "node-0").await })
+    };
+    hold.wait_reached(1).await;
+    let paused = a.pause().await;
+    hold.release();
+    eventually("the held Binding lands", || {
+        node_of(&api, "victim").as_deref() == Some("node-0")
+    })
+    .await;
+    assert_eq!(
+        answer.await.expect("forwarded bind"),
+        Some(200),
+        "the lost answer is settled by the pod: bound to node-0"
+    );
+    paused.resume();
+    // Exactly once: one Binding, and the ledger (whoever leads now) holds the pod once.
+    let bindings = api
+        .requests()
+        .iter()
+        .filter(|r| r.method == http::Method::POST && r.path.ends_with("/pods/victim/binding"))
+        .count();
+    assert_eq!(bindings, 1);
+    assert_not_overcommitted(&api, UNITS);
+    converge(&api, b.addr).await;
+    a.kill();
+    b.stop().await;
+}
+
+/// Sends a bind's headers with `Expect: 100-continue` and waits for the `100 Continue` (the
+/// handler has admitted the request and is reading its body); returns the connection.
+async fn admitted_bind(addr: SocketAddr, body: &[u8]) -> tokio::net::TcpStream {
+    let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "POST /gpushare-scheduler/bind HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.expect("write head");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tokio::time::timeout(DEADLINE, conn.read(&mut buf))
+            .await
+            .expect("100 Continue in time")
+            .expect("read");
+        assert!(n > 0, "connection closed before 100 Continue");
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        got.starts_with(b"HTTP/1.1 100"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    conn
+}
+
+/// Sends the body on `conn` and reads the final status code.
+async fn finish_bind(mut conn: tokio::net::TcpStream, body: &[u8]) -> u16 {
+    conn.write_all(body).await.expect("write body");
+    let mut out = Vec::new();
+    tokio::time::timeout(DEADLINE, conn.read_to_end(&mut out))
+        .await
+        .expect("answer in time")
+        .expect("read answer");
+    let text = String::from_utf8_lossy(&out);
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {text:?}"))
+}
+
+fn pod_writes(api: &ApiServer, name: &str) -> usize {
+    let path = format!("/namespaces/default/pods/{name}");
+    api.requests()
+        .iter()
+        .filter(|r| {
+            (r.method == http::Method::PATCH && r.path == path)
+                || (r.method == http::Method::POST && r.path == format!("{path}/binding"))
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bind_admitted_before_its_leader_stepped_down_writes_nothing() {
+    let api = sandbox(1, 1, UNITS).await;
+    let config = extender_config(true);
+    let a = start_named(&api, &config, "replica-a").await;
+    wait_leading(&a.state(), "replica-a").await;
+    api.create_object(pending_pod("victim", 4)).expect("seed");
+    let body = binding_args(&api, "victim", "node-0");
+    let conn = admitted_bind(a.addr, &body).await;
+    // While its body is on the way, the leader loses the lease (its writes fail) ...
+    api.inject(
+        Fault::new(
+            Some(http::Method::PUT),
+            "fieldManager=replica-a",
+            FaultAction::Status(500),
+        )
+        .times(1_000_000),
+    );
+    let mut ready = a.state().ready_watch();
+    let stepped_down = matches!(
+        tokio::time::timeout(DEADLINE, ready.wait_for(|r| !*r)).await,
+        Ok(Ok(_))
+    );
+    assert!(stepped_down, "the partitioned leader steps down");
+    // ... so the bind, although it fits, must not write.
+    let status = finish_bind(conn, &body).await;
+    assert!(matches!(status, 500 | 503), "status {status}");
+    assert_eq!(pod_writes(&api, "victim"), 0, "a deposed leader wrote");
+    assert_eq!(node_of(&api, "victim"), None);
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binds_deadline_counts_from_its_admission_including_the_body() {
+    let api = sandbox(1, 1, UNITS).await;
+    let config = extender_config(false);
+    let clock = AdjustableClock::new();
+    let options = StartOptions {
+        clock: Some(clock.clone()),
+        identity: None,
+    };
+    let ext = gpushare::extender::start_with(&config, api.client(), Shutdown::never(), options)
+        .await
+        .expect("extender starts");
+    ext.wait_ready().await.expect("ready");
+    api.create_object(pending_pod("slow-body", 4))
+        .expect("seed");
+    let body = binding_args(&api, "slow-body", "node-0");
+    let conn = admitted_bind(ext.addr, &body).await;
+    // The body takes longer than the whole bind budget to arrive.
+    clock.advance(Duration::from_millis(config.extender.bind_timeout_ms + 1));
+    let status = finish_bind(conn, &body).await;
+    assert_eq!(status, 500);
+    assert_eq!(pod_writes(&api, "slow-body"), 0);
+    // A bind whose body comes in time goes through.
+    assert_eq!(
+        bind_via(&api, ext.addr, "slow-body", "node-0").await,
+        Some(200)
+    );
+    ext.stop().await;
+}
+
+#[test]
+fn a_bind_timeout_that_does_not_fit_the_lease_margin_stops_the_extender_with_78() {
+    let out = super::support::run_with_env(
+        &["extender", "--leader-elect", "--skip-doctor"],
+        &[("GPUSHARE_EXTENDER__BIND_TIMEOUT_MS", "6000")],
+    );
+    let err = super::support::stderr(&out);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    for key in [
+        "extender.bind_timeout_ms",
+        "extender.lease_duration_secs",
+        "extender.renew_deadline_secs",
+        "GPUSHARE_EXTENDER__BIND_TIMEOUT_MS",
+    ] {
+        assert!(err.contains(key), "{key} missing from: {err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_time_jumped_mid_bind_checks_its_fence_before_writing() {
+    // How a pause looks from inside the paused process: its monotonic clock jumps. The bind
+    // must not rely on its own timers having fired; the check before the write decides.
+    let api = sandbox(1, 1, UNITS).await;
+    let config = extender_config(true);
+    let clock = AdjustableClock::new();
+    let options = StartOptions {
+        clock: Some(clock.clone()),
+        identity: Some("replica-a".into()),
+    };
+    let a = gpushare::extender::start_with(&config, api.client(), Shutdown::never(), options)
+        .await
+        .expect("extender starts");
+    wait_leading(&a.state(), "replica-a").await;
+    api.create_object(pending_pod("victim", 4)).expect("seed");
+    let hold = Hold::new();
+    api.inject(Fault::new(
+        Some(http::Method::GET),
+        "/namespaces/default/pods/victim",
+        FaultAction::Hold(hold.clone()),
+    ));
+    let answer = {
+        let api = api.clone();
+        let addr = a.addr;
+        tokio::spawn(async move { bind_via(&api, addr, "victim", "node-0").await })
+    };
+    hold.wait_reached(1).await;
+    clock.advance(Duration::from_secs(config.extender.lease_duration_secs + 1));
+    hold.release();
+    let status = answer.await.expect("bind answer");
+    assert!(matches!(status, Some(500 | 503)), "{status:?}");
+    assert_eq!(pod_writes(&api, "victim"), 0, "a fenced bind wrote");
+    assert_eq!(node_of(&api, "victim"), None);
+    a.stop().await;
+}
