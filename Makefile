@@ -35,7 +35,7 @@ DIST_BASE_URL ?= https://github.com/gpushare/gpushare/releases/download/v$(VERSI
 
 .PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup \
   tools license-check lint-packaging static-arm64 glibc-arm64 qemu-arm64 plugin-windows plugin-macos \
-  build-no-demo dist dist-check check-macos layers manifests clients
+  build-no-demo dist dist-check check-macos qemu-arm64-static layers manifests clients
 .PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup soak
 
 help: ## list the targets
@@ -112,6 +112,9 @@ static-arm64: tools ## aarch64-unknown-linux-musl fully static (cargo-zigbuild, 
 
 qemu-arm64: ## run `version` and `demo` of both arm64 binaries under qemu-aarch64 (Debian's qemu-user-static)
 	./packaging/qemu-arm64.sh $(ARM64_STATIC_BIN) $(ARM64_GLIBC_BIN)
+
+qemu-arm64-static: ## run `version` and `demo` of the static arm64 binary under qemu-aarch64 (what CI runs)
+	./packaging/qemu-arm64.sh $(ARM64_STATIC_BIN)
 
 plugin-windows: ## kubectl plugin (inspect, doctor) for Windows amd64: mingw-w64 cross build
 	@command -v x86_64-w64-mingw32-gcc >/dev/null || { echo "plugin-windows: needs mingw-w64 (apt-get install -y gcc-mingw-w64-x86-64)"; exit 1; }
