@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 pub mod clients;
+pub mod extender_http;
 
 /// Path of the built `gpushare` binary.
 pub fn bin() -> PathBuf {
