@@ -981,44 +981,89 @@ async fn run(size: Size) -> anyhow::Result<Vec<Figure>> {
     Ok(figures)
 }
 
-/// The extenders' Lease in the sandbox: (holder, renewTime) as stored.
-fn lease_state(api: &ApiServer, config: &Config) -> (String, String) {
-    let lease = api.get_object(
-        "leases",
-        Some(&config.extender.lease_namespace),
-        &config.extender.lease_name,
-    );
-    let spec = lease.map(|l| l["spec"].clone()).unwrap_or(Value::Null);
-    (
-        spec["holderIdentity"].as_str().unwrap_or("").to_string(),
-        spec["renewTime"].as_str().unwrap_or("").to_string(),
-    )
+/// Every state the extenders' Lease goes through, (holder, renewTime), with the moment this
+/// process saw it, from a watch of its own: a release followed at once by a takeover is two
+/// entries, where polling the store could see only the second.
+struct LeaseLog {
+    entries: Arc<std::sync::Mutex<Vec<((String, String), Instant)>>>,
+    task: tokio::task::JoinHandle<()>,
 }
 
-/// Polls the Lease every 5 ms until `done` holds for (holder, renewTime); returns that state
-/// and when the last change before it was seen.
-async fn watch_lease(
-    api: &ApiServer,
-    config: &Config,
-    limit: Duration,
-    mut done: impl FnMut(&(String, String)) -> bool,
-) -> anyhow::Result<((String, String), Instant)> {
-    let end = Instant::now() + limit;
-    let mut last = lease_state(api, config);
-    let mut changed_at = Instant::now();
-    loop {
-        let now = lease_state(api, config);
-        if now != last {
-            last = now;
-            changed_at = Instant::now();
+impl LeaseLog {
+    fn start(api: &ApiServer, config: &Config) -> LeaseLog {
+        use futures::StreamExt as _;
+        use k8s_openapi::api::coordination::v1::Lease;
+        use kube::runtime::watcher;
+        let leases: kube::Api<Lease> =
+            kube::Api::namespaced(api.client(), &config.extender.lease_namespace);
+        let fields = format!("metadata.name={}", config.extender.lease_name);
+        let entries = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = entries.clone();
+        let task = tokio::spawn(async move {
+            let mut stream =
+                std::pin::pin!(watcher(leases, watcher::Config::default().fields(&fields)));
+            while let Some(ev) = stream.next().await {
+                let state = |l: &Lease| {
+                    let spec = serde_json::to_value(&l.spec).unwrap_or(Value::Null);
+                    (
+                        spec["holderIdentity"].as_str().unwrap_or("").to_string(),
+                        spec["renewTime"].as_str().unwrap_or("").to_string(),
+                    )
+                };
+                let seen = match ev {
+                    Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) => state(&l),
+                    Ok(watcher::Event::Delete(_)) => (String::new(), String::new()),
+                    Ok(watcher::Event::Init | watcher::Event::InitDone) | Err(_) => continue,
+                };
+                let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
+                if log.last().map(|(s, _)| s) != Some(&seen) {
+                    log.push((seen, Instant::now()));
+                }
+            }
+        });
+        LeaseLog { entries, task }
+    }
+
+    /// How many states have been seen so far: `wait` from here looks only at later ones.
+    fn len(&self) -> usize {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Waits for the first state at index `from` or later for which `done` holds; returns
+    /// its index, the state and when it was seen.
+    async fn wait(
+        &self,
+        from: usize,
+        limit: Duration,
+        mut done: impl FnMut(&(String, String)) -> bool,
+    ) -> anyhow::Result<(usize, (String, String), Instant)> {
+        let end = Instant::now() + limit;
+        loop {
+            {
+                let log = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some((i, (state, at))) = log
+                    .iter()
+                    .enumerate()
+                    .skip(from)
+                    .find(|(_, (s, _))| done(s))
+                {
+                    return Ok((i, state.clone(), *at));
+                }
+                if Instant::now() > end {
+                    let tail: Vec<_> = log.iter().skip(from).map(|(s, _)| s).collect();
+                    bail!(
+                        "the Lease did not reach the expected state within {limit:?}; states seen since: {tail:?}"
+                    );
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        if done(&last) {
-            return Ok((last, changed_at));
-        }
-        if Instant::now() > end {
-            bail!("the Lease did not reach the expected state within {limit:?}: {last:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+impl Drop for LeaseLog {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
@@ -1058,9 +1103,12 @@ async fn failover_figures(
 ) -> anyhow::Result<Vec<Figure>> {
     let lease = Duration::from_secs(config.extender.lease_duration_secs);
     let limit = Duration::from_secs(600);
+    let log = LeaseLog::start(api, config);
     let mut a = Extender::start(api, Some("bench-a")).await?;
     a.wait_synced().await?;
-    watch_lease(api, config, limit, |(h, _)| h.starts_with("bench-a")).await?;
+    let (led, _, _) = log
+        .wait(0, limit, |(h, _)| h.starts_with("bench-a"))
+        .await?;
     let mut b = Extender::start(api, Some("bench-b")).await?;
     b.wait_synced().await?;
     let standby_ready = format!("http://{}/readyz", b.addr);
@@ -1074,11 +1122,16 @@ async fn failover_figures(
     let mut figures = Vec::new();
 
     // Stopped: SIGTERM, the leader drains and clears holderIdentity.
+    // The release is the first state after a's own that a no longer holds (normally the
+    // cleared holder, then b's takeover right after it).
     let _ = nix_signal(a.pid, "TERM");
-    let (_, released_at) = watch_lease(api, config, limit, |(h, _)| h.is_empty()).await?;
+    let (released, _, released_at) = log
+        .wait(led, limit, |(h, _)| !h.starts_with("bench-a"))
+        .await?;
     let served_at = first_own_bind(api, client, config, &b, "stopped", limit).await?;
-    let (_, acquired_at) =
-        watch_lease(api, config, limit, |(h, _)| h.starts_with("bench-b")).await?;
+    let (_, _, acquired_at) = log
+        .wait(released, limit, |(h, _)| h.starts_with("bench-b"))
+        .await?;
     let _ = a.child.wait().await;
     let stopped = served_at.saturating_duration_since(released_at);
     figures.push(Figure {
@@ -1105,13 +1158,15 @@ async fn failover_figures(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Kill right after a renewal lands, so the Lease's last change is known to the ms.
-    let (before, _) = watch_lease(api, config, limit, |_| true).await?;
-    let (_, renewed_at) = watch_lease(api, config, limit, |s| s.1 != before.1).await?;
+    let (renewed, _, renewed_at) = log
+        .wait(log.len(), limit, |(h, _)| h.starts_with("bench-b"))
+        .await?;
     let _ = b.child.start_kill();
     let free_at = renewed_at + lease;
     let served_at = first_own_bind(api, client, config, &c, "killed", limit).await?;
-    let (_, acquired_at) =
-        watch_lease(api, config, limit, |(h, _)| h.starts_with("bench-c")).await?;
+    let (_, _, acquired_at) = log
+        .wait(renewed, limit, |(h, _)| h.starts_with("bench-c"))
+        .await?;
     let killed = served_at.saturating_duration_since(free_at);
     figures.push(Figure {
         name: format!(
