@@ -163,7 +163,11 @@ impl Supervisor {
                     self.down(e.to_string());
                     let wait = backoff(self.attempts, interval, max);
                     if !wait.is_zero() {
-                        tracing::info!(?wait, attempt = self.attempts + 1, "restarting the MPS control daemon after a backoff");
+                        tracing::info!(
+                            ?wait,
+                            attempt = self.attempts + 1,
+                            "restarting the MPS control daemon after a backoff"
+                        );
                         tokio::select! {
                             _ = stop.clone().wait() => break,
                             _ = tokio::time::sleep(wait) => {}

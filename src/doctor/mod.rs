@@ -8,9 +8,10 @@
 //! ([`report`]). Node checks read host files under `--root` ([`host`], [`runtime`]) and ask
 //! the GPU backend ([`gpus`]); control-plane checks ask the API server ([`cluster`]), read
 //! the kube-scheduler configuration ([`scheduler`]) and, on managed clusters, check the
-//! dedicated scheduler and the webhook ([`managed`]); with `--mps`, the MPS set-up ([`mps`]). `extender` and `device-plugin` run
-//! [`preflight`] before they start. Doctor only reads: it changes nothing on the host or in the
-//! cluster, and every probe has a short deadline.
+//! dedicated scheduler and the webhook ([`managed`]); with `--mps`, the MPS set-up ([`mps`]).
+//! `extender` and `device-plugin` run [`preflight`] before they start. Doctor only reads: it
+//! changes nothing on the host or in the cluster, and every probe has a short deadline (the
+//! MPS probe runs the control program as a client; it never starts or stops the daemon).
 
 pub mod cdi;
 pub mod cluster;

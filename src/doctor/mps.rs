@@ -163,7 +163,14 @@ fn user(host: &HostRoot, pipe_dir: &Path) -> Check {
         pipe_dir.display()
     );
     if uid == 0 {
-        return Check::new(ID, TITLE, Status::Ok, format!("{detail}\nas root the daemon starts an MPS server for each client user, one user at a time"));
+        return Check::new(
+            ID,
+            TITLE,
+            Status::Ok,
+            format!(
+                "{detail}\nas root the daemon starts an MPS server for each client user, one user at a time"
+            ),
+        );
     }
     Check::new(ID, TITLE, Status::Warn, detail).hint(format!(
         "a daemon started as uid {uid} serves only clients running as uid {uid}: run the device \

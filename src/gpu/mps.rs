@@ -24,7 +24,9 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, thiserror::Error)]
 pub enum MpsError {
     /// The program is neither a path that exists nor a name found on PATH.
-    #[error("{binary}: not found (is the NVIDIA driver's nvidia-cuda-mps-control installed and on PATH?)")]
+    #[error(
+        "{binary}: not found (is the NVIDIA driver's nvidia-cuda-mps-control installed and on PATH?)"
+    )]
     NotFound {
         /// The name or path asked for.
         binary: String,

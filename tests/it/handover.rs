@@ -266,7 +266,10 @@ async fn a_combination_answers_every_form_and_keeps_the_mps_envs() {
         .iter()
         .map(|m| m.container_path.as_str())
         .collect();
-    assert_eq!(mounts, [pipe.as_str(), "/var/run/nvidia-container-devices/1"]);
+    assert_eq!(
+        mounts,
+        [pipe.as_str(), "/var/run/nvidia-container-devices/1"]
+    );
     assert_eq!(
         resp.annotations["cdi.k8s.io/gpushare_gpu-mem"],
         "nvidia.com/gpu=1"

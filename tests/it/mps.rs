@@ -66,8 +66,14 @@ async fn starts_the_daemon_sets_per_gpu_defaults_hands_out_the_pipe_and_stops_it
     assert_eq!(
         fake.sent("set_default_device_pinned_mem_limit"),
         [
-            format!("set_default_device_pinned_mem_limit {} 16384M", fake_uuid(0)),
-            format!("set_default_device_pinned_mem_limit {} 20480M", fake_uuid(1)),
+            format!(
+                "set_default_device_pinned_mem_limit {} 16384M",
+                fake_uuid(0)
+            ),
+            format!(
+                "set_default_device_pinned_mem_limit {} 20480M",
+                fake_uuid(1)
+            ),
         ]
     );
     assert_eq!(readyz(&c), 200);
@@ -88,7 +94,10 @@ async fn starts_the_daemon_sets_per_gpu_defaults_hands_out_the_pipe_and_stops_it
         .map(|m| (m.host_path.as_str(), m.container_path.as_str()))
         .collect();
     let shm = fake.shm_dir.display().to_string();
-    assert_eq!(mounts, [(pipe.as_str(), pipe.as_str()), (shm.as_str(), "/dev/shm")]);
+    assert_eq!(
+        mounts,
+        [(pipe.as_str(), pipe.as_str()), (shm.as_str(), "/dev/shm")]
+    );
 
     c.stop().await;
     assert!(!fake.answers(), "the daemon it started is stopped");
@@ -194,10 +203,7 @@ async fn while_the_daemon_is_down_allocate_refuses_and_the_plugin_is_not_ready()
             .contains_key(wire::POD_ANN_ALLOCATED_CONTAINERS),
         "nothing claimed or recorded"
     );
-    assert_eq!(
-        c.plugin().metrics().allocations_with("mps_not_serving"),
-        1
-    );
+    assert_eq!(c.plugin().metrics().allocations_with("mps_not_serving"), 1);
     c.wait_for("a GpuShareMpsDaemonStartFailed Event", |c| {
         !c.warning_events("GpuShareMpsDaemonStartFailed").is_empty()
     })

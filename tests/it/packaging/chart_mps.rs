@@ -58,7 +58,10 @@ fn mps_true_runs_the_daemon_in_the_device_plugin_with_the_host_directories() {
     };
     let c = &off["containers"][0];
     assert!(!strings(&c["args"]).iter().any(|a| a.starts_with("--mps")));
-    assert_eq!(env_value(c, "NVIDIA_DRIVER_CAPABILITIES").as_deref(), Some("utility"));
+    assert_eq!(
+        env_value(c, "NVIDIA_DRIVER_CAPABILITIES").as_deref(),
+        Some("utility")
+    );
     assert!(!host_mounts(&off, c).iter().any(|(m, _)| m == "/dev/shm"));
 
     let on = device_plugin(
@@ -76,7 +79,10 @@ fn mps_true_runs_the_daemon_in_the_device_plugin_with_the_host_directories() {
         "--mps-pinned-mem-limit-mib=1000000",
         "--mps-active-thread-percentage=50",
     ] {
-        assert!(args.iter().any(|a| a == want), "{want} missing from {args:?}");
+        assert!(
+            args.iter().any(|a| a == want),
+            "{want} missing from {args:?}"
+        );
     }
     assert_cli_accepts(&args, "the device plugin with MPS");
     assert_eq!(
@@ -99,6 +105,10 @@ fn mps_true_runs_the_daemon_in_the_device_plugin_with_the_host_directories() {
     // Without a shm directory nothing replaces the container's /dev/shm.
     let no_shm = device_plugin("devicePlugin: {mps: true, mpsShmDir: ''}").expect("rendered");
     let c = &no_shm["containers"][0];
-    assert!(!strings(&c["args"]).iter().any(|a| a.starts_with("--mps-shm-dir")));
+    assert!(
+        !strings(&c["args"])
+            .iter()
+            .any(|a| a.starts_with("--mps-shm-dir"))
+    );
     assert!(!host_mounts(&no_shm, c).iter().any(|(m, _)| m == "/dev/shm"));
 }
