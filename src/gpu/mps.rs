@@ -107,10 +107,17 @@ impl MpsControl {
         self.pipe_dir.join(PID_FILE)
     }
 
-    fn command(&self) -> Result<tokio::process::Command, MpsError> {
-        let program = self.resolve().ok_or_else(|| MpsError::NotFound {
-            binary: self.binary.clone(),
-        })?;
+    /// The command, with the program resolved off the async runtime (a PATH lookup stats
+    /// files, and a PATH entry may be a slow mount).
+    async fn command(&self) -> Result<tokio::process::Command, MpsError> {
+        let this = self.clone();
+        let program = tokio::task::spawn_blocking(move || this.resolve())
+            .await
+            .ok()
+            .flatten()
+            .ok_or_else(|| MpsError::NotFound {
+                binary: self.binary.clone(),
+            })?;
         let mut cmd = tokio::process::Command::new(program);
         cmd.env("CUDA_MPS_PIPE_DIRECTORY", &self.pipe_dir)
             .env("CUDA_MPS_LOG_DIRECTORY", &self.log_dir)
@@ -122,7 +129,7 @@ impl MpsControl {
     /// printed. Fails when the daemon does not answer.
     pub async fn send(&self, commands: &[String]) -> Result<String, MpsError> {
         let what = commands.join("; ");
-        let mut cmd = self.command()?;
+        let mut cmd = self.command().await?;
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -199,7 +206,7 @@ impl MpsControl {
                     source,
                 })?;
         }
-        let mut cmd = self.command()?;
+        let mut cmd = self.command().await?;
         // The daemon inherits these: nothing of ours may stay open in it.
         cmd.arg("-d")
             .stdin(Stdio::null())
