@@ -127,9 +127,8 @@ fn dirs(host: &HostRoot, dp: &DevicePluginConfig) -> Check {
     }
 }
 
-/// The effective uid of this process (`/proc/self/status`), `None` off Linux.
-fn own_uid() -> Option<u32> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+/// The effective uid in a `/proc/<pid>/status` text.
+fn euid(status: &str) -> Option<u32> {
     status
         .lines()
         .find_map(|l| l.strip_prefix("Uid:"))
@@ -148,20 +147,43 @@ fn owner(_path: &Path) -> Option<u32> {
     None
 }
 
-/// `mps-user`: who the daemon would run as. Root serves clients of any user (one user's
-/// server at a time); any other user serves only its own uid.
+/// `mps-user`: who the daemon runs as (the running daemon's, from its pid file and `/proc`
+/// under the root; else this process's, which in the preflight is the device plugin that
+/// will start it). Root serves clients of any user (one user's server at a time); any other
+/// user serves only its own uid.
 fn user(host: &HostRoot, pipe_dir: &Path) -> Check {
     const ID: &str = "mps-user";
     const TITLE: &str = "user of the MPS control daemon";
-    let Some(uid) = own_uid() else {
-        return Check::new(ID, TITLE, Status::Skip, "cannot tell this process's uid");
+    let running = host
+        .read(pipe_dir.join(crate::gpu::mps::PID_FILE))
+        .and_then(|p| p.trim().parse::<u32>().ok())
+        .and_then(|pid| {
+            let uid = euid(&host.read(format!("/proc/{pid}/status"))?)?;
+            Some((pid, uid))
+        });
+    let (uid, who) = match running {
+        Some((pid, uid)) => (
+            uid,
+            format!("the running daemon (pid {pid}) runs as uid {uid}"),
+        ),
+        None => match std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| euid(&s))
+        {
+            Some(uid) => (
+                uid,
+                format!(
+                    "no running daemon seen; this process runs as uid {uid} (a daemon the device                      plugin starts runs as the plugin's user)"
+                ),
+            ),
+            None => {
+                return Check::new(ID, TITLE, Status::Skip, "cannot tell the daemon's uid");
+            }
+        },
     };
     let dir_owner = owner(&host.path(pipe_dir));
     let owner_text = dir_owner.map_or("missing".to_string(), |o| format!("owned by uid {o}"));
-    let detail = format!(
-        "the device plugin (and the daemon it starts) runs as uid {uid}; pipe directory {}: {owner_text}",
-        pipe_dir.display()
-    );
+    let detail = format!("{who}; pipe directory {}: {owner_text}", pipe_dir.display());
     if uid == 0 {
         return Check::new(
             ID,
@@ -173,7 +195,7 @@ fn user(host: &HostRoot, pipe_dir: &Path) -> Check {
         );
     }
     Check::new(ID, TITLE, Status::Warn, detail).hint(format!(
-        "a daemon started as uid {uid} serves only clients running as uid {uid}: run the device \
+        "a daemon running as uid {uid} serves only clients running as uid {uid}: run the device \
          plugin as root (the chart does), or run every GPU pod as uid {uid}"
     ))
 }

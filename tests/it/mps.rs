@@ -303,5 +303,23 @@ fn doctor_mps_checks_the_binary_the_directories_the_user_and_the_daemon() {
             .is_some_and(|d| d.contains("answers get_server_list") && d.contains("pid file")),
         "{daemon:#}"
     );
+    // The running daemon's user, from its pid file and the host's /proc: not root is a warn.
+    let pid = on_host.pid().expect("the daemon's pid file");
+    let proc_dir = root.path().join(format!("proc/{pid}"));
+    std::fs::create_dir_all(&proc_dir).expect("proc dir");
+    std::fs::write(
+        proc_dir.join("status"),
+        "Name:\tnvidia-cuda-mps\nUid:\t1000\t1000\t1000\t1000\n",
+    )
+    .expect("status written");
+    let report = doctor_mps(root.path());
+    let user = check(&report, "mps-user");
+    assert_eq!(user["status"], "warn", "{user:#}");
+    assert!(
+        user["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains(&format!("pid {pid}")) && d.contains("uid 1000")),
+        "{user:#}"
+    );
     assert!(on_host.quit());
 }

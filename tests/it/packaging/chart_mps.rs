@@ -58,6 +58,7 @@ fn mps_true_runs_the_daemon_in_the_device_plugin_with_the_host_directories() {
     };
     let c = &off["containers"][0];
     assert!(!strings(&c["args"]).iter().any(|a| a.starts_with("--mps")));
+    assert!(c["securityContext"].get("privileged").is_none());
     assert_eq!(
         env_value(c, "NVIDIA_DRIVER_CAPABILITIES").as_deref(),
         Some("utility")
@@ -85,6 +86,10 @@ fn mps_true_runs_the_daemon_in_the_device_plugin_with_the_host_directories() {
         );
     }
     assert_cli_accepts(&args, "the device plugin with MPS");
+    assert_eq!(
+        c["securityContext"]["privileged"], true,
+        "the daemon starts each MPS server as its client's user"
+    );
     assert_eq!(
         env_value(c, "NVIDIA_DRIVER_CAPABILITIES").as_deref(),
         Some("compute,utility"),
