@@ -541,6 +541,13 @@ pub async fn start(
         gpus.iter().map(|g| g.uuid.clone()),
         Duration::from_secs(dp.health_recovery_secs),
     );
+    let mps = dp.mps.then(|| {
+        let mut control =
+            crate::gpu::mps::MpsControl::new(&dp.mps_control, &dp.mps_pipe_dir, &dp.mps_log_dir);
+        // The daemon gets the GPUs this plugin serves (not, say, a MIG GPU left out).
+        control.visible_devices = gpus.iter().map(|g| g.uuid.clone()).collect();
+        Arc::new(mps::MpsStatus::new(control))
+    });
     let first = devices::list_and_watch_response(&gpus, |_| true);
     let (devices_tx, _) = watch::channel(Arc::new(first));
     let plugin = Arc::new(Plugin {
@@ -561,13 +568,7 @@ pub async fn start(
         reported: std::sync::Mutex::default(),
         metrics,
         admin: admin.clone(),
-        mps: dp.mps.then(|| {
-            Arc::new(mps::MpsStatus::new(crate::gpu::mps::MpsControl::new(
-                &dp.mps_control,
-                &dp.mps_pipe_dir,
-                &dp.mps_log_dir,
-            )))
-        }),
+        mps,
     });
 
     if let Some(refused) = &unit.refused {

@@ -83,6 +83,8 @@ pub struct MpsControl {
     pub log_dir: PathBuf,
     /// Deadline of each call.
     pub timeout: Duration,
+    /// `CUDA_VISIBLE_DEVICES` of the daemon it starts (GPU UUIDs); empty: not set, every GPU.
+    pub visible_devices: Vec<String>,
 }
 
 impl MpsControl {
@@ -93,6 +95,7 @@ impl MpsControl {
             pipe_dir: pipe_dir.to_path_buf(),
             log_dir: log_dir.to_path_buf(),
             timeout: CALL_TIMEOUT,
+            visible_devices: Vec::new(),
         }
     }
 
@@ -189,7 +192,8 @@ impl MpsControl {
             .collect())
     }
 
-    /// Starts the control daemon (`-d`) after creating the pipe and log directories; returns
+    /// Starts the control daemon (`-d`, on [`visible_devices`](Self::visible_devices) when
+    /// set) after creating the pipe and log directories; returns
     /// once the program has daemonized. Whether the daemon then answers is for the caller to
     /// ask ([`server_list`](Self::server_list)).
     pub async fn start_daemon(&self) -> Result<(), MpsError> {
@@ -207,6 +211,11 @@ impl MpsControl {
                 })?;
         }
         let mut cmd = self.command().await?;
+        if !self.visible_devices.is_empty() {
+            // Only these GPUs: an MPS server does not start while an incompatible one (a MIG
+            // GPU, say) is visible.
+            cmd.env("CUDA_VISIBLE_DEVICES", self.visible_devices.join(","));
+        }
         // The daemon inherits these: nothing of ours may stay open in it.
         cmd.arg("-d")
             .stdin(Stdio::null())

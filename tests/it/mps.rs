@@ -57,6 +57,15 @@ async fn starts_the_daemon_sets_per_gpu_defaults_hands_out_the_pipe_and_stops_it
     })
     .await;
     assert_eq!(fake.starts(), 1, "{:?}", fake.commands());
+    assert!(
+        fake.sent("start ")[0].ends_with(&format!(
+            " CUDA_VISIBLE_DEVICES={},{}",
+            fake_uuid(0),
+            fake_uuid(1)
+        )),
+        "the daemon sees the served GPUs: {:?}",
+        fake.commands()
+    );
     assert!(fake.answers(), "the daemon serves");
     assert_eq!(
         fake.sent("set_default_active_thread_percentage"),
