@@ -18,6 +18,7 @@ mod handover;
 mod hostile;
 mod inspect;
 mod layers;
+mod mps;
 mod packaging;
 mod realdata;
 mod sandbox_apiserver;

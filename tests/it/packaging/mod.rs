@@ -5,6 +5,7 @@
 
 mod chart;
 mod chart_dedicated;
+mod chart_mps;
 mod ha_chart;
 mod image;
 mod kubeadm;
