@@ -113,6 +113,10 @@ pub struct ExtenderConfig {
     pub tls_cert: String,
     /// PEM private key for HTTPS.
     pub tls_key: String,
+    /// PEM CA certificate(s); when set, filter / prioritize / bind / inspect need a client
+    /// certificate signed by it (the scheduler's `tlsConfig.certFile`); health, readiness,
+    /// version and metrics stay open. Needs `tls_cert`. Re-read when it changes.
+    pub tls_client_ca: String,
     /// Largest request body accepted, in bytes (larger gets 413).
     pub max_body_bytes: u64,
     /// Time budget of one bind including retries, in milliseconds (keep it under the
@@ -155,6 +159,7 @@ impl Default for ExtenderConfig {
             gpu_policy: GpuPolicy::Binpack,
             tls_cert: String::new(),
             tls_key: String::new(),
+            tls_client_ca: String::new(),
             max_body_bytes: 32 * 1024 * 1024,
             bind_timeout_ms: 4000,
             bind_settle_ms: 60_000,
@@ -756,6 +761,12 @@ impl Config {
             return Err(invalid(
                 "extender.tls_cert",
                 "tls_cert and tls_key must be given together".to_string(),
+            ));
+        }
+        if !e.tls_client_ca.is_empty() && e.tls_cert.is_empty() {
+            return Err(invalid(
+                "extender.tls_client_ca",
+                "client certificates need HTTPS: give tls_cert and tls_key too".to_string(),
             ));
         }
         let h = &self.http;

@@ -2,6 +2,7 @@
 //! harness (binary runner, fixtures).
 
 mod cli;
+mod client_auth;
 mod clients;
 mod cluster;
 mod demo;
