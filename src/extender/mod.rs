@@ -318,6 +318,8 @@ pub async fn run(_args: Args, config: Config) -> anyhow::Result<ExitCode> {
         ..Default::default()
     })
     .await?;
+    let wait = Duration::from_secs(config.cluster.api_wait_secs);
+    crate::k8s::reachable::wait_for_api(&config.cluster.kubeconfig, wait, "extender").await?;
     let (trigger, _) = shutdown::channel();
     let shutdown = shutdown::on_signals(trigger);
     let handle = start(&config, client, shutdown.clone()).await?;

@@ -276,6 +276,7 @@ async fn from_api(args: &Args, config: &Config) -> anyhow::Result<Report> {
         kubeconfig,
         context: args.context.as_deref(),
         timeout: Some(REQUEST_TIMEOUT),
+        ..Default::default()
     })
     .await?;
     let listed = list_cluster(client, args.node.as_deref()).await;

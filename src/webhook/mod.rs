@@ -296,6 +296,10 @@ pub async fn run(_args: Args, config: Config) -> anyhow::Result<ExitCode> {
     } else {
         None
     };
+    if client.is_some() {
+        let wait = std::time::Duration::from_secs(config.cluster.api_wait_secs);
+        crate::k8s::reachable::wait_for_api(&config.cluster.kubeconfig, wait, "webhook").await?;
+    }
     let (trigger, _) = shutdown::channel();
     let shutdown = shutdown::on_signals(trigger);
     let handle = start(&config, client, DEFAULT_REFRESH, shutdown.clone()).await?;

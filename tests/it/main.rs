@@ -25,6 +25,7 @@ mod sandbox_apiserver;
 mod sandbox_kubelet;
 mod settle;
 mod soak;
+mod startup;
 mod support;
 mod watch_churn;
 mod webhook;
