@@ -130,27 +130,35 @@ impl Pki {
     }
 
     fn connector(&self, client: Option<&Leaf>) -> tokio_rustls::TlsConnector {
-        let mut roots = rustls::RootCertStore::empty();
-        for der in CertificateDer::pem_slice_iter(self.serving_ca.pem.as_bytes()) {
-            roots.add(der.expect("pem")).expect("root");
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("versions")
-            .with_root_certificates(roots);
-        let config = match client {
-            None => builder.with_no_client_auth(),
-            Some(l) => {
-                let chain = CertificateDer::pem_slice_iter(l.cert.as_bytes())
-                    .collect::<Result<Vec<_>, _>>()
-                    .expect("chain");
-                let key = PrivateKeyDer::from_pem_slice(l.key.as_bytes()).expect("key");
-                builder.with_client_auth_cert(chain, key).expect("client auth")
-            }
-        };
-        tokio_rustls::TlsConnector::from(Arc::new(config))
+        connector(
+            &self.serving_ca.pem,
+            client.map(|l| (l.cert.as_str(), l.key.as_str())),
+        )
     }
+}
+
+/// A TLS client trusting `ca_pem`, presenting `client` (certificate and key PEM) if given.
+pub(crate) fn connector(ca_pem: &str, client: Option<(&str, &str)>) -> tokio_rustls::TlsConnector {
+    let mut roots = rustls::RootCertStore::empty();
+    for der in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(der.expect("pem")).expect("root");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots);
+    let config = match client {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
+                .collect::<Result<Vec<_>, _>>()
+                .expect("chain");
+            let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key");
+            builder.with_client_auth_cert(chain, key).expect("client auth")
+        }
+    };
+    tokio_rustls::TlsConnector::from(Arc::new(config))
 }
 
 /// One HTTPS request on a fresh connection as `client` (none: no certificate): the status and
@@ -163,12 +171,23 @@ async fn https(
     path: &str,
     body: &str,
 ) -> Result<(u16, String), String> {
+    https_via(pki.connector(client), "127.0.0.1", addr, method, path, body).await
+}
+
+/// [`https`] with any `connector`, checking the server's certificate against `server_name`.
+pub(crate) async fn https_via(
+    connector: tokio_rustls::TlsConnector,
+    server_name: &str,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Result<(u16, String), String> {
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
-    let name = ServerName::try_from("127.0.0.1").expect("name");
-    let mut tls = pki
-        .connector(client)
+    let name = ServerName::try_from(server_name.to_string()).map_err(|e| e.to_string())?;
+    let mut tls = connector
         .connect(name, tcp)
         .await
         .map_err(|e| format!("handshake: {e}"))?;
