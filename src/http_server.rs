@@ -262,32 +262,32 @@ pub async fn serve<H, F>(
                 .header_read_timeout(limits.header_read)
                 .keep_alive(true);
             let service = move |verified: bool| {
-            hyper::service::service_fn(move |mut req: Request<Incoming>| {
-                if verified {
-                    req.extensions_mut().insert(PeerCertificate);
-                }
-                let handler = handler.clone();
-                let metrics = metrics.clone();
-                async move {
-                    let reply = match tokio::time::timeout(limits.request, handler(req)).await {
-                        Ok(reply) => reply,
-                        Err(_) => {
-                            metrics.deadline("request");
-                            json_error(
-                                StatusCode::SERVICE_UNAVAILABLE,
-                                &format!(
-                                    "the request did not finish within {:?} (http.request_timeout_ms)",
-                                    limits.request
-                                ),
-                            )
-                        }
-                    };
-                    if reply.status() == StatusCode::REQUEST_TIMEOUT {
-                        metrics.deadline("body");
+                hyper::service::service_fn(move |mut req: Request<Incoming>| {
+                    if verified {
+                        req.extensions_mut().insert(PeerCertificate);
                     }
-                    Ok::<_, std::convert::Infallible>(reply)
-                }
-            })
+                    let handler = handler.clone();
+                    let metrics = metrics.clone();
+                    async move {
+                        let reply = match tokio::time::timeout(limits.request, handler(req)).await {
+                            Ok(reply) => reply,
+                            Err(_) => {
+                                metrics.deadline("request");
+                                json_error(
+                                    StatusCode::SERVICE_UNAVAILABLE,
+                                    &format!(
+                                        "the request did not finish within {:?} (http.request_timeout_ms)",
+                                        limits.request
+                                    ),
+                                )
+                            }
+                        };
+                        if reply.status() == StatusCode::REQUEST_TIMEOUT {
+                            metrics.deadline("body");
+                        }
+                        Ok::<_, std::convert::Infallible>(reply)
+                    }
+                })
             };
             let result = match tls {
                 None => {
@@ -298,7 +298,11 @@ pub async fn serve<H, F>(
                     match tokio::time::timeout(limits.tls_handshake, acceptor.accept(stream)).await
                     {
                         Ok(Ok(s)) => {
-                            let verified = s.get_ref().1.peer_certificates().is_some_and(|c| !c.is_empty());
+                            let verified = s
+                                .get_ref()
+                                .1
+                                .peer_certificates()
+                                .is_some_and(|c| !c.is_empty());
                             let conn = builder.serve_connection(TokioIo::new(s), service(verified));
                             watcher.watch(conn).await
                         }

@@ -135,7 +135,9 @@ impl ServingCert {
 
     /// Whether `der` is the end-entity certificate presented now.
     pub fn is_ours(&self, der: &[u8]) -> bool {
-        self.key().end_entity_cert().is_ok_and(|c| c.as_ref() == der)
+        self.key()
+            .end_entity_cert()
+            .is_ok_and(|c| c.as_ref() == der)
     }
 
     /// A TLS acceptor (HTTP/1.1) presenting this certificate, without client certificates.
@@ -396,7 +398,9 @@ impl ServerTls {
                     stamps.0 = now;
                     done.push("certificate");
                 }
-                Err(e) => tracing::warn!(error = %e, "the TLS certificate changed but cannot be used yet"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the TLS certificate changed but cannot be used yet")
+                }
             }
         }
         if let Some(ca) = &self.client_ca {
@@ -408,7 +412,9 @@ impl ServerTls {
                         stamps.1 = now;
                         done.push("client-ca");
                     }
-                    Err(e) => tracing::warn!(error = %e, "the client CA changed but cannot be used yet"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the client CA changed but cannot be used yet")
+                    }
                 }
             }
         }

@@ -335,9 +335,9 @@ pub async fn preflight(role: Role, config: &Config) -> anyhow::Result<()> {
             Some(e) => anyhow::bail!(
                 "preflight failed: {failed}: {e:#} (fix them, or start with --skip-doctor)"
             ),
-            None => anyhow::bail!(
-                "preflight failed: {failed} (fix them, or start with --skip-doctor)"
-            ),
+            None => {
+                anyhow::bail!("preflight failed: {failed} (fix them, or start with --skip-doctor)")
+            }
         }
     }
     Ok(())

@@ -432,9 +432,7 @@ fn tls_config(
     let key = has("keyFile") || has("keyData");
     if !https {
         if tls.is_some() {
-            warns.push(
-                "tlsConfig is set but urlPrefix is http://: it is not used".to_string(),
-            );
+            warns.push("tlsConfig is set but urlPrefix is http://: it is not used".to_string());
             fixes.push("use https:// in urlPrefix (the extender with --tls-cert)".to_string());
         }
         return;
@@ -837,7 +835,12 @@ mod tests {
         );
         let (c, _) = evaluate("cfg", &full, false, None);
         assert_eq!(c.status, Status::Ok, "{c:?}");
-        let (c, _) = evaluate("cfg", &full.replace("    keyFile: /tls.key\n", ""), false, None);
+        let (c, _) = evaluate(
+            "cfg",
+            &full.replace("    keyFile: /tls.key\n", ""),
+            false,
+            None,
+        );
         assert_eq!(c.status, Status::Fail, "{c:?}");
         assert!(c.detail.contains("without its key"), "{c:?}");
         let plain = format!("{}\n  tlsConfig:\n    caFile: /ca.crt\n", good());

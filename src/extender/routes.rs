@@ -160,9 +160,11 @@ pub async fn handle(
             .get::<http_server::PeerCertificate>()
             .is_none()
     {
-        state
-            .metrics()
-            .observe(route.verb(), "unauthenticated", started.elapsed().as_secs_f64());
+        state.metrics().observe(
+            route.verb(),
+            "unauthenticated",
+            started.elapsed().as_secs_f64(),
+        );
         return Ok(error(
             StatusCode::FORBIDDEN,
             format!(

@@ -89,12 +89,9 @@ pub async fn wait_for_api(kubeconfig: &str, wait: Duration, what: &str) -> Resul
         );
         tries += 1;
     };
-    let outcome = retry_until_with(
-        started + wait,
-        STARTUP_BACKOFF,
-        on_retry,
-        || client.apiserver_version(),
-    )
+    let outcome = retry_until_with(started + wait, STARTUP_BACKOFF, on_retry, || {
+        client.apiserver_version()
+    })
     .await;
     let waited_secs = started.elapsed().as_secs();
     match outcome {

@@ -47,7 +47,10 @@ fn ca(name: &str) -> Ca {
     let mut params = CertificateParams::default();
     params.distinguished_name.push(DnType::CommonName, name);
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
     let cert = params.self_signed(&key).expect("CA");
     Ca {
         pem: cert.pem(),
@@ -57,9 +60,8 @@ fn ca(name: &str) -> Ca {
 
 fn leaf(ca: &Ca, cn: &str, sans: &[&str], usages: &[ExtendedKeyUsagePurpose]) -> Leaf {
     let key = KeyPair::generate().expect("key");
-    let mut params =
-        CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-            .expect("params");
+    let mut params = CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        .expect("params");
     params.distinguished_name.push(DnType::CommonName, cn);
     params.extended_key_usages = usages.to_vec();
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
@@ -155,7 +157,9 @@ pub(crate) fn connector(ca_pem: &str, client: Option<(&str, &str)>) -> tokio_rus
                 .collect::<Result<Vec<_>, _>>()
                 .expect("chain");
             let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key");
-            builder.with_client_auth_cert(chain, key).expect("client auth")
+            builder
+                .with_client_auth_cert(chain, key)
+                .expect("client auth")
         }
     };
     tokio_rustls::TlsConnector::from(Arc::new(config))
@@ -291,7 +295,10 @@ async fn the_scheduling_verbs_and_inspect_need_a_certificate_of_the_client_ca() 
         );
     }
     let p1 = api.get_object("pods", Some("default"), "p1").expect("pod");
-    assert!(p1["spec"]["nodeName"].is_null(), "an unauthenticated bind bound {p1}");
+    assert!(
+        p1["spec"]["nodeName"].is_null(),
+        "an unauthenticated bind bound {p1}"
+    );
 
     // ... while probes and Prometheus still get through without one.
     for path in OPEN {

@@ -25,14 +25,20 @@ fn outage(api: &ApiServer, action: FaultAction) {
 }
 
 fn version_requests(api: &ApiServer) -> usize {
-    api.requests().iter().filter(|r| r.path == "/version").count()
+    api.requests()
+        .iter()
+        .filter(|r| r.path == "/version")
+        .count()
 }
 
 /// Polls `cond` every 20 ms until it holds, or fails the test after [`DEADLINE`].
 async fn until(what: &str, mut cond: impl FnMut() -> bool) {
     let end = tokio::time::Instant::now() + DEADLINE;
     while !cond() {
-        assert!(tokio::time::Instant::now() < end, "timed out waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < end,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

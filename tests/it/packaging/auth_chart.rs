@@ -15,8 +15,8 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::json;
 use yaml_serde::Value;
 
-use super::chart::{all_documents, check_typed, default_values, merged};
 use super::assert_cli_accepts;
+use super::chart::{all_documents, check_typed, default_values, merged};
 use crate::client_auth::{connector, https_via};
 use crate::support::clients;
 use crate::support::extender_http::{node, pod};
@@ -115,7 +115,10 @@ fn helm_lint_strict_is_clean_with_authenticated_scheduling() {
     })) else {
         return;
     };
-    for (overlay, report) in overlays.iter().zip(answer["lints"].as_array().expect("lints")) {
+    for (overlay, report) in overlays
+        .iter()
+        .zip(answer["lints"].as_array().expect("lints"))
+    {
         assert_eq!(report["errors"], json!([]), "{overlay}: {report}");
         let findings: Vec<&serde_json::Value> = report["messages"]
             .as_array()
@@ -162,8 +165,14 @@ async fn the_charts_certificates_authenticate_the_scheduler_to_the_extender() {
         assert!(args.iter().any(|a| a == flag), "{flag} not in {args:?}");
     }
     assert_cli_accepts(&args, "extender with tls");
-    assert_eq!(container["volumeMounts"][0]["mountPath"], "/etc/gpushare/tls");
-    assert_eq!(pod_spec["volumes"][0]["name"], container["volumeMounts"][0]["name"]);
+    assert_eq!(
+        container["volumeMounts"][0]["mountPath"],
+        "/etc/gpushare/tls"
+    );
+    assert_eq!(
+        pod_spec["volumes"][0]["name"],
+        container["volumeMounts"][0]["name"]
+    );
     assert_eq!(
         pod_spec["volumes"][0]["secret"]["secretName"],
         "gpushare-schd-extender-tls"
@@ -253,7 +262,10 @@ fn the_dedicated_scheduler_mounts_and_presents_the_client_certificate() {
         .find(|v| v["name"] == "extender-client-tls")
         .expect("its volume")
         .clone();
-    assert_eq!(volume["secret"]["secretName"], "gpushare-scheduler-client-tls");
+    assert_eq!(
+        volume["secret"]["secretName"],
+        "gpushare-scheduler-client-tls"
+    );
     let dir = mount["mountPath"].as_str().expect("mountPath");
     for (key, file) in [
         ("caFile", "ca.crt"),
@@ -263,7 +275,10 @@ fn the_dedicated_scheduler_mounts_and_presents_the_client_certificate() {
         assert_eq!(e["tlsConfig"][key], format!("{dir}/{file}"), "{key}");
     }
     // Not inside another mount (a Secret cannot be mounted into a read-only ConfigMap volume).
-    for m in spec["containers"][0]["volumeMounts"].as_sequence().expect("mounts") {
+    for m in spec["containers"][0]["volumeMounts"]
+        .as_sequence()
+        .expect("mounts")
+    {
         let other = m["mountPath"].as_str().unwrap_or_default();
         assert!(
             other == dir || !dir.starts_with(&format!("{other}/")),
@@ -285,8 +300,10 @@ fn cert_manager_certificates_carry_the_usages_the_handshake_needs() {
         usages.contains(&"server auth".to_string()) && usages.contains(&"client auth".to_string()),
         "the serving certificate is also the replicas' client certificate: {usages:?}"
     );
-    assert!(strings(&server["spec"]["dnsNames"])
-        .contains(&"gpushare-schd-extender.kube-system.svc".to_string()));
+    assert!(
+        strings(&server["spec"]["dnsNames"])
+            .contains(&"gpushare-schd-extender.kube-system.svc".to_string())
+    );
     assert_eq!(strings(&server["spec"]["ipAddresses"]), ["127.0.0.1"]);
     let client = find(&docs, "Certificate", "gpushare-scheduler-client-tls");
     assert!(strings(&client["spec"]["usages"]).contains(&"client auth".to_string()));
@@ -295,7 +312,10 @@ fn cert_manager_certificates_carry_the_usages_the_handshake_needs() {
     let ca = find(&docs, "Certificate", "gpushare-extender-ca");
     assert_eq!(ca["spec"]["isCA"], true);
     find(&docs, "Issuer", "gpushare-extender-ca");
-    assert!(!docs.iter().any(|d| d["kind"] == "Secret"), "no Helm-made Secret");
+    assert!(
+        !docs.iter().any(|d| d["kind"] == "Secret"),
+        "no Helm-made Secret"
+    );
 
     let Some(docs) = all_documents(values(
         "extender: {tls: {enabled: true, certificates: cert-manager, certManager: {issuerRef: {name: corp-ca, kind: ClusterIssuer}}}}",
@@ -305,7 +325,10 @@ fn cert_manager_certificates_carry_the_usages_the_handshake_needs() {
     let server = find(&docs, "Certificate", "gpushare-schd-extender-tls");
     assert_eq!(server["spec"]["issuerRef"]["name"], "corp-ca");
     assert_eq!(server["spec"]["issuerRef"]["kind"], "ClusterIssuer");
-    assert!(!docs.iter().any(|d| d["kind"] == "Issuer"), "no Issuer of ours");
+    assert!(
+        !docs.iter().any(|d| d["kind"] == "Issuer"),
+        "no Issuer of ours"
+    );
 }
 
 #[test]
