@@ -1152,6 +1152,22 @@ mod tests {
     }
 
     #[test]
+    fn a_client_ca_needs_https() {
+        let err = from_toml("[extender]\ntls_client_ca = \"/ca.crt\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("extender.tls_client_ca"), "{err}");
+        assert!(
+            from_toml(
+                "[extender]\ntls_cert = \"/t.crt\"\ntls_key = \"/t.key\"\ntls_client_ca = \"/ca.crt\"\n"
+            )
+            .is_ok()
+        );
+        let c = from_toml("[cluster]\napi_wait_secs = 0\n").expect("0 is allowed");
+        assert_eq!(c.cluster.api_wait_secs, 0);
+    }
+
+    #[test]
     fn advertise_addresses_are_host_and_optional_port() {
         let ok = |s: &str| split_host_port(s).unwrap();
         assert_eq!(ok("10.0.0.7"), ("10.0.0.7".into(), None));

@@ -212,6 +212,31 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_callers_backoff_doubles_to_its_ceiling_and_is_reported() {
+        let backoff = Backoff {
+            first: Duration::from_millis(200),
+            max: Duration::from_secs(1),
+        };
+        let mut waits = Vec::new();
+        let calls = AtomicU32::new(0);
+        let r = retry_until_with(
+            Instant::now() + Duration::from_secs(60),
+            backoff,
+            |_: &E, next| waits.push(next),
+            || async {
+                match calls.fetch_add(1, Ordering::SeqCst) {
+                    0..=4 => Err(E(true)),
+                    n => Ok(n),
+                }
+            },
+        )
+        .await;
+        assert!(matches!(r, Ok(5)));
+        let ms: Vec<u128> = waits.iter().map(Duration::as_millis).collect();
+        assert_eq!(ms, [200, 400, 800, 1000, 1000]);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_try_still_in_flight_at_the_deadline_is_an_unknown_outcome() {
         let r: Result<(), RetryError<E>> = retry_until(
             Instant::now() + Duration::from_millis(100),
