@@ -88,11 +88,24 @@ pub struct LogConfig {
 }
 
 /// `[cluster]`
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClusterConfig {
     /// Kubeconfig file; empty means `KUBECONFIG`, then the in-cluster service account.
     pub kubeconfig: String,
+    /// How long a role starting up waits for an unreachable API server (no connection,
+    /// timeout, 429, 5xx), in seconds, before it gives up; 0 gives up at once. A refusal
+    /// (401, 403) or a broken kubeconfig is never waited for.
+    pub api_wait_secs: u64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            kubeconfig: String::new(),
+            api_wait_secs: 300,
+        }
+    }
 }
 
 /// `[extender]`
@@ -113,6 +126,10 @@ pub struct ExtenderConfig {
     pub tls_cert: String,
     /// PEM private key for HTTPS.
     pub tls_key: String,
+    /// PEM CA certificate(s); when set, filter / prioritize / bind / inspect need a client
+    /// certificate signed by it (the scheduler's `tlsConfig.certFile`); health, readiness,
+    /// version and metrics stay open. Needs `tls_cert`. Re-read when it changes.
+    pub tls_client_ca: String,
     /// Largest request body accepted, in bytes (larger gets 413).
     pub max_body_bytes: u64,
     /// Time budget of one bind including retries, in milliseconds (keep it under the
@@ -155,6 +172,7 @@ impl Default for ExtenderConfig {
             gpu_policy: GpuPolicy::Binpack,
             tls_cert: String::new(),
             tls_key: String::new(),
+            tls_client_ca: String::new(),
             max_body_bytes: 32 * 1024 * 1024,
             bind_timeout_ms: 4000,
             bind_settle_ms: 60_000,
@@ -781,6 +799,12 @@ impl Config {
                 "tls_cert and tls_key must be given together".to_string(),
             ));
         }
+        if !e.tls_client_ca.is_empty() && e.tls_cert.is_empty() {
+            return Err(invalid(
+                "extender.tls_client_ca",
+                "client certificates need HTTPS: give tls_cert and tls_key too".to_string(),
+            ));
+        }
         let h = &self.http;
         for (key, ms) in [
             ("http.header_read_timeout_ms", h.header_read_timeout_ms),
@@ -1160,6 +1184,22 @@ mod tests {
         assert!(from_toml("[extender]\nleader_elect = true\nbind_timeout_ms = 4999\n").is_ok());
         // Without an election there is no lease to fit into.
         assert!(from_toml("[extender]\nbind_timeout_ms = 9000\n").is_ok());
+    }
+
+    #[test]
+    fn a_client_ca_needs_https() {
+        let err = from_toml("[extender]\ntls_client_ca = \"/ca.crt\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("extender.tls_client_ca"), "{err}");
+        assert!(
+            from_toml(
+                "[extender]\ntls_cert = \"/t.crt\"\ntls_key = \"/t.key\"\ntls_client_ca = \"/ca.crt\"\n"
+            )
+            .is_ok()
+        );
+        let c = from_toml("[cluster]\napi_wait_secs = 0\n").expect("0 is allowed");
+        assert_eq!(c.cluster.api_wait_secs, 0);
     }
 
     #[test]

@@ -7,7 +7,10 @@
 //! are closed at once and counted, so the kernel backlog never fills with clients we will not
 //! serve); back-off when `accept` fails (EMFILE and the like) instead of a hot loop; an
 //! optional TLS handshake with its own deadline; and a bounded graceful drain on shutdown.
-//! It does not route, authenticate or know any path: the role's handler does.
+//! It does not route, authorise or know any path: the role's handler does. With a TLS
+//! acceptor that checks client certificates ([`crate::tls::ServerTls`]), every request of a
+//! connection whose client presented an accepted certificate carries [`PeerCertificate`] in
+//! its extensions; the handler decides which paths need it.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -28,6 +31,11 @@ use tokio_rustls::TlsAcceptor;
 use crate::admin::AdminState;
 use crate::config::HttpConfig;
 use crate::shutdown::Shutdown;
+
+/// Request extension: the connection's client presented a certificate the TLS acceptor
+/// verified (a connection without one carries nothing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerCertificate;
 
 /// A finished response: every handler answers with a whole body.
 pub type Reply = Response<Full<Bytes>>;
@@ -248,44 +256,54 @@ pub async fn serve<H, F>(
         let watcher = graceful.watcher();
         tokio::spawn(async move {
             let _slot = slot;
-            let service = hyper::service::service_fn(move |req| {
-                let handler = handler.clone();
-                let metrics = metrics.clone();
-                async move {
-                    let reply = match tokio::time::timeout(limits.request, handler(req)).await {
-                        Ok(reply) => reply,
-                        Err(_) => {
-                            metrics.deadline("request");
-                            json_error(
-                                StatusCode::SERVICE_UNAVAILABLE,
-                                &format!(
-                                    "the request did not finish within {:?} (http.request_timeout_ms)",
-                                    limits.request
-                                ),
-                            )
-                        }
-                    };
-                    if reply.status() == StatusCode::REQUEST_TIMEOUT {
-                        metrics.deadline("body");
-                    }
-                    Ok::<_, std::convert::Infallible>(reply)
-                }
-            });
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read)
                 .keep_alive(true);
+            let service = move |verified: bool| {
+                hyper::service::service_fn(move |mut req: Request<Incoming>| {
+                    if verified {
+                        req.extensions_mut().insert(PeerCertificate);
+                    }
+                    let handler = handler.clone();
+                    let metrics = metrics.clone();
+                    async move {
+                        let reply = match tokio::time::timeout(limits.request, handler(req)).await {
+                            Ok(reply) => reply,
+                            Err(_) => {
+                                metrics.deadline("request");
+                                json_error(
+                                    StatusCode::SERVICE_UNAVAILABLE,
+                                    &format!(
+                                        "the request did not finish within {:?} (http.request_timeout_ms)",
+                                        limits.request
+                                    ),
+                                )
+                            }
+                        };
+                        if reply.status() == StatusCode::REQUEST_TIMEOUT {
+                            metrics.deadline("body");
+                        }
+                        Ok::<_, std::convert::Infallible>(reply)
+                    }
+                })
+            };
             let result = match tls {
                 None => {
-                    let conn = builder.serve_connection(TokioIo::new(stream), service);
+                    let conn = builder.serve_connection(TokioIo::new(stream), service(false));
                     watcher.watch(conn).await
                 }
                 Some(acceptor) => {
                     match tokio::time::timeout(limits.tls_handshake, acceptor.accept(stream)).await
                     {
                         Ok(Ok(s)) => {
-                            let conn = builder.serve_connection(TokioIo::new(s), service);
+                            let verified = s
+                                .get_ref()
+                                .1
+                                .peer_certificates()
+                                .is_some_and(|c| !c.is_empty());
+                            let conn = builder.serve_connection(TokioIo::new(s), service(verified));
                             watcher.watch(conn).await
                         }
                         Ok(Err(e)) => {

@@ -48,4 +48,5 @@ pub mod inspect;
 pub mod k8s;
 pub mod shutdown;
 pub mod telemetry;
+pub mod tls;
 pub mod webhook;

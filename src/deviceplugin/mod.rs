@@ -277,6 +277,8 @@ pub async fn run(_args: Args, config: Config) -> anyhow::Result<ExitCode> {
         ..Default::default()
     })
     .await?;
+    let wait = std::time::Duration::from_secs(config.cluster.api_wait_secs);
+    crate::k8s::reachable::wait_for_api(&config.cluster.kubeconfig, wait, "device-plugin").await?;
     let (trigger, _) = crate::shutdown::channel();
     let shutdown = crate::shutdown::on_signals(trigger);
     let handle = start(&config, client, backend, shutdown.clone()).await?;

@@ -51,6 +51,7 @@ pub async fn connect(config: &Config, no_cluster: bool) -> ApiState {
             kubeconfig: Some(config.cluster.kubeconfig.as_str()),
             context: None,
             timeout: Some(REQUEST_TIMEOUT),
+            ..ClientOptions::default()
         };
         let client = client(&opts).await.map_err(|e| format!("{e:#}"))?;
         let info = client
@@ -90,10 +91,13 @@ fn skipped(id: &'static str, title: &'static str, api: &ApiState) -> Option<Chec
     }
 }
 
+/// The id of the [`api_server`] check.
+pub const API_SERVER: &str = "api-server";
+
 /// `api-server`. `preflight`: the check runs before a role starts, where the way out is
 /// `--skip-doctor` (`--no-cluster` is a flag of `gpushare doctor` only).
 pub fn api_server(api: &ApiState, config: &Config, preflight: bool) -> Check {
-    const ID: &str = "api-server";
+    const ID: &str = API_SERVER;
     const TITLE: &str = "API server reachable";
     let via = if config.cluster.kubeconfig.is_empty() {
         "KUBECONFIG / ~/.kube/config / in-cluster service account".to_string()

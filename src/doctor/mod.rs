@@ -334,15 +334,40 @@ fn plugin_conflict(
 /// The preflight `extender` (ControlPlane) and `device-plugin` (Node) run before they start:
 /// prints the report on stderr and fails when a check failed. Callers skip it when
 /// `config.doctor.skip`.
+///
+/// A set-up mistake (driver, runtime, socket, RBAC, a refused identity) refuses at once. When
+/// the only failure is an API server that does not answer, that is not a set-up mistake: the
+/// preflight waits for it ([`crate::k8s::reachable`], `cluster.api_wait_secs`), then checks
+/// again, so a short control-plane outage never turns into CrashLoopBackOff.
 pub async fn preflight(role: Role, config: &Config) -> anyhow::Result<()> {
-    let report = diagnose(&Options::preflight(role), config).await;
+    let opts = Options::preflight(role);
+    let mut report = diagnose(&opts, config).await;
+    let mut waited = None;
+    if report.ids_with(Status::Fail) == [cluster::API_SERVER] {
+        match wait_for_api(config).await {
+            Ok(()) => report = diagnose(&opts, config).await,
+            Err(e) => waited = Some(e),
+        }
+    }
     eprint!("{}", report.to_text(std::io::stderr().is_terminal()));
     if report.failed(false) {
-        anyhow::bail!(
-            "preflight failed: {} (fix them, or start with --skip-doctor)",
-            report.ids_with(Status::Fail).join(", ")
-        );
+        let failed = report.ids_with(Status::Fail).join(", ");
+        match waited {
+            Some(e) => anyhow::bail!(
+                "preflight failed: {failed}: {e:#} (fix them, or start with --skip-doctor)"
+            ),
+            None => {
+                anyhow::bail!("preflight failed: {failed} (fix them, or start with --skip-doctor)")
+            }
+        }
     }
+    Ok(())
+}
+
+/// Waits for the API server the preflight could not reach.
+async fn wait_for_api(config: &Config) -> anyhow::Result<()> {
+    let wait = std::time::Duration::from_secs(config.cluster.api_wait_secs);
+    crate::k8s::reachable::wait_for_api(&config.cluster.kubeconfig, wait, "preflight").await?;
     Ok(())
 }
 

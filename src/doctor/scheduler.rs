@@ -391,6 +391,7 @@ fn evaluate(
                 );
                 fixes.push("set ignorable: false".to_string());
             }
+            tls_config(e, url.as_deref(), &mut fails, &mut warns, &mut fixes);
         }
     }
     lines.extend(fails.iter().map(|f| format!("problem: {f}")));
@@ -411,6 +412,66 @@ fn evaluate(
 }
 
 /// The YAML (or JSON) documents of `text`; empty documents are dropped.
+/// The extender entry's `tlsConfig` against its URL: a client certificate for an extender that
+/// checks them (`--tls-client-ca`), a CA for the extender's serving certificate.
+fn tls_config(
+    e: &yaml_serde::Value,
+    url: Option<&str>,
+    fails: &mut Vec<String>,
+    warns: &mut Vec<String>,
+    fixes: &mut Vec<String>,
+) {
+    let tls = get_ci(e, "tlsConfig");
+    let has = |k: &str| {
+        tls.and_then(|t| get_ci(t, k))
+            .and_then(|v| v.as_str())
+            .is_some_and(|v| !v.is_empty())
+    };
+    let https = url.is_some_and(|u| u.starts_with("https://"));
+    let cert = has("certFile") || has("certData");
+    let key = has("keyFile") || has("keyData");
+    if !https {
+        if tls.is_some() {
+            warns.push("tlsConfig is set but urlPrefix is http://: it is not used".to_string());
+            fixes.push("use https:// in urlPrefix (the extender with --tls-cert)".to_string());
+        }
+        return;
+    }
+    if cert != key {
+        fails.push(
+            "tlsConfig has a client certificate without its key (or a key without its certificate)"
+                .to_string(),
+        );
+        fixes.push("give both certFile and keyFile (or certData and keyData)".to_string());
+    } else if !cert {
+        warns.push(
+            "the extender is called over HTTPS without a client certificate: an extender started \
+             with --tls-client-ca answers filter and bind 403"
+                .to_string(),
+        );
+        fixes.push(
+            "add tlsConfig certFile / keyFile: a client certificate the extender's CA signed \
+             (README: Authenticated scheduling)"
+                .to_string(),
+        );
+    }
+    let insecure = tls
+        .and_then(|t| get_ci(t, "insecure"))
+        .and_then(|v| v.as_bool())
+        == Some(true);
+    if !has("caFile") && !has("caData") {
+        warns.push(if insecure {
+            "tlsConfig insecure: true: the extender's serving certificate is not verified"
+                .to_string()
+        } else {
+            "tlsConfig has no caFile: kube-scheduler does not verify the extender's serving \
+             certificate (enableHTTPS without a CA is insecure)"
+                .to_string()
+        });
+        fixes.push("set tlsConfig caFile to the CA of the extender's certificate".to_string());
+    }
+}
+
 fn yaml_documents(text: &str) -> Result<Vec<yaml_serde::Value>, yaml_serde::Error> {
     use serde::Deserialize;
     let mut docs = Vec::new();
@@ -760,6 +821,32 @@ mod tests {
         assert_eq!(c.status, Status::Warn, "{c:?}");
         let (c, _) = evaluate("cfg", "kind: [", false, None);
         assert_eq!(c.status, Status::Fail);
+    }
+
+    #[test]
+    fn the_extender_tls_config_matches_its_url() {
+        let https = good().replace("http://127.0.0.1", "https://127.0.0.1");
+        let (c, _) = evaluate("cfg", &https, false, None);
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert!(c.detail.contains("without a client certificate"), "{c:?}");
+        assert!(c.detail.contains("no caFile"), "{c:?}");
+        let full = format!(
+            "{https}\n  tlsConfig:\n    caFile: /ca.crt\n    certFile: /tls.crt\n    keyFile: /tls.key\n"
+        );
+        let (c, _) = evaluate("cfg", &full, false, None);
+        assert_eq!(c.status, Status::Ok, "{c:?}");
+        let (c, _) = evaluate(
+            "cfg",
+            &full.replace("    keyFile: /tls.key\n", ""),
+            false,
+            None,
+        );
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(c.detail.contains("without its key"), "{c:?}");
+        let plain = format!("{}\n  tlsConfig:\n    caFile: /ca.crt\n", good());
+        let (c, _) = evaluate("cfg", &plain, false, None);
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert!(c.detail.contains("not used"), "{c:?}");
     }
 
     #[test]

@@ -2,7 +2,10 @@
 //! forwarded call to the base URL the leader publishes in its Lease
 //! ([`super::leader::ANN_LEADER_ADDRESS`]), over TLS when this extender serves TLS (the
 //! leader must present the same certificate as ours: the replicas share one key pair, so the
-//! certificate is pinned and no host name check is needed).
+//! certificate is pinned and no host name check is needed). Over TLS the standby presents
+//! that same certificate as its client certificate, which a leader checking client
+//! certificates (`extender.tls_client_ca`) accepts as one of its own replicas
+//! ([`crate::tls::ClientCa`]).
 //!
 //! What this module guarantees: a forwarded request carries [`FORWARDED_BY`], and a replica
 //! never forwards a request that carries it (no loops while two replicas disagree on who
@@ -30,6 +33,7 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::rustls;
 
 use crate::k8s::retry::{RetryError, Transient, retry_until};
+use crate::tls::ServingCert;
 
 /// Header naming the replica that forwarded a request.
 pub const FORWARDED_BY: &str = "x-gpushare-forwarded-by";
@@ -89,10 +93,10 @@ impl std::fmt::Debug for Forwarder {
     }
 }
 
-/// Accepts exactly the certificate this replica serves (all replicas share one key pair).
+/// Accepts exactly the certificate this replica serves now (all replicas share one key pair).
 #[derive(Debug)]
 struct PinnedCertificate {
-    ours: Vec<u8>,
+    ours: Arc<ServingCert>,
     provider: Arc<rustls::crypto::CryptoProvider>,
 }
 
@@ -105,7 +109,7 @@ impl rustls::client::danger::ServerCertVerifier for PinnedCertificate {
         _ocsp_response: &[u8],
         _now: rustls::pki_types::UnixTime,
     ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        if end_entity.as_ref() == self.ours.as_slice() {
+        if self.ours.is_ours(end_entity.as_ref()) {
             Ok(rustls::client::danger::ServerCertVerified::assertion())
         } else {
             Err(rustls::Error::General(
@@ -153,33 +157,28 @@ trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 
 impl Forwarder {
-    /// A forwarder for replica `identity`; `tls_cert` (PEM, empty for plain HTTP) is the
-    /// certificate the leader must present.
-    pub fn new(identity: &str, tls_cert: &str) -> anyhow::Result<Forwarder> {
+    /// A forwarder for replica `identity`; `serving` (none for plain HTTP) is the certificate
+    /// this replica serves: the leader must present it, and this replica presents it as its
+    /// client certificate.
+    pub fn new(identity: &str, serving: Option<Arc<ServingCert>>) -> anyhow::Result<Forwarder> {
         use anyhow::Context;
-        use rustls::pki_types::CertificateDer;
-        use rustls::pki_types::pem::PemObject;
-        let tls = if tls_cert.is_empty() {
-            None
-        } else {
-            let first = CertificateDer::pem_file_iter(tls_cert)
-                .with_context(|| format!("reading TLS certificate {tls_cert}"))?
-                .next()
-                .with_context(|| format!("TLS certificate {tls_cert} holds no certificate"))?
-                .with_context(|| format!("parsing TLS certificate {tls_cert}"))?;
-            let provider = Arc::new(rustls::crypto::ring::default_provider());
-            let verifier = Arc::new(PinnedCertificate {
-                ours: first.as_ref().to_vec(),
-                provider: provider.clone(),
-            });
-            let mut config = rustls::ClientConfig::builder_with_provider(provider)
-                .with_safe_default_protocol_versions()
-                .context("TLS protocol versions")?
-                .dangerous()
-                .with_custom_certificate_verifier(verifier)
-                .with_no_client_auth();
-            config.alpn_protocols = vec![b"http/1.1".to_vec()];
-            Some(TlsConnector::from(Arc::new(config)))
+        let tls = match serving {
+            None => None,
+            Some(serving) => {
+                let provider = Arc::new(rustls::crypto::ring::default_provider());
+                let verifier = Arc::new(PinnedCertificate {
+                    ours: serving.clone(),
+                    provider: provider.clone(),
+                });
+                let mut config = rustls::ClientConfig::builder_with_provider(provider)
+                    .with_safe_default_protocol_versions()
+                    .context("TLS protocol versions")?
+                    .dangerous()
+                    .with_custom_certificate_verifier(verifier)
+                    .with_client_cert_resolver(serving);
+                config.alpn_protocols = vec![b"http/1.1".to_vec()];
+                Some(TlsConnector::from(Arc::new(config)))
+            }
         };
         Ok(Forwarder {
             identity: identity.to_string(),

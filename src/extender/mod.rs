@@ -25,7 +25,7 @@ pub mod sync;
 pub mod wire;
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,6 +67,11 @@ pub struct Args {
     /// PEM private key for --tls-cert [config: extender.tls_key]
     #[arg(long, value_name = "PATH", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// PEM CA: filter / prioritize / bind / inspect then need a client certificate it signed
+    /// (kube-scheduler's extender `tlsConfig`); /healthz, /readyz, /version and /metrics stay
+    /// open. Re-read when the file changes [config: extender.tls_client_ca]
+    #[arg(long, value_name = "PATH", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
     /// Run several replicas: compete for a Lease; the leader serves the scheduling verbs and
     /// the others forward them to it, so every replica is Ready (`--leader-elect=false` turns
     /// it off) [config: extender.leader_elect]
@@ -99,6 +104,7 @@ impl Args {
             gpu_policy,
             tls_cert,
             tls_key,
+            tls_client_ca,
             leader_elect,
             advertise_address,
             lease_name,
@@ -117,6 +123,10 @@ impl Args {
         flags.set(
             "extender.tls_key",
             tls_key.as_ref().map(|p| p.display().to_string()),
+        );
+        flags.set(
+            "extender.tls_client_ca",
+            tls_client_ca.as_ref().map(|p| p.display().to_string()),
         );
         flags.set("extender.leader_elect", *leader_elect);
         flags.set("extender.advertise_address", advertise_address.clone());
@@ -178,6 +188,9 @@ pub struct StartOptions {
     pub clock: Option<Arc<dyn leader::Clock>>,
     /// The replica's identity; [`leader::identity`] when `None`.
     pub identity: Option<String>,
+    /// How often the TLS files are looked at for changes; [`crate::tls::DEFAULT_REFRESH`]
+    /// when `None`.
+    pub tls_refresh: Option<Duration>,
 }
 
 /// Starts the extender in-process: binds the listener first (a port conflict fails at once),
@@ -204,9 +217,21 @@ pub async fn start_with(
         .with_context(|| format!("cannot listen on {addr} (extender.bind_address / --port)"))?;
     let addr = listener.local_addr().context("reading the bound address")?;
     let tls = match (ext.tls_cert.is_empty(), ext.tls_key.is_empty()) {
-        (true, true) => None,
-        (false, false) => Some(routes::tls_acceptor(&ext.tls_cert, &ext.tls_key)?),
-        _ => anyhow::bail!("extender.tls_cert and extender.tls_key must be given together"),
+        (true, true) if ext.tls_client_ca.is_empty() => None,
+        (false, false) => {
+            let files = crate::tls::CertFiles {
+                cert: PathBuf::from(&ext.tls_cert),
+                key: PathBuf::from(&ext.tls_key),
+            };
+            let ca = (!ext.tls_client_ca.is_empty()).then(|| Path::new(&ext.tls_client_ca));
+            Some(Arc::new(
+                crate::tls::ServerTls::load(files, ca).context("extender TLS")?,
+            ))
+        }
+        _ => anyhow::bail!(
+            "extender.tls_cert and extender.tls_key must be given together (and \
+             extender.tls_client_ca needs both)"
+        ),
     };
     let clock = options
         .clock
@@ -247,10 +272,21 @@ pub async fn start_with(
     } else {
         None
     };
-    let forwarder = forward::Forwarder::new(state.fence().identity(), &ext.tls_cert)?;
+    let forwarder =
+        forward::Forwarder::new(state.fence().identity(), tls.as_ref().map(|t| t.serving()))?;
+    let acceptor = match &tls {
+        Some(t) => {
+            tokio::spawn(t.clone().keep_fresh(
+                options.tls_refresh.unwrap_or(crate::tls::DEFAULT_REFRESH),
+                combined.clone(),
+            ));
+            Some(t.acceptor().context("extender TLS")?)
+        }
+        None => None,
+    };
     let server = tokio::spawn(routes::serve(
         listener,
-        tls,
+        acceptor,
         forwarder,
         state.clone(),
         crate::http_server::Limits::from_config(&config.http),
@@ -260,6 +296,7 @@ pub async fn start_with(
         %addr,
         prefix = %ext.url_prefix,
         tls = !ext.tls_cert.is_empty(),
+        client_certificates = !ext.tls_client_ca.is_empty(),
         node_policy = %ext.node_policy,
         gpu_policy = %ext.gpu_policy,
         "extender listening; waiting for the ledger to sync"
@@ -281,6 +318,8 @@ pub async fn run(_args: Args, config: Config) -> anyhow::Result<ExitCode> {
         ..Default::default()
     })
     .await?;
+    let wait = Duration::from_secs(config.cluster.api_wait_secs);
+    crate::k8s::reachable::wait_for_api(&config.cluster.kubeconfig, wait, "extender").await?;
     let (trigger, _) = shutdown::channel();
     let shutdown = shutdown::on_signals(trigger);
     let handle = start(&config, client, shutdown.clone()).await?;

@@ -5,6 +5,11 @@
 //! `GET /version`, `/healthz`, `/readyz`, `/metrics`. Every error body is `{"Error": "..."}`.
 //! With leader election, a standby forwards the verbs and `inspect` to the leader
 //! ([`super::forward`]); a bind is admitted under the leader's term before its body is read.
+//!
+//! With `extender.tls_client_ca`, the scheduling verbs and `inspect` answer 403 to a
+//! connection that presented no client certificate (the TLS layer already refused any
+//! certificate the CA does not vouch for); `/healthz`, `/readyz`, `/version` and `/metrics`
+//! stay open to probes and Prometheus.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -74,6 +79,14 @@ impl Route<'_> {
             _ => Method::GET,
         }
     }
+    /// Whether the route needs a client certificate when client certificates are checked.
+    fn needs_client_certificate(&self) -> bool {
+        matches!(
+            self,
+            Route::Filter | Route::Prioritize | Route::Bind | Route::Inspect(_)
+        )
+    }
+
     fn verb(&self) -> &'static str {
         match self {
             Route::Filter => "filter",
@@ -139,6 +152,28 @@ pub async fn handle(
             r.headers_mut().insert(header::ALLOW, v);
         }
         return Ok(r);
+    }
+    if route.needs_client_certificate()
+        && !state.config().tls_client_ca.is_empty()
+        && req
+            .extensions()
+            .get::<http_server::PeerCertificate>()
+            .is_none()
+    {
+        state.metrics().observe(
+            route.verb(),
+            "unauthenticated",
+            started.elapsed().as_secs_f64(),
+        );
+        return Ok(error(
+            StatusCode::FORBIDDEN,
+            format!(
+                "{path} needs a client certificate signed by the extender's client CA \
+                 (extender.tls_client_ca): give kube-scheduler's extender tlsConfig a certFile \
+                 and keyFile, or `gpushare inspect --from-extender` --extender-cert and \
+                 --extender-key"
+            ),
+        ));
     }
     let (resp, outcome) = match route {
         Route::Version => (
@@ -569,32 +604,6 @@ async fn forward_verb(
             }
         }
     }
-}
-
-/// Builds the TLS acceptor from PEM files.
-pub fn tls_acceptor(cert: &str, key: &str) -> anyhow::Result<TlsAcceptor> {
-    use anyhow::Context;
-    use tokio_rustls::rustls;
-    use tokio_rustls::rustls::pki_types::pem::PemObject;
-    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .with_context(|| format!("reading TLS certificate {cert}"))?
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("parsing TLS certificate {cert}"))?;
-    if certs.is_empty() {
-        anyhow::bail!("TLS certificate {cert} holds no certificate");
-    }
-    let key =
-        PrivateKeyDer::from_pem_file(key).with_context(|| format!("reading TLS key {key}"))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .context("TLS protocol versions")?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .context("TLS certificate and key do not match")?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
 /// Serves the extender on `listener` until `shutdown` (the shared [`http_server`] loop);

@@ -35,6 +35,7 @@ pub mod report;
 pub mod tabwriter;
 
 use std::io::Write as _;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -85,6 +86,86 @@ pub struct Args {
     /// Read the extender's view (`<URL>/gpushare-scheduler/inspect`) instead of the API server.
     #[arg(long, value_name = "URL")]
     pub from_extender: Option<String>,
+    /// With an https:// --from-extender: the PEM CA that signed the extender's serving
+    /// certificate (required for https).
+    #[arg(long, value_name = "PATH")]
+    pub extender_ca: Option<PathBuf>,
+    /// With an https:// --from-extender: a PEM client certificate, for an extender that
+    /// checks client certificates (`--tls-client-ca`).
+    #[arg(long, value_name = "PATH", requires = "extender_key")]
+    pub extender_cert: Option<PathBuf>,
+    /// The PEM private key of --extender-cert.
+    #[arg(long, value_name = "PATH", requires = "extender_cert")]
+    pub extender_key: Option<PathBuf>,
+    /// The name to check the extender's serving certificate against, when it differs from
+    /// the URL's host (e.g. through `kubectl port-forward`).
+    #[arg(long, value_name = "NAME")]
+    pub extender_server_name: Option<String>,
+}
+
+/// How `--from-extender` reaches an https:// extender.
+#[derive(Clone, Debug, Default)]
+pub struct ExtenderTls {
+    /// The CA of the extender's serving certificate.
+    pub ca: Option<PathBuf>,
+    /// Client certificate and key.
+    pub client: Option<(PathBuf, PathBuf)>,
+    /// Server name to verify instead of the URL's host.
+    pub server_name: Option<String>,
+}
+
+impl ExtenderTls {
+    /// From the flags.
+    pub fn from_args(args: &Args) -> ExtenderTls {
+        ExtenderTls {
+            ca: args.extender_ca.clone(),
+            client: args.extender_cert.clone().zip(args.extender_key.clone()),
+            server_name: args.extender_server_name.clone(),
+        }
+    }
+
+    fn connector(&self) -> anyhow::Result<tokio_rustls::TlsConnector> {
+        use tokio_rustls::rustls;
+        use tokio_rustls::rustls::pki_types::pem::PemObject;
+        use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let ca = self.ca.as_ref().ok_or_else(|| {
+            anyhow!(
+                "an https:// extender needs --extender-ca (the CA that signed its serving certificate)"
+            )
+        })?;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(ca)
+            .with_context(|| format!("reading --extender-ca {}", ca.display()))?
+        {
+            let cert = cert.with_context(|| format!("parsing --extender-ca {}", ca.display()))?;
+            roots
+                .add(cert)
+                .with_context(|| format!("--extender-ca {}", ca.display()))?;
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .context("TLS protocol versions")?
+            .with_root_certificates(roots);
+        let mut config = match &self.client {
+            None => builder.with_no_client_auth(),
+            Some((cert, key)) => {
+                let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+                    .with_context(|| format!("reading --extender-cert {}", cert.display()))?
+                    .collect::<Result<_, _>>()
+                    .with_context(|| format!("parsing --extender-cert {}", cert.display()))?;
+                let key = PrivateKeyDer::from_pem_file(key)
+                    .with_context(|| format!("reading --extender-key {}", key.display()))?;
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .context("--extender-cert and --extender-key do not match")?
+            }
+        };
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(tokio_rustls::TlsConnector::from(std::sync::Arc::new(
+            config,
+        )))
+    }
 }
 
 impl Args {
@@ -107,7 +188,9 @@ pub fn render_report(report: &Report, output: Format, details: bool) -> String {
 pub async fn run(args: Args, config: Config) -> anyhow::Result<ExitCode> {
     let fetch = async {
         match &args.from_extender {
-            Some(url) => from_extender(url, args.node.as_deref()).await,
+            Some(url) => {
+                from_extender_with(url, args.node.as_deref(), &ExtenderTls::from_args(&args)).await
+            }
             None => from_api(&args, &config).await,
         }
     };
@@ -193,6 +276,7 @@ async fn from_api(args: &Args, config: &Config) -> anyhow::Result<Report> {
         kubeconfig,
         context: args.context.as_deref(),
         timeout: Some(REQUEST_TIMEOUT),
+        ..Default::default()
     })
     .await?;
     let listed = list_cluster(client, args.node.as_deref()).await;
@@ -247,13 +331,10 @@ async fn list_cluster(
 /// (`…/gpushare-scheduler`) or the inspect endpoint itself (`…/inspect`).
 pub fn extender_inspect_url(base: &str, node: Option<&str>) -> anyhow::Result<http::Uri> {
     let base = base.trim().trim_end_matches('/');
-    if base.starts_with("https://") {
+    if !base.starts_with("http://") && !base.starts_with("https://") {
         return Err(anyhow!(
-            "--from-extender {base}: https is not supported; use the extender's plain-HTTP address"
+            "--from-extender {base}: expected an http:// or https:// URL"
         ));
-    }
-    if !base.starts_with("http://") {
-        return Err(anyhow!("--from-extender {base}: expected an http:// URL"));
     }
     let mut url = if base.ends_with("/inspect") {
         base.to_string()
@@ -277,24 +358,72 @@ pub fn extender_inspect_url(base: &str, node: Option<&str>) -> anyhow::Result<ht
         .with_context(|| format!("--from-extender {base}: not a valid URL"))
 }
 
-/// Fetches and decodes the extender's inspect answer.
+/// Fetches and decodes the extender's inspect answer (plain HTTP).
 pub async fn from_extender(base: &str, node: Option<&str>) -> anyhow::Result<Report> {
-    use http_body_util::{BodyExt as _, Empty};
-    use hyper_util::client::legacy::Client;
-    use hyper_util::rt::TokioExecutor;
+    from_extender_with(base, node, &ExtenderTls::default()).await
+}
 
-    let url = extender_inspect_url(base, node)?;
-    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<bytes::Bytes>>();
-    let request = http::Request::get(url.clone())
+/// Sends one GET over a fresh connection, TLS when `tls` is given; the whole answer.
+async fn get_once(
+    url: &http::Uri,
+    tls: Option<(&ExtenderTls, tokio_rustls::TlsConnector)>,
+) -> anyhow::Result<(http::StatusCode, bytes::Bytes)> {
+    use http_body_util::{BodyExt as _, Empty};
+    use hyper_util::rt::TokioIo;
+    use tokio_rustls::rustls::pki_types::ServerName;
+    let host = url.host().context("the URL has no host")?;
+    let port = url
+        .port_u16()
+        .unwrap_or(if tls.is_some() { 443 } else { 80 });
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let tcp = tokio::net::TcpStream::connect((bare, port)).await?;
+    let authority = url
+        .authority()
+        .map_or_else(|| host.to_string(), |a| a.to_string());
+    let request = http::Request::get(url.path_and_query().map_or("/", |p| p.as_str()))
+        .header(http::header::HOST, authority)
         .header(http::header::ACCEPT, "application/json")
-        .body(Empty::new())
+        .body(Empty::<bytes::Bytes>::new())
         .context("building the request")?;
-    let fetch = async {
-        let response = client.request(request).await?;
-        let status = response.status();
-        let body = response.into_body().collect().await?.to_bytes();
-        anyhow::Ok((status, body))
+    macro_rules! exchange {
+        ($io:expr) => {{
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake(TokioIo::new($io)).await?;
+            let driver = tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            let response = sender.send_request(request).await?;
+            let status = response.status();
+            let body = response.into_body().collect().await?.to_bytes();
+            driver.abort();
+            (status, body)
+        }};
+    }
+    Ok(match tls {
+        None => exchange!(tcp),
+        Some((opts, connector)) => {
+            let name = opts.server_name.as_deref().unwrap_or(bare).to_string();
+            let name = ServerName::try_from(name.clone())
+                .with_context(|| format!("{name:?} is not a server name"))?;
+            let stream = connector.connect(name, tcp).await.context("TLS")?;
+            exchange!(stream)
+        }
+    })
+}
+
+/// Fetches and decodes the extender's inspect answer, over HTTPS per `tls` for an https:// URL.
+pub async fn from_extender_with(
+    base: &str,
+    node: Option<&str>,
+    tls: &ExtenderTls,
+) -> anyhow::Result<Report> {
+    let url = extender_inspect_url(base, node)?;
+    let connector = if url.scheme_str() == Some("https") {
+        Some((tls, tls.connector()?))
+    } else {
+        None
     };
+    let fetch = get_once(&url, connector);
     let (status, body) = tokio::time::timeout(REQUEST_TIMEOUT, fetch)
         .await
         .map_err(|_| anyhow!("no answer within {}s", REQUEST_TIMEOUT.as_secs()))
@@ -337,7 +466,10 @@ mod tests {
             u("http://h/x/inspect", Some("n")).unwrap(),
             "http://h/x/inspect/n"
         );
-        assert!(u("https://h", None).is_err());
+        assert_eq!(
+            u("https://h:1", None).unwrap(),
+            "https://h:1/gpushare-scheduler/inspect"
+        );
         assert!(u("h:1", None).is_err());
         assert!(u("http://h", Some("a/b")).is_err());
     }

@@ -20,6 +20,9 @@ pub struct ClientOptions<'a> {
     pub context: Option<&'a str>,
     /// Timeout of each request (None keeps kube's default).
     pub timeout: Option<Duration>,
+    /// Turns off kube's own quiet retry of 429 / 503 / 504 (up to 15 tries over minutes), for
+    /// a caller that retries itself and logs each try ([`super::reachable`]).
+    pub without_kube_retry: bool,
 }
 
 /// A client per `opts`.
@@ -50,6 +53,9 @@ pub async fn client(opts: &ClientOptions<'_>) -> anyhow::Result<kube::Client> {
         config.read_timeout = Some(t);
         config.write_timeout = Some(t);
         config.connect_timeout = Some(t);
+    }
+    if opts.without_kube_retry {
+        config.default_retry = false;
     }
     kube::Client::try_from(config).context("building the Kubernetes client")
 }

@@ -1,12 +1,14 @@
 //! Kubernetes access: building a client, projecting Pods and Nodes into the core's plain
 //! types, the few writes gpushare makes (annotation patches, Bindings, node status,
-//! Events), and the one retry loop for API calls.
+//! Events), the one retry loop for API calls, and the start-up wait for an API server that is
+//! not reachable yet.
 //!
 //! This module does not decide anything: placement lives in `core`, policy in the roles.
 
 pub mod client;
 pub mod events;
 pub mod project;
+pub mod reachable;
 pub mod retry;
 pub mod watched_pod;
 pub mod write;

@@ -2,7 +2,8 @@
 //!
 //! An operation is tried again while it fails with a transient error (409, 429, 5xx, a broken
 //! connection), with doubling backoff, bounded by a number of attempts ([`retry_attempts`]) or
-//! by a deadline ([`retry_until`]). Both are the same loop.
+//! by a deadline ([`retry_until`], and [`retry_until_with`] with a [`Backoff`] of the caller's,
+//! e.g. the start-up wait for the API server in [`super::reachable`]). All are the same loop.
 //!
 //! This module does not decide what a lost answer means: a caller whose write may have landed
 //! settles that by reading the object, never by assuming it failed.
@@ -42,10 +43,22 @@ pub enum RetryError<E> {
     DeadlineExceeded,
 }
 
-/// First wait between tries; doubled after each failure.
-const FIRST_DELAY: Duration = Duration::from_millis(20);
-/// Longest wait between tries.
-const MAX_DELAY: Duration = Duration::from_millis(500);
+/// The waits between tries: `first`, doubled after each failure up to `max`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    /// First wait.
+    pub first: Duration,
+    /// Longest wait.
+    pub max: Duration,
+}
+
+impl Backoff {
+    /// For calls on a request's path: 20 ms doubling to 500 ms.
+    pub const CALL: Backoff = Backoff {
+        first: Duration::from_millis(20),
+        max: Duration::from_millis(500),
+    };
+}
 
 /// Tries `op` at most `attempts` times while it fails with a transient error.
 pub async fn retry_attempts<T, E, F, Fut>(attempts: u32, op: F) -> Result<T, E>
@@ -54,7 +67,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
-    match retry_loop(Some(attempts.max(1)), None, |_| {}, op).await {
+    match retry_loop(Some(attempts.max(1)), None, Backoff::CALL, |_| {}, op).await {
         Ok(v) => Ok(v),
         Err(RetryError::Failed(e)) => Err(e),
         // No deadline was given, so none can pass.
@@ -74,12 +87,34 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
-    retry_loop(None, Some(deadline), on_retry, op).await
+    retry_loop(None, Some(deadline), Backoff::CALL, on_retry, op).await
+}
+
+/// [`retry_until`] with the waits of `backoff`; `on_retry` also sees the wait before the next
+/// try.
+pub async fn retry_until_with<T, E, F, Fut>(
+    deadline: Instant,
+    backoff: Backoff,
+    mut on_retry: impl FnMut(&E, Duration),
+    op: F,
+) -> Result<T, RetryError<E>>
+where
+    E: Transient + std::fmt::Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let mut delay = backoff.first;
+    let on_retry = move |e: &E| {
+        on_retry(e, delay);
+        delay = (delay * 2).min(backoff.max);
+    };
+    retry_loop(None, Some(deadline), backoff, on_retry, op).await
 }
 
 async fn retry_loop<T, E, F, Fut>(
     attempts: Option<u32>,
     deadline: Option<Instant>,
+    backoff: Backoff,
     mut on_retry: impl FnMut(&E),
     mut op: F,
 ) -> Result<T, RetryError<E>>
@@ -88,7 +123,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
-    let mut delay = FIRST_DELAY;
+    let mut delay = backoff.first;
     let mut tried = 0u32;
     loop {
         tried += 1;
@@ -111,7 +146,7 @@ where
         tracing::debug!(error = ?err, tried, "transient API error, retrying");
         on_retry(&err);
         tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(MAX_DELAY);
+        delay = (delay * 2).min(backoff.max);
     }
 }
 
@@ -174,6 +209,31 @@ mod tests {
         .await;
         assert!(matches!(r, Ok(2)));
         assert_eq!(retries, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_callers_backoff_doubles_to_its_ceiling_and_is_reported() {
+        let backoff = Backoff {
+            first: Duration::from_millis(200),
+            max: Duration::from_secs(1),
+        };
+        let mut waits = Vec::new();
+        let calls = AtomicU32::new(0);
+        let r = retry_until_with(
+            Instant::now() + Duration::from_secs(60),
+            backoff,
+            |_: &E, next| waits.push(next),
+            || async {
+                match calls.fetch_add(1, Ordering::SeqCst) {
+                    0..=4 => Err(E(true)),
+                    n => Ok(n),
+                }
+            },
+        )
+        .await;
+        assert!(matches!(r, Ok(5)));
+        let ms: Vec<u128> = waits.iter().map(Duration::as_millis).collect();
+        assert_eq!(ms, [200, 400, 800, 1000, 1000]);
     }
 
     #[tokio::test(start_paused = true)]

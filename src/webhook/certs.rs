@@ -1,23 +1,17 @@
-//! The webhook's certificates: issuing a CA and a serving certificate (rcgen), reading them
-//! back (x509-parser: expiry, DNS names, issuer), and the TLS certificate the server presents,
-//! swappable while it serves ([`ServingCert`]), so a renewal needs no restart.
+//! The webhook's certificates: issuing a CA and a serving certificate (rcgen) and reading them
+//! back (x509-parser: expiry, DNS names, issuer). The TLS certificate the server presents,
+//! swappable while it serves so a renewal needs no restart, is [`crate::tls::ServingCert`].
 //!
 //! It does not talk to the API server: [`super::bootstrap`] keeps the certificates in a Secret.
 
-use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose,
 };
-use tokio_rustls::TlsAcceptor;
-use tokio_rustls::rustls;
-use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
-use tokio_rustls::rustls::sign::CertifiedKey;
+
+pub use crate::tls::{CertFiles, PemPair, ServingCert, certified_key, pem_certs};
 
 /// Lifetime of the CA `--self-signed` makes.
 pub const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
@@ -38,9 +32,9 @@ pub enum CertError {
         /// What is wrong.
         why: String,
     },
-    /// The certificate and key do not belong together, or rustls refuses them.
-    #[error("TLS certificate and key: {0}")]
-    Tls(#[from] rustls::Error),
+    /// The certificate, key or their PEM text is unusable.
+    #[error(transparent)]
+    Material(#[from] crate::tls::TlsError),
 }
 
 fn unreadable(what: &str, why: impl ToString) -> CertError {
@@ -48,15 +42,6 @@ fn unreadable(what: &str, why: impl ToString) -> CertError {
         what: what.to_string(),
         why: why.to_string(),
     }
-}
-
-/// A certificate with its private key, both PEM.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PemPair {
-    /// The certificate (for a CA bundle, several, the signing one first).
-    pub cert: String,
-    /// Its private key.
-    pub key: String,
 }
 
 fn to_offset(t: SystemTime) -> time::OffsetDateTime {
@@ -156,17 +141,6 @@ fn from_unix(secs: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(secs.max(0) as u64)
 }
 
-/// Every certificate of a PEM text, DER.
-pub fn pem_certs(what: &str, pem: &str) -> Result<Vec<CertificateDer<'static>>, CertError> {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem.as_bytes())
-        .collect::<Result<_, _>>()
-        .map_err(|e| unreadable(what, e))?;
-    if certs.is_empty() {
-        return Err(unreadable(what, "no certificate in it"));
-    }
-    Ok(certs)
-}
-
 /// Reads one DER certificate.
 pub fn info(what: &str, der: &[u8]) -> Result<CertInfo, CertError> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|e| unreadable(what, e))?;
@@ -200,97 +174,6 @@ pub fn info(what: &str, der: &[u8]) -> Result<CertInfo, CertError> {
 pub fn first_info(what: &str, pem: &str) -> Result<CertInfo, CertError> {
     let certs = pem_certs(what, pem)?;
     info(what, &certs[0])
-}
-
-/// A certificate chain and key as rustls wants them.
-pub fn certified_key(pair: &PemPair, what: &str) -> Result<CertifiedKey, CertError> {
-    let certs = pem_certs(what, &pair.cert)?;
-    let key = PrivateKeyDer::from_pem_slice(pair.key.as_bytes())
-        .map_err(|e| unreadable(&format!("{what} key"), e))?;
-    let provider = rustls::crypto::ring::default_provider();
-    Ok(CertifiedKey::from_der(certs, key, &provider)?)
-}
-
-/// The certificate the server presents; [`ServingCert::set`] swaps it for the next handshakes.
-#[derive(Debug)]
-pub struct ServingCert {
-    current: RwLock<Arc<CertifiedKey>>,
-    pem: RwLock<String>,
-}
-
-impl ServingCert {
-    /// Starts with `pair`.
-    pub fn new(pair: &PemPair) -> Result<Arc<ServingCert>, CertError> {
-        let key = certified_key(pair, "serving certificate")?;
-        Ok(Arc::new(ServingCert {
-            current: RwLock::new(Arc::new(key)),
-            pem: RwLock::new(pair.cert.clone()),
-        }))
-    }
-
-    /// Presents `pair` from now on.
-    pub fn set(&self, pair: &PemPair) -> Result<(), CertError> {
-        let key = Arc::new(certified_key(pair, "serving certificate")?);
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = key;
-        *self.pem.write().unwrap_or_else(|e| e.into_inner()) = pair.cert.clone();
-        Ok(())
-    }
-
-    /// The PEM certificate presented now.
-    pub fn pem(&self) -> String {
-        self.pem.read().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// A TLS acceptor (HTTP/1.1) presenting this certificate.
-    pub fn acceptor(self: &Arc<Self>) -> Result<TlsAcceptor, CertError> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()?
-            .with_no_client_auth()
-            .with_cert_resolver(self.clone());
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(TlsAcceptor::from(Arc::new(config)))
-    }
-}
-
-impl ResolvesServerCert for ServingCert {
-    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(
-            self.current
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone(),
-        )
-    }
-}
-
-/// `--tls-cert/--tls-key` files (cert-manager rewrites them in place): read now, and again
-/// whenever their modification time changes.
-#[derive(Debug)]
-pub struct CertFiles {
-    /// The certificate chain.
-    pub cert: PathBuf,
-    /// The key.
-    pub key: PathBuf,
-}
-
-impl CertFiles {
-    /// Reads both files.
-    pub fn read(&self) -> Result<PemPair, CertError> {
-        let read = |p: &PathBuf| {
-            std::fs::read_to_string(p).map_err(|e| unreadable(&p.display().to_string(), e))
-        };
-        Ok(PemPair {
-            cert: read(&self.cert)?,
-            key: read(&self.key)?,
-        })
-    }
-
-    /// The later modification time of the two files.
-    pub fn stamp(&self) -> Option<SystemTime> {
-        let m = |p: &PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-        m(&self.cert).max(m(&self.key))
-    }
 }
 
 #[cfg(test)]

@@ -220,27 +220,12 @@ pub async fn start(
             cert: PathBuf::from(&w.tls_cert),
             key: PathBuf::from(&w.tls_key),
         };
-        let serving = ServingCert::new(&files.read()?)?;
-        let keep = serving.clone();
-        let stop = combined.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut stamp = files.stamp();
-            while pause(refresh, &stop).await {
-                let now = files.stamp();
-                if now == stamp {
-                    continue;
-                }
-                match files.read().and_then(|p| keep.set(&p)) {
-                    Ok(()) => {
-                        tracing::info!("serving the changed --tls-cert");
-                        stamp = now;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "--tls-cert changed but cannot be used yet")
-                    }
-                }
-            }
-        }));
+        // The one re-read-on-change mechanism (crate::tls), as the extender uses it.
+        let material = Arc::new(crate::tls::ServerTls::load(files, None)?);
+        tasks.push(tokio::spawn(
+            material.clone().keep_fresh(refresh, combined.clone()),
+        ));
+        let serving = material.serving();
         (serving, None)
     } else {
         anyhow::bail!(
@@ -296,6 +281,10 @@ pub async fn run(_args: Args, config: Config) -> anyhow::Result<ExitCode> {
     } else {
         None
     };
+    if client.is_some() {
+        let wait = std::time::Duration::from_secs(config.cluster.api_wait_secs);
+        crate::k8s::reachable::wait_for_api(&config.cluster.kubeconfig, wait, "webhook").await?;
+    }
     let (trigger, _) = shutdown::channel();
     let shutdown = shutdown::on_signals(trigger);
     let handle = start(&config, client, DEFAULT_REFRESH, shutdown.clone()).await?;

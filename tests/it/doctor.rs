@@ -23,7 +23,7 @@ use crate::support::{fixture, run, stderr, stdout};
 // ---------------------------------------------------------------- harness
 
 /// A copy of fixture root `name` with a live-looking `kubelet.sock`.
-fn node_root(name: &str) -> tempfile::TempDir {
+pub(crate) fn node_root(name: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     copy_tree(&fixture(&format!("doctor/{name}")), dir.path());
     let plugins = dir.path().join("var/lib/kubelet/device-plugins");
@@ -576,7 +576,7 @@ fn the_extender_is_probed_at_its_server_root() {
 
 // ---------------------------------------------------------------- the API server
 
-const NODE: &str = "
+pub(crate) const NODE: &str = "
 apiVersion: v1
 kind: Node
 metadata:
@@ -740,7 +740,7 @@ fn an_unreachable_api_server_fails_fast_and_skips_what_depends_on_it() {
 
 // ---------------------------------------------------------------- preflight
 
-fn preflight_config(api: &ApiServer, plugin_dir: &Path) -> Config {
+pub(crate) fn preflight_config(api: &ApiServer, plugin_dir: &Path) -> Config {
     let mut c = Config::default();
     c.cluster.kubeconfig = path(&api.kubeconfig_path()).to_string();
     c.gpu.backend = GpuBackendKind::Fake;

@@ -66,6 +66,7 @@ impl Isolated {
         let options = StartOptions {
             clock,
             identity: Some(identity.to_string()),
+            ..Default::default()
         };
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -519,6 +520,7 @@ async fn a_binds_deadline_counts_from_its_admission_including_the_body() {
     let options = StartOptions {
         clock: Some(clock.clone()),
         identity: None,
+        ..Default::default()
     };
     let ext = gpushare::extender::start_with(&config, api.client(), Shutdown::never(), options)
         .await
@@ -569,6 +571,7 @@ async fn a_leader_whose_time_jumped_mid_bind_checks_its_fence_before_writing() {
     let options = StartOptions {
         clock: Some(clock.clone()),
         identity: Some("replica-a".into()),
+        ..Default::default()
     };
     let a = gpushare::extender::start_with(&config, api.client(), Shutdown::never(), options)
         .await

@@ -19,6 +19,7 @@ const INFRA: &[&str] = &[
     "k8s",
     "shutdown",
     "telemetry",
+    "tls",
 ];
 /// The roles: never import each other.
 const ROLES: &[&str] = &["deviceplugin", "doctor", "extender", "inspect", "webhook"];

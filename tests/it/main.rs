@@ -2,6 +2,7 @@
 //! harness (binary runner, fixtures).
 
 mod cli;
+mod client_auth;
 mod clients;
 mod cluster;
 mod demo;
@@ -25,6 +26,7 @@ mod sandbox_apiserver;
 mod sandbox_kubelet;
 mod settle;
 mod soak;
+mod startup;
 mod support;
 mod watch_churn;
 mod webhook;

@@ -3,6 +3,7 @@
 //! manifest. Nothing here needs a cluster, Docker or a running systemd; the chart is rendered
 //! by the real Helm engine as a library (helm-python-sdk, see `support::clients`).
 
+mod auth_chart;
 mod chart;
 mod chart_dedicated;
 mod chart_mps;

@@ -28,7 +28,7 @@ suffix (v1.30.4-eks-a737599 -> v1.30.4), the images registry.k8s.io publishes. *
 {{- if .Values.scheduler.extenderURL -}}
 {{- .Values.scheduler.extenderURL -}}
 {{- else -}}
-{{- printf "http://gpushare-schd-extender.%s.svc:%v/gpushare-scheduler" .Release.Namespace .Values.extender.port -}}
+{{- printf "%s://gpushare-schd-extender.%s.svc:%v/gpushare-scheduler" (include "gpushare.extender.scheme" .) .Release.Namespace .Values.extender.port -}}
 {{- end -}}
 {{- end -}}
 
