@@ -984,8 +984,11 @@ async fn run(size: Size) -> anyhow::Result<Vec<Figure>> {
 /// Every state the extenders' Lease goes through, (holder, renewTime), with the moment this
 /// process saw it, from a watch of its own: a release followed at once by a takeover is two
 /// entries, where polling the store could see only the second.
+/// (holder, renewTime) of the Lease, and when this process saw it.
+type LeaseSighting = ((String, String), Instant);
+
 struct LeaseLog {
-    entries: Arc<std::sync::Mutex<Vec<((String, String), Instant)>>>,
+    entries: Arc<std::sync::Mutex<Vec<LeaseSighting>>>,
     task: tokio::task::JoinHandle<()>,
 }
 

@@ -23,6 +23,7 @@ use std::fmt;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::records::Records;
+use crate::core::request::RequestError;
 use crate::core::wire::parse_fake_device_id;
 use crate::core::{GpuMem, PodGpuAnnotations, PodGpuRequest};
 use crate::k8s::{pod_annotations, pod_gpu_request, pod_is_terminal};
@@ -39,7 +40,7 @@ pub struct PodSnapshot {
     /// `metadata.resourceVersion`.
     pub resource_version: Option<String>,
     /// Its GPU request, or why it could not be read.
-    pub request: Result<PodGpuRequest, String>,
+    pub request: Result<PodGpuRequest, RequestError>,
     /// Its gpushare annotations.
     pub annotations: PodGpuAnnotations,
     /// Succeeded or Failed.
@@ -54,7 +55,7 @@ impl PodSnapshot {
             name: pod.metadata.name.clone().unwrap_or_default(),
             uid: pod.metadata.uid.clone().unwrap_or_default(),
             resource_version: pod.metadata.resource_version.clone(),
-            request: pod_gpu_request(pod).map_err(|e| e.to_string()),
+            request: pod_gpu_request(pod),
             annotations: pod_annotations(pod).0,
             terminal: pod_is_terminal(pod),
         }
@@ -134,21 +135,34 @@ fn gpu_of(pod: &PodSnapshot, records: &Records) -> Option<u32> {
         .or(pod.annotations.gpu_index)
 }
 
+/// Why a GPU pod is no candidate for a container's Allocate (the reason matching reports
+/// for it in the failed Allocate's explanation).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotCandidate {
+    /// Its `aliyun.com/gpu-mem` limits cannot be read.
+    #[error("unreadable request: {0}")]
+    UnreadableRequest(RequestError),
+    /// Succeeded or Failed.
+    #[error("finished")]
+    Finished,
+    /// The extender has not bound it (no GPU index annotation).
+    #[error("not bound by the extender (no ALIYUN_COM_GPU_MEM_IDX)")]
+    NotBoundByExtender,
+}
+
 /// A bound, unfinished GPU pod with a readable request, or why it is not one (`None`: not a
 /// GPU pod at all).
-fn bound_request(pod: &PodSnapshot) -> Option<Result<&PodGpuRequest, String>> {
+fn bound_request(pod: &PodSnapshot) -> Option<Result<&PodGpuRequest, NotCandidate>> {
     let request = match &pod.request {
         Ok(r) if r.is_gpu_pod() => r,
         Ok(_) => return None,
-        Err(e) => return Some(Err(format!("unreadable request: {e}"))),
+        Err(e) => return Some(Err(NotCandidate::UnreadableRequest(e.clone()))),
     };
     if pod.terminal {
-        return Some(Err("finished".to_string()));
+        return Some(Err(NotCandidate::Finished));
     }
     if pod.annotations.gpu_index.is_none() {
-        return Some(Err(
-            "not bound by the extender (no ALIYUN_COM_GPU_MEM_IDX)".to_string()
-        ));
+        return Some(Err(NotCandidate::NotBoundByExtender));
     }
     Some(Ok(request))
 }
@@ -171,8 +185,8 @@ pub fn find_match<'a>(
         };
         let request = match bound_request(pod) {
             None => continue,
-            Some(Err(reason)) => {
-                rejected.push(reject(reason));
+            Some(Err(why)) => {
+                rejected.push(reject(why.to_string()));
                 continue;
             }
             Some(Ok(r)) => r,

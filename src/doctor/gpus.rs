@@ -6,6 +6,7 @@
 //! GPU access goes through [`crate::gpu::open`] like the device plugin's; it runs on its own
 //! thread under a deadline so a wedged driver or `nvidia-smi` cannot hang doctor.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use prost::encoding::encoded_len_varint;
@@ -34,7 +35,7 @@ pub struct Probe {
     /// The backend asked for (`auto` included).
     pub configured: GpuBackendKind,
     /// The inventory, or why there is none.
-    pub result: Result<Inventory, String>,
+    pub result: Result<Inventory, ProbeError>,
     /// Why other backends do not serve (for `auto`).
     pub notes: Vec<String>,
 }
@@ -46,6 +47,36 @@ impl Probe {
     }
 }
 
+/// Why GPU discovery gave no inventory (the GPU checks report it).
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The configured backend could not be opened.
+    #[error("{0}")]
+    Open(Arc<crate::gpu::Error>),
+    /// The backend opened but could not list the GPUs.
+    #[error("{backend}: {error}")]
+    Inventory {
+        /// The backend's name.
+        backend: &'static str,
+        /// Why.
+        error: Arc<crate::gpu::Error>,
+    },
+    /// The probe's thread could not be started.
+    #[error("cannot start the GPU probe: {0}")]
+    Thread(Arc<std::io::Error>),
+    /// The probe's thread ended without sending its result.
+    #[error("the GPU probe ended without an answer")]
+    Vanished,
+    /// The backend did not answer within the probe's deadline.
+    #[error("no answer from the {backend} backend within {secs} s (driver or nvidia-smi hung?)")]
+    TimedOut {
+        /// The backend asked for.
+        backend: &'static str,
+        /// The deadline in seconds.
+        secs: u64,
+    },
+}
+
 fn backend_label(kind: GpuBackendKind) -> &'static str {
     match kind {
         GpuBackendKind::Auto => "auto",
@@ -55,11 +86,12 @@ fn backend_label(kind: GpuBackendKind) -> &'static str {
     }
 }
 
-fn open_and_list(config: &GpuConfig) -> Result<Inventory, String> {
-    let backend = crate::gpu::open(config).map_err(|e| e.to_string())?;
-    backend
-        .inventory()
-        .map_err(|e| format!("{}: {e}", backend.name()))
+fn open_and_list(config: &GpuConfig) -> Result<Inventory, ProbeError> {
+    let backend = crate::gpu::open(config).map_err(|e| ProbeError::Open(Arc::new(e)))?;
+    backend.inventory().map_err(|e| ProbeError::Inventory {
+        backend: backend.name(),
+        error: Arc::new(e),
+    })
 }
 
 /// Opens the backend `config` selects and reads its inventory, within [`PROBE_TIMEOUT`].
@@ -94,7 +126,7 @@ async fn probe_within(config: &GpuConfig, limit: Duration) -> Probe {
     if let Err(e) = spawned {
         return Probe {
             configured,
-            result: Err(format!("cannot start the GPU probe: {e}")),
+            result: Err(ProbeError::Thread(Arc::new(e))),
             notes: Vec::new(),
         };
     }
@@ -119,16 +151,15 @@ async fn probe_within(config: &GpuConfig, limit: Duration) -> Probe {
         }
         Ok(Err(_)) => Probe {
             configured,
-            result: Err("the GPU probe ended without an answer".to_string()),
+            result: Err(ProbeError::Vanished),
             notes,
         },
         Err(_) => Probe {
             configured,
-            result: Err(format!(
-                "no answer from the {} backend within {} s (driver or nvidia-smi hung?)",
-                backend_label(configured),
-                limit.as_secs()
-            )),
+            result: Err(ProbeError::TimedOut {
+                backend: backend_label(configured),
+                secs: limit.as_secs(),
+            }),
             notes,
         },
     }
@@ -206,11 +237,10 @@ pub fn gpu_access(probe: &Probe, config: &GpuConfig) -> Check {
                     or leave them to NVIDIA's device plugin (MIG strategy single/mixed) on nodes without gpushare";
         return check.hint(hint);
     }
-    if probe
-        .result
-        .as_ref()
-        .is_err_and(|e| e.contains(crate::gpu::nvidia_smi::DUPLICATE_UUIDS))
-    {
+    if probe.result.as_ref().is_err_and(|e| {
+        e.to_string()
+            .contains(crate::gpu::nvidia_smi::DUPLICATE_UUIDS)
+    }) {
         return check.hint(
             "every GPU needs its own UUID (the device IDs are <UUID>-_-<n>): compare `nvidia-smi -L`;\n\
              an output with anonymised or copied UUIDs cannot serve, and a real duplicate is a driver fault (reset the GPUs)",
@@ -554,7 +584,7 @@ mod tests {
         );
         let none = Probe {
             configured: GpuBackendKind::Auto,
-            result: Err("no".to_string()),
+            result: Err(ProbeError::Vanished),
             notes: vec![],
         };
         assert_eq!(driver_version(&host, &none).status, Status::Fail);
@@ -576,7 +606,7 @@ mod tests {
         .unwrap();
         let fake = Probe {
             configured: GpuBackendKind::Fake,
-            result: Err("fake".to_string()),
+            result: Err(ProbeError::Vanished),
             notes: vec![],
         };
         let c = driver_version(&HostRoot::new(dir.path()), &fake);

@@ -29,7 +29,79 @@ use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::rustls;
 
+use super::leader::KnownLeader;
+use super::verb_error::VerbError;
 use crate::k8s::retry::{RetryError, Transient, retry_until};
+
+/// Why a standby has no leader to forward a scheduling verb to (HTTP 503: the scheduler asks
+/// again, and the Service routes to a ready replica).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NoLeader {
+    /// The election has no live holder yet.
+    #[error("no extender replica is known to lead (leader election in progress)")]
+    Unknown,
+    /// This replica has just won the election and is rebuilding its ledger.
+    #[error("this replica has just become the leader; its ledger is being rebuilt")]
+    Rebuilding,
+    /// The leader publishes no address in its Lease.
+    #[error(
+        "the leader {0} publishes no address to forward to (set --advertise-address or POD_IP there)"
+    )]
+    NoAddress(String),
+}
+
+impl VerbError for NoLeader {
+    fn status(&self) -> StatusCode {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+    fn label(&self) -> &'static str {
+        match self {
+            NoLeader::Unknown => "no_leader",
+            NoLeader::Rebuilding => "leader_rebuilding",
+            NoLeader::NoAddress(_) => "leader_without_address",
+        }
+    }
+}
+
+/// The leader's identity and base URL, from what the election knows of it.
+pub fn leader_url(known: KnownLeader) -> Result<(String, String), NoLeader> {
+    match known {
+        KnownLeader::Unknown => Err(NoLeader::Unknown),
+        KnownLeader::Me => Err(NoLeader::Rebuilding),
+        KnownLeader::Other {
+            identity,
+            address: None,
+        } => Err(NoLeader::NoAddress(identity)),
+        KnownLeader::Other {
+            identity,
+            address: Some(url),
+        } => Ok((identity, url)),
+    }
+}
+
+/// Why a lost bind could not be settled: the pod could not be read in time. The outcome stays
+/// unknown (HTTP 500, the scheduler asks again).
+#[derive(Debug, thiserror::Error)]
+pub enum SettleError {
+    /// The API answered reads of the pod with an error that is not transient.
+    #[error("reading pod {namespace}/{name}: {source}")]
+    Read {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// What the API said.
+        source: kube::Error,
+    },
+    /// The pod could not be read before the deadline.
+    #[error("pod {namespace}/{name} could not be read before the deadline")]
+    Deadline {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+}
 
 /// Header naming the replica that forwarded a request.
 pub const FORWARDED_BY: &str = "x-gpushare-forwarded-by";
@@ -330,7 +402,7 @@ pub async fn settle_bind(
     node: &str,
     settle_at: Instant,
     give_up: Instant,
-) -> Result<Settled, String> {
+) -> Result<Settled, SettleError> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let outcome = retry_until(
         give_up,
@@ -360,11 +432,16 @@ pub async fn settle_bind(
     .await;
     match outcome {
         Ok(s) => Ok(s),
-        Err(RetryError::Failed(Read::Kube(e))) => {
-            Err(format!("reading pod {namespace}/{name}: {e}"))
+        Err(RetryError::Failed(Read::Kube(source))) => Err(SettleError::Read {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            source,
+        }),
+        Err(RetryError::Failed(Read::NotYet)) | Err(RetryError::DeadlineExceeded) => {
+            Err(SettleError::Deadline {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+            })
         }
-        Err(RetryError::Failed(Read::NotYet)) | Err(RetryError::DeadlineExceeded) => Err(format!(
-            "pod {namespace}/{name} could not be read before the deadline"
-        )),
     }
 }

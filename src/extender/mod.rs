@@ -22,6 +22,7 @@ pub mod prioritize;
 pub mod routes;
 pub mod state;
 pub mod sync;
+pub mod verb_error;
 pub mod wire;
 
 use std::net::{IpAddr, SocketAddr};

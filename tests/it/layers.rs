@@ -394,3 +394,82 @@ fn test_modules_import_shared_builders_from_support_only() {
         "test modules import other test modules; move what they share into tests/it/support/:\n{broken:#?}"
     );
 }
+
+/// `Result<…, String>` types in `code`: the error type is the last top-level argument.
+fn string_error_results(code: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut at = 0;
+    while let Some(i) = code[at..].find("Result<") {
+        let start = at + i;
+        at = start + "Result<".len();
+        let before = code[..start].chars().next_back();
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            continue; // `FilterResult<`, `io_Result<`: another type.
+        }
+        let (mut depth, mut last_arg) = (1usize, at);
+        let mut end = None;
+        for (j, c) in code[at..].char_indices() {
+            match c {
+                '<' | '(' | '[' => depth += 1,
+                '>' | ')' | ']' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = Some(at + j);
+                        break;
+                    }
+                }
+                ',' if depth == 1 => last_arg = at + j + 1,
+                _ => {}
+            }
+        }
+        let Some(end) = end else { break };
+        if last_arg > at && matches!(code[last_arg..end].trim(), "String" | "std::string::String") {
+            found.push(
+                code[start..=end]
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            );
+        }
+    }
+    found
+}
+
+#[test]
+fn the_string_error_scanner_reads_the_last_argument() {
+    let code = "fn a() -> Result<(u16, String), String> {}\n\
+                fn b() -> Result<Vec<String>, BindError> {}\n\
+                fn c() -> Result<HashMap<String, u8>,\n    String> {}\n\
+                fn d() -> anyhow::Result<String> {}\n\
+                fn e() -> FilterResult<String, String> {}";
+    assert_eq!(
+        string_error_results(code),
+        [
+            "Result<(u16, String), String>",
+            "Result<HashMap<String, u8>, String>"
+        ]
+    );
+}
+
+#[test]
+fn errors_are_typed_never_result_of_string() {
+    // Error enums (thiserror) carry their kind to the HTTP/gRPC status and to a metric label;
+    // a `String` carries only words. Roles, infrastructure and the pure core alike.
+    let mut files = Vec::new();
+    rust_files(&src_dir(), &mut files);
+    rust_files(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/core/src"),
+        &mut files,
+    );
+    let mut found = Vec::new();
+    for file in &files {
+        let code = without_comments(&std::fs::read_to_string(file).expect("readable"));
+        for r in string_error_results(&code) {
+            found.push(format!("{}: {r}", file.display()));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "Result<_, String> in the product; use a thiserror enum:\n{found:#?}"
+    );
+}

@@ -25,5 +25,6 @@ mod sandbox_kubelet;
 mod settle;
 mod soak;
 mod support;
+mod verb_errors;
 mod watch_churn;
 mod webhook;
