@@ -16,11 +16,11 @@ use super::bind::BindOwners;
 use super::cache::Cache;
 use super::leader::Fence;
 use super::metrics::Metrics;
-use super::sync::WatchHealth;
 use crate::admin::AdminState;
 use crate::config::ExtenderConfig;
 use crate::core::wire::EXTENDER_COMPONENT;
 use crate::k8s::events::Events;
+use crate::k8s::watch::WatchHealth;
 use crate::shutdown::Shutdown;
 
 /// Everything the request handlers and the watches share.

@@ -1,6 +1,6 @@
 //! Kubernetes access: building a client, projecting Pods and Nodes into the core's plain
 //! types, the few writes gpushare makes (annotation patches, Bindings, node status,
-//! Events), and the one retry loop for API calls.
+//! Events), the one retry loop for API calls and the one watch driver.
 //!
 //! This module does not decide anything: placement lives in `core`, policy in the roles.
 
@@ -8,6 +8,7 @@ pub mod client;
 pub mod events;
 pub mod project;
 pub mod retry;
+pub mod watch;
 pub mod watched_pod;
 pub mod write;
 
