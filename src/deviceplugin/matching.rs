@@ -30,7 +30,7 @@ use crate::k8s::{pod_annotations, pod_gpu_request, pod_is_terminal};
 
 /// What matching needs to know about one pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodSnapshot {
+pub(crate) struct PodSnapshot {
     /// Namespace.
     pub namespace: String,
     /// Name.
@@ -49,7 +49,7 @@ pub struct PodSnapshot {
 
 impl PodSnapshot {
     /// The snapshot of `pod`.
-    pub fn from_pod(pod: &Pod) -> Self {
+    pub(crate) fn from_pod(pod: &Pod) -> Self {
         PodSnapshot {
             namespace: pod.metadata.namespace.clone().unwrap_or_default(),
             name: pod.metadata.name.clone().unwrap_or_default(),
@@ -65,16 +65,11 @@ impl PodSnapshot {
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
-
-    /// Whether it asks for GPU memory at all.
-    pub fn is_gpu_pod(&self) -> bool {
-        self.request.as_ref().is_ok_and(PodGpuRequest::is_gpu_pod)
-    }
 }
 
 /// The pod and container an Allocate call is for.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Match {
+pub(crate) struct Match {
     /// Pod UID.
     pub uid: String,
     /// Namespace.
@@ -138,7 +133,7 @@ fn gpu_of(pod: &PodSnapshot, records: &Records) -> Option<u32> {
 /// Why a GPU pod is no candidate for a container's Allocate (the reason matching reports
 /// for it in the failed Allocate's explanation).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum NotCandidate {
+pub(crate) enum NotCandidate {
     /// Its `aliyun.com/gpu-mem` limits cannot be read.
     #[error("unreadable request: {0}")]
     UnreadableRequest(RequestError),
@@ -169,7 +164,7 @@ fn bound_request(pod: &PodSnapshot) -> Option<Result<&PodGpuRequest, NotCandidat
 
 /// Finds the pod whose next GPU container asks for `units`; `gpu_known(idx)` says whether the
 /// node has GPU `idx`. On failure, every GPU pod considered with its reason (sorted by name).
-pub fn find_match<'a>(
+pub(crate) fn find_match<'a>(
     pods: impl IntoIterator<Item = &'a PodSnapshot>,
     records: &Records,
     units: GpuMem,
@@ -261,7 +256,7 @@ pub fn find_match<'a>(
 /// The match of container `container` of `pod`, already served (kubelet asking again with
 /// the same device IDs), on GPU `gpu_index`; `None` when the pod is no longer bound and
 /// unfinished or has no such GPU container.
-pub fn match_for(
+pub(crate) fn match_for(
     pod: &PodSnapshot,
     records: &Records,
     container: &str,
@@ -296,7 +291,7 @@ pub fn match_for(
 /// pods, the GPU containers of `units` already served (annotations or records) for which
 /// `held(namespace, pod, container)` is false (kubelet's PodResources shows no devices for
 /// them), the latest answered wins. The match names that container and the GPU it was given.
-pub fn find_repeat<'a>(
+pub(crate) fn find_repeat<'a>(
     pods: impl IntoIterator<Item = &'a PodSnapshot>,
     records: &Records,
     units: GpuMem,
@@ -361,7 +356,7 @@ pub fn explain(units: &str, rejected: &[NotMatched]) -> String {
 
 /// The device IDs to prefer: `must_include` first, then available IDs of the GPU `target_uuid`
 /// (the matched pod's GPU), then any other available ID, up to `size`, in the order given.
-pub fn preferred_ids(
+pub(crate) fn preferred_ids(
     available: &[String],
     must_include: &[String],
     size: usize,

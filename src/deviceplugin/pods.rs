@@ -7,7 +7,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -21,7 +20,7 @@ use crate::shutdown::Shutdown;
 
 /// Pods of one node by `namespace/name`.
 #[derive(Clone, Debug)]
-pub struct PodStore {
+pub(crate) struct PodStore {
     pods: Arc<RwLock<BTreeMap<String, PodSnapshot>>>,
     synced_tx: Arc<watch::Sender<bool>>,
 }
@@ -84,7 +83,7 @@ impl PodStore {
 
     /// Runs `f` over the pods without copying them (a read lock is held meanwhile: `f` must
     /// not block).
-    pub fn with_pods<T>(
+    pub(crate) fn with_pods<T>(
         &self,
         f: impl FnOnce(std::collections::btree_map::Values<'_, String, PodSnapshot>) -> T,
     ) -> T {
@@ -117,21 +116,14 @@ impl PodStore {
     }
 
     /// Whether the store is empty.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Whether the first list has completed.
-    pub fn is_synced(&self) -> bool {
+    pub(crate) fn is_synced(&self) -> bool {
         *self.synced_tx.borrow()
-    }
-
-    /// Waits up to `limit` for the first list; returns whether the store is synced.
-    pub async fn wait_synced(&self, limit: Duration) -> bool {
-        let mut rx = self.synced_tx.subscribe();
-        tokio::time::timeout(limit, rx.wait_for(|s| *s))
-            .await
-            .is_ok_and(|r| r.is_ok())
     }
 
     /// Waits until the first list has completed.

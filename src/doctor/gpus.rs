@@ -19,15 +19,15 @@ use crate::gpu::{ExclusionReason, GpuDevice, Inventory};
 use crate::kubelet_api::KUBELET_MAX_MESSAGE_BYTES;
 
 /// The oldest driver gpushare supports (the device plugin API's NVML calls need it).
-pub const MIN_DRIVER: (u64, u64) = (361, 93);
+pub(crate) const MIN_DRIVER: (u64, u64) = (361, 93);
 
 /// Driver versions with a major number below this are Jetson / L4T release numbers
 /// (`35.3.1`), not driver branches: every NVIDIA desktop and datacenter driver since the
 /// 1.0-xxxx scheme ended (2008) has a three-digit major.
-pub const L4T_MAJOR_BELOW: u64 = 100;
+pub(crate) const L4T_MAJOR_BELOW: u64 = 100;
 
 /// How long GPU discovery may take before doctor gives up on it.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// What opening the configured GPU backend gave.
 #[derive(Clone, Debug)]
@@ -269,7 +269,7 @@ pub fn gpu_access(probe: &Probe, config: &GpuConfig) -> Check {
 }
 
 /// A dotted version's numeric components (`550.54.15` → `[550, 54, 15]`); `None` if not one.
-pub fn parse_version(text: &str) -> Option<Vec<u64>> {
+pub(crate) fn parse_version(text: &str) -> Option<Vec<u64>> {
     let parts: Option<Vec<u64>> = text.split('.').map(|p| p.parse().ok()).collect();
     parts.filter(|p| p.len() >= 2)
 }
@@ -382,7 +382,7 @@ pub fn driver_version(host: &HostRoot, probe: &Probe) -> Check {
 /// Bytes of the ListAndWatch message advertising every unit of every device in `unit`,
 /// counted as protobuf encodes it: per fake ID `<UUID>-_-<n>` a `Device{ID, health, topology}`
 /// (the NUMA topology counted as present, an upper bound).
-pub fn list_and_watch_bytes(devices: &[GpuDevice], unit: MemoryUnit) -> u64 {
+pub(crate) fn list_and_watch_bytes(devices: &[GpuDevice], unit: MemoryUnit) -> u64 {
     const TOPOLOGY: u64 = 6; // 0x1a len { 0x0a len { 0x08 numa } }
     let health = wire::HEALTHY.len() as u64;
     let health_field = 1 + encoded_len_varint(health) as u64 + health;

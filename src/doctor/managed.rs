@@ -28,7 +28,7 @@ use crate::config::WebhookConfig;
 use crate::core::wire;
 
 /// Key of the KubeSchedulerConfiguration in the dedicated scheduler's ConfigMap.
-pub const CONFIG_KEY: &str = "scheduler-config.yaml";
+pub(crate) const CONFIG_KEY: &str = "scheduler-config.yaml";
 
 const SCHED_ID: &str = "dedicated-scheduler";
 const SCHED_TITLE: &str = "dedicated kube-scheduler runs and calls the extender";

@@ -24,12 +24,12 @@ const REACH_TITLE: &str = "extender answers /version and /readyz";
 /// Where kubeadm puts the scheduler's static pod.
 pub const SCHEDULER_MANIFEST: &str = "/etc/kubernetes/manifests/kube-scheduler.yaml";
 /// The current configuration API.
-pub const API_V1: &str = "kubescheduler.config.k8s.io/v1";
+pub(crate) const API_V1: &str = "kubescheduler.config.k8s.io/v1";
 /// Deadline of one HTTP request to the extender.
-pub const HTTP_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const HTTP_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The extenders block that works, shown in fixes.
-pub fn example_config() -> String {
+pub(crate) fn example_config() -> String {
     format!(
         "apiVersion: {API_V1}\n\
          kind: KubeSchedulerConfiguration\n\
@@ -563,7 +563,7 @@ async fn get(authority: &str, path: &str) -> Result<(u16, String), ProbeError> {
 }
 
 /// `extender-reachable`: `url` is `--extender-url` or the scheduler configuration's urlPrefix.
-pub async fn extender_reachable(url: Option<&str>, from_flag: bool) -> Check {
+pub(crate) async fn extender_reachable(url: Option<&str>, from_flag: bool) -> Check {
     let Some(url) = url else {
         return Check::new(
             REACH_ID,

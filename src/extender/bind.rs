@@ -47,9 +47,9 @@ use crate::k8s::retry::{RetryError, Transient, retry_until};
 use crate::k8s::write::{bind_pod, now_ns, patch_pod_annotation_changes};
 
 /// Event reason of a successful bind.
-pub const REASON_BOUND: &str = "GpuShareBound";
+pub(crate) const REASON_BOUND: &str = "GpuShareBound";
 /// Event reason of a failed bind.
-pub const REASON_FAILED: &str = "GpuShareBindFailed";
+pub(crate) const REASON_FAILED: &str = "GpuShareBindFailed";
 
 /// Why an API call of bind gave up.
 #[derive(Debug, thiserror::Error)]
@@ -252,7 +252,7 @@ where
 
 /// What the owner of a bind has found out so far.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Still trying.
     Running,
     /// Bound to the node (the message for the scheduler).
@@ -835,7 +835,7 @@ async fn attempt(job: &Job, deadline: Instant) -> Attempt {
 
 /// The bind's annotation changes: `patch`, and a removal of every annotation of ours the pod
 /// carries that the bind does not set (a pod created from another pod's YAML).
-pub fn clean_slate(
+pub(crate) fn clean_slate(
     existing: Option<&BTreeMap<String, String>>,
     patch: BTreeMap<String, String>,
 ) -> BTreeMap<String, Option<String>> {

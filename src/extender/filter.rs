@@ -13,12 +13,14 @@ use super::wire::{Candidates, ExtenderArgs, FilterResult, NodeList};
 use crate::core::{GpuMem, NoFit};
 
 /// The rejection reason for nodes that offer no shared GPUs (upstream wording).
-pub fn not_for_gpu_share(node: &str) -> String {
+pub(crate) fn not_for_gpu_share(node: &str) -> String {
     format!("The node {node} is not for GPU share, need skip")
 }
 
 /// The pod's request, or why it cannot be read (a 400 answer).
-pub fn pod_request(pod: &k8s_openapi::api::core::v1::Pod) -> Result<GpuMem, PodRequestError> {
+pub(crate) fn pod_request(
+    pod: &k8s_openapi::api::core::v1::Pod,
+) -> Result<GpuMem, PodRequestError> {
     Ok(crate::k8s::pod_gpu_request(pod)?.total())
 }
 

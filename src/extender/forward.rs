@@ -36,7 +36,7 @@ use crate::k8s::retry::{RetryError, Transient, retry_until};
 /// Why a standby has no leader to forward a scheduling verb to (HTTP 503: the scheduler asks
 /// again, and the Service routes to a ready replica).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum NoLeader {
+pub(crate) enum NoLeader {
     /// The election has no live holder yet.
     #[error("no extender replica is known to lead (leader election in progress)")]
     Unknown,
@@ -64,7 +64,7 @@ impl VerbError for NoLeader {
 }
 
 /// The leader's identity and base URL, from what the election knows of it.
-pub fn leader_url(known: KnownLeader) -> Result<(String, String), NoLeader> {
+pub(crate) fn leader_url(known: KnownLeader) -> Result<(String, String), NoLeader> {
     match known {
         KnownLeader::Unknown => Err(NoLeader::Unknown),
         KnownLeader::Me => Err(NoLeader::Rebuilding),
@@ -82,7 +82,7 @@ pub fn leader_url(known: KnownLeader) -> Result<(String, String), NoLeader> {
 /// Why a lost bind could not be settled: the pod could not be read in time. The outcome stays
 /// unknown (HTTP 500, the scheduler asks again).
 #[derive(Debug, thiserror::Error)]
-pub enum SettleError {
+pub(crate) enum SettleError {
     /// The API answered reads of the pod with an error that is not transient.
     #[error("reading pod {namespace}/{name}: {source}")]
     Read {
@@ -104,9 +104,9 @@ pub enum SettleError {
 }
 
 /// Header naming the replica that forwarded a request.
-pub const FORWARDED_BY: &str = "x-gpushare-forwarded-by";
+pub(crate) const FORWARDED_BY: &str = "x-gpushare-forwarded-by";
 /// Header naming the replica whose ledger an answer shows.
-pub const VIEW_OF: &str = "x-gpushare-view";
+pub(crate) const VIEW_OF: &str = "x-gpushare-view";
 
 /// The leader's answer, as it came.
 #[derive(Debug, Clone)]
@@ -366,7 +366,7 @@ impl Forwarder {
 
 /// What reading the pod says about a bind whose answer was lost.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Settled {
+pub(crate) enum Settled {
     /// The pod (same UID) is bound to the node asked for.
     Bound,
     /// The pod is bound elsewhere, gone, or replaced.
@@ -394,7 +394,7 @@ impl Transient for Read {
 /// `settle_at` — a moment after which the leader's fence forbids any write of that bind —
 /// has passed with the pod still unbound. Gives up (`Err`) only if the pod cannot be read
 /// by `give_up`.
-pub async fn settle_bind(
+pub(crate) async fn settle_bind(
     client: &kube::Client,
     namespace: &str,
     name: &str,

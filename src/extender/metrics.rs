@@ -67,7 +67,7 @@ pub struct SettleLabels {
 
 /// Labels of the per-GPU gauges.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct GpuLabels {
+pub(crate) struct GpuLabels {
     /// Node name.
     pub node: String,
     /// GPU index.
@@ -226,14 +226,14 @@ impl Metrics {
     }
 
     /// Counts one request and its duration.
-    pub fn observe(&self, verb: &'static str, outcome: &'static str, seconds: f64) {
+    pub(crate) fn observe(&self, verb: &'static str, outcome: &'static str, seconds: f64) {
         let labels = RequestLabels { verb, outcome };
         self.requests.get_or_create(&labels).inc();
         self.latency.get_or_create(&labels).observe(seconds);
     }
 
     /// Counts one request answered with an error of `kind`.
-    pub fn count_error(&self, verb: &'static str, kind: &'static str) {
+    pub(crate) fn count_error(&self, verb: &'static str, kind: &'static str) {
         self.errors.get_or_create(&ErrorLabels { verb, kind }).inc();
     }
 

@@ -91,7 +91,7 @@ pub struct Args {
 
 impl Args {
     /// The flags as configuration overrides.
-    pub fn overrides(&self, flags: &mut FlagOverrides) {
+    pub(crate) fn overrides(&self, flags: &mut FlagOverrides) {
         let Args {
             bind_address,
             port,

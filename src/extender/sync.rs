@@ -34,7 +34,7 @@ use crate::shutdown::Shutdown;
 
 /// What a pod event means for the ledger. `on_bad` sees every annotation of ours whose
 /// value could not be used (read as absent) on a pod that holds memory.
-pub fn pod_facts(pod: &Pod, mut on_bad: impl FnMut(&AnnotationError)) -> Option<PodFacts> {
+pub(crate) fn pod_facts(pod: &Pod, mut on_bad: impl FnMut(&AnnotationError)) -> Option<PodFacts> {
     let uid = pod.metadata.uid.clone()?;
     let namespace = pod.metadata.namespace.clone().unwrap_or_default();
     let name = pod.metadata.name.clone().unwrap_or_default();
@@ -87,7 +87,7 @@ pub fn pod_facts(pod: &Pod, mut on_bad: impl FnMut(&AnnotationError)) -> Option<
 
 /// The GPU indices listed in an `unhealthy-gpu-<node>` ConfigMap value, parsed strictly:
 /// bad entries are ignored with a warning (upstream read them as GPU 0).
-pub fn parse_unhealthy(node: &str, value: &str) -> BTreeSet<u32> {
+pub(crate) fn parse_unhealthy(node: &str, value: &str) -> BTreeSet<u32> {
     let mut out = BTreeSet::new();
     for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
         match entry.parse::<u32>() {

@@ -10,7 +10,7 @@ use http::StatusCode;
 use crate::core::request::RequestError;
 
 /// An error a scheduling verb answers with.
-pub trait VerbError: std::fmt::Display {
+pub(crate) trait VerbError: std::fmt::Display {
     /// The HTTP status of the answer.
     fn status(&self) -> StatusCode;
     /// The kind, as the `kind` label of `gpushare_extender_errors_total`.

@@ -28,13 +28,13 @@ use tokio::sync::mpsc;
 use super::{Error, ExcludedGpu, ExclusionReason, GpuBackend, GpuDevice, HealthEvent, Inventory};
 
 /// Words of the error for two GPUs with one UUID (doctor's hint keys on them).
-pub const DUPLICATE_UUIDS: &str = "duplicate UUIDs";
+pub(crate) const DUPLICATE_UUIDS: &str = "duplicate UUIDs";
 /// Default limit for one nvidia-smi run.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default health poll interval.
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(30);
 /// Default kernel log.
-pub const DEFAULT_KMSG: &str = "/dev/kmsg";
+pub(crate) const DEFAULT_KMSG: &str = "/dev/kmsg";
 /// How often the kmsg reader looks for new lines when none are pending.
 const KMSG_IDLE: Duration = Duration::from_millis(200);
 /// Granularity of the poll thread's sleep, so it notices a dropped receiver soon.
@@ -451,7 +451,7 @@ fn parse_memory(text: &str) -> Result<u64, MemoryTextError> {
 type PciLocation = (u32, u32, u32);
 
 /// `00000000:3B:00.0`, `0000:3b:00` or `PCI:0000:3b:00` -> (domain, bus, device).
-pub fn pci_location(text: &str) -> Option<PciLocation> {
+pub(crate) fn pci_location(text: &str) -> Option<PciLocation> {
     let text = text.trim();
     let text = text.strip_prefix("PCI:").unwrap_or(text);
     let mut parts = text.split(':');
@@ -469,7 +469,7 @@ pub fn pci_location(text: &str) -> Option<PciLocation> {
 
 /// One `NVRM: Xid` kernel line: where and which XID.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KmsgXid {
+pub(crate) struct KmsgXid {
     /// The PCI location as the driver printed it (`0000:3b:00`).
     pub pci: String,
     /// The XID number.
@@ -478,7 +478,7 @@ pub struct KmsgXid {
 
 /// Parses a kernel log line (a `/dev/kmsg` record or a `dmesg` line) for an NVIDIA XID:
 /// `NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, …`.
-pub fn parse_kmsg_xid(line: &str) -> Option<KmsgXid> {
+pub(crate) fn parse_kmsg_xid(line: &str) -> Option<KmsgXid> {
     let rest = &line[line.find("NVRM: Xid (")? + "NVRM: Xid (".len()..];
     let (pci, rest) = rest.split_once("):")?;
     let digits: String = rest
@@ -508,7 +508,7 @@ fn uuid_at(devices: &[GpuDevice], pci: &str) -> Option<String> {
 /// [`HealthEvent::Unattributed`] when no served GPU is there (an NVSwitch / NVLink XID at
 /// `PCI:0000:00:00`, a GPU this inventory does not list). The kernel names a device on every
 /// XID line, so none is taken to concern every GPU.
-pub fn attribute(devices: &[GpuDevice], found: KmsgXid) -> HealthEvent {
+pub(crate) fn attribute(devices: &[GpuDevice], found: KmsgXid) -> HealthEvent {
     match uuid_at(devices, &found.pci) {
         Some(uuid) => HealthEvent::Xid {
             uuid: Some(uuid),

@@ -89,7 +89,7 @@ pub struct Args {
 
 impl Args {
     /// The flags as configuration overrides (none: `--kubeconfig` is a global flag).
-    pub fn overrides(&self, _flags: &mut FlagOverrides) {}
+    pub(crate) fn overrides(&self, _flags: &mut FlagOverrides) {}
 }
 
 /// Renders `report` in the chosen format.
@@ -245,7 +245,7 @@ async fn list_cluster(
 ///
 /// `base` may be the extender's root (`http://host:12345`), its URL prefix
 /// (`…/gpushare-scheduler`) or the inspect endpoint itself (`…/inspect`).
-pub fn extender_inspect_url(base: &str, node: Option<&str>) -> anyhow::Result<http::Uri> {
+pub(crate) fn extender_inspect_url(base: &str, node: Option<&str>) -> anyhow::Result<http::Uri> {
     let base = base.trim().trim_end_matches('/');
     if base.starts_with("https://") {
         return Err(anyhow!(
@@ -278,7 +278,7 @@ pub fn extender_inspect_url(base: &str, node: Option<&str>) -> anyhow::Result<ht
 }
 
 /// Fetches and decodes the extender's inspect answer.
-pub async fn from_extender(base: &str, node: Option<&str>) -> anyhow::Result<Report> {
+pub(crate) async fn from_extender(base: &str, node: Option<&str>) -> anyhow::Result<Report> {
     use http_body_util::{BodyExt as _, Empty};
     use hyper_util::client::legacy::Client;
     use hyper_util::rt::TokioExecutor;

@@ -12,6 +12,8 @@ pub mod watch;
 pub mod watched_pod;
 pub mod write;
 
-pub use client::{ClientOptions, client};
-pub use project::{NodeGpus, node_gpus, pod_annotations, pod_gpu_request, pod_is_terminal};
+pub(crate) use client::ClientOptions;
+pub use client::client;
+pub use project::{NodeGpus, node_gpus};
+pub(crate) use project::{pod_annotations, pod_gpu_request, pod_is_terminal};
 pub use watched_pod::WatchedPod;

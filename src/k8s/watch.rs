@@ -57,14 +57,14 @@ pub async fn drive<K>(
 }
 
 /// Longest wait of [`FastBackoff`] between two tries of a failing watch.
-pub const MAX_FAST_BACKOFF: Duration = Duration::from_secs(2);
+pub(crate) const MAX_FAST_BACKOFF: Duration = Duration::from_secs(2);
 /// A failing streak without an error for this long has ended (see [`WatchHealth::stale`]).
-pub const QUIET: Duration = Duration::from_secs(6);
+pub(crate) const QUIET: Duration = Duration::from_secs(6);
 
 /// Doubling from 100 ms to [`MAX_FAST_BACKOFF`], reset by a good event: short enough that a
 /// failing watch reports an error at least every few seconds, which [`WatchHealth`] needs.
 #[derive(Debug)]
-pub struct FastBackoff {
+pub(crate) struct FastBackoff {
     next: Duration,
 }
 

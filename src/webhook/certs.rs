@@ -22,7 +22,7 @@ use tokio_rustls::rustls::sign::CertifiedKey;
 /// Lifetime of the CA `--self-signed` makes.
 pub const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// Common name of that CA.
-pub const CA_COMMON_NAME: &str = "gpushare-webhook-ca";
+pub(crate) const CA_COMMON_NAME: &str = "gpushare-webhook-ca";
 
 /// A certificate problem.
 #[derive(Debug, thiserror::Error)]
@@ -203,7 +203,7 @@ pub fn first_info(what: &str, pem: &str) -> Result<CertInfo, CertError> {
 }
 
 /// A certificate chain and key as rustls wants them.
-pub fn certified_key(pair: &PemPair, what: &str) -> Result<CertifiedKey, CertError> {
+pub(crate) fn certified_key(pair: &PemPair, what: &str) -> Result<CertifiedKey, CertError> {
     let certs = pem_certs(what, &pair.cert)?;
     let key = PrivateKeyDer::from_pem_slice(pair.key.as_bytes())
         .map_err(|e| unreadable(&format!("{what} key"), e))?;
@@ -242,7 +242,7 @@ impl ServingCert {
     }
 
     /// A TLS acceptor (HTTP/1.1) presenting this certificate.
-    pub fn acceptor(self: &Arc<Self>) -> Result<TlsAcceptor, CertError> {
+    pub(crate) fn acceptor(self: &Arc<Self>) -> Result<TlsAcceptor, CertError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
@@ -267,7 +267,7 @@ impl ResolvesServerCert for ServingCert {
 /// `--tls-cert/--tls-key` files (cert-manager rewrites them in place): read now, and again
 /// whenever their modification time changes.
 #[derive(Debug)]
-pub struct CertFiles {
+pub(crate) struct CertFiles {
     /// The certificate chain.
     pub cert: PathBuf,
     /// The key.
