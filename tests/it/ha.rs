@@ -310,8 +310,11 @@ async fn failover_between_two_extenders_never_double_allocates() {
     let first = wait_ready_or_leading(&a, &b).await;
     let (leader, standby) = if first == 0 { (a, b) } else { (b, a) };
 
-    // The standby forwards the scheduling verbs to the leader and is Ready itself.
+    // The standby is Ready once it reaches the ready leader (it learns the new holder at its
+    // next Lease read: wait for that, not for the leader's readiness alone), and then
+    // forwards the scheduling verbs to it.
     let standby_url = format!("http://{}", standby.addr);
+    wait_http_ok(&format!("{standby_url}/readyz")).await;
     let filter = http(
         http::Method::POST,
         &format!("{standby_url}/gpushare-scheduler/filter"),
@@ -319,7 +322,6 @@ async fn failover_between_two_extenders_never_double_allocates() {
     )
     .await;
     assert_eq!(filter.map(|r| r.0), Some(200));
-    wait_http_ok(&format!("{standby_url}/readyz")).await;
     let healthz = http(http::Method::GET, &format!("{standby_url}/healthz"), None).await;
     assert_eq!(healthz.map(|r| r.0), Some(200));
     // The leader gauge tells dashboards which replica's ledger to count.
