@@ -13,16 +13,16 @@ pub mod bind;
 pub mod cache;
 #[cfg(test)]
 mod cache_props;
-pub mod filter;
-pub mod forward;
+pub(crate) mod filter;
+pub(crate) mod forward;
 pub mod inspect;
 pub mod leader;
 pub mod metrics;
-pub mod prioritize;
-pub mod routes;
+pub(crate) mod prioritize;
+pub(crate) mod routes;
 pub mod state;
 pub mod sync;
-pub mod verb_error;
+pub(crate) mod verb_error;
 pub mod wire;
 
 use std::net::{IpAddr, SocketAddr};

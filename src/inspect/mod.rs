@@ -30,9 +30,9 @@
 //!
 //! This module never writes to the cluster.
 
-pub mod render;
+pub(crate) mod render;
 pub mod report;
-pub mod tabwriter;
+pub(crate) mod tabwriter;
 
 use std::io::Write as _;
 use std::process::ExitCode;

@@ -9,7 +9,7 @@ pub mod events;
 pub mod project;
 pub mod retry;
 pub mod watch;
-pub mod watched_pod;
+pub(crate) mod watched_pod;
 pub mod write;
 
 pub(crate) use client::ClientOptions;
