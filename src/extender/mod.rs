@@ -19,7 +19,7 @@ pub mod inspect;
 pub mod leader;
 pub mod metrics;
 pub(crate) mod prioritize;
-pub(crate) mod routes;
+pub mod routes;
 pub mod state;
 pub mod sync;
 pub(crate) mod verb_error;
