@@ -69,7 +69,7 @@ test-cluster: ## tests against a real cluster (needs KUBECONFIG)
 test-gpu: ## tests against a real GPU
 	$(CARGO) test $(CI_FLAGS) --test it -- --ignored gpu_
 
-layers: ## the house rules: roles never import each other, core links nothing outside, no sandbox without `demo`
+layers: ## the house rules: roles never import each other, core links nothing outside, no sandbox without `demo`, typed errors, tests share through support only
 	$(CARGO) test $(CI_FLAGS) --test it -- layers::
 
 lint: ## cargo fmt --check and clippy with warnings denied

@@ -47,7 +47,7 @@ impl AdminState {
     }
 
     /// Marks the role ready or not.
-    pub fn set_ready(&self, ready: bool) {
+    pub(crate) fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::SeqCst);
     }
 
@@ -57,7 +57,7 @@ impl AdminState {
     }
 
     /// Registers metrics with the registry.
-    pub fn with_registry<R>(&self, f: impl FnOnce(&mut Registry) -> R) -> R {
+    pub(crate) fn with_registry<R>(&self, f: impl FnOnce(&mut Registry) -> R) -> R {
         let mut guard = match self.registry.lock() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
@@ -71,7 +71,7 @@ impl AdminState {
     }
 
     /// The metrics in `format`.
-    pub fn render_metrics_as(&self, format: Format) -> String {
+    pub(crate) fn render_metrics_as(&self, format: Format) -> String {
         self.with_registry(|r| crate::exposition::render(r, format))
     }
 }

@@ -8,9 +8,9 @@
 /// Name under which the binary acts as `gpushare inspect`.
 pub const KUBECTL_PLUGIN_NAME: &str = "kubectl-inspect-gpushare";
 /// How a user types the plugin: what its usage line and errors name.
-pub const KUBECTL_PLUGIN_COMMAND: &str = "kubectl inspect gpushare";
+pub(crate) const KUBECTL_PLUGIN_COMMAND: &str = "kubectl inspect gpushare";
 /// The same, as krew links it (`-` in a plugin name becomes `_`).
-pub const KREW_PLUGIN_NAME: &str = "kubectl-inspect_gpushare";
+pub(crate) const KREW_PLUGIN_NAME: &str = "kubectl-inspect_gpushare";
 
 /// The release version: `GPUSHARE_VERSION` at build time (`make dist VERSION=x.y.z` sets
 /// it), otherwise the crate version (`0.1.0`). See `build.rs`.
@@ -21,7 +21,7 @@ pub const GIT_COMMIT: &str = env!("BUILD_GIT_COMMIT");
 pub const TARGET_TRIPLE: &str = env!("BUILD_TARGET_TRIPLE");
 
 /// Whether this executable is statically linked (no ELF interpreter).
-pub fn is_static_binary() -> bool {
+pub(crate) fn is_static_binary() -> bool {
     // A dynamically linked program always maps its interpreter (ld-linux / ld-musl).
     match std::fs::read_to_string("/proc/self/maps") {
         Ok(maps) => !maps
@@ -41,7 +41,7 @@ pub fn linkage() -> &'static str {
 }
 
 /// What `gpushare version` prints.
-pub fn version_text() -> String {
+pub(crate) fn version_text() -> String {
     format!(
         "gpushare {VERSION}\ncommit: {GIT_COMMIT}\ntarget: {TARGET_TRIPLE}\nlinkage: {}\n",
         linkage()
@@ -51,14 +51,14 @@ pub fn version_text() -> String {
 /// Whether this build runs the server roles (extender, device plugin): they need a Linux node.
 /// Elsewhere (the macOS and Windows kubectl-plugin builds) only `inspect`, `doctor` and
 /// `version` run.
-pub const SERVER_ROLES_RUN_HERE: bool = cfg!(target_os = "linux");
+pub(crate) const SERVER_ROLES_RUN_HERE: bool = cfg!(target_os = "linux");
 
 /// A server role asked for on a platform that only runs the kubectl plugin.
 #[derive(Debug, thiserror::Error)]
 #[error(
     "gpushare {role} runs on Linux nodes only; this build ({target}) is the kubectl plugin: use `inspect` or `doctor`"
 )]
-pub struct ServerRoleNotHere {
+pub(crate) struct ServerRoleNotHere {
     /// The role asked for (`extender`, `device-plugin`).
     pub role: String,
     /// The target triple of this build.
@@ -66,7 +66,7 @@ pub struct ServerRoleNotHere {
 }
 
 /// `Ok` where the server roles run (Linux); the refusal for `role` elsewhere.
-pub fn ensure_server_platform(role: &str) -> Result<(), ServerRoleNotHere> {
+pub(crate) fn ensure_server_platform(role: &str) -> Result<(), ServerRoleNotHere> {
     if SERVER_ROLES_RUN_HERE {
         Ok(())
     } else {

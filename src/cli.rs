@@ -20,7 +20,7 @@ use crate::{deviceplugin, doctor, extender, inspect, webhook};
 
 /// Flags every subcommand takes.
 #[derive(Clone, Debug, Default, clap::Args)]
-pub struct GlobalArgs {
+pub(crate) struct GlobalArgs {
     /// Configuration file [default: /etc/gpushare/gpushare.toml when it exists]
     #[arg(long, global = true, value_name = "PATH")]
     pub config: Option<PathBuf>,
@@ -64,7 +64,7 @@ impl GlobalArgs {
     propagate_version = true,
     max_term_width = 100
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(flatten)]
     global: GlobalArgs,
     #[command(subcommand)]
@@ -274,12 +274,6 @@ fn clap_exit(e: clap::Error) -> ExitCode {
         }
         _ => ExitCode::from(64),
     }
-}
-
-/// The line printed by a role whose issue has not landed yet.
-pub async fn not_implemented(role: &str) -> anyhow::Result<ExitCode> {
-    eprintln!("gpushare {role}: not implemented yet");
-    Ok(ExitCode::FAILURE)
 }
 
 #[cfg(test)]

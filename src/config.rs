@@ -251,12 +251,16 @@ impl DeviceListStrategy {
     }
 }
 
+/// A device list strategy that is none of the four.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?}: expected envvar, volume-mounts, cdi-annotations or cdi-cri")]
+pub struct UnknownStrategy(String);
+
 impl std::str::FromStr for DeviceListStrategy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        <Self as clap::ValueEnum>::from_str(s.trim(), true).map_err(|_| {
-            format!("{s:?}: expected envvar, volume-mounts, cdi-annotations or cdi-cri")
-        })
+    type Err = UnknownStrategy;
+    fn from_str(s: &str) -> Result<Self, UnknownStrategy> {
+        <Self as clap::ValueEnum>::from_str(s.trim(), true)
+            .map_err(|_| UnknownStrategy(s.to_string()))
     }
 }
 
@@ -317,7 +321,7 @@ impl Serialize for DeviceListStrategies {
 impl<'de> Deserialize<'de> for DeviceListStrategies {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let items = CommaList::deserialize(d)?.0;
-        let parsed: Result<Vec<DeviceListStrategy>, String> =
+        let parsed: Result<Vec<DeviceListStrategy>, UnknownStrategy> =
             items.iter().map(|s| s.parse()).collect();
         parsed
             .map(DeviceListStrategies::new)
@@ -984,25 +988,42 @@ pub fn valid_cdi_kind(kind: &str) -> bool {
     ok(vendor, &['-', '_', '.']) && ok(class, &['-', '_'])
 }
 
+/// Why a text is no `HOST[:PORT]`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HostPortError {
+    /// The port is not 1–65535.
+    #[error("port {0:?} is not a number from 1 to 65535")]
+    BadPort(String),
+    /// `[` without `]`.
+    #[error("an opening '[' without ']'")]
+    UnclosedBracket,
+    /// Brackets around something that is not an IPv6 address.
+    #[error("{0:?} in brackets is not an IPv6 address")]
+    NotIpv6(String),
+    /// Text after `]` that is not `:PORT`.
+    #[error("unexpected {0:?} after ']'")]
+    AfterBracket(String),
+    /// An empty host, or one with characters no host name has.
+    #[error("expected HOST[:PORT]")]
+    NotHostPort,
+}
+
 /// Splits `HOST[:PORT]` (an IPv6 host bare or in brackets: `fe80::1`, `[fe80::1]:8080`).
-pub fn split_host_port(s: &str) -> Result<(String, Option<u16>), String> {
-    let bad_port = |p: &str| format!("port {p:?} is not a number from 1 to 65535");
+pub fn split_host_port(s: &str) -> Result<(String, Option<u16>), HostPortError> {
     let port = |p: &str| match p.parse::<u16>() {
-        Ok(0) | Err(_) => Err(bad_port(p)),
+        Ok(0) | Err(_) => Err(HostPortError::BadPort(p.to_string())),
         Ok(n) => Ok(Some(n)),
     };
     if let Some(rest) = s.strip_prefix('[') {
-        let (host, tail) = rest
-            .split_once(']')
-            .ok_or_else(|| "an opening '[' without ']'".to_string())?;
+        let (host, tail) = rest.split_once(']').ok_or(HostPortError::UnclosedBracket)?;
         if host.parse::<std::net::Ipv6Addr>().is_err() {
-            return Err(format!("{host:?} in brackets is not an IPv6 address"));
+            return Err(HostPortError::NotIpv6(host.to_string()));
         }
         return match tail {
             "" => Ok((host.to_string(), None)),
             t => match t.strip_prefix(':') {
                 Some(p) => Ok((host.to_string(), port(p)?)),
-                None => Err(format!("unexpected {t:?} after ']'")),
+                None => Err(HostPortError::AfterBracket(t.to_string())),
             },
         };
     }
@@ -1014,7 +1035,7 @@ pub fn split_host_port(s: &str) -> Result<(String, Option<u16>), String> {
         None => (s, None),
     };
     if host.is_empty() || host.contains(['/', ' ', '[', ']', ':', '@']) {
-        return Err("expected HOST[:PORT]".to_string());
+        return Err(HostPortError::NotHostPort);
     }
     Ok((host.to_string(), p))
 }

@@ -22,9 +22,9 @@ use prometheus_client::registry::Registry;
 use crate::buildinfo;
 
 /// Content type of the Prometheus text format 0.0.4.
-pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Content type of OpenMetrics 1.0.
-pub const OPENMETRICS_CONTENT_TYPE: &str =
+pub(crate) const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// The exposition format of one scrape.
@@ -40,7 +40,7 @@ impl Format {
     /// The format an `Accept` header asks for: OpenMetrics when it names
     /// `application/openmetrics-text` with a quality at least that of `text/plain` (and above
     /// zero); otherwise text 0.0.4 (no header, `*/*`, anything else).
-    pub fn negotiate(accept: Option<&str>) -> Format {
+    pub(crate) fn negotiate(accept: Option<&str>) -> Format {
         let Some(accept) = accept else {
             return Format::Text;
         };
@@ -88,7 +88,7 @@ pub fn render(registry: &Registry, format: Format) -> String {
 }
 
 /// Registers what every role exposes: build info and the process metrics.
-pub fn register_common(registry: &mut Registry) {
+pub(crate) fn register_common(registry: &mut Registry) {
     registry.register(
         "gpushare_build",
         "The gpushare build: version, git commit and target triple (value 1)",
@@ -102,7 +102,7 @@ pub fn register_common(registry: &mut Registry) {
 }
 
 /// The OpenMetrics text prometheus-client writes, as Prometheus text format 0.0.4.
-pub fn openmetrics_to_text(om: &str) -> String {
+pub(crate) fn openmetrics_to_text(om: &str) -> String {
     let mut out = String::with_capacity(om.len());
     let mut help: Option<(&str, &str)> = None;
     // The family being written: its OpenMetrics name and type.

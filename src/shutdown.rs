@@ -68,7 +68,7 @@ impl Shutdown {
     }
 
     /// Whether shutdown has begun.
-    pub fn is_triggered(&self) -> bool {
+    pub(crate) fn is_triggered(&self) -> bool {
         self.token.is_cancelled()
     }
 
@@ -80,7 +80,7 @@ impl Shutdown {
 
 /// Installs SIGTERM/SIGINT handlers: the first signal triggers `trigger`, the second exits the
 /// process with status 130 at once.
-pub fn on_signals(trigger: Trigger) -> Shutdown {
+pub(crate) fn on_signals(trigger: Trigger) -> Shutdown {
     let handle = trigger.handle();
     tokio::spawn(async move {
         wait_for_signal().await;

@@ -23,10 +23,11 @@ mod scenario;
 
 use std::process::ExitCode;
 
-use crate::config::{Config, FlagOverrides};
+use crate::config::Config;
 
 pub use managed::run_managed_scenario;
-pub use scenario::{DemoOutcome, run_scenario};
+pub(crate) use scenario::DemoOutcome;
+pub use scenario::run_scenario;
 
 /// Flags of `gpushare demo`.
 #[derive(Clone, Debug, clap::Args)]
@@ -41,11 +42,6 @@ pub struct Args {
     /// gpu-mem pod to gpushare-scheduler and refuses a malformed one
     #[arg(long, conflicts_with = "keep_running")]
     pub managed: bool,
-}
-
-impl Args {
-    /// The demo takes no configuration overrides: it configures its own in-process roles.
-    pub fn overrides(&self, _flags: &mut FlagOverrides) {}
 }
 
 /// Runs the demo.

@@ -28,7 +28,7 @@ pub struct ServedGpu {
 }
 
 /// The served GPUs of an inventory, in index order, each with its own unit count.
-pub fn served_gpus(inventory: &Inventory, unit: MemoryUnit) -> Vec<ServedGpu> {
+pub(crate) fn served_gpus(inventory: &Inventory, unit: MemoryUnit) -> Vec<ServedGpu> {
     let mut gpus: Vec<ServedGpu> = inventory
         .devices
         .iter()
@@ -44,7 +44,7 @@ pub fn served_gpus(inventory: &Inventory, unit: MemoryUnit) -> Vec<ServedGpu> {
 }
 
 /// The ListAndWatch message: every unit of every GPU, `Unhealthy` where `healthy(uuid)` is false.
-pub fn list_and_watch_response(
+pub(crate) fn list_and_watch_response(
     gpus: &[ServedGpu],
     healthy: impl Fn(&str) -> bool,
 ) -> ListAndWatchResponse {
@@ -72,7 +72,7 @@ pub fn list_and_watch_response(
 
 /// The largest ListAndWatch message these GPUs can produce (every device `Unhealthy`), in
 /// bytes on the wire including the 5-byte gRPC frame header. Computed without building it.
-pub fn worst_case_message_bytes(gpus: &[ServedGpu]) -> u64 {
+pub(crate) fn worst_case_message_bytes(gpus: &[ServedGpu]) -> u64 {
     let mut total: u64 = 5;
     let health_field = 1 + encoded_len_varint(UNHEALTHY.len() as u64) + UNHEALTHY.len();
     for gpu in gpus {
@@ -95,11 +95,11 @@ pub fn worst_case_message_bytes(gpus: &[ServedGpu]) -> u64 {
 }
 
 /// The units offered as alternatives when the message would be too large, finest first.
-pub const CANDIDATE_UNITS_MIB: [u32; 11] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
+pub(crate) const CANDIDATE_UNITS_MIB: [u32; 11] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
 
 /// The ListAndWatch message would not fit kubelet's 4 MiB limit.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MessageTooLarge {
+pub(crate) struct MessageTooLarge {
     /// The unit asked for.
     pub unit: MemoryUnit,
     /// The number of fake devices it gives.
@@ -130,7 +130,10 @@ impl std::error::Error for MessageTooLarge {}
 
 /// Checks that the GPUs of `inventory` counted in `unit` fit one ListAndWatch message; when
 /// they do not, names the finest unit that does.
-pub fn check_message_size(inventory: &Inventory, unit: MemoryUnit) -> Result<(), MessageTooLarge> {
+pub(crate) fn check_message_size(
+    inventory: &Inventory,
+    unit: MemoryUnit,
+) -> Result<(), MessageTooLarge> {
     let fits = |u: MemoryUnit| {
         worst_case_message_bytes(&served_gpus(inventory, u)) <= KUBELET_MAX_MESSAGE_BYTES as u64
     };
@@ -149,34 +152,6 @@ pub fn check_message_size(inventory: &Inventory, unit: MemoryUnit) -> Result<(),
         bytes: worst_case_message_bytes(&served_gpus(inventory, unit)),
         suggestion,
     })
-}
-
-/// The most GPU memory per node (in MiB) that one ListAndWatch message can carry with `unit`,
-/// for GPUs with standard 40-character UUIDs (for the README table).
-pub fn max_node_memory_mib(unit: MemoryUnit, gpus_per_node: u32) -> u64 {
-    let uuid = "GPU-00000000-0000-0000-0000-000000000000".to_string();
-    // Binary search the units per GPU.
-    let make = |units: u64| -> Vec<ServedGpu> {
-        (0..gpus_per_node)
-            .map(|i| ServedGpu {
-                index: i,
-                uuid: uuid.clone(),
-                units: GpuMem::new(units),
-                minor: None,
-            })
-            .collect()
-    };
-    let (mut lo, mut hi) = (0u64, 1u64 << 32);
-    while lo < hi {
-        let mid = lo + (hi - lo).div_ceil(2);
-        if worst_case_message_bytes(&make(mid)) <= KUBELET_MAX_MESSAGE_BYTES as u64 {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    unit.to_mib(GpuMem::new(lo))
-        .saturating_mul(u64::from(gpus_per_node))
 }
 
 #[cfg(test)]

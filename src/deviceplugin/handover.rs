@@ -35,15 +35,15 @@ use crate::gpu::cdi::{Registry, qualified_name};
 use crate::kubelet_api::deviceplugin::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};
 
 /// Where the NVIDIA runtime looks for the volume-mount device list.
-pub const VOLUME_MOUNT_ROOT: &str = "/var/run/nvidia-container-devices";
+pub(crate) const VOLUME_MOUNT_ROOT: &str = "/var/run/nvidia-container-devices";
 /// The host side of each volume-mount entry (only its container path matters).
-pub const VOLUME_MOUNT_HOST_PATH: &str = "/dev/null";
+pub(crate) const VOLUME_MOUNT_HOST_PATH: &str = "/dev/null";
 /// `NVIDIA_VISIBLE_DEVICES` when only CDI hands the GPU over (the NVIDIA runtime injects nothing).
-pub const VISIBLE_DEVICES_VOID: &str = "void";
+pub(crate) const VISIBLE_DEVICES_VOID: &str = "void";
 /// The name part of the CDI annotation key (after the prefix).
-pub const CDI_ANNOTATION_NAME: &str = "gpushare_gpu-mem";
+pub(crate) const CDI_ANNOTATION_NAME: &str = "gpushare_gpu-mem";
 /// The control device nodes passed with `--pass-device-specs`.
-pub const CONTROL_DEVICE_NODES: &[&str] =
+pub(crate) const CONTROL_DEVICE_NODES: &[&str] =
     &["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
 
 /// What the container is being handed.
@@ -58,7 +58,7 @@ pub enum Target<'a> {
 
 /// Why a GPU could not be handed over.
 #[derive(Debug, thiserror::Error)]
-pub enum HandoverError {
+pub(crate) enum HandoverError {
     /// The CDI specs do not define the device the runtime would be asked for.
     #[error(transparent)]
     NoCdiDevice(Box<MissingCdiDevice>),
@@ -73,7 +73,7 @@ pub enum HandoverError {
          (or the GPU Operator with cdi.enabled=true){mount}, or set --device-id-strategy / \
          --cdi-kind to the names the spec has"
 )]
-pub struct MissingCdiDevice {
+pub(crate) struct MissingCdiDevice {
     /// GPU index.
     pub index: u32,
     /// GPU UUID.
@@ -91,7 +91,7 @@ pub struct MissingCdiDevice {
 }
 
 /// The GPU's name in the container's hand-over (`--device-id-strategy`).
-pub fn device_id(id: VisibleDevices, gpu: &ServedGpu) -> String {
+pub(crate) fn device_id(id: VisibleDevices, gpu: &ServedGpu) -> String {
     match id {
         VisibleDevices::Index => gpu.index.to_string(),
         VisibleDevices::Uuid => gpu.uuid.clone(),
@@ -99,18 +99,18 @@ pub fn device_id(id: VisibleDevices, gpu: &ServedGpu) -> String {
 }
 
 /// The CDI annotation key for `prefix`.
-pub fn cdi_annotation_key(prefix: &str) -> String {
+pub(crate) fn cdi_annotation_key(prefix: &str) -> String {
     format!("{prefix}{CDI_ANNOTATION_NAME}")
 }
 
 /// `/dev/nvidia<minor>` of a GPU (the index when the backend does not know the minor).
-pub fn device_node(gpu: &ServedGpu) -> String {
+pub(crate) fn device_node(gpu: &ServedGpu) -> String {
     format!("/dev/nvidia{}", gpu.minor.unwrap_or(gpu.index))
 }
 
 /// Rewrites the envvar answer `base` for the configured strategies. `specs` must be the node's
 /// CDI specs when a CDI strategy is on (else it is not looked at).
-pub fn hand_over(
+pub(crate) fn hand_over(
     config: &DevicePluginConfig,
     specs: Option<&Registry>,
     target: Target<'_>,

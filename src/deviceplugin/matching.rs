@@ -23,13 +23,14 @@ use std::fmt;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::records::Records;
+use crate::core::request::RequestError;
 use crate::core::wire::parse_fake_device_id;
 use crate::core::{GpuMem, PodGpuAnnotations, PodGpuRequest};
 use crate::k8s::{pod_annotations, pod_gpu_request, pod_is_terminal};
 
 /// What matching needs to know about one pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodSnapshot {
+pub(crate) struct PodSnapshot {
     /// Namespace.
     pub namespace: String,
     /// Name.
@@ -39,7 +40,7 @@ pub struct PodSnapshot {
     /// `metadata.resourceVersion`.
     pub resource_version: Option<String>,
     /// Its GPU request, or why it could not be read.
-    pub request: Result<PodGpuRequest, String>,
+    pub request: Result<PodGpuRequest, RequestError>,
     /// Its gpushare annotations.
     pub annotations: PodGpuAnnotations,
     /// Succeeded or Failed.
@@ -48,13 +49,13 @@ pub struct PodSnapshot {
 
 impl PodSnapshot {
     /// The snapshot of `pod`.
-    pub fn from_pod(pod: &Pod) -> Self {
+    pub(crate) fn from_pod(pod: &Pod) -> Self {
         PodSnapshot {
             namespace: pod.metadata.namespace.clone().unwrap_or_default(),
             name: pod.metadata.name.clone().unwrap_or_default(),
             uid: pod.metadata.uid.clone().unwrap_or_default(),
             resource_version: pod.metadata.resource_version.clone(),
-            request: pod_gpu_request(pod).map_err(|e| e.to_string()),
+            request: pod_gpu_request(pod),
             annotations: pod_annotations(pod).0,
             terminal: pod_is_terminal(pod),
         }
@@ -64,16 +65,11 @@ impl PodSnapshot {
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
-
-    /// Whether it asks for GPU memory at all.
-    pub fn is_gpu_pod(&self) -> bool {
-        self.request.as_ref().is_ok_and(PodGpuRequest::is_gpu_pod)
-    }
 }
 
 /// The pod and container an Allocate call is for.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Match {
+pub(crate) struct Match {
     /// Pod UID.
     pub uid: String,
     /// Namespace.
@@ -134,28 +130,41 @@ fn gpu_of(pod: &PodSnapshot, records: &Records) -> Option<u32> {
         .or(pod.annotations.gpu_index)
 }
 
+/// Why a GPU pod is no candidate for a container's Allocate (the reason matching reports
+/// for it in the failed Allocate's explanation).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum NotCandidate {
+    /// Its `aliyun.com/gpu-mem` limits cannot be read.
+    #[error("unreadable request: {0}")]
+    UnreadableRequest(RequestError),
+    /// Succeeded or Failed.
+    #[error("finished")]
+    Finished,
+    /// The extender has not bound it (no GPU index annotation).
+    #[error("not bound by the extender (no ALIYUN_COM_GPU_MEM_IDX)")]
+    NotBoundByExtender,
+}
+
 /// A bound, unfinished GPU pod with a readable request, or why it is not one (`None`: not a
 /// GPU pod at all).
-fn bound_request(pod: &PodSnapshot) -> Option<Result<&PodGpuRequest, String>> {
+fn bound_request(pod: &PodSnapshot) -> Option<Result<&PodGpuRequest, NotCandidate>> {
     let request = match &pod.request {
         Ok(r) if r.is_gpu_pod() => r,
         Ok(_) => return None,
-        Err(e) => return Some(Err(format!("unreadable request: {e}"))),
+        Err(e) => return Some(Err(NotCandidate::UnreadableRequest(e.clone()))),
     };
     if pod.terminal {
-        return Some(Err("finished".to_string()));
+        return Some(Err(NotCandidate::Finished));
     }
     if pod.annotations.gpu_index.is_none() {
-        return Some(Err(
-            "not bound by the extender (no ALIYUN_COM_GPU_MEM_IDX)".to_string()
-        ));
+        return Some(Err(NotCandidate::NotBoundByExtender));
     }
     Some(Ok(request))
 }
 
 /// Finds the pod whose next GPU container asks for `units`; `gpu_known(idx)` says whether the
 /// node has GPU `idx`. On failure, every GPU pod considered with its reason (sorted by name).
-pub fn find_match<'a>(
+pub(crate) fn find_match<'a>(
     pods: impl IntoIterator<Item = &'a PodSnapshot>,
     records: &Records,
     units: GpuMem,
@@ -171,8 +180,8 @@ pub fn find_match<'a>(
         };
         let request = match bound_request(pod) {
             None => continue,
-            Some(Err(reason)) => {
-                rejected.push(reject(reason));
+            Some(Err(why)) => {
+                rejected.push(reject(why.to_string()));
                 continue;
             }
             Some(Ok(r)) => r,
@@ -247,7 +256,7 @@ pub fn find_match<'a>(
 /// The match of container `container` of `pod`, already served (kubelet asking again with
 /// the same device IDs), on GPU `gpu_index`; `None` when the pod is no longer bound and
 /// unfinished or has no such GPU container.
-pub fn match_for(
+pub(crate) fn match_for(
     pod: &PodSnapshot,
     records: &Records,
     container: &str,
@@ -282,7 +291,7 @@ pub fn match_for(
 /// pods, the GPU containers of `units` already served (annotations or records) for which
 /// `held(namespace, pod, container)` is false (kubelet's PodResources shows no devices for
 /// them), the latest answered wins. The match names that container and the GPU it was given.
-pub fn find_repeat<'a>(
+pub(crate) fn find_repeat<'a>(
     pods: impl IntoIterator<Item = &'a PodSnapshot>,
     records: &Records,
     units: GpuMem,
@@ -347,7 +356,7 @@ pub fn explain(units: &str, rejected: &[NotMatched]) -> String {
 
 /// The device IDs to prefer: `must_include` first, then available IDs of the GPU `target_uuid`
 /// (the matched pod's GPU), then any other available ID, up to `size`, in the order given.
-pub fn preferred_ids(
+pub(crate) fn preferred_ids(
     available: &[String],
     must_include: &[String],
     size: usize,

@@ -24,7 +24,7 @@ use crate::k8s::write::{patch_node_annotations, patch_node_gpu_count};
 
 /// What the plugin read from its Node at start.
 #[derive(Clone, Debug, Default)]
-pub struct NodeFacts {
+pub(crate) struct NodeFacts {
     /// `metadata.uid`.
     pub uid: String,
     /// Label `cgpu.disable.isolation=true`.
@@ -34,7 +34,7 @@ pub struct NodeFacts {
 }
 
 /// Reads the node (it must exist).
-pub async fn read_node(client: &kube::Client, node: &str) -> anyhow::Result<NodeFacts> {
+pub(crate) async fn read_node(client: &kube::Client, node: &str) -> anyhow::Result<NodeFacts> {
     let api: Api<Node> = Api::all(client.clone());
     let n = retry_attempts(4, || bounded(api.get(node)))
         .await
@@ -59,7 +59,7 @@ pub async fn read_node(client: &kube::Client, node: &str) -> anyhow::Result<Node
 }
 
 /// Patches `aliyun.com/gpu-count` into the node status.
-pub async fn publish_gpu_count(
+pub(crate) async fn publish_gpu_count(
     client: &kube::Client,
     node: &str,
     count: usize,
@@ -71,7 +71,7 @@ pub async fn publish_gpu_count(
 }
 
 /// The `gpushare.io/devices` and `gpushare.io/memory-unit` annotations.
-pub fn device_annotations(
+pub(crate) fn device_annotations(
     gpus: &[ServedGpu],
     unit: MemoryUnit,
     healthy: impl Fn(&str) -> bool,
@@ -96,7 +96,7 @@ pub fn device_annotations(
 
 /// The `gpushare.io/excluded-gpus` annotation: the GPUs not offered (MIG mode on, incomplete
 /// records) with the reason, `[]` when none (so a stale list is overwritten).
-pub fn excluded_annotation(excluded: &[ExcludedGpu]) -> BTreeMap<String, String> {
+pub(crate) fn excluded_annotation(excluded: &[ExcludedGpu]) -> BTreeMap<String, String> {
     let list: Vec<serde_json::Value> = excluded
         .iter()
         .map(|g| {
@@ -114,7 +114,7 @@ pub fn excluded_annotation(excluded: &[ExcludedGpu]) -> BTreeMap<String, String>
 }
 
 /// Patches the device annotations onto the node.
-pub async fn publish_devices(
+pub(crate) async fn publish_devices(
     client: &kube::Client,
     node: &str,
     annotations: &BTreeMap<String, String>,
@@ -128,7 +128,7 @@ pub async fn publish_devices(
 }
 
 /// Raises a Warning Event on this node (best effort; repeats fold into a series).
-pub async fn warn_event(
+pub(crate) async fn warn_event(
     events: &Events,
     node: &str,
     node_uid: &str,

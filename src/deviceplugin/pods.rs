@@ -7,22 +7,20 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::watch;
 
 use super::api::{ApiCallError, bounded};
 use super::matching::PodSnapshot;
+use crate::k8s::watch::DefaultBackoff;
 use crate::shutdown::Shutdown;
 
 /// Pods of one node by `namespace/name`.
 #[derive(Clone, Debug)]
-pub struct PodStore {
+pub(crate) struct PodStore {
     pods: Arc<RwLock<BTreeMap<String, PodSnapshot>>>,
     synced_tx: Arc<watch::Sender<bool>>,
 }
@@ -85,7 +83,7 @@ impl PodStore {
 
     /// Runs `f` over the pods without copying them (a read lock is held meanwhile: `f` must
     /// not block).
-    pub fn with_pods<T>(
+    pub(crate) fn with_pods<T>(
         &self,
         f: impl FnOnce(std::collections::btree_map::Values<'_, String, PodSnapshot>) -> T,
     ) -> T {
@@ -118,21 +116,14 @@ impl PodStore {
     }
 
     /// Whether the store is empty.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Whether the first list has completed.
-    pub fn is_synced(&self) -> bool {
+    pub(crate) fn is_synced(&self) -> bool {
         *self.synced_tx.borrow()
-    }
-
-    /// Waits up to `limit` for the first list; returns whether the store is synced.
-    pub async fn wait_synced(&self, limit: Duration) -> bool {
-        let mut rx = self.synced_tx.subscribe();
-        tokio::time::timeout(limit, rx.wait_for(|s| *s))
-            .await
-            .is_ok_and(|r| r.is_ok())
     }
 
     /// Waits until the first list has completed.
@@ -150,34 +141,33 @@ impl PodStore {
         Ok(())
     }
 
-    /// Runs the watch of `node`'s pods into this store until `shutdown`.
+    /// Runs the watch of `node`'s pods into this store until `shutdown`, on the one watch
+    /// driver with kube-runtime's default backoff. A re-list replaces the store; the first
+    /// one marks it synced (the plugin registers with kubelet only after that).
     pub async fn run(self, client: kube::Client, node: String, shutdown: Shutdown) {
         let api: Api<Pod> = Api::all(client);
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
         let mut buffer: Vec<Pod> = Vec::new();
-        let stop = shutdown.wait();
-        tokio::pin!(stop);
-        loop {
-            let event = tokio::select! {
-                _ = &mut stop => return,
-                e = stream.next() => e,
-            };
-            match event {
-                None => return,
-                Some(Err(e)) => tracing::warn!(error = %e, node, "pod watch error (retrying)"),
-                Some(Ok(Event::Init)) => buffer.clear(),
-                Some(Ok(Event::InitApply(pod))) => buffer.push(pod),
-                Some(Ok(Event::InitDone)) => {
+        crate::k8s::watch::drive(
+            api,
+            config,
+            DefaultBackoff::default(),
+            shutdown,
+            |e| tracing::warn!(error = %e, node, "pod watch error (retrying)"),
+            |event| match event {
+                Event::Init => buffer.clear(),
+                Event::InitApply(pod) => buffer.push(pod),
+                Event::InitDone => {
                     self.replace(&buffer);
                     buffer.clear();
                     self.synced_tx.send_replace(true);
                     tracing::debug!(pods = self.len(), node, "pod store synced");
                 }
-                Some(Ok(Event::Apply(pod))) => self.apply(&pod),
-                Some(Ok(Event::Delete(pod))) => self.delete(&pod),
-            }
-        }
+                Event::Apply(pod) => self.apply(&pod),
+                Event::Delete(pod) => self.delete(&pod),
+            },
+        )
+        .await;
     }
 }
 

@@ -69,7 +69,9 @@ const FOLLOW_UP_FOR: Duration = Duration::from_secs(10);
 type Holder = (String, String, String);
 
 /// Reads kubelet's device assignments of `aliyun.com/gpu-mem`: device ID → holder.
-pub async fn list_assignments(socket: &std::path::Path) -> anyhow::Result<HashMap<String, Holder>> {
+pub(crate) async fn list_assignments(
+    socket: &std::path::Path,
+) -> anyhow::Result<HashMap<String, Holder>> {
     let path = socket.to_path_buf();
     let channel = Endpoint::from_static("http://localhost")
         .connect_timeout(Duration::from_secs(2))
@@ -159,7 +161,7 @@ struct Desired {
 
 /// What the reconciler has reported already (each mismatch and split once).
 #[derive(Debug, Default)]
-pub struct Reported {
+pub(crate) struct Reported {
     holders: HashSet<Holder>,
     splits: HashSet<String>,
 }

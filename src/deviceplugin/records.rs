@@ -16,7 +16,7 @@ use crate::core::GpuMem;
 
 /// One container's allocation.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ContainerGrant {
+pub(crate) struct ContainerGrant {
     /// Container name.
     pub container: String,
     /// Units asked for (the number of device IDs).
@@ -33,7 +33,7 @@ pub struct ContainerGrant {
 
 /// The allocations of one pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodGrants {
+pub(crate) struct PodGrants {
     /// Namespace.
     pub namespace: String,
     /// Name.
@@ -44,7 +44,7 @@ pub struct PodGrants {
 
 /// Identifies a pod: UID, namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodId {
+pub(crate) struct PodId {
     /// `metadata.uid`.
     pub uid: String,
     /// Namespace.
@@ -55,7 +55,7 @@ pub struct PodId {
 
 /// Every allocation answered, by pod UID.
 #[derive(Debug, Default)]
-pub struct Records {
+pub(crate) struct Records {
     pods: BTreeMap<String, PodGrants>,
     /// Device ID → (pod UID, container).
     by_id: HashMap<String, (String, String)>,
@@ -64,7 +64,7 @@ pub struct Records {
 
 impl Records {
     /// The containers of pod `uid` answered so far.
-    pub fn containers_of(&self, uid: &str) -> impl Iterator<Item = &ContainerGrant> {
+    pub(crate) fn containers_of(&self, uid: &str) -> impl Iterator<Item = &ContainerGrant> {
         self.pods
             .get(uid)
             .into_iter()
@@ -83,7 +83,7 @@ impl Records {
 
     /// The grant answered for exactly these device IDs (kubelet asking again with the same
     /// IDs), with its pod.
-    pub fn for_ids(&self, ids: &[String]) -> Option<(PodId, ContainerGrant)> {
+    pub(crate) fn for_ids(&self, ids: &[String]) -> Option<(PodId, ContainerGrant)> {
         let first = ids.first()?;
         let (uid, container) = self.by_id.get(first)?;
         let pod = self.pods.get(uid)?;
@@ -104,7 +104,7 @@ impl Records {
 
     /// Enters (or replaces) the grant of `container` of `pod`. Containers whose device IDs
     /// these are now are dropped: kubelet reuses the IDs only of containers that are gone.
-    pub fn claim(
+    pub(crate) fn claim(
         &mut self,
         pod: &PodId,
         container: &str,
@@ -145,7 +145,7 @@ impl Records {
 
     /// Marks the grant of `container` of pod `uid` (answer number `seq`) as recorded in the
     /// pod's annotations.
-    pub fn mark_recorded(&mut self, uid: &str, container: &str, seq: u64) {
+    pub(crate) fn mark_recorded(&mut self, uid: &str, container: &str, seq: u64) {
         if let Some(g) = self.grant_mut(uid, container)
             && g.seq == seq
         {
@@ -170,7 +170,7 @@ impl Records {
     /// reconcile found): each `(from_uid, from_container, to, to_container)` takes the grant
     /// away from the first and gives it to the second. All are taken before any is given, so
     /// two pods that swapped both keep one.
-    pub fn reassign(&mut self, moves: &[(String, String, PodId, String)]) {
+    pub(crate) fn reassign(&mut self, moves: &[(String, String, PodId, String)]) {
         let taken: Vec<(ContainerGrant, &PodId, &String)> = moves
             .iter()
             .filter_map(|(uid, c, to, to_c)| {
@@ -196,7 +196,7 @@ impl Records {
     }
 
     /// Whether device ID `id` is in a grant.
-    pub fn holds_id(&self, id: &str) -> bool {
+    pub(crate) fn holds_id(&self, id: &str) -> bool {
         self.by_id.contains_key(id)
     }
 
@@ -221,11 +221,13 @@ impl Records {
     }
 
     /// Number of container grants.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.pods.values().map(|p| p.containers.len()).sum()
     }
 
     /// Whether there are none.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.pods.is_empty()
     }

@@ -19,7 +19,7 @@ use crate::kubelet_api::deviceplugin::{
 use crate::shutdown::Shutdown;
 
 /// The options we register with and report: GetPreferredAllocation available, no PreStart.
-pub fn plugin_options() -> DevicePluginOptions {
+pub(crate) fn plugin_options() -> DevicePluginOptions {
     DevicePluginOptions {
         pre_start_required: false,
         get_preferred_allocation_available: true,

@@ -19,9 +19,9 @@ use crate::core::wire;
 use crate::k8s::{ClientOptions, client};
 
 /// Deadline of one API request.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 /// Deadline of a whole API check (connecting included).
-pub const CHECK_TIMEOUT: Duration = Duration::from_secs(6);
+pub(crate) const CHECK_TIMEOUT: Duration = Duration::from_secs(6);
 
 /// How doctor stands with the API server.
 #[derive(Clone)]
@@ -96,7 +96,7 @@ pub const API_SERVER: &str = "api-server";
 
 /// `api-server`. `preflight`: the check runs before a role starts, where the way out is
 /// `--skip-doctor` (`--no-cluster` is a flag of `gpushare doctor` only).
-pub fn api_server(api: &ApiState, config: &Config, preflight: bool) -> Check {
+pub(crate) fn api_server(api: &ApiState, config: &Config, preflight: bool) -> Check {
     const ID: &str = API_SERVER;
     const TITLE: &str = "API server reachable";
     let via = if config.cluster.kubeconfig.is_empty() {
@@ -156,7 +156,7 @@ const EVENTS: &[&str] = &["events.k8s.io"];
 const LEASES: &[&str] = &["coordination.k8s.io"];
 
 /// What `gpushare extender` does with the API.
-pub const EXTENDER_PERMISSIONS: &[Permission] = &[
+pub(crate) const EXTENDER_PERMISSIONS: &[Permission] = &[
     perm(CORE, "pods", "", "get"),
     perm(CORE, "pods", "", "list"),
     perm(CORE, "pods", "", "watch"),
@@ -185,7 +185,7 @@ pub const EXTENDER_PERMISSIONS: &[Permission] = &[
 ];
 
 /// What `gpushare device-plugin` does with the API.
-pub const DEVICE_PLUGIN_PERMISSIONS: &[Permission] = &[
+pub(crate) const DEVICE_PLUGIN_PERMISSIONS: &[Permission] = &[
     perm(CORE, "pods", "", "get"),
     perm(CORE, "pods", "", "list"),
     perm(CORE, "pods", "", "watch"),
@@ -329,7 +329,7 @@ pub fn node_name(config: &Config, host: &HostRoot) -> Option<(String, &'static s
 }
 
 /// The Node object, when the API is up and the name known: `Ok(None)` when it does not exist.
-pub async fn get_node(api: &ApiState, name: &str) -> Result<Option<Node>, ApiError> {
+pub(crate) async fn get_node(api: &ApiState, name: &str) -> Result<Option<Node>, ApiError> {
     let ApiState::Up { client, .. } = api else {
         return Err(ApiError::NotAsked);
     };
@@ -366,7 +366,7 @@ pub fn capacity(node: &Node, resource: &str) -> Option<String> {
 }
 
 /// `node-label`: the node exists and carries `gpushare=true`.
-pub fn node_label(
+pub(crate) fn node_label(
     api: &ApiState,
     name: Option<&(String, &'static str)>,
     node: &Result<Option<Node>, ApiError>,

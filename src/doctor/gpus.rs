@@ -6,6 +6,7 @@
 //! GPU access goes through [`crate::gpu::open`] like the device plugin's; it runs on its own
 //! thread under a deadline so a wedged driver or `nvidia-smi` cannot hang doctor.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use prost::encoding::encoded_len_varint;
@@ -18,15 +19,15 @@ use crate::gpu::{ExclusionReason, GpuDevice, Inventory};
 use crate::kubelet_api::KUBELET_MAX_MESSAGE_BYTES;
 
 /// The oldest driver gpushare supports (the device plugin API's NVML calls need it).
-pub const MIN_DRIVER: (u64, u64) = (361, 93);
+pub(crate) const MIN_DRIVER: (u64, u64) = (361, 93);
 
 /// Driver versions with a major number below this are Jetson / L4T release numbers
 /// (`35.3.1`), not driver branches: every NVIDIA desktop and datacenter driver since the
 /// 1.0-xxxx scheme ended (2008) has a three-digit major.
-pub const L4T_MAJOR_BELOW: u64 = 100;
+pub(crate) const L4T_MAJOR_BELOW: u64 = 100;
 
 /// How long GPU discovery may take before doctor gives up on it.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// What opening the configured GPU backend gave.
 #[derive(Clone, Debug)]
@@ -34,7 +35,7 @@ pub struct Probe {
     /// The backend asked for (`auto` included).
     pub configured: GpuBackendKind,
     /// The inventory, or why there is none.
-    pub result: Result<Inventory, String>,
+    pub result: Result<Inventory, ProbeError>,
     /// Why other backends do not serve (for `auto`).
     pub notes: Vec<String>,
 }
@@ -46,6 +47,36 @@ impl Probe {
     }
 }
 
+/// Why GPU discovery gave no inventory (the GPU checks report it).
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The configured backend could not be opened.
+    #[error("{0}")]
+    Open(Arc<crate::gpu::Error>),
+    /// The backend opened but could not list the GPUs.
+    #[error("{backend}: {error}")]
+    Inventory {
+        /// The backend's name.
+        backend: &'static str,
+        /// Why.
+        error: Arc<crate::gpu::Error>,
+    },
+    /// The probe's thread could not be started.
+    #[error("cannot start the GPU probe: {0}")]
+    Thread(Arc<std::io::Error>),
+    /// The probe's thread ended without sending its result.
+    #[error("the GPU probe ended without an answer")]
+    Vanished,
+    /// The backend did not answer within the probe's deadline.
+    #[error("no answer from the {backend} backend within {secs} s (driver or nvidia-smi hung?)")]
+    TimedOut {
+        /// The backend asked for.
+        backend: &'static str,
+        /// The deadline in seconds.
+        secs: u64,
+    },
+}
+
 fn backend_label(kind: GpuBackendKind) -> &'static str {
     match kind {
         GpuBackendKind::Auto => "auto",
@@ -55,11 +86,12 @@ fn backend_label(kind: GpuBackendKind) -> &'static str {
     }
 }
 
-fn open_and_list(config: &GpuConfig) -> Result<Inventory, String> {
-    let backend = crate::gpu::open(config).map_err(|e| e.to_string())?;
-    backend
-        .inventory()
-        .map_err(|e| format!("{}: {e}", backend.name()))
+fn open_and_list(config: &GpuConfig) -> Result<Inventory, ProbeError> {
+    let backend = crate::gpu::open(config).map_err(|e| ProbeError::Open(Arc::new(e)))?;
+    backend.inventory().map_err(|e| ProbeError::Inventory {
+        backend: backend.name(),
+        error: Arc::new(e),
+    })
 }
 
 /// Opens the backend `config` selects and reads its inventory, within [`PROBE_TIMEOUT`].
@@ -94,7 +126,7 @@ async fn probe_within(config: &GpuConfig, limit: Duration) -> Probe {
     if let Err(e) = spawned {
         return Probe {
             configured,
-            result: Err(format!("cannot start the GPU probe: {e}")),
+            result: Err(ProbeError::Thread(Arc::new(e))),
             notes: Vec::new(),
         };
     }
@@ -119,16 +151,15 @@ async fn probe_within(config: &GpuConfig, limit: Duration) -> Probe {
         }
         Ok(Err(_)) => Probe {
             configured,
-            result: Err("the GPU probe ended without an answer".to_string()),
+            result: Err(ProbeError::Vanished),
             notes,
         },
         Err(_) => Probe {
             configured,
-            result: Err(format!(
-                "no answer from the {} backend within {} s (driver or nvidia-smi hung?)",
-                backend_label(configured),
-                limit.as_secs()
-            )),
+            result: Err(ProbeError::TimedOut {
+                backend: backend_label(configured),
+                secs: limit.as_secs(),
+            }),
             notes,
         },
     }
@@ -206,11 +237,10 @@ pub fn gpu_access(probe: &Probe, config: &GpuConfig) -> Check {
                     or leave them to NVIDIA's device plugin (MIG strategy single/mixed) on nodes without gpushare";
         return check.hint(hint);
     }
-    if probe
-        .result
-        .as_ref()
-        .is_err_and(|e| e.contains(crate::gpu::nvidia_smi::DUPLICATE_UUIDS))
-    {
+    if probe.result.as_ref().is_err_and(|e| {
+        e.to_string()
+            .contains(crate::gpu::nvidia_smi::DUPLICATE_UUIDS)
+    }) {
         return check.hint(
             "every GPU needs its own UUID (the device IDs are <UUID>-_-<n>): compare `nvidia-smi -L`;\n\
              an output with anonymised or copied UUIDs cannot serve, and a real duplicate is a driver fault (reset the GPUs)",
@@ -239,7 +269,7 @@ pub fn gpu_access(probe: &Probe, config: &GpuConfig) -> Check {
 }
 
 /// A dotted version's numeric components (`550.54.15` → `[550, 54, 15]`); `None` if not one.
-pub fn parse_version(text: &str) -> Option<Vec<u64>> {
+pub(crate) fn parse_version(text: &str) -> Option<Vec<u64>> {
     let parts: Option<Vec<u64>> = text.split('.').map(|p| p.parse().ok()).collect();
     parts.filter(|p| p.len() >= 2)
 }
@@ -352,7 +382,7 @@ pub fn driver_version(host: &HostRoot, probe: &Probe) -> Check {
 /// Bytes of the ListAndWatch message advertising every unit of every device in `unit`,
 /// counted as protobuf encodes it: per fake ID `<UUID>-_-<n>` a `Device{ID, health, topology}`
 /// (the NUMA topology counted as present, an upper bound).
-pub fn list_and_watch_bytes(devices: &[GpuDevice], unit: MemoryUnit) -> u64 {
+pub(crate) fn list_and_watch_bytes(devices: &[GpuDevice], unit: MemoryUnit) -> u64 {
     const TOPOLOGY: u64 = 6; // 0x1a len { 0x0a len { 0x08 numa } }
     let health = wire::HEALTHY.len() as u64;
     let health_field = 1 + encoded_len_varint(health) as u64 + health;
@@ -554,7 +584,7 @@ mod tests {
         );
         let none = Probe {
             configured: GpuBackendKind::Auto,
-            result: Err("no".to_string()),
+            result: Err(ProbeError::Vanished),
             notes: vec![],
         };
         assert_eq!(driver_version(&host, &none).status, Status::Fail);
@@ -576,7 +606,7 @@ mod tests {
         .unwrap();
         let fake = Probe {
             configured: GpuBackendKind::Fake,
-            result: Err("fake".to_string()),
+            result: Err(ProbeError::Vanished),
             notes: vec![],
         };
         let c = driver_version(&HostRoot::new(dir.path()), &fake);

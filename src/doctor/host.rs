@@ -18,7 +18,7 @@ pub struct HostRoot {
 }
 
 /// Directories where the NVIDIA driver installs `libnvidia-ml.so.1`.
-pub const NVML_LIBRARY_DIRS: &[&str] = &[
+pub(crate) const NVML_LIBRARY_DIRS: &[&str] = &[
     "/usr/lib/x86_64-linux-gnu",
     "/usr/lib64",
     "/usr/lib",
@@ -29,7 +29,7 @@ pub const NVML_LIBRARY_DIRS: &[&str] = &[
 ];
 
 /// Directories searched for the NVIDIA container runtime and toolkit programs.
-pub const BIN_DIRS: &[&str] = &[
+pub(crate) const BIN_DIRS: &[&str] = &[
     "/usr/bin",
     "/usr/local/bin",
     "/usr/sbin",
@@ -38,7 +38,7 @@ pub const BIN_DIRS: &[&str] = &[
 ];
 
 /// Socket names NVIDIA's own device plugin registers with.
-pub const NVIDIA_PLUGIN_SOCKETS: &[&str] = &["nvidia-gpu.sock", "nvidia.sock"];
+pub(crate) const NVIDIA_PLUGIN_SOCKETS: &[&str] = &["nvidia-gpu.sock", "nvidia.sock"];
 
 impl HostRoot {
     /// Host files under `root`.
@@ -82,7 +82,7 @@ impl HostRoot {
     }
 
     /// The first of `names` found in [`BIN_DIRS`] (an absolute name is taken as is).
-    pub fn find_program(&self, names: &[&str]) -> Option<PathBuf> {
+    pub(crate) fn find_program(&self, names: &[&str]) -> Option<PathBuf> {
         for name in names {
             if name.starts_with('/') {
                 if self.exists(name) {
@@ -101,7 +101,7 @@ impl HostRoot {
     }
 
     /// Command names (`/proc/<pid>/comm`, 15 characters at most) of the running processes.
-    pub fn process_names(&self) -> Vec<String> {
+    pub(crate) fn process_names(&self) -> Vec<String> {
         self.list("/proc")
             .into_iter()
             .filter(|p| {
@@ -158,7 +158,7 @@ pub fn nvml_library(host: &HostRoot, explicit: &str, fake_backend: bool) -> Chec
 }
 
 /// `nvidia-toolkit`: the NVIDIA container runtime and its hook / `nvidia-ctk`.
-pub fn nvidia_toolkit(host: &HostRoot) -> Check {
+pub(crate) fn nvidia_toolkit(host: &HostRoot) -> Check {
     const ID: &str = "nvidia-toolkit";
     const TITLE: &str = "NVIDIA container toolkit";
     let runtime = host.find_program(&["nvidia-container-runtime"]);
@@ -222,7 +222,7 @@ fn is_socket(ft: &fs::FileType) -> bool {
 /// `kubelet-socket`: `kubelet.sock` in the device-plugin directory is a unix socket.
 /// `missing_is_fail`: a missing socket fails (doctor) or only warns (preflight: the device
 /// plugin waits for the kubelet).
-pub fn kubelet_socket(host: &HostRoot, dir: &Path, missing_is_fail: bool) -> Check {
+pub(crate) fn kubelet_socket(host: &HostRoot, dir: &Path, missing_is_fail: bool) -> Check {
     const ID: &str = "kubelet-socket";
     const TITLE: &str = "kubelet registration socket";
     let sock = dir.join(wire::KUBELET_SOCKET);
@@ -256,7 +256,7 @@ pub fn kubelet_socket(host: &HostRoot, dir: &Path, missing_is_fail: bool) -> Che
 
 /// What the node's files say about other device plugins (the API side is added by the
 /// caller): `(conflicts, notes)`.
-pub fn plugin_conflicts(
+pub(crate) fn plugin_conflicts(
     host: &HostRoot,
     dir: &Path,
     preflight: bool,

@@ -28,7 +28,7 @@ use crate::config::WebhookConfig;
 use crate::core::wire;
 
 /// Key of the KubeSchedulerConfiguration in the dedicated scheduler's ConfigMap.
-pub const CONFIG_KEY: &str = "scheduler-config.yaml";
+pub(crate) const CONFIG_KEY: &str = "scheduler-config.yaml";
 
 const SCHED_ID: &str = "dedicated-scheduler";
 const SCHED_TITLE: &str = "dedicated kube-scheduler runs and calls the extender";
@@ -105,23 +105,34 @@ pub fn evaluate_dedicated_config(text: &str, scheduler_name: &str) -> Result<Str
     }
 }
 
-async fn get<K>(api: Api<K>, name: &str) -> Result<Option<K>, String>
+/// Why an object of the managed mode could not be read (the check warns with it).
+#[derive(Debug, thiserror::Error)]
+enum LookupError {
+    /// The API answered with an error.
+    #[error("{0}")]
+    Api(kube::Error),
+    /// No answer within [`REQUEST_TIMEOUT`].
+    #[error("no answer within {timeout:?}", timeout = REQUEST_TIMEOUT)]
+    NoAnswer,
+}
+
+async fn get<K>(api: Api<K>, name: &str) -> Result<Option<K>, LookupError>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     match tokio::time::timeout(REQUEST_TIMEOUT, api.get_opt(name)).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer within {REQUEST_TIMEOUT:?}")),
+        Ok(Err(e)) => Err(LookupError::Api(e)),
+        Err(_) => Err(LookupError::NoAnswer),
     }
 }
 
 /// What the cluster holds of the managed mode.
 struct Found {
-    deployment: Result<Option<Deployment>, String>,
-    config_map: Result<Option<ConfigMap>, String>,
-    mutating: Result<Option<MutatingWebhookConfiguration>, String>,
-    validating: Result<Option<ValidatingWebhookConfiguration>, String>,
+    deployment: Result<Option<Deployment>, LookupError>,
+    config_map: Result<Option<ConfigMap>, LookupError>,
+    mutating: Result<Option<MutatingWebhookConfiguration>, LookupError>,
+    validating: Result<Option<ValidatingWebhookConfiguration>, LookupError>,
 }
 
 impl Found {
@@ -295,15 +306,15 @@ fn view(name: String, client: WebhookClientConfig) -> HookView {
 }
 
 /// The webhooks of one configuration; `Ok(None)` when it does not exist.
-type Hooks = Result<Option<Vec<HookView>>, String>;
+type Hooks<'a> = Result<Option<Vec<HookView>>, &'a LookupError>;
 
 /// The check, and the CA bundle (PEM) the API server trusts for the webhook.
 fn webhook_config(found: &Found, w: &WebhookConfig) -> (Check, Option<String>) {
     let mut problems = Vec::new();
     let mut bundles: Vec<Vec<u8>> = Vec::new();
     let mut names = Vec::new();
-    let mutating: Hooks = found.mutating.clone().map(|o| {
-        o.map(|c| {
+    let mutating: Hooks = found.mutating.as_ref().map(|o| {
+        o.clone().map(|c| {
             c.webhooks
                 .unwrap_or_default()
                 .into_iter()
@@ -311,8 +322,8 @@ fn webhook_config(found: &Found, w: &WebhookConfig) -> (Check, Option<String>) {
                 .collect()
         })
     });
-    let validating: Hooks = found.validating.clone().map(|o| {
-        o.map(|c| {
+    let validating: Hooks = found.validating.as_ref().map(|o| {
+        o.clone().map(|c| {
             c.webhooks
                 .unwrap_or_default()
                 .into_iter()

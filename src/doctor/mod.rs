@@ -114,7 +114,7 @@ pub struct Args {
 
 impl Args {
     /// The flags as configuration overrides.
-    pub fn overrides(&self, flags: &mut FlagOverrides) {
+    pub(crate) fn overrides(&self, flags: &mut FlagOverrides) {
         flags
             .set("device_plugin.node_name", self.node_name.clone())
             .set_flag("device_plugin.mps", self.mps)

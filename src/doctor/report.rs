@@ -129,7 +129,7 @@ impl Report {
     }
 
     /// Ids of the checks with `status`.
-    pub fn ids_with(&self, status: Status) -> Vec<&'static str> {
+    pub(crate) fn ids_with(&self, status: Status) -> Vec<&'static str> {
         self.checks
             .iter()
             .filter(|c| c.status == status)
@@ -138,7 +138,7 @@ impl Report {
     }
 
     /// The JSON document (pretty-printed, newline-terminated).
-    pub fn to_json(&self) -> String {
+    pub(crate) fn to_json(&self) -> String {
         let mut text = serde_json::to_string_pretty(self)
             .unwrap_or_else(|e| format!("{{\"error\": {:?}}}", e.to_string()));
         text.push('\n');
@@ -146,7 +146,7 @@ impl Report {
     }
 
     /// The text checklist; ANSI colours when `colour`.
-    pub fn to_text(&self, colour: bool) -> String {
+    pub(crate) fn to_text(&self, colour: bool) -> String {
         let paint = |status: Status, text: &str| {
             if colour {
                 format!("\x1b[{}m{text}\x1b[0m", status.colour())

@@ -174,7 +174,7 @@ pub fn containerd(host: &HostRoot) -> Vec<Finding> {
 }
 
 /// The paths of containerd's configuration files (stock, k3s, RKE2).
-pub const CONTAINERD_CONFIGS: &[&str] = &[
+pub(crate) const CONTAINERD_CONFIGS: &[&str] = &[
     "/etc/containerd/config.toml",
     "/var/lib/rancher/k3s/agent/etc/containerd/config.toml",
     "/var/lib/rancher/rke2/agent/etc/containerd/config.toml",
@@ -182,7 +182,7 @@ pub const CONTAINERD_CONFIGS: &[&str] = &[
 
 /// One containerd configuration file with its `imports` merged (later files win).
 #[derive(Clone, Debug)]
-pub struct ContainerdConfig {
+pub(crate) struct ContainerdConfig {
     /// The file read: `config.toml`, or its k3s/RKE2 `config.toml.tmpl`.
     pub main: std::path::PathBuf,
     /// The main file and the imported ones that were read, host paths.
@@ -206,7 +206,7 @@ impl ContainerdConfig {
     }
 
     /// The CRI plugin's table name for this version.
-    pub fn cri_plugin(&self) -> &'static str {
+    pub(crate) fn cri_plugin(&self) -> &'static str {
         match self.version() {
             3 => "io.containerd.cri.v1.runtime",
             2 => "io.containerd.grpc.v1.cri",
@@ -215,14 +215,14 @@ impl ContainerdConfig {
     }
 
     /// `plugins.<cri plugin>`, when present.
-    pub fn cri_section(&self) -> Option<&toml::Value> {
+    pub(crate) fn cri_section(&self) -> Option<&toml::Value> {
         lookup(self.table.as_ref()?, &["plugins", self.cri_plugin()])
     }
 }
 
 /// Reads containerd's `main` configuration (or the k3s/RKE2 template it is rendered from)
 /// and merges its imports; `None` when neither file exists.
-pub fn containerd_config(host: &HostRoot, main: &Path) -> Option<ContainerdConfig> {
+pub(crate) fn containerd_config(host: &HostRoot, main: &Path) -> Option<ContainerdConfig> {
     let (main, text, template) = match host.read(main) {
         Some(text) => (main.to_path_buf(), text, false),
         None => {
@@ -408,7 +408,7 @@ fn runtime_program(merged: &toml::Table, runtime: &toml::Value) -> Option<String
 
 /// CRI-O's `crio.conf` and drop-ins (`crio.conf.d/*`, later files win), merged: the files
 /// read, the table and the parse errors; `None` when CRI-O has no configuration here.
-pub fn crio_config(host: &HostRoot) -> Option<(Vec<String>, toml::Table, Vec<String>)> {
+pub(crate) fn crio_config(host: &HostRoot) -> Option<(Vec<String>, toml::Table, Vec<String>)> {
     let main = PathBuf::from("/etc/crio/crio.conf");
     let mut files: Vec<PathBuf> = Vec::new();
     if host.exists(&main) {
@@ -482,7 +482,7 @@ pub fn crio(host: &HostRoot) -> Option<Finding> {
 }
 
 /// CRI-O's default `hooks_dir` (cri-o pkg/config: `HooksDir = []string{hooks.DefaultDir}`).
-pub const CRIO_DEFAULT_HOOKS_DIR: &str = "/usr/share/containers/oci/hooks.d";
+pub(crate) const CRIO_DEFAULT_HOOKS_DIR: &str = "/usr/share/containers/oci/hooks.d";
 
 /// Directories where OCI hooks are commonly installed; a hook there is only used when
 /// CRI-O's `hooks_dir` lists the directory.
@@ -560,7 +560,7 @@ fn crio_hooks(host: &HostRoot, hooks_dirs: &[String], f: &mut Finding) {
 }
 
 /// Which engine the kubelet's configured runtime endpoint points at, when it says.
-pub fn kubelet_engine(host: &HostRoot) -> Option<(Engine, String)> {
+pub(crate) fn kubelet_engine(host: &HostRoot) -> Option<(Engine, String)> {
     let mut endpoint = None;
     if let Some(text) = host.read("/var/lib/kubelet/config.yaml")
         && let Ok(v) = yaml_serde::from_str::<yaml_serde::Value>(&text)
@@ -732,7 +732,7 @@ fn merge_tables(base: &mut toml::Table, over: toml::Table) {
     }
 }
 
-pub fn lookup<'a>(table: &'a toml::Table, path: &[&str]) -> Option<&'a toml::Value> {
+pub(crate) fn lookup<'a>(table: &'a toml::Table, path: &[&str]) -> Option<&'a toml::Value> {
     let (first, rest) = path.split_first()?;
     let mut v = table.get(*first)?;
     for key in rest {

@@ -24,12 +24,12 @@ const REACH_TITLE: &str = "extender answers /version and /readyz";
 /// Where kubeadm puts the scheduler's static pod.
 pub const SCHEDULER_MANIFEST: &str = "/etc/kubernetes/manifests/kube-scheduler.yaml";
 /// The current configuration API.
-pub const API_V1: &str = "kubescheduler.config.k8s.io/v1";
+pub(crate) const API_V1: &str = "kubescheduler.config.k8s.io/v1";
 /// Deadline of one HTTP request to the extender.
-pub const HTTP_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const HTTP_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The extenders block that works, shown in fixes.
-pub fn example_config() -> String {
+pub(crate) fn example_config() -> String {
     format!(
         "apiVersion: {API_V1}\n\
          kind: KubeSchedulerConfiguration\n\
@@ -538,31 +538,70 @@ fn split_url(url: &str) -> Option<(&str, String)> {
     Some((scheme, format!("{authority}:{port}")))
 }
 
+/// Why the extender's endpoint gave no HTTP answer (the check reports it).
+#[derive(Debug, thiserror::Error)]
+enum ProbeError {
+    /// The TCP connection failed.
+    #[error("connect {authority}: {source}")]
+    Connect {
+        /// host:port.
+        authority: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The HTTP/1.1 handshake failed.
+    #[error("HTTP handshake: {0}")]
+    Handshake(hyper::Error),
+    /// The request could not be built (a path that is no URI).
+    #[error("{0}")]
+    Request(http::Error),
+    /// Sending the request or reading the answer failed.
+    #[error("GET {path}: {source}")]
+    Exchange {
+        /// The path asked for.
+        path: String,
+        /// Why.
+        source: hyper::Error,
+    },
+    /// No answer within [`HTTP_TIMEOUT`].
+    #[error("GET http://{authority}{path}: no answer within {secs} s", secs = HTTP_TIMEOUT.as_secs())]
+    NoAnswer {
+        /// host:port.
+        authority: String,
+        /// The path asked for.
+        path: String,
+    },
+}
+
 /// One plain-HTTP GET with a deadline: status and body.
-async fn get(authority: &str, path: &str) -> Result<(u16, String), String> {
+async fn get(authority: &str, path: &str) -> Result<(u16, String), ProbeError> {
     let exchange = async {
         let stream = tokio::net::TcpStream::connect(authority)
             .await
-            .map_err(|e| format!("connect {authority}: {e}"))?;
+            .map_err(|source| ProbeError::Connect {
+                authority: authority.to_string(),
+                source,
+            })?;
         let io = hyper_util::rt::TokioIo::new(stream);
         let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(io)
             .await
-            .map_err(|e| format!("HTTP handshake: {e}"))?;
+            .map_err(ProbeError::Handshake)?;
         tokio::spawn(conn);
         let req = http::Request::get(path)
             .header(http::header::HOST, authority)
             .body(Empty::new())
-            .map_err(|e| e.to_string())?;
-        let resp = sender
-            .send_request(req)
-            .await
-            .map_err(|e| format!("GET {path}: {e}"))?;
+            .map_err(ProbeError::Request)?;
+        let exchange_failed = |source| ProbeError::Exchange {
+            path: path.to_string(),
+            source,
+        };
+        let resp = sender.send_request(req).await.map_err(exchange_failed)?;
         let status = resp.status().as_u16();
         let body = resp
             .into_body()
             .collect()
             .await
-            .map_err(|e| format!("GET {path}: {e}"))?
+            .map_err(exchange_failed)?
             .to_bytes();
         let mut text = String::from_utf8_lossy(&body).trim().to_string();
         if text.len() > 200 {
@@ -577,15 +616,15 @@ async fn get(authority: &str, path: &str) -> Result<(u16, String), String> {
     };
     match tokio::time::timeout(HTTP_TIMEOUT, exchange).await {
         Ok(r) => r,
-        Err(_) => Err(format!(
-            "GET http://{authority}{path}: no answer within {} s",
-            HTTP_TIMEOUT.as_secs()
-        )),
+        Err(_) => Err(ProbeError::NoAnswer {
+            authority: authority.to_string(),
+            path: path.to_string(),
+        }),
     }
 }
 
 /// `extender-reachable`: `url` is `--extender-url` or the scheduler configuration's urlPrefix.
-pub async fn extender_reachable(url: Option<&str>, from_flag: bool) -> Check {
+pub(crate) async fn extender_reachable(url: Option<&str>, from_flag: bool) -> Check {
     let Some(url) = url else {
         return Check::new(
             REACH_ID,

@@ -28,6 +28,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use http::StatusCode;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use tokio::sync::watch;
@@ -38,6 +39,7 @@ use super::filter::pod_request;
 use super::leader::{Fenced, Ticket as Admission};
 use super::metrics::SettleLabels;
 use super::state::ExtenderState;
+use super::verb_error::{PodRequestError, VerbError};
 use super::wire::BindingArgs;
 use crate::core::{GpuMem, PodGpuAnnotations};
 use crate::k8s::events::{Severity, pod_reference};
@@ -45,18 +47,21 @@ use crate::k8s::retry::{RetryError, Transient, retry_until};
 use crate::k8s::write::{bind_pod, now_ns, patch_pod_annotation_changes};
 
 /// Event reason of a successful bind.
-pub const REASON_BOUND: &str = "GpuShareBound";
+pub(crate) const REASON_BOUND: &str = "GpuShareBound";
 /// Event reason of a failed bind.
-pub const REASON_FAILED: &str = "GpuShareBindFailed";
+pub(crate) const REASON_FAILED: &str = "GpuShareBindFailed";
 
 /// Why an API call of bind gave up.
-#[derive(Debug)]
-enum CallError {
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
     /// The API answered with an error (or the connection failed).
+    #[error("{0}")]
     Kube(kube::Error),
     /// The pod's state rules the bind out for certain (deleted, replaced, bound elsewhere).
+    #[error("{0}")]
     Definitive(String),
     /// The bind's time budget ran out.
+    #[error("timed out (extender.bind_timeout_ms)")]
     Timeout,
 }
 
@@ -65,10 +70,146 @@ impl CallError {
         matches!(self, CallError::Kube(kube::Error::Api(s)) if s.code == 404)
     }
     fn describe(&self, what: &str) -> String {
+        format!("{what}: {self}")
+    }
+}
+
+/// Why a bind failed or has no outcome yet. Every kind is answered with HTTP 500 and
+/// `{"Error": "<Display>"}` (upstream's contract; kube-scheduler re-queues the pod); the
+/// kind is the `kind` label of `gpushare_extender_errors_total{verb="bind"}`.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// Reading the pod failed or ran out of time.
+    #[error("getting pod {namespace}/{name}: {source}")]
+    GetPod {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// What the API said.
+        source: CallError,
+    },
+    /// The pod does not exist.
+    #[error("pod {namespace}/{name} not found")]
+    PodNotFound {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+    /// The pod was replaced by another of the same name (upstream wording).
+    #[error(
+        "The pod {name} in ns {namespace}'s uid is {uid}, and it's not equal with expected {expected}"
+    )]
+    UidMismatch {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// The UID the API holds.
+        uid: String,
+        /// The UID the scheduler sent.
+        expected: String,
+    },
+    /// The pod is bound to another node already.
+    #[error("pod {namespace}/{name} is already bound to node {node}")]
+    AlreadyBound {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// The node it is bound to.
+        node: String,
+    },
+    /// The pod's GPU request cannot be read.
+    #[error("pod {namespace}/{name}: {source}")]
+    PodRequest {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Why.
+        source: PodRequestError,
+    },
+    /// The pod asks for no GPU memory.
+    #[error("pod {namespace}/{name} requests no {resource}", resource = crate::core::wire::RESOURCE_GPU_MEM)]
+    NoRequest {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+    /// The node offers no shared GPUs.
+    #[error("the node {0} is not for GPU share")]
+    NotForGpuShare(String),
+    /// No GPU of the node has room.
+    #[error("The node {node} can't place the pod {name} in ns {namespace}: {reason}")]
+    NoFit {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Node.
+        node: String,
+        /// Why no GPU fits.
+        reason: String,
+    },
+    /// The ledger refused the reservation (the pod holds memory already, the node vanished).
+    #[error("{0}")]
+    Reserve(ReserveError),
+    /// The owner of the reservation found that the pod is certainly not bound by us.
+    #[error("{0}")]
+    Refused(String),
+    /// The owner's first round ended with the outcome unknown; it keeps settling it.
+    #[error("{0}")]
+    Unknown(String),
+    /// The request's budget ran out before the owner's first outcome.
+    #[error(
+        "binding pod {namespace}/{name} to node {node}: timed out (extender.bind_timeout_ms); \
+         the outcome is unknown and the extender settles it by reading the API"
+    )]
+    TimedOut {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Node.
+        node: String,
+    },
+    /// A retried bind found an earlier bind of the pod still settling an unknown outcome.
+    #[error(
+        "an earlier bind of pod {namespace}/{name} to node {node} has an unknown outcome; \
+         the extender is settling it by reading the API"
+    )]
+    EarlierUnknown {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// The node the earlier bind chose.
+        node: String,
+    },
+}
+
+impl VerbError for BindError {
+    fn status(&self) -> StatusCode {
+        StatusCode::INTERNAL_SERVER_ERROR
+    }
+    fn label(&self) -> &'static str {
         match self {
-            CallError::Kube(e) => format!("{what}: {e}"),
-            CallError::Definitive(m) => format!("{what}: {m}"),
-            CallError::Timeout => format!("{what}: timed out (extender.bind_timeout_ms)"),
+            BindError::GetPod { .. } => "api_error",
+            BindError::PodNotFound { .. } => "pod_not_found",
+            BindError::UidMismatch { .. } => "uid_mismatch",
+            BindError::AlreadyBound { .. } => "already_bound",
+            BindError::PodRequest { .. } => "bad_pod_request",
+            BindError::NoRequest { .. } => "no_gpu_request",
+            BindError::NotForGpuShare(_) => "not_for_gpu_share",
+            BindError::NoFit { .. } => "no_fit",
+            BindError::Reserve(_) => "reserve_refused",
+            BindError::Refused(_) => "refused",
+            BindError::Unknown(_)
+            | BindError::TimedOut { .. }
+            | BindError::EarlierUnknown { .. } => "unknown_outcome",
         }
     }
 }
@@ -111,7 +252,7 @@ where
 
 /// What the owner of a bind has found out so far.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Still trying.
     Running,
     /// Bound to the node (the message for the scheduler).
@@ -215,7 +356,7 @@ pub async fn bind(
     state: &Arc<ExtenderState>,
     args: &BindingArgs,
     admission: &Admission,
-) -> Result<String, String> {
+) -> Result<String, BindError> {
     let deadline = admission.deadline();
     let (ns, name, node) = (&args.pod_namespace, &args.pod_name, &args.node);
     let pods: Api<Pod> = Api::namespaced(state.client().clone(), ns);
@@ -224,14 +365,23 @@ pub async fn bind(
         pods.get_opt(name).await.map_err(CallError::Kube)
     })
     .await
-    .map_err(|e| e.describe(&format!("getting pod {ns}/{name}")))?
-    .ok_or_else(|| format!("pod {ns}/{name} not found"))?;
+    .map_err(|source| BindError::GetPod {
+        namespace: ns.clone(),
+        name: name.clone(),
+        source,
+    })?
+    .ok_or_else(|| BindError::PodNotFound {
+        namespace: ns.clone(),
+        name: name.clone(),
+    })?;
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     if !args.pod_uid.is_empty() && uid != args.pod_uid {
-        return Err(format!(
-            "The pod {name} in ns {ns}'s uid is {uid}, and it's not equal with expected {}",
-            args.pod_uid
-        ));
+        return Err(BindError::UidMismatch {
+            namespace: ns.clone(),
+            name: name.clone(),
+            uid,
+            expected: args.pod_uid.clone(),
+        });
     }
     if let Some(ticket) = state.binds().get(&uid) {
         return attach(ticket, ns, name, node, deadline).await;
@@ -249,17 +399,25 @@ pub async fn bind(
                 p.gpu
             ));
         }
-        return Err(format!("pod {ns}/{name} is already bound to node {bound}"));
+        return Err(BindError::AlreadyBound {
+            namespace: ns.clone(),
+            name: name.clone(),
+            node: bound.to_string(),
+        });
     }
-    let request = pod_request(&pod).map_err(|e| format!("pod {ns}/{name}: {e}"))?;
+    let request = pod_request(&pod).map_err(|source| BindError::PodRequest {
+        namespace: ns.clone(),
+        name: name.clone(),
+        source,
+    })?;
     if request.is_zero() {
-        return Err(format!(
-            "pod {ns}/{name} requests no {}",
-            crate::core::wire::RESOURCE_GPU_MEM
-        ));
+        return Err(BindError::NoRequest {
+            namespace: ns.clone(),
+            name: name.clone(),
+        });
     }
     if state.cache().slot(node).is_none() {
-        return Err(format!("the node {node} is not for GPU share"));
+        return Err(BindError::NotForGpuShare(node.clone()));
     }
     let reservation =
         match state
@@ -271,15 +429,18 @@ pub async fn bind(
                 // Another bind of the same pod won the race to reserve: attach to it.
                 return match state.binds().get(&uid) {
                     Some(ticket) => attach(ticket, ns, name, node, deadline).await,
-                    None => Err(e.to_string()),
+                    None => Err(BindError::Reserve(e)),
                 };
             }
             Err(ReserveError::NoFit(reason)) => {
-                return Err(format!(
-                    "The node {node} can't place the pod {name} in ns {ns}: {reason}"
-                ));
+                return Err(BindError::NoFit {
+                    namespace: ns.clone(),
+                    name: name.clone(),
+                    node: node.clone(),
+                    reason,
+                });
             }
-            Err(other) => return Err(other.to_string()),
+            Err(other) => return Err(BindError::Reserve(other)),
         };
     let (tx, rx) = watch::channel(Outcome::Running);
     state.binds().lock().insert(
@@ -306,10 +467,11 @@ pub async fn bind(
     wait_for(rx, deadline, |o| *o != Outcome::Running)
         .await
         .unwrap_or_else(|| {
-            Err(format!(
-                "binding pod {ns}/{name} to node {node}: timed out (extender.bind_timeout_ms); \
-                 the outcome is unknown and the extender settles it by reading the API"
-            ))
+            Err(BindError::TimedOut {
+                namespace: ns.clone(),
+                name: name.clone(),
+                node: node.clone(),
+            })
         })
 }
 
@@ -318,7 +480,7 @@ async fn wait_for(
     mut rx: watch::Receiver<Outcome>,
     deadline: Instant,
     done: impl Fn(&Outcome) -> bool,
-) -> Option<Result<String, String>> {
+) -> Option<Result<String, BindError>> {
     let waited = tokio::time::timeout_at(deadline, async {
         rx.wait_for(|o| done(o)).await.map(|o| o.clone()).ok()
     })
@@ -331,7 +493,8 @@ async fn wait_for(
     };
     match outcome {
         Outcome::Bound(msg) => Some(Ok(msg)),
-        Outcome::Failed(why) | Outcome::Unknown(why) => Some(Err(why)),
+        Outcome::Failed(why) => Some(Err(BindError::Refused(why))),
+        Outcome::Unknown(why) => Some(Err(BindError::Unknown(why))),
         Outcome::Running => None,
     }
 }
@@ -343,20 +506,21 @@ async fn attach(
     name: &str,
     node: &str,
     deadline: Instant,
-) -> Result<String, String> {
+) -> Result<String, BindError> {
     let answer = wait_for(ticket.outcome, deadline, Outcome::is_final).await;
     match answer {
         Some(Ok(msg)) if ticket.node == node => Ok(msg),
-        Some(Ok(_)) => Err(format!(
-            "pod {ns}/{name} is already bound to node {}",
-            ticket.node
-        )),
+        Some(Ok(_)) => Err(BindError::AlreadyBound {
+            namespace: ns.to_string(),
+            name: name.to_string(),
+            node: ticket.node,
+        }),
         Some(Err(why)) => Err(why),
-        None => Err(format!(
-            "an earlier bind of pod {ns}/{name} to node {} has an unknown outcome; \
-             the extender is settling it by reading the API",
-            ticket.node
-        )),
+        None => Err(BindError::EarlierUnknown {
+            namespace: ns.to_string(),
+            name: name.to_string(),
+            node: ticket.node,
+        }),
     }
 }
 
@@ -671,7 +835,7 @@ async fn attempt(job: &Job, deadline: Instant) -> Attempt {
 
 /// The bind's annotation changes: `patch`, and a removal of every annotation of ours the pod
 /// carries that the bind does not set (a pod created from another pod's YAML).
-pub fn clean_slate(
+pub(crate) fn clean_slate(
     existing: Option<&BTreeMap<String, String>>,
     patch: BTreeMap<String, String>,
 ) -> BTreeMap<String, Option<String>> {

@@ -204,22 +204,13 @@ pub enum ReserveError {
 
 /// A reservation made for a bind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reservation {
+pub(crate) struct Reservation {
     /// GPU index.
     pub gpu: u32,
     /// That GPU's total memory (the DEV annotation).
     pub device_total: GpuMem,
     /// Identifies this reservation to its owner's [`Cache::confirm`] and [`Cache::release`].
     pub token: u64,
-}
-
-/// What became of a reservation when its owner applied what the API showed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Settled {
-    /// Still this reservation (the pod is unbound, or bound here but not yet in the watch).
-    Held,
-    /// The record is no longer this reservation (observed by the watch, or released).
-    Ended,
 }
 
 /// Read-only view of one pod on a node.
@@ -319,7 +310,7 @@ impl Cache {
     /// `per_node` of each of `names`' slots (`None`: unknown node), in order, under one
     /// read lock of the map (no slot is cloned out; each node's entry is read-locked by
     /// `per_node` itself, as filter and prioritize do).
-    pub fn map_slots<'a, T>(
+    pub(crate) fn map_slots<'a, T>(
         &self,
         names: impl IntoIterator<Item = &'a str>,
         mut per_node: impl FnMut(Option<&NodeSlot>) -> T,
@@ -418,7 +409,7 @@ impl Cache {
     }
 
     /// The pod is gone (watch delete): release whatever it held, reservations included.
-    pub fn forget_pod(&self, uid: &str) {
+    pub(crate) fn forget_pod(&self, uid: &str) {
         let mut pods = write(&self.pods);
         write(&self.gone).remove(uid);
         if let Some((key, rec)) = pods.remove_entry(uid) {
@@ -429,7 +420,7 @@ impl Cache {
 
     /// A re-list of pods begins (before its list is asked for): the mark to hand to
     /// [`Cache::retain_pods`] at its end.
-    pub fn relist_mark(&self) -> u64 {
+    pub(crate) fn relist_mark(&self) -> u64 {
         self.tick()
     }
 
@@ -442,7 +433,7 @@ impl Cache {
     /// After a full re-list of pods begun at `mark`: forget every observed pod not in `seen`.
     /// Reservations stay whatever the list says: one may be newer than the list's snapshot,
     /// and each has an owner that settles it by reading the API.
-    pub fn retain_pods(&self, seen: &HashSet<String>, mark: u64) -> usize {
+    pub(crate) fn retain_pods(&self, seen: &HashSet<String>, mark: u64) -> usize {
         let mut pods = write(&self.pods);
         let mut map = write(&self.nodes);
         let gone: Vec<Uid> = pods
@@ -472,7 +463,7 @@ impl Cache {
     }
 
     /// A Node was deleted: its pods stay (as pending) until they are deleted too.
-    pub fn remove_node(&self, name: &str) {
+    pub(crate) fn remove_node(&self, name: &str) {
         let _pods = read(&self.pods);
         let mut map = write(&self.nodes);
         if let Some(slot) = map.get(name) {
@@ -485,7 +476,7 @@ impl Cache {
     }
 
     /// After a full re-list of nodes: every node not in `seen` is deleted.
-    pub fn retain_nodes(&self, seen: &HashSet<String>) {
+    pub(crate) fn retain_nodes(&self, seen: &HashSet<String>) {
         let gone: Vec<String> = read(&self.nodes)
             .iter()
             .filter(|(n, s)| !seen.contains(&***n) && read(&s.entry).exists)
@@ -497,7 +488,7 @@ impl Cache {
     }
 
     /// Sets the GPUs the `unhealthy-gpu-<node>` ConfigMap lists (empty clears).
-    pub fn set_unhealthy(&self, node: &str, gpus: BTreeSet<u32>) {
+    pub(crate) fn set_unhealthy(&self, node: &str, gpus: BTreeSet<u32>) {
         let _pods = read(&self.pods);
         let mut map = write(&self.nodes);
         if gpus.is_empty() && !map.contains_key(node) {
@@ -513,7 +504,7 @@ impl Cache {
     }
 
     /// After a full re-list of the ConfigMaps: clear the nodes not in `seen`.
-    pub fn retain_unhealthy(&self, seen: &HashSet<String>) {
+    pub(crate) fn retain_unhealthy(&self, seen: &HashSet<String>) {
         let stale: Vec<String> = read(&self.nodes)
             .iter()
             .filter(|(n, s)| !seen.contains(&***n) && !read(&s.entry).unhealthy.is_empty())
@@ -526,7 +517,7 @@ impl Cache {
 
     /// Chooses a GPU of `node` for the pod and reserves it (as Assumed); the caller owns the
     /// reservation (its token) until it is confirmed-and-observed or released.
-    pub fn reserve(
+    pub(crate) fn reserve(
         &self,
         uid: &str,
         namespace: &str,
@@ -593,7 +584,7 @@ impl Cache {
     }
 
     /// The Binding landed: keep the reservation until the watch shows the pod bound.
-    pub fn confirm(&self, uid: &str, token: u64) {
+    pub(crate) fn confirm(&self, uid: &str, token: u64) {
         if let Some(rec) = write(&self.pods).get_mut(uid)
             && matches!(rec.hold, Hold::Reserved { token: t, .. } if t == token)
         {
@@ -628,7 +619,7 @@ impl Cache {
 
     /// The owner read the pod gone or finished: [`Cache::release`], and ignore older watch
     /// events that still show it running until the watch shows its deletion.
-    pub fn release_gone(&self, uid: &str, token: u64) -> bool {
+    pub(crate) fn release_gone(&self, uid: &str, token: u64) -> bool {
         if !self.holds(uid, token) {
             return false;
         }
@@ -638,7 +629,7 @@ impl Cache {
     }
 
     /// Where the pod `uid` is counted.
-    pub fn pod_placement(&self, uid: &str) -> Option<Placement> {
+    pub(crate) fn pod_placement(&self, uid: &str) -> Option<Placement> {
         read(&self.pods).get(uid).map(|r| Placement {
             node: r.node.to_string(),
             gpu: r.gpu,
@@ -648,7 +639,8 @@ impl Cache {
     }
 
     /// Names of the nodes whose Node object exists, sorted.
-    pub fn node_names(&self) -> Vec<String> {
+    #[cfg(test)]
+    pub(crate) fn node_names(&self) -> Vec<String> {
         let mut names: Vec<String> = read(&self.nodes)
             .iter()
             .filter(|(_, s)| read(&s.entry).exists)
@@ -659,7 +651,7 @@ impl Cache {
     }
 
     /// A view of one node (also one that only orphan pods point at).
-    pub fn node_view(&self, node: &str) -> Option<NodeView> {
+    pub(crate) fn node_view(&self, node: &str) -> Option<NodeView> {
         let pods = read(&self.pods);
         let slot = read(&self.nodes).get(node).cloned()?;
         let e = read(&slot.entry);
@@ -715,7 +707,7 @@ impl Cache {
     }
 
     /// Views of every node that exists and offers shared GPUs or holds pods, sorted by name.
-    pub fn views(&self) -> Vec<NodeView> {
+    pub(crate) fn views(&self) -> Vec<NodeView> {
         let mut names: Vec<String> = read(&self.nodes)
             .iter()
             .filter(|(_, s)| {
@@ -746,7 +738,7 @@ impl Cache {
     }
 
     /// Every (node, GPU index, total, used, the node's declared unit) for the memory gauges.
-    pub fn gpu_rows(&self) -> Vec<(String, u32, GpuMem, GpuMem, Option<MemoryUnit>)> {
+    pub(crate) fn gpu_rows(&self) -> Vec<(String, u32, GpuMem, GpuMem, Option<MemoryUnit>)> {
         let map = read(&self.nodes);
         let mut rows = Vec::new();
         for (name, slot) in map.iter() {

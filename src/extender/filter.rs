@@ -8,23 +8,24 @@ use std::collections::BTreeMap;
 
 use super::cache::Fit;
 use super::state::ExtenderState;
+use super::verb_error::PodRequestError;
 use super::wire::{Candidates, ExtenderArgs, FilterResult, NodeList};
 use crate::core::{GpuMem, NoFit};
 
 /// The rejection reason for nodes that offer no shared GPUs (upstream wording).
-pub fn not_for_gpu_share(node: &str) -> String {
+pub(crate) fn not_for_gpu_share(node: &str) -> String {
     format!("The node {node} is not for GPU share, need skip")
 }
 
-/// The pod's request, or a message for a 400 answer.
-pub fn pod_request(pod: &k8s_openapi::api::core::v1::Pod) -> Result<GpuMem, String> {
-    crate::k8s::pod_gpu_request(pod)
-        .map(|r| r.total())
-        .map_err(|e| format!("ExtenderArgs.Pod: {e}"))
+/// The pod's request, or why it cannot be read (a 400 answer).
+pub(crate) fn pod_request(
+    pod: &k8s_openapi::api::core::v1::Pod,
+) -> Result<GpuMem, PodRequestError> {
+    Ok(crate::k8s::pod_gpu_request(pod)?.total())
 }
 
 /// Runs filter; `Err` is a bad request.
-pub fn filter(state: &ExtenderState, args: ExtenderArgs) -> Result<FilterResult, String> {
+pub fn filter(state: &ExtenderState, args: ExtenderArgs) -> Result<FilterResult, PodRequestError> {
     let request = pod_request(&args.pod)?;
     let metrics = state.metrics();
     let mut passing = Vec::new();

@@ -32,13 +32,85 @@ use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::rustls;
 
+use super::leader::KnownLeader;
+use super::verb_error::VerbError;
 use crate::k8s::retry::{RetryError, Transient, retry_until};
 use crate::tls::ServingCert;
 
+/// Why a standby has no leader to forward a scheduling verb to (HTTP 503: the scheduler asks
+/// again, and the Service routes to a ready replica).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum NoLeader {
+    /// The election has no live holder yet.
+    #[error("no extender replica is known to lead (leader election in progress)")]
+    Unknown,
+    /// This replica has just won the election and is rebuilding its ledger.
+    #[error("this replica has just become the leader; its ledger is being rebuilt")]
+    Rebuilding,
+    /// The leader publishes no address in its Lease.
+    #[error(
+        "the leader {0} publishes no address to forward to (set --advertise-address or POD_IP there)"
+    )]
+    NoAddress(String),
+}
+
+impl VerbError for NoLeader {
+    fn status(&self) -> StatusCode {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+    fn label(&self) -> &'static str {
+        match self {
+            NoLeader::Unknown => "no_leader",
+            NoLeader::Rebuilding => "leader_rebuilding",
+            NoLeader::NoAddress(_) => "leader_without_address",
+        }
+    }
+}
+
+/// The leader's identity and base URL, from what the election knows of it.
+pub(crate) fn leader_url(known: KnownLeader) -> Result<(String, String), NoLeader> {
+    match known {
+        KnownLeader::Unknown => Err(NoLeader::Unknown),
+        KnownLeader::Me => Err(NoLeader::Rebuilding),
+        KnownLeader::Other {
+            identity,
+            address: None,
+        } => Err(NoLeader::NoAddress(identity)),
+        KnownLeader::Other {
+            identity,
+            address: Some(url),
+        } => Ok((identity, url)),
+    }
+}
+
+/// Why a lost bind could not be settled: the pod could not be read in time. The outcome stays
+/// unknown (HTTP 500, the scheduler asks again).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SettleError {
+    /// The API answered reads of the pod with an error that is not transient.
+    #[error("reading pod {namespace}/{name}: {source}")]
+    Read {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// What the API said.
+        source: kube::Error,
+    },
+    /// The pod could not be read before the deadline.
+    #[error("pod {namespace}/{name} could not be read before the deadline")]
+    Deadline {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+}
+
 /// Header naming the replica that forwarded a request.
-pub const FORWARDED_BY: &str = "x-gpushare-forwarded-by";
+pub(crate) const FORWARDED_BY: &str = "x-gpushare-forwarded-by";
 /// Header naming the replica whose ledger an answer shows.
-pub const VIEW_OF: &str = "x-gpushare-view";
+pub(crate) const VIEW_OF: &str = "x-gpushare-view";
 
 /// The leader's answer, as it came.
 #[derive(Debug, Clone)]
@@ -293,7 +365,7 @@ impl Forwarder {
 
 /// What reading the pod says about a bind whose answer was lost.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Settled {
+pub(crate) enum Settled {
     /// The pod (same UID) is bound to the node asked for.
     Bound,
     /// The pod is bound elsewhere, gone, or replaced.
@@ -321,7 +393,7 @@ impl Transient for Read {
 /// `settle_at` — a moment after which the leader's fence forbids any write of that bind —
 /// has passed with the pod still unbound. Gives up (`Err`) only if the pod cannot be read
 /// by `give_up`.
-pub async fn settle_bind(
+pub(crate) async fn settle_bind(
     client: &kube::Client,
     namespace: &str,
     name: &str,
@@ -329,7 +401,7 @@ pub async fn settle_bind(
     node: &str,
     settle_at: Instant,
     give_up: Instant,
-) -> Result<Settled, String> {
+) -> Result<Settled, SettleError> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let outcome = retry_until(
         give_up,
@@ -359,11 +431,16 @@ pub async fn settle_bind(
     .await;
     match outcome {
         Ok(s) => Ok(s),
-        Err(RetryError::Failed(Read::Kube(e))) => {
-            Err(format!("reading pod {namespace}/{name}: {e}"))
+        Err(RetryError::Failed(Read::Kube(source))) => Err(SettleError::Read {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            source,
+        }),
+        Err(RetryError::Failed(Read::NotYet)) | Err(RetryError::DeadlineExceeded) => {
+            Err(SettleError::Deadline {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+            })
         }
-        Err(RetryError::Failed(Read::NotYet)) | Err(RetryError::DeadlineExceeded) => Err(format!(
-            "pod {namespace}/{name} could not be read before the deadline"
-        )),
     }
 }

@@ -69,7 +69,7 @@ use crate::shutdown::{self, Shutdown, Trigger};
 
 /// Lease annotation holding the leader's base URL (`http://10.0.0.7:12345`), written by the
 /// holder on every renewal; standbys forward the scheduling verbs there.
-pub const ANN_LEADER_ADDRESS: &str = "gpushare.io/leader-address";
+pub(crate) const ANN_LEADER_ADDRESS: &str = "gpushare.io/leader-address";
 
 /// Where the election and the fence read the time.
 pub trait Clock: Send + Sync + std::fmt::Debug {
@@ -81,7 +81,7 @@ pub trait Clock: Send + Sync + std::fmt::Debug {
 
 /// The machine's clocks.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct SystemClock;
+pub(crate) struct SystemClock;
 
 impl Clock for SystemClock {
     fn now(&self) -> Instant {
@@ -191,7 +191,7 @@ impl LeaseTiming {
     }
 
     /// `leaseDurationSeconds` as written into the Lease: whole seconds, rounded up, at least 1.
-    pub fn lease_duration_seconds(&self) -> i32 {
+    pub(crate) fn lease_duration_seconds(&self) -> i32 {
         let ms = self.lease_duration.as_millis();
         let secs = ms.div_ceil(1000).max(1);
         i32::try_from(secs).unwrap_or(i32::MAX)
@@ -199,13 +199,13 @@ impl LeaseTiming {
 
     /// The fence's margin: what a write sent at the end of the write window may take to
     /// land before another replica may take over (`lease_duration − renew_deadline`).
-    pub fn margin(&self) -> Duration {
+    pub(crate) fn margin(&self) -> Duration {
         self.lease_duration.saturating_sub(self.renew_deadline)
     }
 
     /// How long after the start of its last successful renewal a leader may still begin a
     /// write: `lease_duration − margin`.
-    pub fn write_window(&self) -> Duration {
+    pub(crate) fn write_window(&self) -> Duration {
         self.lease_duration.saturating_sub(self.margin())
     }
 }
@@ -262,7 +262,7 @@ pub struct Observation {
 
 impl Observation {
     /// The local instant after which the lease counts as expired unless it changes.
-    pub fn expires_at(&self, default_duration: Duration) -> Instant {
+    pub(crate) fn expires_at(&self, default_duration: Duration) -> Instant {
         let duration = match self.record.duration {
             Some(secs) if secs > 0 => Duration::from_secs(u64::from(secs.unsigned_abs())),
             _ => default_duration,
@@ -393,7 +393,7 @@ pub struct Fence {
 
 impl Fence {
     /// A fence for a single replica (no election): admits everything, checks only deadlines.
-    pub fn unelected(identity: String, clock: Arc<dyn Clock>) -> Arc<Fence> {
+    pub(crate) fn unelected(identity: String, clock: Arc<dyn Clock>) -> Arc<Fence> {
         let (leader, _) = watch::channel(KnownLeader::Me);
         Arc::new(Fence {
             identity,
@@ -405,7 +405,11 @@ impl Fence {
     }
 
     /// A fence driven by leader election with `timing`; closed until the first renewal.
-    pub fn elected(identity: String, clock: Arc<dyn Clock>, timing: LeaseTiming) -> Arc<Fence> {
+    pub(crate) fn elected(
+        identity: String,
+        clock: Arc<dyn Clock>,
+        timing: LeaseTiming,
+    ) -> Arc<Fence> {
         let (leader, _) = watch::channel(KnownLeader::Unknown);
         Arc::new(Fence {
             identity,
@@ -431,17 +435,17 @@ impl Fence {
     }
 
     /// Whether binds are fenced by an election at all.
-    pub fn is_elected(&self) -> bool {
+    pub(crate) fn is_elected(&self) -> bool {
         self.window.is_some()
     }
 
     /// Whether this replica leads now (always, without an election).
-    pub fn is_leading(&self) -> bool {
+    pub(crate) fn is_leading(&self) -> bool {
         self.window.is_none() || self.term().leading
     }
 
     /// The current term number (0 before the first win; counts wins).
-    pub fn term_number(&self) -> u64 {
+    pub(crate) fn term_number(&self) -> u64 {
         self.term().number
     }
 
@@ -450,14 +454,9 @@ impl Fence {
         self.leader.borrow().clone()
     }
 
-    /// A receiver that follows [`Fence::leader`].
-    pub fn subscribe_leader(&self) -> watch::Receiver<KnownLeader> {
-        self.leader.subscribe()
-    }
-
     /// Admits a bind: the term now and a deadline `timeout` from now (the body read comes
     /// after this, inside the same deadline).
-    pub fn admit(self: &Arc<Self>, timeout: Duration) -> Result<Ticket, Fenced> {
+    pub(crate) fn admit(self: &Arc<Self>, timeout: Duration) -> Result<Ticket, Fenced> {
         let now = self.clock.now();
         let term = if self.window.is_some() {
             let t = self.term();
@@ -534,7 +533,7 @@ impl Ticket {
     /// Ok while, under an election, this is still the term the bind was admitted under and
     /// inside the write window after the last successful renewal (the deadline aside: the
     /// owner of a reservation settling it past the request's deadline is held by this).
-    pub fn check_term(&self) -> Result<(), Fenced> {
+    pub(crate) fn check_term(&self) -> Result<(), Fenced> {
         let now = self.fence.clock.now();
         let (Some(admitted), Some(window)) = (self.term, self.fence.window) else {
             return Ok(());
@@ -603,7 +602,7 @@ fn random_u32() -> u32 {
 /// This replica's base URL for the others: `given` (`HOST[:PORT]`, the port defaulting to
 /// `port`), else `pod_ip` with `port`, else `bind` with `port` when it is a specific address;
 /// `None` when nothing says where this replica can be reached.
-pub fn advertise_url(
+pub(crate) fn advertise_url(
     given: &str,
     pod_ip: Option<&str>,
     bind: std::net::IpAddr,
@@ -696,7 +695,7 @@ impl LeaderElector {
     }
 
     /// The same candidate driving `fence` (its identity and clock are the fence's).
-    pub fn with_fence(mut self, fence: Arc<Fence>) -> Self {
+    pub(crate) fn with_fence(mut self, fence: Arc<Fence>) -> Self {
         self.fence = fence;
         self
     }
@@ -710,11 +709,6 @@ impl LeaderElector {
     /// This candidate's identity.
     pub fn identity(&self) -> &str {
         &self.fence.identity
-    }
-
-    /// The fence this candidate keeps current.
-    pub fn fence(&self) -> Arc<Fence> {
-        self.fence.clone()
     }
 
     /// Writes name the candidate as their field manager (`?fieldManager=<identity>`, cut to
@@ -976,7 +970,7 @@ async fn watch_lease(api: Api<Lease>, name: String, changed: Arc<tokio::sync::No
 
 /// Leader election wired to an extender: the serving gate and the ledger rebuild.
 #[derive(Debug)]
-pub struct Election {
+pub(crate) struct Election {
     leadership: Leadership,
     resign: Trigger,
     gate: JoinHandle<()>,
@@ -1018,14 +1012,9 @@ impl Election {
         })
     }
 
-    /// A receiver of the leading flag.
-    pub fn subscribe(&self) -> watch::Receiver<bool> {
-        self.leadership.subscribe()
-    }
-
     /// Stops competing and releases the lease if held. Call after the HTTP server has
     /// drained, so no bind of this replica is still running.
-    pub async fn resign(self) {
+    pub(crate) async fn resign(self) {
         self.resign.trigger();
         self.leadership.join().await;
         let _ = self.gate.await;

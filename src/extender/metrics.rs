@@ -4,7 +4,8 @@
 //! state and whether this replica leads (so dashboards summing over replicas can keep to the
 //! leader's numbers: `... * on(instance) gpushare_extender_leader`); binds whose outcome was
 //! unknown and how reservations were settled; annotation values of ours that could not be
-//! used; watch errors and whether the ledger is stale.
+//! used; watch errors and whether the ledger is stale; requests answered with an error, by
+//! the error's kind.
 //!
 //! Registered in the role's [`AdminState`] registry; rendering is `AdminState::render_metrics`.
 
@@ -25,6 +26,15 @@ pub struct RequestLabels {
     pub verb: &'static str,
     /// ok | rejected | error | bad_request | unavailable.
     pub outcome: &'static str,
+}
+
+/// Labels of the error counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    /// filter | prioritize | bind.
+    pub verb: &'static str,
+    /// The error's kind (`VerbError::label`): bad_pod_request, no_fit, unknown_outcome, ….
+    pub kind: &'static str,
 }
 
 /// Labels of the rejection counter.
@@ -57,7 +67,7 @@ pub struct SettleLabels {
 
 /// Labels of the per-GPU gauges.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct GpuLabels {
+pub(crate) struct GpuLabels {
     /// Node name.
     pub node: String,
     /// GPU index.
@@ -76,6 +86,8 @@ pub struct Metrics {
     pub requests: Family<RequestLabels, Counter>,
     /// `gpushare_extender_request_duration_seconds{verb,outcome}`.
     pub latency: Family<RequestLabels, Histogram, fn() -> Histogram>,
+    /// `gpushare_extender_errors_total{verb,kind}`: requests answered with an error.
+    pub errors: Family<ErrorLabels, Counter>,
     /// `gpushare_extender_filter_rejections_total{reason}`.
     pub rejections: Family<ReasonLabels, Counter>,
     /// `gpushare_extender_bind_retries_total`.
@@ -107,6 +119,7 @@ impl Metrics {
         let m = Metrics {
             requests: Family::default(),
             latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            errors: Family::default(),
             rejections: Family::default(),
             bind_retries: Counter::default(),
             bind_unknown: Counter::default(),
@@ -132,6 +145,11 @@ impl Metrics {
                 "gpushare_extender_request_duration_seconds",
                 "Time to answer a request, by verb and outcome",
                 m.latency.clone(),
+            );
+            r.register(
+                "gpushare_extender_errors",
+                "Scheduling requests answered with an error, by verb and the error's kind",
+                m.errors.clone(),
             );
             r.register(
                 "gpushare_extender_filter_rejections",
@@ -208,10 +226,15 @@ impl Metrics {
     }
 
     /// Counts one request and its duration.
-    pub fn observe(&self, verb: &'static str, outcome: &'static str, seconds: f64) {
+    pub(crate) fn observe(&self, verb: &'static str, outcome: &'static str, seconds: f64) {
         let labels = RequestLabels { verb, outcome };
         self.requests.get_or_create(&labels).inc();
         self.latency.get_or_create(&labels).observe(seconds);
+    }
+
+    /// Counts one request answered with an error of `kind`.
+    pub(crate) fn count_error(&self, verb: &'static str, kind: &'static str) {
+        self.errors.get_or_create(&ErrorLabels { verb, kind }).inc();
     }
 
     /// Refreshes the ledger gauges (called at scrape time); `leader`: this replica serves the

@@ -13,15 +13,16 @@ pub mod bind;
 pub mod cache;
 #[cfg(test)]
 mod cache_props;
-pub mod filter;
-pub mod forward;
+pub(crate) mod filter;
+pub(crate) mod forward;
 pub mod inspect;
 pub mod leader;
 pub mod metrics;
-pub mod prioritize;
+pub(crate) mod prioritize;
 pub mod routes;
 pub mod state;
 pub mod sync;
+pub(crate) mod verb_error;
 pub mod wire;
 
 use std::net::{IpAddr, SocketAddr};
@@ -95,7 +96,7 @@ pub struct Args {
 
 impl Args {
     /// The flags as configuration overrides.
-    pub fn overrides(&self, flags: &mut FlagOverrides) {
+    pub(crate) fn overrides(&self, flags: &mut FlagOverrides) {
         let Args {
             bind_address,
             port,

@@ -4,13 +4,14 @@
 
 use super::filter::pod_request;
 use super::state::ExtenderState;
+use super::verb_error::PodRequestError;
 use super::wire::{ExtenderArgs, HostPriority};
 
 /// Runs prioritize; `Err` is a bad request.
 pub fn prioritize<'a>(
     state: &ExtenderState,
     args: &'a ExtenderArgs,
-) -> Result<Vec<HostPriority<'a>>, String> {
+) -> Result<Vec<HostPriority<'a>>, PodRequestError> {
     let request = pod_request(&args.pod)?;
     let policy = state.config().node_policy;
     let names = args.candidates.names();

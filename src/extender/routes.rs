@@ -24,8 +24,8 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use super::forward::{self, FORWARDED_BY, ForwardError, Forwarded, Forwarder, Settled, VIEW_OF};
-use super::leader::KnownLeader;
 use super::state::ExtenderState;
+use super::verb_error::VerbError;
 use super::wire::{ErrorBody, decode_binding_args, decode_extender_args};
 use super::{bind, filter, inspect, prioritize};
 use crate::http_server;
@@ -249,25 +249,15 @@ fn forward_timeout(
 }
 
 /// The leader's base URL, or why there is none to forward to.
-fn leader_url(state: &ExtenderState) -> Result<(String, String), String> {
-    match state.fence().leader() {
-        KnownLeader::Unknown => {
-            Err("no extender replica is known to lead (leader election in progress)".into())
-        }
-        KnownLeader::Me => {
-            Err("this replica has just become the leader; its ledger is being rebuilt".into())
-        }
-        KnownLeader::Other {
-            identity,
-            address: None,
-        } => Err(format!(
-            "the leader {identity} publishes no address to forward to (set --advertise-address or POD_IP there)"
-        )),
-        KnownLeader::Other {
-            identity,
-            address: Some(url),
-        } => Ok((identity, url)),
-    }
+fn leader_url(state: &ExtenderState) -> Result<(String, String), forward::NoLeader> {
+    forward::leader_url(state.fence().leader())
+}
+
+/// Answers a scheduling verb's typed error: its status and `{"Error": ...}`, counted by kind
+/// in `gpushare_extender_errors_total`; the outcome label for the request metric.
+fn failed(state: &ExtenderState, verb: &'static str, e: &impl VerbError) -> (Resp, &'static str) {
+    state.metrics().count_error(verb, e.label());
+    (error(e.status(), e.to_string()), e.outcome())
 }
 
 /// `/readyz`: the leader (or a single replica) once its ledger is synced; a standby while
@@ -464,12 +454,12 @@ async fn scheduling(
                         };
                         (json(StatusCode::OK, &r), outcome)
                     }
-                    Err(e) => (error(StatusCode::BAD_REQUEST, e), "bad_request"),
+                    Err(e) => failed(state, "filter", &e),
                 }
             } else {
                 match prioritize::prioritize(state, &args) {
                     Ok(r) => (json(StatusCode::OK, &r), "ok"),
-                    Err(e) => (error(StatusCode::BAD_REQUEST, e), "bad_request"),
+                    Err(e) => failed(state, "prioritize", &e),
                 }
             }
         }
@@ -484,8 +474,8 @@ async fn scheduling(
                     (error(StatusCode::OK, ""), "ok")
                 }
                 Err(why) => {
-                    tracing::warn!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, "bind failed: {why}");
-                    (error(StatusCode::INTERNAL_SERVER_ERROR, why), "error")
+                    tracing::warn!(pod = %format!("{}/{}", args.pod_namespace, args.pod_name), node = %args.node, kind = why.label(), "bind failed: {why}");
+                    failed(state, "bind", &why)
                 }
             }
         }
@@ -510,7 +500,7 @@ async fn forward_verb(
 ) -> (Resp, &'static str) {
     let (leader, url) = match leader_url(state) {
         Ok(l) => l,
-        Err(why) => return (error(StatusCode::SERVICE_UNAVAILABLE, why), "unavailable"),
+        Err(why) => return failed(state, route.verb(), &why),
     };
     let path_and_query = req
         .uri()

@@ -16,11 +16,11 @@ use super::bind::BindOwners;
 use super::cache::Cache;
 use super::leader::Fence;
 use super::metrics::Metrics;
-use super::sync::WatchHealth;
 use crate::admin::AdminState;
 use crate::config::ExtenderConfig;
 use crate::core::wire::EXTENDER_COMPONENT;
 use crate::k8s::events::Events;
+use crate::k8s::watch::WatchHealth;
 use crate::shutdown::Shutdown;
 
 /// Everything the request handlers and the watches share.
@@ -107,12 +107,12 @@ impl ExtenderState {
     }
 
     /// Why the ledger is stale (a watch keeps failing), if it is.
-    pub fn stale_reason(&self) -> Option<String> {
+    pub(crate) fn stale_reason(&self) -> Option<String> {
         self.stale.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Marks the ledger stale (with the reason) or fresh again.
-    pub fn set_stale(&self, reason: Option<String>) {
+    pub(crate) fn set_stale(&self, reason: Option<String>) {
         *self.stale.lock().unwrap_or_else(|p| p.into_inner()) = reason;
         self.update_ready();
     }
@@ -138,12 +138,12 @@ impl ExtenderState {
     }
 
     /// The leadership term binds are admitted under, and who leads.
-    pub fn fence(&self) -> &Arc<Fence> {
+    pub(crate) fn fence(&self) -> &Arc<Fence> {
         &self.fence
     }
 
     /// Whether the first full sync of pods, nodes and ConfigMaps has been applied.
-    pub fn is_synced(&self) -> bool {
+    pub(crate) fn is_synced(&self) -> bool {
         self.synced.load(Ordering::SeqCst)
     }
 
@@ -164,7 +164,7 @@ impl ExtenderState {
     }
 
     /// Marks the ledger synced or not.
-    pub fn set_synced(&self, synced: bool) {
+    pub(crate) fn set_synced(&self, synced: bool) {
         self.synced.store(synced, Ordering::SeqCst);
         self.update_ready();
     }
@@ -181,7 +181,7 @@ impl ExtenderState {
     }
 
     /// Why the scheduling verbs are refused now, if they are.
-    pub fn unavailable_reason(&self) -> Option<String> {
+    pub(crate) fn unavailable_reason(&self) -> Option<String> {
         if !self.is_synced() {
             Some("the extender's ledger is not synced with the cluster yet".to_string())
         } else if let Some(why) = self.stale_reason() {

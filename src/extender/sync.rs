@@ -5,20 +5,19 @@
 //! Each watch applies its first full list, then events; on a re-list (after a 410 Gone or a
 //! dropped stream, kube-runtime's `Init … InitDone`) objects not listed again are removed, so
 //! nothing is lost or counted twice. The ledger is "synced" once all three watches have
-//! completed their first list. Watch errors are logged, counted and retried with backoff;
+//! completed their first list. The watches run on the one driver, `k8s::watch`, with its
+//! fast backoff. Watch errors are logged, counted and retried with backoff;
 //! they never stop the extender, but a watch that keeps failing for
 //! `extender.watch_stale_after_ms` makes the ledger *stale*: `/readyz` and the scheduling
 //! verbs answer 503 (with the reason) until it recovers, so nothing is placed from a ledger
 //! known to be out of date.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::Api;
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -29,12 +28,13 @@ use crate::core::wire::{
     UNHEALTHY_CONFIGMAP_KEY, UNHEALTHY_CONFIGMAP_NAMESPACE, UNHEALTHY_CONFIGMAP_PREFIX,
 };
 use crate::core::{AnnotationError, PodState, pod_holding};
+use crate::k8s::watch::FastBackoff;
 use crate::k8s::{WatchedPod, node_gpus, pod_annotations, pod_gpu_request, pod_is_terminal};
 use crate::shutdown::Shutdown;
 
 /// What a pod event means for the ledger. `on_bad` sees every annotation of ours whose
 /// value could not be used (read as absent) on a pod that holds memory.
-pub fn pod_facts(pod: &Pod, mut on_bad: impl FnMut(&AnnotationError)) -> Option<PodFacts> {
+pub(crate) fn pod_facts(pod: &Pod, mut on_bad: impl FnMut(&AnnotationError)) -> Option<PodFacts> {
     let uid = pod.metadata.uid.clone()?;
     let namespace = pod.metadata.namespace.clone().unwrap_or_default();
     let name = pod.metadata.name.clone().unwrap_or_default();
@@ -87,7 +87,7 @@ pub fn pod_facts(pod: &Pod, mut on_bad: impl FnMut(&AnnotationError)) -> Option<
 
 /// The GPU indices listed in an `unhealthy-gpu-<node>` ConfigMap value, parsed strictly:
 /// bad entries are ignored with a warning (upstream read them as GPU 0).
-pub fn parse_unhealthy(node: &str, value: &str) -> BTreeSet<u32> {
+pub(crate) fn parse_unhealthy(node: &str, value: &str) -> BTreeSet<u32> {
     let mut out = BTreeSet::new();
     for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
         match entry.parse::<u32>() {
@@ -150,93 +150,6 @@ pub fn spawn(state: Arc<ExtenderState>, shutdown: Shutdown) -> Vec<tokio::task::
     tasks
 }
 
-/// A failing streak of one watch: since when, the last error and when it came.
-#[derive(Debug, Clone)]
-struct Streak {
-    since: Instant,
-    last: Instant,
-    error: String,
-}
-
-/// The health of the three watches, read by the staleness monitor.
-#[derive(Debug, Default)]
-pub struct WatchHealth {
-    streaks: Mutex<BTreeMap<&'static str, Streak>>,
-}
-
-impl WatchHealth {
-    fn failed(&self, what: &'static str, error: String) {
-        let now = Instant::now();
-        let mut s = self.streaks.lock().unwrap_or_else(|p| p.into_inner());
-        let streak = s.entry(what).or_insert(Streak {
-            since: now,
-            last: now,
-            error: String::new(),
-        });
-        streak.last = now;
-        streak.error = error;
-    }
-
-    fn succeeded(&self, what: &'static str) {
-        self.streaks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(what);
-    }
-
-    /// The reason the ledger is stale at `now`, if a watch has kept failing for `after`.
-    /// A streak ends with a good event, or when no error came for [`QUIET`] (a watch that
-    /// resumed quietly: errors come at least every [`MAX_BACKOFF`] while it fails).
-    fn stale(&self, now: Instant, after: Duration) -> Option<String> {
-        let mut s = self.streaks.lock().unwrap_or_else(|p| p.into_inner());
-        s.retain(|_, st| now.saturating_duration_since(st.last) < QUIET);
-        s.iter()
-            .find(|(_, st)| now.saturating_duration_since(st.since) >= after)
-            .map(|(what, st)| {
-                format!(
-                    "the {what} watch has failed for {} s: {}",
-                    now.saturating_duration_since(st.since).as_secs(),
-                    st.error
-                )
-            })
-    }
-}
-
-/// Longest wait between two tries of a failing watch.
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
-/// A streak without an error for this long has ended.
-const QUIET: Duration = Duration::from_secs(6);
-
-/// The watches' backoff: doubling from 100 ms to [`MAX_BACKOFF`], reset by a good event. Short
-/// enough that a failing watch reports an error at least every few seconds.
-#[derive(Debug)]
-struct WatchBackoff {
-    next: Duration,
-}
-
-impl Default for WatchBackoff {
-    fn default() -> Self {
-        WatchBackoff {
-            next: Duration::from_millis(100),
-        }
-    }
-}
-
-impl Iterator for WatchBackoff {
-    type Item = Duration;
-    fn next(&mut self) -> Option<Duration> {
-        let d = self.next;
-        self.next = (self.next * 2).min(MAX_BACKOFF);
-        Some(d)
-    }
-}
-
-impl kube::runtime::utils::Backoff for WatchBackoff {
-    fn reset(&mut self) {
-        *self = WatchBackoff::default();
-    }
-}
-
 /// Marks the ledger stale while a watch keeps failing past `extender.watch_stale_after_ms`
 /// (logged once per change, counted in `gpushare_extender_ledger_stale`).
 async fn monitor_staleness(state: Arc<ExtenderState>, shutdown: Shutdown) {
@@ -263,9 +176,9 @@ async fn monitor_staleness(state: Arc<ExtenderState>, shutdown: Shutdown) {
     }
 }
 
-/// Drives one watch until shutdown or the end of its stream, handing every event to
-/// `on_event`; errors are logged, counted and retried with backoff, and feed the staleness
-/// monitor.
+/// Drives one watch with the extender's hooks: [`FastBackoff`], errors logged and counted in
+/// `gpushare_extender_watch_errors_total{watch}`, failing streaks fed to the staleness
+/// monitor through [`crate::k8s::watch::WatchHealth`].
 async fn drive<K>(
     state: &ExtenderState,
     api: Api<K>,
@@ -275,32 +188,26 @@ async fn drive<K>(
 ) where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    let stream = watcher::watcher(api, watcher::Config::default()).backoff(WatchBackoff::default());
-    let mut stream = std::pin::pin!(stream);
-    let stop = shutdown.wait();
-    let mut stop = std::pin::pin!(stop);
-    loop {
-        let ev = tokio::select! {
-            _ = &mut stop => return,
-            ev = stream.next() => ev,
-        };
-        match ev {
-            None => return,
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, "{what} watch failed; retrying");
-                state
-                    .metrics()
-                    .watch_errors
-                    .get_or_create(&super::metrics::WatchLabels { watch: what })
-                    .inc();
-                state.watch_health().failed(what, e.to_string());
-            }
-            Some(Ok(ev)) => {
-                state.watch_health().succeeded(what);
-                on_event(ev);
-            }
-        }
-    }
+    crate::k8s::watch::drive(
+        api,
+        watcher::Config::default(),
+        FastBackoff::default(),
+        shutdown,
+        |e| {
+            tracing::warn!(error = %e, "{what} watch failed; retrying");
+            state
+                .metrics()
+                .watch_errors
+                .get_or_create(&super::metrics::WatchLabels { watch: what })
+                .inc();
+            state.watch_health().failed(what, e.to_string());
+        },
+        |ev| {
+            state.watch_health().succeeded(what);
+            on_event(ev);
+        },
+    )
+    .await;
 }
 
 async fn watch_pods(

@@ -481,7 +481,7 @@ pub struct HostPriority<'a> {
 
 /// `ExtenderBindingResult` and the error body of every verb: `{"Error": "..."}`.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct ErrorBody {
+pub(crate) struct ErrorBody {
     /// `Error`: empty on success.
     #[serde(rename = "Error")]
     pub error: String,

@@ -127,7 +127,7 @@ fn known_version(version: &str) -> bool {
 
 /// A device name as the CDI specification allows: alphanumerics, `-`, `_`, `.`, `:`,
 /// starting and ending with an alphanumeric.
-pub fn valid_device_name(name: &str) -> bool {
+pub(crate) fn valid_device_name(name: &str) -> bool {
     !name.is_empty()
         && name
             .chars()
@@ -250,7 +250,7 @@ impl Registry {
     }
 
     /// The device names of `kind`, each once, sorted.
-    pub fn names_of_kind(&self, kind: &str) -> Vec<&str> {
+    pub(crate) fn names_of_kind(&self, kind: &str) -> Vec<&str> {
         let mut names: Vec<&str> = self
             .specs
             .iter()
@@ -272,7 +272,7 @@ impl Registry {
     }
 
     /// The directories, comma-joined, for messages.
-    pub fn dirs_text(&self) -> String {
+    pub(crate) fn dirs_text(&self) -> String {
         let dirs: Vec<String> = self.dirs.iter().map(|d| d.display().to_string()).collect();
         dirs.join(", ")
     }
@@ -299,7 +299,7 @@ fn read_one(file: &Path, shown: &Path) -> Result<Spec, SpecError> {
 }
 
 /// The fully qualified CDI device name `kind=name`.
-pub fn qualified_name(kind: &str, name: &str) -> String {
+pub(crate) fn qualified_name(kind: &str, name: &str) -> String {
     format!("{kind}={name}")
 }
 

@@ -17,9 +17,9 @@ use tokio::sync::mpsc;
 use super::{Error, GpuBackend, GpuDevice, HealthEvent, Inventory};
 
 /// Driver version the fake backend reports.
-pub const FAKE_DRIVER_VERSION: &str = "550.54.15";
+pub(crate) const FAKE_DRIVER_VERSION: &str = "550.54.15";
 /// Product name of every fake GPU.
-pub const FAKE_GPU_NAME: &str = "Fake GPU";
+pub(crate) const FAKE_GPU_NAME: &str = "Fake GPU";
 /// Capacity of each health subscriber's channel; injections beyond it are dropped.
 const HEALTH_CHANNEL_CAPACITY: usize = 256;
 /// Upper bound on the GPUs one spec may describe (a typo like `20000x1GiB` is an error).
@@ -122,7 +122,7 @@ impl GpuBackend for FakeBackend {
 }
 
 /// Parses a `fake_gpus` spec into devices (index, UUID, name, minor, PCI id, memory).
-pub fn parse_spec(spec: &str) -> Result<Vec<GpuDevice>, Error> {
+pub(crate) fn parse_spec(spec: &str) -> Result<Vec<GpuDevice>, Error> {
     let spec = spec.trim();
     if spec.is_empty() {
         return Err(Error::Fake(

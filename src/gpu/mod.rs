@@ -51,7 +51,7 @@ pub struct GpuArgs {
 
 impl GpuArgs {
     /// The flags as configuration overrides.
-    pub fn overrides(&self, flags: &mut crate::config::FlagOverrides) {
+    pub(crate) fn overrides(&self, flags: &mut crate::config::FlagOverrides) {
         let GpuArgs {
             gpu_backend,
             fake_gpus,

@@ -28,13 +28,13 @@ use tokio::sync::mpsc;
 use super::{Error, ExcludedGpu, ExclusionReason, GpuBackend, GpuDevice, HealthEvent, Inventory};
 
 /// Words of the error for two GPUs with one UUID (doctor's hint keys on them).
-pub const DUPLICATE_UUIDS: &str = "duplicate UUIDs";
+pub(crate) const DUPLICATE_UUIDS: &str = "duplicate UUIDs";
 /// Default limit for one nvidia-smi run.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default health poll interval.
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(30);
 /// Default kernel log.
-pub const DEFAULT_KMSG: &str = "/dev/kmsg";
+pub(crate) const DEFAULT_KMSG: &str = "/dev/kmsg";
 /// How often the kmsg reader looks for new lines when none are pending.
 const KMSG_IDLE: Duration = Duration::from_millis(200);
 /// Granularity of the poll thread's sleep, so it notices a dropped receiver soon.
@@ -245,20 +245,16 @@ fn first_lines(text: &str) -> String {
 /// a UUID or a memory total, or with MIG mode enabled, is listed in
 /// [`Inventory::excluded`] with the reason, not offered. Refused: not `<nvidia_smi_log>` XML,
 /// and two GPUs with the same UUID (their device IDs `<UUID>-_-<n>` would collide).
-pub fn parse_xml(xml: &str) -> Result<Inventory, String> {
+pub fn parse_xml(xml: &str) -> Result<Inventory, XmlError> {
     let options = roxmltree::ParsingOptions {
         allow_dtd: true,
         ..Default::default()
     };
     let xml = xml.trim_start_matches(|c: char| c.is_whitespace() || c == '\u{feff}');
-    let doc = roxmltree::Document::parse_with_options(xml, options)
-        .map_err(|e| format!("not the expected XML: {e}"))?;
+    let doc = roxmltree::Document::parse_with_options(xml, options).map_err(XmlError::NotXml)?;
     let root = doc.root_element();
     if root.tag_name().name() != "nvidia_smi_log" {
-        return Err(format!(
-            "root element is <{}>, expected <nvidia_smi_log>",
-            root.tag_name().name()
-        ));
+        return Err(XmlError::WrongRoot(root.tag_name().name().to_string()));
     }
     let driver_version = child_text(root, "driver_version")
         .filter(|v| !is_na(v))
@@ -272,7 +268,7 @@ pub fn parse_xml(xml: &str) -> Result<Inventory, String> {
         .enumerate()
     {
         let at = gpu.attribute("id").unwrap_or("?");
-        let index = u32::try_from(i).map_err(|_| "too many GPUs".to_string())?;
+        let index = u32::try_from(i).map_err(|_| XmlError::TooManyGpus)?;
         let name = child_text(gpu, "product_name").unwrap_or("").to_string();
         let uuid = child_text(gpu, "uuid")
             .filter(|u| !is_na(u))
@@ -291,19 +287,21 @@ pub fn parse_xml(xml: &str) -> Result<Inventory, String> {
             continue;
         }
         if let Some(first) = devices.iter().find(|d| d.uuid == uuid) {
-            return Err(format!(
-                "GPU {i} ({at}) has the same UUID {uuid} as GPU {}: {DUPLICATE_UUIDS} would give \
-                 both the same device IDs",
-                first.index
-            ));
+            return Err(XmlError::DuplicateUuid {
+                gpu: i,
+                at: at.to_string(),
+                uuid,
+                first: first.index,
+            });
         }
         let minor = match child_text(gpu, "minor_number") {
             None => None,
             Some(m) if is_na(m) => None,
-            Some(m) => Some(
-                m.parse()
-                    .map_err(|_| format!("GPU {i} ({at}): minor number {m:?} is not a number"))?,
-            ),
+            Some(m) => Some(m.parse().map_err(|_| XmlError::BadMinor {
+                gpu: i,
+                at: at.to_string(),
+                minor: m.to_string(),
+            })?),
         };
         let pci_bus_id = gpu
             .children()
@@ -367,30 +365,93 @@ fn is_na(text: &str) -> bool {
     text.eq_ignore_ascii_case("N/A") || text.is_empty()
 }
 
+/// Why `nvidia-smi -q -x` output is refused as a whole.
+#[derive(Debug, thiserror::Error)]
+pub enum XmlError {
+    /// Not XML at all (an error message, a truncated file).
+    #[error("not the expected XML: {0}")]
+    NotXml(roxmltree::Error),
+    /// XML, but not `<nvidia_smi_log>`.
+    #[error("root element is <{0}>, expected <nvidia_smi_log>")]
+    WrongRoot(String),
+    /// More `<gpu>` elements than a GPU index can count.
+    #[error("too many GPUs")]
+    TooManyGpus,
+    /// Two GPUs share a UUID: their device IDs `<UUID>-_-<n>` would collide.
+    #[error(
+        "GPU {gpu} ({at}) has the same UUID {uuid} as GPU {first}: {dup} would give \
+         both the same device IDs",
+        dup = DUPLICATE_UUIDS
+    )]
+    DuplicateUuid {
+        /// Position of the second GPU.
+        gpu: usize,
+        /// Its `id` attribute.
+        at: String,
+        /// The shared UUID.
+        uuid: String,
+        /// Index of the first GPU with it.
+        first: u32,
+    },
+    /// A `<minor_number>` that is neither a number nor N/A.
+    #[error("GPU {gpu} ({at}): minor number {minor:?} is not a number")]
+    BadMinor {
+        /// Position of the GPU.
+        gpu: usize,
+        /// Its `id` attribute.
+        at: String,
+        /// The text found.
+        minor: String,
+    },
+}
+
+/// Why a memory text such as `16160 MiB` cannot be read (that GPU is excluded).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+enum MemoryTextError {
+    /// Not `<number> <unit>`.
+    #[error("{0:?} is not `<number> MiB`")]
+    NotNumberAndUnit(String),
+    /// A unit other than KiB, MiB, GiB.
+    #[error("unknown unit {unit:?} in {text:?}")]
+    UnknownUnit {
+        /// The unit found.
+        unit: String,
+        /// The whole text.
+        text: String,
+    },
+    /// More bytes than a u64 holds.
+    #[error("{0:?} is too large")]
+    TooLarge(String),
+}
+
 /// `16160 MiB` -> bytes (KiB, MiB, GiB accepted).
-fn parse_memory(text: &str) -> Result<u64, String> {
+fn parse_memory(text: &str) -> Result<u64, MemoryTextError> {
     let mut parts = text.split_whitespace();
+    let not_memory = || MemoryTextError::NotNumberAndUnit(text.to_string());
     let (Some(number), Some(unit), None) = (parts.next(), parts.next(), parts.next()) else {
-        return Err(format!("{text:?} is not `<number> MiB`"));
+        return Err(not_memory());
     };
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not `<number> MiB`"))?;
+    let n: u64 = number.parse().map_err(|_| not_memory())?;
     let factor: u64 = match unit {
         "KiB" => 1 << 10,
         "MiB" => 1 << 20,
         "GiB" => 1 << 30,
-        other => return Err(format!("unknown unit {other:?} in {text:?}")),
+        other => {
+            return Err(MemoryTextError::UnknownUnit {
+                unit: other.to_string(),
+                text: text.to_string(),
+            });
+        }
     };
     n.checked_mul(factor)
-        .ok_or_else(|| format!("{text:?} is too large"))
+        .ok_or_else(|| MemoryTextError::TooLarge(text.to_string()))
 }
 
 /// A PCI location without the function: (domain, bus, device).
 type PciLocation = (u32, u32, u32);
 
 /// `00000000:3B:00.0`, `0000:3b:00` or `PCI:0000:3b:00` -> (domain, bus, device).
-pub fn pci_location(text: &str) -> Option<PciLocation> {
+pub(crate) fn pci_location(text: &str) -> Option<PciLocation> {
     let text = text.trim();
     let text = text.strip_prefix("PCI:").unwrap_or(text);
     let mut parts = text.split(':');
@@ -408,7 +469,7 @@ pub fn pci_location(text: &str) -> Option<PciLocation> {
 
 /// One `NVRM: Xid` kernel line: where and which XID.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KmsgXid {
+pub(crate) struct KmsgXid {
     /// The PCI location as the driver printed it (`0000:3b:00`).
     pub pci: String,
     /// The XID number.
@@ -417,7 +478,7 @@ pub struct KmsgXid {
 
 /// Parses a kernel log line (a `/dev/kmsg` record or a `dmesg` line) for an NVIDIA XID:
 /// `NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, …`.
-pub fn parse_kmsg_xid(line: &str) -> Option<KmsgXid> {
+pub(crate) fn parse_kmsg_xid(line: &str) -> Option<KmsgXid> {
     let rest = &line[line.find("NVRM: Xid (")? + "NVRM: Xid (".len()..];
     let (pci, rest) = rest.split_once("):")?;
     let digits: String = rest
@@ -447,7 +508,7 @@ fn uuid_at(devices: &[GpuDevice], pci: &str) -> Option<String> {
 /// [`HealthEvent::Unattributed`] when no served GPU is there (an NVSwitch / NVLink XID at
 /// `PCI:0000:00:00`, a GPU this inventory does not list). The kernel names a device on every
 /// XID line, so none is taken to concern every GPU.
-pub fn attribute(devices: &[GpuDevice], found: KmsgXid) -> HealthEvent {
+pub(crate) fn attribute(devices: &[GpuDevice], found: KmsgXid) -> HealthEvent {
     match uuid_at(devices, &found.pci) {
         Some(uuid) => HealthEvent::Xid {
             uuid: Some(uuid),
@@ -631,11 +692,13 @@ mod tests {
         assert!(
             parse_xml("NVIDIA-SMI has failed")
                 .unwrap_err()
+                .to_string()
                 .contains("not the expected XML")
         );
         assert!(
             parse_xml("<other/>")
                 .unwrap_err()
+                .to_string()
                 .contains("expected <nvidia_smi_log>")
         );
         let empty = parse_xml("<nvidia_smi_log/>").expect("an empty log parses");
@@ -683,7 +746,7 @@ mod tests {
         let dup = TWO_GPUS
             .replace("GPU-b", "GPU-a")
             .replace("Enabled", "Disabled");
-        let err = parse_xml(&dup).unwrap_err();
+        let err = parse_xml(&dup).unwrap_err().to_string();
         assert!(
             err.contains("same UUID GPU-a") && err.contains(DUPLICATE_UUIDS),
             "{err}"

@@ -28,7 +28,7 @@ use super::{Error, ExcludedGpu, ExclusionReason, GpuBackend, GpuDevice, HealthEv
 const NVML_DEVICE_MIG_ENABLE: u32 = 1;
 
 /// The library name the loader searches for when no path is configured.
-pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
+pub(crate) const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
 #[cfg(target_os = "linux")]
 /// How long one `nvmlEventSetWait` blocks before the thread checks its receiver again.
 const EVENT_WAIT_MS: u32 = 5000;

@@ -30,9 +30,9 @@
 //!
 //! This module never writes to the cluster.
 
-pub mod render;
+pub(crate) mod render;
 pub mod report;
-pub mod tabwriter;
+pub(crate) mod tabwriter;
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -170,7 +170,7 @@ impl ExtenderTls {
 
 impl Args {
     /// The flags as configuration overrides (none: `--kubeconfig` is a global flag).
-    pub fn overrides(&self, _flags: &mut FlagOverrides) {}
+    pub(crate) fn overrides(&self, _flags: &mut FlagOverrides) {}
 }
 
 /// Renders `report` in the chosen format.
@@ -329,7 +329,7 @@ async fn list_cluster(
 ///
 /// `base` may be the extender's root (`http://host:12345`), its URL prefix
 /// (`…/gpushare-scheduler`) or the inspect endpoint itself (`…/inspect`).
-pub fn extender_inspect_url(base: &str, node: Option<&str>) -> anyhow::Result<http::Uri> {
+pub(crate) fn extender_inspect_url(base: &str, node: Option<&str>) -> anyhow::Result<http::Uri> {
     let base = base.trim().trim_end_matches('/');
     if !base.starts_with("http://") && !base.starts_with("https://") {
         return Err(anyhow!(

@@ -184,7 +184,7 @@ pub fn details(report: &Report) -> String {
 }
 
 /// `[####------]` for `used` of `total` (full when over-committed).
-pub fn bar(used: u64, total: u64) -> String {
+pub(crate) fn bar(used: u64, total: u64) -> String {
     let filled = if total == 0 {
         if used > 0 { BAR_WIDTH } else { 0 }
     } else {

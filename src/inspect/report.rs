@@ -135,7 +135,7 @@ impl PodState {
 }
 
 /// Upstream's unit guess for a node that does not declare one.
-pub fn guess_unit(per_gpu: u64) -> &'static str {
+pub(crate) fn guess_unit(per_gpu: u64) -> &'static str {
     if per_gpu > 100 { "MiB" } else { "GiB" }
 }
 
@@ -239,7 +239,7 @@ impl Report {
     }
 
     /// Assembles a report from finished node reports: sorts them and sums the totals.
-    pub fn from_nodes(source: &str, mut nodes: Vec<NodeReport>) -> Report {
+    pub(crate) fn from_nodes(source: &str, mut nodes: Vec<NodeReport>) -> Report {
         nodes.sort_by(|a, b| a.name.cmp(&b.name));
         let unit = nodes
             .first()
@@ -315,7 +315,7 @@ impl NodeReport {
     }
 
     /// Memory in the pending bucket.
-    pub fn pending_memory(&self) -> u64 {
+    pub(crate) fn pending_memory(&self) -> u64 {
         self.pending
             .iter()
             .map(|p| p.memory)
@@ -380,7 +380,7 @@ fn place_pod(node: &mut NodeReport, pod: &Pod) {
 /// The extender's `/inspect` answer (upstream keys, plus the optional extras our extender
 /// adds: node `unit`, `address` and `pending` pods, device `healthy`, pod `uid` and `state`).
 #[derive(Clone, Debug, Default, Deserialize)]
-pub struct ExtenderInspect {
+pub(crate) struct ExtenderInspect {
     /// Nodes.
     #[serde(default)]
     pub nodes: Vec<ExtenderNode>,
@@ -460,7 +460,7 @@ pub struct ExtenderPod {
 
 impl Report {
     /// Builds the report from the extender's `/inspect` answer.
-    pub fn from_extender(answer: &ExtenderInspect) -> Report {
+    pub(crate) fn from_extender(answer: &ExtenderInspect) -> Report {
         let mut nodes = Vec::new();
         for n in &answer.nodes {
             if n.total_gpu == 0 {

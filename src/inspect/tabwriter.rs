@@ -17,7 +17,7 @@
 
 /// Lays out `text` (lines ended by `\n`, cells by `\t`) with `padding` spaces between
 /// columns, as Go's `tabwriter.NewWriter(w, 0, 0, padding, ' ', 0)` would print it.
-pub fn align(text: &str, padding: usize) -> String {
+pub(crate) fn align(text: &str, padding: usize) -> String {
     let lines: Vec<Vec<&str>> = text.split('\n').map(|l| l.split('\t').collect()).collect();
     let mut out = String::with_capacity(text.len() + text.len() / 2);
     let mut widths = Vec::new();

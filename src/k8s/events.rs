@@ -78,7 +78,7 @@ impl Events {
 }
 
 /// A reference to the Node `name` (its `uid` when known).
-pub fn node_reference(name: &str, uid: &str) -> ObjectReference {
+pub(crate) fn node_reference(name: &str, uid: &str) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".to_string()),
         kind: Some("Node".to_string()),
@@ -89,7 +89,7 @@ pub fn node_reference(name: &str, uid: &str) -> ObjectReference {
 }
 
 /// A reference to the pod `namespace/name` with `uid`.
-pub fn pod_reference(namespace: &str, name: &str, uid: Option<&str>) -> ObjectReference {
+pub(crate) fn pod_reference(namespace: &str, name: &str, uid: Option<&str>) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".to_string()),
         kind: Some("Pod".to_string()),

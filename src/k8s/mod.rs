@@ -1,7 +1,7 @@
 //! Kubernetes access: building a client, projecting Pods and Nodes into the core's plain
 //! types, the few writes gpushare makes (annotation patches, Bindings, node status,
-//! Events), the one retry loop for API calls, and the start-up wait for an API server that is
-//! not reachable yet.
+//! Events), the one retry loop for API calls, the one watch driver, and the start-up wait for
+//! an API server that is not reachable yet.
 //!
 //! This module does not decide anything: placement lives in `core`, policy in the roles.
 
@@ -10,9 +10,12 @@ pub mod events;
 pub mod project;
 pub mod reachable;
 pub mod retry;
-pub mod watched_pod;
+pub mod watch;
+pub(crate) mod watched_pod;
 pub mod write;
 
-pub use client::{ClientOptions, client};
-pub use project::{NodeGpus, node_gpus, pod_annotations, pod_gpu_request, pod_is_terminal};
+pub(crate) use client::ClientOptions;
+pub use client::client;
+pub use project::{NodeGpus, node_gpus};
+pub(crate) use project::{pod_annotations, pod_gpu_request, pod_is_terminal};
 pub use watched_pod::WatchedPod;

@@ -20,7 +20,7 @@ use crate::core::{AnnotationError, GpuSpec, MemoryUnit, PodGpuAnnotations};
 
 /// A pod's GPU request from its containers' `aliyun.com/gpu-mem` limits (init containers with
 /// `restartPolicy: Always` are native sidecars).
-pub fn pod_gpu_request(pod: &Pod) -> Result<PodGpuRequest, RequestError> {
+pub(crate) fn pod_gpu_request(pod: &Pod) -> Result<PodGpuRequest, RequestError> {
     let Some(spec) = pod.spec.as_ref() else {
         return Ok(PodGpuRequest::default());
     };
@@ -52,7 +52,7 @@ pub fn pod_gpu_request(pod: &Pod) -> Result<PodGpuRequest, RequestError> {
 }
 
 /// A pod's gpushare annotations, decoded (bad values reported, read as absent).
-pub fn pod_annotations(pod: &Pod) -> (PodGpuAnnotations, Vec<AnnotationError>) {
+pub(crate) fn pod_annotations(pod: &Pod) -> (PodGpuAnnotations, Vec<AnnotationError>) {
     static EMPTY: BTreeMap<String, String> = BTreeMap::new();
     PodGpuAnnotations::decode(pod.metadata.annotations.as_ref().unwrap_or(&EMPTY))
 }
@@ -62,7 +62,7 @@ pub fn pod_annotations(pod: &Pod) -> (PodGpuAnnotations, Vec<AnnotationError>) {
 /// A pod being deleted (deletionTimestamp set) is *not* terminal: its containers may run for
 /// the grace period, so it keeps its memory until it is really gone (upstream released it at
 /// once, spec §4.3).
-pub fn pod_is_terminal(pod: &Pod) -> bool {
+pub(crate) fn pod_is_terminal(pod: &Pod) -> bool {
     matches!(
         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded") | Some("Failed")

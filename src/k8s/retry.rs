@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// Whether an error is worth another try.
-pub trait Transient {
+pub(crate) trait Transient {
     /// True for conflicts, throttling, server-side trouble and broken connections.
     fn is_transient(&self) -> bool;
 }
@@ -36,7 +36,7 @@ pub fn is_transient(err: &kube::Error) -> bool {
 
 /// How a deadline-bounded retry ended without success.
 #[derive(Debug)]
-pub enum RetryError<E> {
+pub(crate) enum RetryError<E> {
     /// The last try failed with this error (not transient, or no time left for another).
     Failed(E),
     /// The deadline passed while a try was in flight: its outcome is unknown.
@@ -61,7 +61,7 @@ impl Backoff {
 }
 
 /// Tries `op` at most `attempts` times while it fails with a transient error.
-pub async fn retry_attempts<T, E, F, Fut>(attempts: u32, op: F) -> Result<T, E>
+pub(crate) async fn retry_attempts<T, E, F, Fut>(attempts: u32, op: F) -> Result<T, E>
 where
     E: Transient + std::fmt::Debug,
     F: FnMut() -> Fut,
@@ -77,7 +77,7 @@ where
 
 /// Tries `op` until it succeeds, fails for good, or `deadline` passes; `on_retry` sees each
 /// transient error that is followed by another try (for a metric or a log line).
-pub async fn retry_until<T, E, F, Fut>(
+pub(crate) async fn retry_until<T, E, F, Fut>(
     deadline: Instant,
     on_retry: impl FnMut(&E),
     op: F,
@@ -92,7 +92,7 @@ where
 
 /// [`retry_until`] with the waits of `backoff`; `on_retry` also sees the wait before the next
 /// try.
-pub async fn retry_until_with<T, E, F, Fut>(
+pub(crate) async fn retry_until_with<T, E, F, Fut>(
     deadline: Instant,
     backoff: Backoff,
     mut on_retry: impl FnMut(&E, Duration),

@@ -29,7 +29,7 @@ pub async fn patch_pod_annotations(
 /// Merge-patches annotation changes onto the pod: `Some` sets a value, `None` removes the key.
 /// With `resource_version` the patch applies only to that version of the pod (409 Conflict
 /// otherwise), so a slow patch cannot land over a newer write.
-pub async fn patch_pod_annotation_changes(
+pub(crate) async fn patch_pod_annotation_changes(
     client: &kube::Client,
     namespace: &str,
     name: &str,
@@ -91,7 +91,7 @@ pub async fn patch_node_gpu_count(
 }
 
 /// Merge-patches `annotations` onto the node.
-pub async fn patch_node_annotations(
+pub(crate) async fn patch_node_annotations(
     client: &kube::Client,
     node: &str,
     annotations: &BTreeMap<String, String>,

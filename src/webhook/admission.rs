@@ -18,10 +18,10 @@ use crate::core::request::{QuantityError, parse_quantity};
 use crate::core::wire::RESOURCE_GPU_MEM;
 
 /// The `apiVersion` of every review we accept and answer.
-pub const ADMISSION_API_VERSION: &str = "admission.k8s.io/v1";
+pub(crate) const ADMISSION_API_VERSION: &str = "admission.k8s.io/v1";
 
 /// The scheduler name Kubernetes fills in when a pod names none.
-pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
+pub(crate) const DEFAULT_SCHEDULER: &str = "default-scheduler";
 
 /// Why a request body is not a usable AdmissionReview (answered with HTTP 400).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -39,7 +39,7 @@ pub enum ReviewError {
 
 /// The parts of an AdmissionReview request the webhook reads.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ReviewRequest {
+pub(crate) struct ReviewRequest {
     /// Echoed in the response.
     pub uid: String,
     /// `request.kind.kind` (`Pod`, ...).
@@ -53,7 +53,7 @@ pub struct ReviewRequest {
 }
 
 /// Parses an AdmissionReview body.
-pub fn parse_review(body: &[u8]) -> Result<ReviewRequest, ReviewError> {
+pub(crate) fn parse_review(body: &[u8]) -> Result<ReviewRequest, ReviewError> {
     let review: Value =
         serde_json::from_slice(body).map_err(|e| ReviewError::NotJson(e.to_string()))?;
     let not = |why: &str| ReviewError::NotAReview(why.to_string());
@@ -126,7 +126,7 @@ impl Verdict {
     }
 
     /// The AdmissionReview response body for request `uid`.
-    pub fn to_review(&self, uid: &str) -> Value {
+    pub(crate) fn to_review(&self, uid: &str) -> Value {
         let mut response = json!({ "uid": uid, "allowed": self.allowed });
         if let Some(message) = &self.message {
             response["status"] = json!({
@@ -192,7 +192,7 @@ fn containers(pod: &Pod) -> Vec<(&'static str, &Container)> {
 
 /// Whether any container or init container asks for gpu-mem (in limits or requests, with a
 /// value that is not zero; a malformed value asks too, validation refuses it).
-pub fn asks_for_gpu_mem(pod: &Pod) -> bool {
+pub(crate) fn asks_for_gpu_mem(pod: &Pod) -> bool {
     containers(pod).iter().any(|(_, c)| {
         let (requests, limits) = gpu_mem_of(c);
         [requests, limits]
@@ -266,7 +266,7 @@ pub fn validate(body: &[u8], max_gpu_mem: u64) -> Result<(String, Verdict), Revi
 }
 
 /// Each thing wrong with the pod's gpu-mem request, as "container X: what; write Y".
-pub fn problems(pod: &Pod, max_gpu_mem: u64) -> Vec<String> {
+pub(crate) fn problems(pod: &Pod, max_gpu_mem: u64) -> Vec<String> {
     let mut out = Vec::new();
     for (what, c) in containers(pod) {
         let name = &c.name;

@@ -30,7 +30,7 @@ use super::certs::{self, CertError, PemPair};
 /// Keys of the Secret (`kubernetes.io/tls` plus the CA).
 pub const KEY_TLS_CRT: &str = "tls.crt";
 /// The serving key.
-pub const KEY_TLS_KEY: &str = "tls.key";
+pub(crate) const KEY_TLS_KEY: &str = "tls.key";
 /// The CA bundle (signing CA first).
 pub const KEY_CA_CRT: &str = "ca.crt";
 /// The CA key, so that any replica can renew.
@@ -41,7 +41,7 @@ const ROUNDS: usize = 8;
 
 /// Why a reconcile round failed.
 #[derive(Debug, thiserror::Error)]
-pub enum BootstrapError {
+pub(crate) enum BootstrapError {
     /// The API server refused or could not be reached.
     #[error("{action}: {source}")]
     Api {
@@ -72,7 +72,7 @@ fn is_retryable(err: &kube::Error) -> bool {
 
 /// What the Secret holds, read.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Material {
+pub(crate) struct Material {
     /// The CA bundle and the signing CA's key.
     pub ca: PemPair,
     /// The serving certificate and key.
@@ -81,7 +81,7 @@ pub struct Material {
 
 /// Where the certificates live and what they must cover.
 #[derive(Clone)]
-pub struct Bootstrap {
+pub(crate) struct Bootstrap {
     client: kube::Client,
     namespace: String,
     secret: String,
@@ -182,7 +182,7 @@ impl Bootstrap {
 
     /// Reads or creates the Secret, renewing what is due; returns what every replica now
     /// agrees on.
-    pub async fn ensure_secret(&self, now: SystemTime) -> Result<Material, BootstrapError> {
+    pub(crate) async fn ensure_secret(&self, now: SystemTime) -> Result<Material, BootstrapError> {
         let secrets = self.secrets();
         let what = format!("Secret {}/{}", self.namespace, self.secret);
         for _ in 0..ROUNDS {
@@ -277,7 +277,10 @@ impl Bootstrap {
 
     /// Writes `ca_bundle` into every webhook of both configurations. A configuration that
     /// does not exist (yet) is reported, not an error: the chart may create it later.
-    pub async fn ensure_ca_bundle(&self, ca_bundle: &str) -> Result<Vec<String>, BootstrapError> {
+    pub(crate) async fn ensure_ca_bundle(
+        &self,
+        ca_bundle: &str,
+    ) -> Result<Vec<String>, BootstrapError> {
         let mut missing = Vec::new();
         for kind in [
             "MutatingWebhookConfiguration",
@@ -361,7 +364,7 @@ fn secret_data(m: &Material) -> Value {
 }
 
 /// The certificates a Secret holds, if all four keys are there as text.
-pub fn read_secret(secret: &Secret) -> Option<Material> {
+pub(crate) fn read_secret(secret: &Secret) -> Option<Material> {
     let data = secret.data.as_ref()?;
     let text = |k: &str| {
         data.get(k)
@@ -382,7 +385,7 @@ pub fn read_secret(secret: &Secret) -> Option<Material> {
 
 /// The `webhooks` list with `clientConfig.caBundle` set to `encoded` in each entry, or `None`
 /// when every entry has it already.
-pub fn with_ca_bundle(data: &Value, encoded: &str) -> Option<Vec<Value>> {
+pub(crate) fn with_ca_bundle(data: &Value, encoded: &str) -> Option<Vec<Value>> {
     let webhooks = data.get("webhooks")?.as_array()?;
     let mut changed = false;
     let out = webhooks

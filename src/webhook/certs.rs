@@ -16,7 +16,7 @@ pub use crate::tls::{CertFiles, PemPair, ServingCert, certified_key, pem_certs};
 /// Lifetime of the CA `--self-signed` makes.
 pub const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// Common name of that CA.
-pub const CA_COMMON_NAME: &str = "gpushare-webhook-ca";
+pub(crate) const CA_COMMON_NAME: &str = "gpushare-webhook-ca";
 
 /// A certificate problem.
 #[derive(Debug, thiserror::Error)]

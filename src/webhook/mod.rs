@@ -11,10 +11,10 @@
 //! It does not schedule, bind or touch GPUs; it never changes a pod that does not ask for
 //! gpu-mem, and never one that already names a scheduler other than the default one.
 
-pub mod admission;
+pub(crate) mod admission;
 pub mod bootstrap;
 pub mod certs;
-pub mod routes;
+pub(crate) mod routes;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -84,7 +84,7 @@ pub struct Args {
 
 impl Args {
     /// The flags as configuration overrides.
-    pub fn overrides(&self, flags: &mut FlagOverrides) {
+    pub(crate) fn overrides(&self, flags: &mut FlagOverrides) {
         let Args {
             bind_address,
             port,

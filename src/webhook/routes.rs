@@ -19,7 +19,7 @@ use crate::admin::AdminState;
 use crate::http_server::{self, Reply};
 
 /// Largest AdmissionReview accepted (kube-apiserver's own request limit is 3 MiB).
-pub const MAX_REVIEW_BYTES: u64 = 6 * 1024 * 1024;
+pub(crate) const MAX_REVIEW_BYTES: u64 = 6 * 1024 * 1024;
 
 /// Label of the reviews counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]

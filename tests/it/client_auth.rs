@@ -9,7 +9,6 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use gpushare::config::Config;
@@ -21,12 +20,9 @@ use rcgen::{
     KeyUsagePurpose,
 };
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio_rustls::rustls;
-use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 use crate::support::extender_http::{node, pod};
+use crate::support::https_client::{connector, https_via};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
@@ -123,7 +119,7 @@ impl Pki {
     }
 
     fn config(&self, leader_elect: bool) -> Config {
-        let mut c = crate::ha::extender_config(leader_elect);
+        let mut c = crate::support::extender_cluster::extender_config(leader_elect);
         c.doctor.skip = true;
         c.extender.tls_cert = self.path("tls.crt").display().to_string();
         c.extender.tls_key = self.path("tls.key").display().to_string();
@@ -139,32 +135,6 @@ impl Pki {
     }
 }
 
-/// A TLS client trusting `ca_pem`, presenting `client` (certificate and key PEM) if given.
-pub(crate) fn connector(ca_pem: &str, client: Option<(&str, &str)>) -> tokio_rustls::TlsConnector {
-    let mut roots = rustls::RootCertStore::empty();
-    for der in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(der.expect("pem")).expect("root");
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_root_certificates(roots);
-    let config = match client {
-        None => builder.with_no_client_auth(),
-        Some((cert, key)) => {
-            let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
-                .collect::<Result<Vec<_>, _>>()
-                .expect("chain");
-            let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key");
-            builder
-                .with_client_auth_cert(chain, key)
-                .expect("client auth")
-        }
-    };
-    tokio_rustls::TlsConnector::from(Arc::new(config))
-}
-
 /// One HTTPS request on a fresh connection as `client` (none: no certificate): the status and
 /// body, or `Err` when the TLS handshake or the connection failed (a refused certificate).
 async fn https(
@@ -176,48 +146,6 @@ async fn https(
     body: &str,
 ) -> Result<(u16, String), String> {
     https_via(pki.connector(client), "127.0.0.1", addr, method, path, body).await
-}
-
-/// [`https`] with any `connector`, checking the server's certificate against `server_name`.
-pub(crate) async fn https_via(
-    connector: tokio_rustls::TlsConnector,
-    server_name: &str,
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    body: &str,
-) -> Result<(u16, String), String> {
-    let tcp = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| e.to_string())?;
-    let name = ServerName::try_from(server_name.to_string()).map_err(|e| e.to_string())?;
-    let mut tls = connector
-        .connect(name, tcp)
-        .await
-        .map_err(|e| format!("handshake: {e}"))?;
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    tls.write_all(request.as_bytes())
-        .await
-        .map_err(|e| format!("write: {e}"))?;
-    let mut answer = Vec::new();
-    tls.read_to_end(&mut answer)
-        .await
-        .map_err(|e| format!("read: {e}"))?;
-    let text = String::from_utf8_lossy(&answer).into_owned();
-    let status = text
-        .strip_prefix("HTTP/1.1 ")
-        .and_then(|s| s.get(..3))
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("no HTTP answer: {text:?}"))?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
 }
 
 fn filter_args(api: &ApiServer, name: &str) -> String {

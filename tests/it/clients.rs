@@ -15,15 +15,9 @@ use gpushare_sandbox::apiserver::ApiServer;
 use serde_json::Value;
 
 use crate::support::clients;
+use crate::support::socket_dir::short_tempdir;
 
 const NODE: &str = "gpu-node-1";
-
-fn short_tempdir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("cl")
-        .tempdir_in("/tmp")
-        .expect("a temp dir under /tmp")
-}
 
 /// A sandbox API server with one GPU node and one pod bound by the extender to GPU 1 (4 GiB),
 /// and the device plugin serving `dir` (the kubelet there is the caller's), with its admin

@@ -13,7 +13,9 @@ use gpushare::core::wire;
 use gpushare::gpu::fake::fake_uuid;
 use gpushare_sandbox::apiserver::{Fault, FaultAction};
 
-use crate::deviceplugin::{NODE, RESOURCE, cluster, cluster_seeded, env, node_yaml, pod_json};
+use crate::support::deviceplugin_cluster::{
+    NODE, RESOURCE, cluster, cluster_seeded, env, node_yaml, pod_json,
+};
 
 fn gpu_of(resp: &gpushare::kubelet_api::deviceplugin::ContainerAllocateResponse) -> String {
     env(resp, wire::ENV_VISIBLE_DEVICES).to_string()

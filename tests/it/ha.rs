@@ -5,14 +5,20 @@
 
 use std::time::Duration;
 
+use gpushare::extender::ExtenderHandle;
 use gpushare::extender::leader::{AdjustableClock, LeaderElector, Leadership, LeaseTiming};
 use gpushare::shutdown::{self, Trigger};
 use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
 use tokio::sync::watch;
 
+use crate::support::extender_cluster::{
+    DEADLINE, bind_via, extender_config, http, pending_pod, sandbox, start_extender, wait_http_ok,
+    wait_until,
+};
+use crate::support::ledger_truth::{assert_not_overcommitted, converge, truth};
+
 const NS: &str = "kube-system";
 const LEASE: &str = "gpushare-ha-test";
-pub(crate) const DEADLINE: Duration = Duration::from_secs(20);
 
 fn timing() -> LeaseTiming {
     LeaseTiming::new(
@@ -41,7 +47,7 @@ fn candidate(api: &ApiServer, id: &'static str) -> Candidate {
 }
 
 /// Waits until `rx` reads `want`, or fails after [`DEADLINE`].
-pub(crate) async fn wait_flag(rx: &mut watch::Receiver<bool>, want: bool, what: &str) {
+async fn wait_flag(rx: &mut watch::Receiver<bool>, want: bool, what: &str) {
     // (`wait_for`'s `Ref` holds the channel's read lock: drop it at once.)
     let waited = matches!(
         tokio::time::timeout(DEADLINE, rx.wait_for(|v| *v == want)).await,
@@ -64,7 +70,7 @@ async fn first_leader(a: &mut watch::Receiver<bool>, b: &mut watch::Receiver<boo
 }
 
 /// Watches two flags and records whether they were ever both true at once.
-pub(crate) fn never_both(
+fn never_both(
     mut a: watch::Receiver<bool>,
     mut b: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<bool> {
@@ -81,22 +87,10 @@ pub(crate) fn never_both(
     })
 }
 
-pub(crate) fn lease_field(api: &ApiServer, field: &str) -> serde_json::Value {
+fn lease_field(api: &ApiServer, field: &str) -> serde_json::Value {
     api.get_object("leases", Some(NS), LEASE)
         .and_then(|l| l.get("spec").and_then(|s| s.get(field)).cloned())
         .unwrap_or(serde_json::Value::Null)
-}
-
-/// Polls `cond` every 20 ms until it holds or [`DEADLINE`] passes.
-pub(crate) async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let end = tokio::time::Instant::now() + DEADLINE;
-    while !cond() {
-        assert!(
-            tokio::time::Instant::now() < end,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,7 +175,7 @@ async fn a_partitioned_leader_steps_down_and_the_other_takes_over() {
             .count()
     };
     let before = lease_reads(&api);
-    eventually("ten more lease reads after the heal", || {
+    wait_until("ten more lease reads after the heal", || {
         lease_reads(&api) >= before + 10
     })
     .await;
@@ -209,7 +203,7 @@ async fn a_live_lease_of_a_stranger_is_respected_until_released() {
     .expect("seed lease");
     let me = candidate(&api, "replica-a");
     let lease_path = format!("/leases/{LEASE}");
-    eventually("three reads of the lease", || {
+    wait_until("three reads of the lease", || {
         api.requests()
             .iter()
             .filter(|r| r.method == http::Method::GET && r.path.ends_with(&lease_path))
@@ -276,7 +270,7 @@ async fn a_holder_whose_clock_is_20_s_behind_keeps_its_lease() {
             .count()
     };
     let before = reads(&api);
-    eventually("100 more lease reads", || reads(&api) >= before + 100).await;
+    wait_until("100 more lease reads", || reads(&api) >= before + 100).await;
     assert!(holder.is_leader(), "the holder kept its lease");
     assert!(!fast.is_leader() && !plain.leadership.is_leader());
     assert_eq!(lease_field(&api, "holderIdentity"), "slow-clock");
@@ -301,310 +295,6 @@ async fn a_holder_whose_clock_is_20_s_behind_keeps_its_lease() {
     );
 }
 
-// ---------------------------------------------------------------------------------------
-// Harness shared with `watch_churn` and `hostile`: a sandbox with GPU nodes, extenders on
-// loopback, a plain HTTP client, and the ledger/truth comparison.
-
-use std::collections::BTreeMap;
-
-use gpushare::config::Config;
-use gpushare::core::wire::{
-    ANN_ASSIGNED, ANN_ASSUME_TIME, ANN_DEVICE_MEM, ANN_GPU_INDEX, ANN_POD_MEM, RESOURCE_GPU_COUNT,
-    RESOURCE_GPU_MEM,
-};
-use gpushare::extender::ExtenderHandle;
-use http_body_util::{BodyExt, Full};
-use serde_json::{Value, json};
-
-/// Per (node, GPU index): pod UID → memory units held.
-pub(crate) type Holdings = BTreeMap<(String, u32), BTreeMap<String, u64>>;
-
-/// A node object offering `gpus` GPUs of `units` each (the upstream even split).
-pub(crate) fn gpu_node(name: &str, gpus: u64, units: u64) -> Value {
-    let total = (gpus * units).to_string();
-    json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": { "name": name },
-        "status": {
-            "capacity": { RESOURCE_GPU_MEM: total, RESOURCE_GPU_COUNT: gpus.to_string() },
-            "allocatable": { RESOURCE_GPU_MEM: total, RESOURCE_GPU_COUNT: gpus.to_string() },
-        },
-    })
-}
-
-/// A pending pod asking for `mem` units.
-pub(crate) fn pending_pod(name: &str, mem: u64) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": { "name": name, "namespace": "default" },
-        "spec": { "containers": [{ "name": "main", "image": "x",
-            "resources": { "limits": { RESOURCE_GPU_MEM: mem.to_string() } } }] },
-        "status": { "phase": "Pending" },
-    })
-}
-
-/// A pod already bound to `node` and holding `mem` units of GPU `gpu`.
-pub(crate) fn bound_pod(name: &str, node: &str, gpu: u32, mem: u64, units: u64) -> Value {
-    let mut pod = pending_pod(name, mem);
-    pod["spec"]["nodeName"] = json!(node);
-    pod["status"]["phase"] = json!("Running");
-    pod["metadata"]["annotations"] = json!({
-        ANN_GPU_INDEX: gpu.to_string(), ANN_POD_MEM: mem.to_string(),
-        ANN_DEVICE_MEM: units.to_string(), ANN_ASSIGNED: "true",
-        ANN_ASSUME_TIME: "1700000000000000000",
-    });
-    pod
-}
-
-/// A sandbox API server with nodes `node-0..n` of `gpus` × `units`.
-pub(crate) async fn sandbox(nodes: usize, gpus: u64, units: u64) -> ApiServer {
-    let api = ApiServer::start().await.expect("api server");
-    for n in 0..nodes {
-        api.create_object(gpu_node(&format!("node-{n}"), gpus, units))
-            .expect("seed node");
-    }
-    api
-}
-
-/// Extender configuration for loopback tests; with leader election, timings of 3/2/1 s (the
-/// shortest the whole-second settings allow with retry < renew deadline < lease).
-pub(crate) fn extender_config(leader_elect: bool) -> Config {
-    let mut config = Config::default();
-    config.extender.bind_address = [127, 0, 0, 1].into();
-    config.extender.port = 0;
-    config.extender.leader_elect = leader_elect;
-    config.extender.lease_name = "gpushare-ha-extenders".to_string();
-    config.extender.lease_duration_secs = 3;
-    config.extender.renew_deadline_secs = 2;
-    config.extender.retry_period_secs = 1;
-    config.extender.bind_timeout_ms = 900;
-    config
-}
-
-pub(crate) async fn start_extender(api: &ApiServer, config: &Config) -> ExtenderHandle {
-    gpushare::extender::start(config, api.client(), shutdown::Shutdown::never())
-        .await
-        .expect("extender starts")
-}
-
-/// An extender whose replica identity is `identity` (its lease writes carry
-/// `fieldManager=<identity>`, which fault filters can single out).
-pub(crate) async fn start_named(
-    api: &ApiServer,
-    config: &Config,
-    identity: &str,
-) -> ExtenderHandle {
-    let options = gpushare::extender::StartOptions {
-        identity: Some(identity.to_string()),
-        ..Default::default()
-    };
-    gpushare::extender::start_with(config, api.client(), shutdown::Shutdown::never(), options)
-        .await
-        .expect("extender starts")
-}
-
-/// One HTTP/1.1 request on a fresh connection; `(status, body)`, or `None` when the
-/// connection failed.
-pub(crate) async fn http(
-    method: http::Method,
-    url: &str,
-    body: Option<Vec<u8>>,
-) -> Option<(u16, Vec<u8>)> {
-    let client: hyper_util::client::legacy::Client<_, Full<bytes::Bytes>> =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .build_http();
-    let req = http::Request::builder()
-        .method(method)
-        .uri(url)
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(bytes::Bytes::from(body.unwrap_or_default())))
-        .ok()?;
-    let resp = tokio::time::timeout(DEADLINE, client.request(req))
-        .await
-        .ok()?
-        .ok()?;
-    let status = resp.status().as_u16();
-    let body = resp.into_body().collect().await.ok()?.to_bytes().to_vec();
-    Some((status, body))
-}
-
-/// What the API server's pods say is held: bound, not finished, with a GPU index.
-pub(crate) fn truth(api: &ApiServer) -> Holdings {
-    let mut out = Holdings::new();
-    for pod in api.list_objects("pods", None) {
-        let node = pod["spec"]["nodeName"].as_str().unwrap_or_default();
-        let phase = pod["status"]["phase"].as_str().unwrap_or_default();
-        let ann = &pod["metadata"]["annotations"];
-        let gpu = ann[ANN_GPU_INDEX]
-            .as_str()
-            .and_then(|v| v.parse::<u32>().ok());
-        let mem = ann[ANN_POD_MEM]
-            .as_str()
-            .and_then(|v| v.parse::<u64>().ok());
-        let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
-        if node.is_empty() || matches!(phase, "Succeeded" | "Failed") {
-            continue;
-        }
-        if let (Some(gpu), Some(mem)) = (gpu, mem) {
-            out.entry((node.to_string(), gpu))
-                .or_default()
-                .insert(uid.to_string(), mem);
-        }
-    }
-    out
-}
-
-/// The extender's ledger from `GET {prefix}/inspect` (pods on GPUs and pending ones).
-pub(crate) async fn ledger(addr: std::net::SocketAddr) -> Option<Holdings> {
-    let url = format!("http://{addr}/gpushare-scheduler/inspect");
-    let (status, body) = http(http::Method::GET, &url, None).await?;
-    if status != 200 {
-        return None;
-    }
-    let v: Value = serde_json::from_slice(&body).ok()?;
-    let mut out = Holdings::new();
-    for node in v["nodes"].as_array()? {
-        let name = node["name"].as_str()?.to_string();
-        for dev in node["devs"].as_array()? {
-            let id = u32::try_from(dev["id"].as_u64()?).ok()?;
-            for pod in dev["pods"].as_array()? {
-                out.entry((name.clone(), id))
-                    .or_default()
-                    .insert(pod["uid"].as_str()?.to_string(), pod["usedGPU"].as_u64()?);
-            }
-        }
-        if !node["pending"].as_array()?.is_empty() {
-            out.entry((name, u32::MAX)).or_default();
-        }
-    }
-    Some(out)
-}
-
-/// Polls `/inspect` until the ledger equals the API's truth (or fails with both).
-pub(crate) async fn converge(api: &ApiServer, addr: std::net::SocketAddr) {
-    let end = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let want = truth(api);
-        let got = ledger(addr).await;
-        if got.as_ref() == Some(&want) {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < end,
-            "the ledger never converged with the API's pods:\n{}",
-            describe_difference(api, got.as_ref(), &want)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// The pods counted differently by the ledger and the API, with what the API says of them.
-fn describe_difference(api: &ApiServer, got: Option<&Holdings>, want: &Holdings) -> String {
-    let Some(got) = got else {
-        return "the extender's /inspect did not answer".to_string();
-    };
-    let flatten = |h: &Holdings| -> BTreeMap<String, (String, u32, u64)> {
-        h.iter()
-            .flat_map(|((n, g), pods)| {
-                pods.iter()
-                    .map(move |(u, m)| (u.clone(), (n.clone(), *g, *m)))
-            })
-            .collect()
-    };
-    let (got, want) = (flatten(got), flatten(want));
-    let pods = api.list_objects("pods", None);
-    let describe = |uid: &str| -> String {
-        pods.iter()
-            .find(|p| p["metadata"]["uid"].as_str() == Some(uid))
-            .map(|p| {
-                format!(
-                    "{} phase={} node={} annotations={}",
-                    p["metadata"]["name"],
-                    p["status"]["phase"],
-                    p["spec"]["nodeName"],
-                    p["metadata"]["annotations"]
-                )
-            })
-            .unwrap_or_else(|| "no such pod in the API (deleted)".to_string())
-    };
-    let mut out = String::new();
-    for (uid, place) in &got {
-        if want.get(uid) != Some(place) {
-            out.push_str(&format!(
-                "ledger counts {uid} at {place:?}, API has {:?}: {}\n",
-                want.get(uid),
-                describe(uid)
-            ));
-        }
-    }
-    for (uid, place) in &want {
-        if !got.contains_key(uid) {
-            out.push_str(&format!(
-                "ledger misses {uid} at {place:?}: {}\n",
-                describe(uid)
-            ));
-        }
-    }
-    out
-}
-
-/// Fails if any GPU holds more than `units` according to the API's pods.
-pub(crate) fn assert_not_overcommitted(api: &ApiServer, units: u64) {
-    for ((node, gpu), pods) in truth(api) {
-        let used: u64 = pods.values().sum();
-        assert!(
-            used <= units,
-            "GPU {gpu} of {node} is over-committed: {used} > {units} units ({pods:?})"
-        );
-    }
-}
-
-pub(crate) fn binding_args(api: &ApiServer, name: &str, node: &str) -> Vec<u8> {
-    let uid = api
-        .get_object("pods", Some("default"), name)
-        .and_then(|p| p["metadata"]["uid"].as_str().map(str::to_string))
-        .unwrap_or_default();
-    serde_json::to_vec(&json!({
-        "PodName": name, "PodNamespace": "default", "PodUID": uid, "Node": node,
-    }))
-    .unwrap_or_default()
-}
-
-/// Binds `name` to `node` through the extender at `addr`; the HTTP status, `None` when the
-/// connection failed (a stopped replica).
-pub(crate) async fn bind_via(
-    api: &ApiServer,
-    addr: std::net::SocketAddr,
-    name: &str,
-    node: &str,
-) -> Option<u16> {
-    let url = format!("http://{addr}/gpushare-scheduler/bind");
-    http(
-        http::Method::POST,
-        &url,
-        Some(binding_args(api, name, node)),
-    )
-    .await
-    .map(|(s, _)| s)
-}
-
-/// Polls `url` (GET) until it answers 200, or fails after [`DEADLINE`].
-pub(crate) async fn wait_http_ok(url: &str) {
-    let end = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let got = http(http::Method::GET, url, None).await;
-        if got.as_ref().map(|r| r.0) == Some(200) {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < end,
-            "{url} never answered 200; last: {:?}",
-            got.map(|(s, b)| (s, String::from_utf8_lossy(&b).into_owned()))
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 async fn wait_ready_or_leading(a: &ExtenderHandle, b: &ExtenderHandle) -> usize {
     let (mut ra, mut rb) = (a.state().ready_watch(), b.state().ready_watch());
     first_leader(&mut ra, &mut rb).await
@@ -620,8 +310,11 @@ async fn failover_between_two_extenders_never_double_allocates() {
     let first = wait_ready_or_leading(&a, &b).await;
     let (leader, standby) = if first == 0 { (a, b) } else { (b, a) };
 
-    // The standby forwards the scheduling verbs to the leader and is Ready itself.
+    // The standby is Ready once it reaches the ready leader (it learns the new holder at its
+    // next Lease read: wait for that, not for the leader's readiness alone), and then
+    // forwards the scheduling verbs to it.
     let standby_url = format!("http://{}", standby.addr);
+    wait_http_ok(&format!("{standby_url}/readyz")).await;
     let filter = http(
         http::Method::POST,
         &format!("{standby_url}/gpushare-scheduler/filter"),
@@ -629,7 +322,6 @@ async fn failover_between_two_extenders_never_double_allocates() {
     )
     .await;
     assert_eq!(filter.map(|r| r.0), Some(200));
-    wait_http_ok(&format!("{standby_url}/readyz")).await;
     let healthz = http(http::Method::GET, &format!("{standby_url}/healthz"), None).await;
     assert_eq!(healthz.map(|r| r.0), Some(200));
     // The leader gauge tells dashboards which replica's ledger to count.

@@ -22,10 +22,11 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
-use super::ha::{
-    DEADLINE, assert_not_overcommitted, bind_via, binding_args, converge, eventually,
-    extender_config, http, pending_pod, sandbox, start_named, truth, wait_http_ok,
+use crate::support::extender_cluster::{
+    DEADLINE, bind_via, binding_args, extender_config, http, pending_pod, sandbox, start_named,
+    wait_http_ok, wait_until,
 };
+use crate::support::ledger_truth::{assert_not_overcommitted, converge, truth};
 
 const UNITS: u64 = 8;
 
@@ -403,7 +404,7 @@ async fn a_forwarded_bind_whose_answer_is_lost_is_settled_by_reading_the_pod() {
     hold.wait_reached(1).await;
     let paused = a.pause().await;
     hold.release();
-    eventually("the held Binding lands", || {
+    wait_until("the held Binding lands", || {
         node_of(&api, "victim").as_deref() == Some("node-0")
     })
     .await;
@@ -545,11 +546,11 @@ async fn a_binds_deadline_counts_from_its_admission_including_the_body() {
 
 #[test]
 fn a_bind_timeout_that_does_not_fit_the_lease_margin_stops_the_extender_with_78() {
-    let out = super::support::run_with_env(
+    let out = crate::support::run_with_env(
         &["extender", "--leader-elect", "--skip-doctor"],
         &[("GPUSHARE_EXTENDER__BIND_TIMEOUT_MS", "6000")],
     );
-    let err = super::support::stderr(&out);
+    let err = crate::support::stderr(&out);
     assert_eq!(out.status.code(), Some(78), "{err}");
     for key in [
         "extender.bind_timeout_ms",

@@ -2,7 +2,8 @@
 //! `gpushare-core` crate and the binary without the `demo` feature may link.
 //!
 //! The module rules read every `crate::…` path in `src/` (in `use` trees and in code; comments
-//! are skipped). The crate rules ask `cargo tree`. `make layers` runs just this module.
+//! are skipped). The crate rules ask `cargo tree`. The test rule reads `tests/it/`: test
+//! modules import shared builders from `support` only. `make layers` runs just this module.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -87,12 +88,17 @@ fn without_comments(text: &str) -> String {
 
 /// Top-level modules named by `crate::` paths, `use crate::{a, b::c}` groups included.
 fn imported_modules(code: &str) -> BTreeSet<String> {
+    modules_after(code, "crate::")
+}
+
+/// The first module named after each `prefix` (`crate::` or `super::`), groups included.
+fn modules_after(code: &str, prefix: &str) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
     let bytes = code.as_bytes();
     let mut at = 0;
-    while let Some(i) = code[at..].find("crate::") {
+    while let Some(i) = code[at..].find(prefix) {
         let start = at + i;
-        at = start + "crate::".len();
+        at = start + prefix.len();
         // `gpushare_core::…` or `$crate::` are other crates or macros.
         if start > 0 {
             let before = bytes[start - 1];
@@ -150,6 +156,13 @@ fn the_import_scanner_reads_paths_and_groups() {
                 use gpushare_core::wire;  $crate::thing";
     let got: Vec<String> = imported_modules(code).into_iter().collect();
     assert_eq!(got, ["config", "gpu", "k8s", "shutdown"]);
+}
+
+#[test]
+fn the_import_scanner_reads_super_paths() {
+    let code = "use super::{support::x, ha::y};\nuse super::*;\nlet z = super::chart::f();";
+    let got: Vec<String> = modules_after(code, "super::").into_iter().collect();
+    assert_eq!(got, ["chart", "ha", "support"]);
 }
 
 #[test]
@@ -300,5 +313,164 @@ fn gpu_backend_calls_stay_off_the_async_runtime() {
     assert!(
         direct.is_empty(),
         "blocking GPU calls on the runtime: {direct:#?}"
+    );
+}
+
+/// The paths of the test crate that the file `rel` (under `tests/it/`) may not import: anything
+/// but `crate::support`, and, inside `support/`, its sibling modules through `super::`.
+fn test_imports_broken(rel: &Path, code: &str) -> BTreeSet<String> {
+    let parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    let in_support = parts.first().is_some_and(|p| p == "support");
+    // `super` of `a.rs` and `a/mod.rs` is the crate root; of `a/b.rs`, the module `a`.
+    let parent_is_root = parts.len() == 1 || (parts.len() == 2 && parts[1] == "mod.rs");
+    let mut broken = BTreeSet::new();
+    for to in modules_after(code, "crate::") {
+        if to != "support" {
+            broken.insert(format!("crate::{to}"));
+        }
+    }
+    for to in modules_after(code, "super::") {
+        let fine = if parent_is_root {
+            to == "support"
+        } else {
+            in_support
+        };
+        if !fine {
+            broken.insert(format!("super::{to}"));
+        }
+    }
+    broken
+}
+
+#[test]
+fn the_test_import_rule_allows_support_only() {
+    let top = Path::new("watch_churn.rs");
+    assert!(test_imports_broken(top, "use crate::support::ledger_truth::truth;").is_empty());
+    assert!(test_imports_broken(top, "use super::support::run;").is_empty());
+    assert_eq!(
+        test_imports_broken(top, "use crate::ha::{sandbox, truth};"),
+        BTreeSet::from(["crate::ha".to_string()])
+    );
+    let nested = Path::new("packaging/kubeadm.rs");
+    assert_eq!(
+        test_imports_broken(nested, "use super::chart::default_values;"),
+        BTreeSet::from(["super::chart".to_string()])
+    );
+    let support = Path::new("support/ledger_truth.rs");
+    assert!(test_imports_broken(support, "use super::extender_cluster::http;").is_empty());
+    assert_eq!(
+        test_imports_broken(support, "use crate::deviceplugin::cluster;"),
+        BTreeSet::from(["crate::deviceplugin".to_string()])
+    );
+}
+
+#[test]
+fn test_modules_import_shared_builders_from_support_only() {
+    // Shared builders, fixtures and waits live in `tests/it/support/`; a test module that
+    // imports another one ties two topics together. `main.rs` declares the modules; this file
+    // names forbidden paths in its own strings.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join("it");
+    let mut files = Vec::new();
+    rust_files(&root, &mut files);
+    assert!(files.len() > 20, "found the tests ({} files)", files.len());
+    let mut broken: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in &files {
+        let rel = file.strip_prefix(&root).expect("under tests/it");
+        if rel == Path::new("main.rs") || rel == Path::new("layers.rs") {
+            continue;
+        }
+        let code = without_comments(&std::fs::read_to_string(file).expect("readable"));
+        let found = test_imports_broken(rel, &code);
+        if !found.is_empty() {
+            broken.insert(rel.display().to_string(), found);
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "test modules import other test modules; move what they share into tests/it/support/:\n{broken:#?}"
+    );
+}
+
+/// `Result<…, String>` types in `code`: the error type is the last top-level argument.
+fn string_error_results(code: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut at = 0;
+    while let Some(i) = code[at..].find("Result<") {
+        let start = at + i;
+        at = start + "Result<".len();
+        let before = code[..start].chars().next_back();
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            continue; // `FilterResult<`, `io_Result<`: another type.
+        }
+        let (mut depth, mut last_arg) = (1usize, at);
+        let mut end = None;
+        for (j, c) in code[at..].char_indices() {
+            match c {
+                '<' | '(' | '[' => depth += 1,
+                '>' | ')' | ']' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = Some(at + j);
+                        break;
+                    }
+                }
+                ',' if depth == 1 => last_arg = at + j + 1,
+                _ => {}
+            }
+        }
+        let Some(end) = end else { break };
+        if last_arg > at && matches!(code[last_arg..end].trim(), "String" | "std::string::String") {
+            found.push(
+                code[start..=end]
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            );
+        }
+    }
+    found
+}
+
+#[test]
+fn the_string_error_scanner_reads_the_last_argument() {
+    let code = "fn a() -> Result<(u16, String), String> {}\n\
+                fn b() -> Result<Vec<String>, BindError> {}\n\
+                fn c() -> Result<HashMap<String, u8>,\n    String> {}\n\
+                fn d() -> anyhow::Result<String> {}\n\
+                fn e() -> FilterResult<String, String> {}";
+    assert_eq!(
+        string_error_results(code),
+        [
+            "Result<(u16, String), String>",
+            "Result<HashMap<String, u8>, String>"
+        ]
+    );
+}
+
+#[test]
+fn errors_are_typed_never_result_of_string() {
+    // Error enums (thiserror) carry their kind to the HTTP/gRPC status and to a metric label;
+    // a `String` carries only words. Roles, infrastructure and the pure core alike.
+    let mut files = Vec::new();
+    rust_files(&src_dir(), &mut files);
+    rust_files(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/core/src"),
+        &mut files,
+    );
+    let mut found = Vec::new();
+    for file in &files {
+        let code = without_comments(&std::fs::read_to_string(file).expect("readable"));
+        for r in string_error_results(&code) {
+            found.push(format!("{}: {r}", file.display()));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "Result<_, String> in the product; use a thiserror enum:\n{found:#?}"
     );
 }

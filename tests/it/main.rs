@@ -28,5 +28,6 @@ mod settle;
 mod soak;
 mod startup;
 mod support;
+mod verb_errors;
 mod watch_churn;
 mod webhook;

@@ -11,7 +11,7 @@ use gpushare::core::wire;
 use gpushare::gpu::fake::fake_uuid;
 use serde_json::Value;
 
-use crate::deviceplugin::{Cluster, cluster, env};
+use crate::support::deviceplugin_cluster::{Cluster, cluster, env};
 use crate::support::mps::FakeMps;
 use crate::support::{run, stderr, stdout};
 

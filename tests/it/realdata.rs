@@ -216,12 +216,14 @@ fn nvidia_smi_xml_yields_exactly_the_derived_gpus() {
         let text = std::fs::read_to_string(&path).expect("read");
         let result = parse_xml(&text);
         if d.get("error").is_some() {
-            let err = result.expect_err(&key);
+            let err = result.expect_err(&key).to_string();
             assert!(!err.is_empty(), "{key}");
             continue;
         }
         if let Some(dup) = d.get("duplicate_uuid").and_then(Value::as_str) {
-            let err = result.expect_err(&format!("{key}: duplicate UUIDs must be refused"));
+            let err = result
+                .expect_err(&format!("{key}: duplicate UUIDs must be refused"))
+                .to_string();
             assert!(
                 err.contains("same UUID") && err.contains(dup),
                 "{key}: {err}"

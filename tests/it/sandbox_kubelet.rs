@@ -23,15 +23,10 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::{UnixListenerStream, WatchStream};
 use tonic::{Request, Response, Status};
 
+use crate::support::socket_dir::short_tempdir;
+
 const RESOURCE: &str = wire::RESOURCE_GPU_MEM;
 const ENDPOINT: &str = "test-plugin.sock";
-
-fn short_tempdir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("k")
-        .tempdir_in("/tmp")
-        .expect("tempdir in /tmp")
-}
 
 fn healthy(ids: &[&str]) -> Vec<Device> {
     ids.iter()

@@ -202,7 +202,7 @@ async fn the_extender_process_waits_for_the_api_server_and_then_serves() {
     let url = format!("http://127.0.0.1:{port}/readyz");
     let end = tokio::time::Instant::now() + DEADLINE;
     loop {
-        let got = crate::ha::http(http::Method::GET, &url, None).await;
+        let got = crate::support::extender_cluster::http(http::Method::GET, &url, None).await;
         if got.as_ref().map(|r| r.0) == Some(200) {
             break;
         }

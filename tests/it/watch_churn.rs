@@ -5,9 +5,10 @@
 
 use gpushare_sandbox::apiserver::{Fault, FaultAction};
 
-use crate::ha::{
-    bind_via, bound_pod, converge, extender_config, pending_pod, sandbox, start_extender,
+use crate::support::extender_cluster::{
+    bind_via, bound_pod, extender_config, pending_pod, sandbox, start_extender,
 };
+use crate::support::ledger_truth::{converge, truth};
 
 const NODES: usize = 10;
 const GPUS: u64 = 4;
@@ -108,7 +109,7 @@ async fn cut_watches_and_410s_never_lose_or_double_count_a_pod() {
     api.clear_faults();
     converge(&api, ext.addr).await;
     // Something was actually counted: the comparison is not between two empty ledgers.
-    assert!(!crate::ha::truth(&api).is_empty());
+    assert!(!truth(&api).is_empty());
     // The watch really was cut and re-listed: more than one list of pods was served.
     let lists = api
         .requests()

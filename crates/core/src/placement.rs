@@ -47,19 +47,22 @@ macro_rules! policy_text {
             }
         }
         impl FromStr for $t {
-            type Err = String;
-            fn from_str(s: &str) -> Result<Self, String> {
+            type Err = UnknownPolicy;
+            fn from_str(s: &str) -> Result<Self, UnknownPolicy> {
                 match s {
                     "binpack" => Ok(Self::Binpack),
                     "spread" => Ok(Self::Spread),
-                    other => Err(format!(
-                        "invalid policy {other:?}: expected binpack or spread"
-                    )),
+                    other => Err(UnknownPolicy(other.to_string())),
                 }
             }
         }
     };
 }
+
+/// A placement policy that is neither binpack nor spread.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid policy {0:?}: expected binpack or spread")]
+pub struct UnknownPolicy(String);
 policy_text!(GpuPolicy);
 policy_text!(NodePolicy);
 

@@ -15,9 +15,9 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::json;
 use yaml_serde::Value;
 
-use super::assert_cli_accepts;
-use super::chart::{all_documents, check_typed, default_values, merged};
-use crate::client_auth::{connector, https_via};
+use crate::support::assert_cli_accepts;
+use crate::support::helm_chart::{all_documents, check_typed, default_values, merged};
+use crate::support::https_client::{connector, https_via};
 use crate::support::clients;
 use crate::support::extender_http::{node, pod};
 
@@ -32,7 +32,7 @@ fn values(overlay: &str) -> Value {
 /// of its own that `all_documents`' by-name map would fold together); `None` without Helm.
 fn all_documents_full(values: Value) -> Option<Vec<Value>> {
     let answer = clients::helm_chart(&json!({
-        "chart": super::repo_path("packaging/helm/gpushare"),
+        "chart": crate::support::source_tree::repo_path("packaging/helm/gpushare"),
         "release": "gpushare",
         "namespace": "kube-system",
         "renders": [values],
@@ -45,7 +45,7 @@ fn all_documents_full(values: Value) -> Option<Vec<Value>> {
     Some(
         by_path
             .iter()
-            .flat_map(|(name, text)| super::yaml_documents(name, text))
+            .flat_map(|(name, text)| crate::support::source_tree::yaml_documents(name, text))
             .collect(),
     )
 }
@@ -108,7 +108,7 @@ fn helm_lint_strict_is_clean_with_authenticated_scheduling() {
         .map(|o| serde_json::to_value(values(o)).expect("json"))
         .collect();
     let Some(answer) = clients::helm_chart(&json!({
-        "chart": super::repo_path("packaging/helm/gpushare"),
+        "chart": crate::support::source_tree::repo_path("packaging/helm/gpushare"),
         "release": "gpushare",
         "namespace": "kube-system",
         "lints": lints,

@@ -22,7 +22,8 @@ use serde_json::{Value, json};
 
 use gpushare::core::wire;
 
-use super::{assert_cli_accepts, repo_path, yaml_documents};
+use crate::support::assert_cli_accepts;
+use crate::support::source_tree::{repo_path, yaml_documents};
 
 const RELEASE: &str = "gpushare";
 const NAMESPACE: &str = "kube-system";

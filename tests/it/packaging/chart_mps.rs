@@ -5,8 +5,8 @@
 
 use yaml_serde::Value;
 
-use super::assert_cli_accepts;
-use super::chart::{all_documents, default_values, merged};
+use crate::support::assert_cli_accepts;
+use crate::support::helm_chart::{all_documents, default_values, merged};
 
 fn device_plugin(overlay: &str) -> Option<Value> {
     let docs = all_documents(merged(

@@ -5,7 +5,7 @@
 
 use yaml_serde::Value;
 
-use super::chart::{all_documents, check_typed, default_values, merged};
+use crate::support::helm_chart::{all_documents, check_typed, default_values, merged};
 
 fn with(overlay: &str) -> Vec<Value> {
     all_documents(merged(

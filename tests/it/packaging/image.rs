@@ -7,7 +7,7 @@ use yaml_serde::Value;
 use gpushare::buildinfo::KUBECTL_PLUGIN_NAME;
 use gpushare::core::wire;
 
-use super::read;
+use crate::support::source_tree::read;
 
 /// The value of `NAME := value` in the Makefile.
 fn make_var(makefile: &str, name: &str) -> String {

@@ -8,8 +8,8 @@ use std::process::{Command, Output};
 use k8s_openapi::api::core::v1::Pod;
 use yaml_serde::Value;
 
-use super::chart::{assert_scheduler_config, default_extender_url};
-use super::{read, repo_path};
+use crate::support::helm_chart::{assert_scheduler_config, default_extender_url};
+use crate::support::source_tree::{read, repo_path};
 
 const SCRIPT: &str = "packaging/kubeadm/install-scheduler-extender.sh";
 const MANIFEST: &str = "etc/kubernetes/manifests/kube-scheduler.yaml";

@@ -8,7 +8,8 @@
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use super::{assert_cli_accepts, read, repo_path};
+use crate::support::assert_cli_accepts;
+use crate::support::source_tree::{read, repo_path};
 
 const INSTALLED_BIN: &str = "/usr/local/bin/gpushare";
 const UNITS: [&str; 3] = [

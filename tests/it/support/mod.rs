@@ -1,4 +1,6 @@
-//! Shared test harness: running the built binary, fixture paths.
+//! The one home of what the integration tests share: running the built binary and fixture
+//! paths here; the sandbox fixtures, builders and waits in the modules below. Test modules
+//! import from `support` only, never from each other (checked by `layers.rs`).
 
 #![allow(dead_code)]
 
@@ -6,8 +8,15 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 pub mod clients;
+pub mod deviceplugin_cluster;
+pub mod extender_cluster;
 pub mod extender_http;
+pub mod helm_chart;
+pub mod https_client;
+pub mod ledger_truth;
 pub mod mps;
+pub mod socket_dir;
+pub mod source_tree;
 
 /// Path of the built `gpushare` binary.
 pub fn bin() -> PathBuf {
@@ -49,4 +58,17 @@ pub fn stdout(o: &Output) -> String {
 /// Text of stderr.
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Asserts that the real `gpushare` command line accepts `args` (a subcommand and its flags,
+/// as a manifest or unit writes them): clap validates every flag before `--help` stops it.
+pub fn assert_cli_accepts(args: &[String], what: &str) {
+    let mut argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    argv.push("--help");
+    let out = run(&argv);
+    assert!(
+        out.status.success(),
+        "{what}: gpushare rejects {args:?}:\n{}",
+        stderr(&out)
+    );
 }

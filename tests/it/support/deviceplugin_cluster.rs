@@ -1,0 +1,230 @@
+//! A sandbox cluster with the device plugin running on it, as the device-plugin tests drive
+//! it: the sandbox API server holding one GPU node, the sandbox kubelet in a short temp dir,
+//! fake GPUs with injectable health events; the pods the extender's bind leaves on the node,
+//! Allocate through the kubelet, and a bounded wait on a condition of the cluster.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpushare::config::Config;
+use gpushare::core::wire;
+use gpushare::deviceplugin::{self, DevicePluginHandle};
+use gpushare::gpu::fake::{FakeBackend, FakeHealth};
+use gpushare::kubelet_api::deviceplugin::ContainerAllocateResponse;
+use gpushare_sandbox::apiserver::ApiServer;
+use gpushare_sandbox::kubelet::Kubelet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde_json::Value;
+
+use super::socket_dir::short_tempdir;
+
+pub(crate) const RESOURCE: &str = wire::RESOURCE_GPU_MEM;
+pub(crate) const NODE: &str = "gpu-node-1";
+/// How long [`Cluster::wait_for`] waits before it fails the test.
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// A sandbox cluster with the device plugin running on it.
+pub(crate) struct Cluster {
+    pub(crate) api: ApiServer,
+    pub(crate) kubelet: Kubelet,
+    pub(crate) health: FakeHealth,
+    plugin: Option<DevicePluginHandle>,
+    _dir: tempfile::TempDir,
+}
+
+pub(crate) fn node_yaml(labels: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: {NODE}\n  labels:\n    gpushare: \"true\"\n{labels}status:\n  capacity:\n    cpu: \"8\"\n    aliyun.com/gpu-mem: \"40\"\n"
+    )
+}
+
+pub(crate) async fn cluster_with(
+    gpus: &str,
+    node_labels: &str,
+    tweak: impl FnOnce(&mut Config),
+) -> anyhow::Result<Cluster> {
+    cluster_seeded(gpus, &node_yaml(node_labels), |_| {}, tweak).await
+}
+
+/// A cluster whose API server holds `node` (YAML) and what `seed` adds before the device
+/// plugin starts.
+pub(crate) async fn cluster_seeded(
+    gpus: &str,
+    node: &str,
+    seed: impl FnOnce(&ApiServer),
+    tweak: impl FnOnce(&mut Config),
+) -> anyhow::Result<Cluster> {
+    let dir = short_tempdir();
+    let api = ApiServer::start().await?;
+    api.seed_yaml(node)?;
+    seed(&api);
+    let kubelet = Kubelet::start(dir.path()).await?;
+    let mut config = Config::default();
+    config.device_plugin.node_name = NODE.to_string();
+    config.device_plugin.device_plugin_dir = kubelet.device_plugin_dir();
+    config.device_plugin.pod_resources_socket = kubelet.pod_resources_socket();
+    config.device_plugin.admin_address = String::new();
+    config.doctor.skip = true;
+    tweak(&mut config);
+    let backend = FakeBackend::from_spec(gpus)?;
+    let health = backend.health();
+    let plugin = deviceplugin::start(
+        &config,
+        api.client(),
+        Arc::new(backend),
+        gpushare::shutdown::Shutdown::never(),
+    )
+    .await?;
+    kubelet.wait_registered(RESOURCE).await?;
+    Ok(Cluster {
+        api,
+        kubelet,
+        health,
+        plugin: Some(plugin),
+        _dir: dir,
+    })
+}
+
+pub(crate) async fn cluster(gpus: &str, tweak: impl FnOnce(&mut Config)) -> Cluster {
+    cluster_with(gpus, "", tweak)
+        .await
+        .expect("the sandbox cluster and device plugin start")
+}
+
+impl Cluster {
+    pub(crate) async fn stop(mut self) {
+        if let Some(p) = self.plugin.take() {
+            let socket = p.socket_path();
+            p.stop().await;
+            assert!(!socket.exists(), "the plugin socket is removed on stop");
+        }
+        self.kubelet.stop().await;
+        self.api.shutdown().await;
+    }
+
+    pub(crate) fn plugin(&self) -> &DevicePluginHandle {
+        self.plugin.as_ref().expect("running")
+    }
+
+    /// Seeds a pod bound to the node by the extender (annotations as bind writes them).
+    pub(crate) fn bound_pod(
+        &self,
+        name: &str,
+        containers: &[(&str, u64)],
+        idx: Option<u32>,
+        t: u64,
+    ) {
+        self.pod_with(name, &[], containers, idx, t);
+    }
+
+    pub(crate) fn pod_with(
+        &self,
+        name: &str,
+        init: &[(&str, u64)],
+        containers: &[(&str, u64)],
+        idx: Option<u32>,
+        assume_time: u64,
+    ) {
+        self.api
+            .create_object(pod_json(name, init, containers, idx, assume_time))
+            .expect("pod created");
+    }
+
+    pub(crate) fn annotations(&self, pod: &str) -> BTreeMap<String, String> {
+        self.api
+            .get_as::<Pod>("pods", Some("default"), pod)
+            .and_then(|p| p.metadata.annotations)
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn node(&self) -> Node {
+        self.api
+            .get_as::<Node>("nodes", None, NODE)
+            .expect("the node exists")
+    }
+
+    pub(crate) async fn allocate(
+        &self,
+        pod: &str,
+        container: &str,
+        units: usize,
+    ) -> anyhow::Result<(Vec<String>, ContainerAllocateResponse)> {
+        self.kubelet
+            .allocate_container(RESOURCE, "default", pod, container, units)
+            .await
+    }
+
+    pub(crate) async fn wait_for(&self, what: &str, check: impl Fn(&Cluster) -> bool) {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        while !check(self) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub(crate) fn warning_events(&self, reason: &str) -> Vec<Value> {
+        self.api
+            .list_objects("events.events.k8s.io", Some("default"))
+            .into_iter()
+            .filter(|e| e["reason"] == reason && e["regarding"]["name"] == NODE)
+            .collect()
+    }
+}
+
+/// A pod on the node in `default` with these GPU init and app containers; with `idx`, the
+/// annotations the extender's bind writes (GPU `idx`, ASSIGNED=false, ASSUME_TIME
+/// `assume_time`).
+pub(crate) fn pod_json(
+    name: &str,
+    init: &[(&str, u64)],
+    containers: &[(&str, u64)],
+    idx: Option<u32>,
+    assume_time: u64,
+) -> Value {
+    let c = |list: &[(&str, u64)]| -> Vec<Value> {
+        list.iter()
+            .map(|(n, m)| {
+                serde_json::json!({"name": n, "image": "cuda",
+                        "resources": {"limits": {RESOURCE: m.to_string()}}})
+            })
+            .collect()
+    };
+    let total = init
+        .iter()
+        .map(|x| x.1)
+        .max()
+        .unwrap_or(0)
+        .max(containers.iter().map(|x| x.1).sum());
+    let mut annotations = serde_json::Map::new();
+    if let Some(idx) = idx {
+        annotations.insert(wire::ANN_GPU_INDEX.into(), idx.to_string().into());
+        annotations.insert(wire::ANN_POD_MEM.into(), total.to_string().into());
+        annotations.insert(wire::ANN_DEVICE_MEM.into(), "16".into());
+        annotations.insert(wire::ANN_ASSIGNED.into(), "false".into());
+        annotations.insert(wire::ANN_ASSUME_TIME.into(), assume_time.to_string().into());
+    }
+    let mut spec = serde_json::json!({"nodeName": NODE, "containers": c(containers)});
+    if !init.is_empty() {
+        spec["initContainers"] = Value::Array(c(init));
+    }
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "annotations": annotations},
+        "spec": spec,
+        "status": {"phase": "Pending"},
+    })
+}
+
+pub(crate) fn env<'a>(resp: &'a ContainerAllocateResponse, key: &str) -> &'a str {
+    resp.envs.get(key).map(String::as_str).unwrap_or("<unset>")
+}
+
+pub(crate) fn uuid_of(id: &str) -> String {
+    wire::parse_fake_device_id(id)
+        .map(|(u, _)| u.to_string())
+        .unwrap_or_default()
+}

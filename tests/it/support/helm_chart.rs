@@ -1,0 +1,159 @@
+//! The Helm chart as the packaging tests render it: the chart's default values and `--set`-like
+//! merges, one request to the real Helm engine (helm-python-sdk, see [`super::clients`]),
+//! every rendered object, the typed check of an object against its k8s-openapi type, and the
+//! scheduler-configuration block that the chart and the kubeadm script must both carry.
+
+use std::collections::BTreeMap;
+
+use gpushare::core::wire;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use yaml_serde::Value;
+
+use super::clients;
+use super::source_tree::{read, repo_path, yaml_documents};
+
+/// The chart's directory in the source tree.
+pub(crate) const CHART: &str = "packaging/helm/gpushare";
+/// The release name the chart is rendered under (as the plain manifests are).
+pub(crate) const RELEASE: &str = "gpushare";
+/// The namespace the chart is rendered into.
+pub(crate) const NAMESPACE: &str = "kube-system";
+
+/// The chart's own `values.yaml`.
+pub(crate) fn default_values() -> Value {
+    yaml_serde::from_str(&read(&format!("{CHART}/values.yaml"))).expect("values.yaml parses")
+}
+
+/// `base` with `overlay` merged in (maps deeply, everything else replaced), like `--set`.
+pub(crate) fn merged(base: &Value, overlay: &Value) -> Value {
+    match (base, overlay) {
+        (Value::Mapping(b), Value::Mapping(o)) => {
+            let mut out = b.clone();
+            for (k, v) in o {
+                let merged_v = match b.get(k) {
+                    Some(bv) => merged(bv, v),
+                    None => v.clone(),
+                };
+                out.insert(k.clone(), merged_v);
+            }
+            Value::Mapping(out)
+        }
+        (_, o) => o.clone(),
+    }
+}
+
+/// One request to the Helm engine: renders of `renders` and `helm lint --strict` with `lints`.
+/// `None` when helm-python-sdk is missing (skipped; under CI the test fails).
+pub(crate) fn helm(renders: &[&Value], lints: &[&Value]) -> Option<serde_json::Value> {
+    clients::helm_chart(&serde_json::json!({
+        "chart": repo_path(CHART),
+        "release": RELEASE,
+        "namespace": NAMESPACE,
+        "renders": renders,
+        "lints": lints,
+    }))
+}
+
+/// Every template's rendered text, by file name (sorted), as the Helm engine renders it with
+/// `values` as the user's values; `None` when the engine is missing (skipped).
+pub(crate) fn render_chart(values: Value) -> Option<BTreeMap<String, String>> {
+    let answer = helm(&[&values], &[])?;
+    let render = &answer["renders"][0];
+    if let Some(e) = render.get("error") {
+        panic!("Helm cannot render the chart: {e:?}");
+    }
+    let out: BTreeMap<String, String> =
+        serde_json::from_value(render["manifests"].clone()).expect("manifests by file");
+    assert!(!out.is_empty(), "no templates rendered");
+    Some(out)
+}
+
+/// Parses `doc` as `T` and serializes it back: equal only if every field is one `T` knows,
+/// with the right type (k8s-openapi's deserializers alone ignore unknown fields).
+fn round_trip<T: DeserializeOwned + Serialize>(doc: &Value) -> Result<(), String> {
+    let typed: T = yaml_serde::from_value(doc.clone()).map_err(|e| e.to_string())?;
+    let back = serde_json::to_value(&typed).map_err(|e| e.to_string())?;
+    let original = serde_json::to_value(doc).map_err(|e| e.to_string())?;
+    if back == original {
+        Ok(())
+    } else {
+        Err(format!(
+            "fields lost or changed by the typed round trip:\n--- as written\n{}\n--- as {}\n{}",
+            serde_json::to_string_pretty(&original).unwrap_or_default(),
+            std::any::type_name::<T>(),
+            serde_json::to_string_pretty(&back).unwrap_or_default()
+        ))
+    }
+}
+
+/// Checks `doc` against the k8s-openapi type its `kind` names; returns the kind.
+pub(crate) fn check_typed(doc: &Value) -> Result<String, String> {
+    let kind = doc
+        .get("kind")
+        .and_then(Value::as_str)
+        .ok_or("document without kind")?
+        .to_string();
+    match kind.as_str() {
+        "Deployment" => round_trip::<Deployment>(doc),
+        "DaemonSet" => round_trip::<DaemonSet>(doc),
+        "Service" => round_trip::<Service>(doc),
+        "ServiceAccount" => round_trip::<ServiceAccount>(doc),
+        "ClusterRole" => round_trip::<ClusterRole>(doc),
+        "ClusterRoleBinding" => round_trip::<ClusterRoleBinding>(doc),
+        "Role" => round_trip::<Role>(doc),
+        "RoleBinding" => round_trip::<RoleBinding>(doc),
+        "ConfigMap" => round_trip::<ConfigMap>(doc),
+        "PodDisruptionBudget" => {
+            round_trip::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(doc)
+        }
+        other => Err(format!("unexpected kind {other}")),
+    }?;
+    Ok(kind)
+}
+
+/// Every rendered object; `None` when the Helm engine is missing (skipped).
+pub(crate) fn all_documents(values: Value) -> Option<Vec<Value>> {
+    Some(
+        render_chart(values)?
+            .iter()
+            .flat_map(|(name, text)| yaml_documents(name, text))
+            .collect(),
+    )
+}
+
+/// The extender block every copy of the scheduler configuration must carry.
+pub(crate) fn assert_scheduler_config(cfg: &Value, url: &str) {
+    assert_eq!(cfg["apiVersion"], "kubescheduler.config.k8s.io/v1");
+    assert_eq!(cfg["kind"], "KubeSchedulerConfiguration");
+    assert_eq!(
+        cfg["clientConnection"]["kubeconfig"],
+        "/etc/kubernetes/scheduler.conf"
+    );
+    let extenders = cfg["extenders"].as_sequence().expect("extenders");
+    assert_eq!(extenders.len(), 1);
+    let e = &extenders[0];
+    assert_eq!(e["urlPrefix"], url);
+    assert_eq!(e["filterVerb"], "filter");
+    assert_eq!(e["prioritizeVerb"], "prioritize");
+    assert_eq!(e["bindVerb"], "bind");
+    assert_eq!(e["weight"], 1);
+    assert_eq!(e["enableHTTPS"], false);
+    assert_eq!(e["nodeCacheCapable"], true);
+    assert_eq!(e["httpTimeout"], "10s");
+    assert_eq!(e["ignorable"], false);
+    let managed = e["managedResources"]
+        .as_sequence()
+        .expect("managedResources");
+    assert_eq!(managed.len(), 1);
+    assert_eq!(managed[0]["name"], wire::RESOURCE_GPU_MEM);
+    assert_eq!(managed[0]["ignoredByScheduler"], false);
+}
+
+/// The default extender URL: the Service's NodePort on the loopback.
+pub(crate) fn default_extender_url() -> String {
+    format!("http://127.0.0.1:32766{}", wire::EXTENDER_URL_PREFIX)
+}
