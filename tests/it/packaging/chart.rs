@@ -220,6 +220,15 @@ pub(super) fn check_typed(doc: &Value) -> Result<String, String> {
         "PodDisruptionBudget" => {
             round_trip::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(doc)
         }
+        "ValidatingAdmissionPolicy" => round_trip::<
+            k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy,
+        >(doc),
+        "ValidatingAdmissionPolicyBinding" => round_trip::<
+            k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding,
+        >(doc),
+        // Prometheus Operator's CRD: not in k8s-openapi; its shape is checked in
+        // chart_production.rs.
+        "ServiceMonitor" if doc["apiVersion"] == "monitoring.coreos.com/v1" => Ok(()),
         other => Err(format!("unexpected kind {other}")),
     }?;
     Ok(kind)

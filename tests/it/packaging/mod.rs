@@ -3,7 +3,9 @@
 //! manifest. Nothing here needs a cluster, Docker or a running systemd; the chart is rendered
 //! by the real Helm engine as a library (helm-python-sdk, see `support::clients`).
 
+mod admission_policy;
 mod chart;
+mod chart_production;
 mod chart_dedicated;
 mod ha_chart;
 mod image;
