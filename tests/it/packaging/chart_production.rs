@@ -480,3 +480,33 @@ fn the_chart_adopts_the_pods_an_aliyun_installation_left_running() {
         );
     }
 }
+
+#[test]
+fn helm_lint_strict_is_clean_with_every_production_option() {
+    let values = [
+        merged(
+            &default_values(),
+            &yaml_serde::from_str(super::checkov::EVERYTHING).expect("values parse"),
+        ),
+        merged(&default_values(), &yaml_serde::from_str(EVERYTHING).expect("values parse")),
+    ];
+    let Some(answer) = crate::support::clients::helm_chart(&serde_json::json!({
+        "chart": super::repo_path("packaging/helm/gpushare"),
+        "release": "gpushare",
+        "namespace": "kube-system",
+        "lints": values,
+    })) else {
+        return;
+    };
+    for report in answer["lints"].as_array().expect("lints") {
+        assert_eq!(report["errors"], serde_json::json!([]), "{report}");
+        // Severity 1 is INFO ("icon is recommended"); --strict fails on 2 (warning) and 3.
+        let findings: Vec<&serde_json::Value> = report["messages"]
+            .as_array()
+            .expect("messages")
+            .iter()
+            .filter(|m| m["severity"].as_u64().unwrap_or(3) >= 2)
+            .collect();
+        assert!(findings.is_empty(), "helm lint --strict: {findings:?}");
+    }
+}

@@ -6,6 +6,7 @@
 mod admission_policy;
 mod chart;
 mod chart_production;
+mod checkov;
 mod chart_dedicated;
 mod ha_chart;
 mod image;
