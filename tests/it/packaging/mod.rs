@@ -12,6 +12,7 @@ mod ha_chart;
 mod image;
 mod kubeadm;
 mod systemd;
+mod systemd_security;
 
 use std::path::PathBuf;
 
