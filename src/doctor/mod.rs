@@ -8,7 +8,8 @@
 //! ([`report`]). Node checks read host files under `--root` ([`host`], [`runtime`]) and ask
 //! the GPU backend ([`gpus`]); control-plane checks ask the API server ([`cluster`]), read
 //! the kube-scheduler configuration ([`scheduler`]) and, on managed clusters, check the
-//! dedicated scheduler and the webhook ([`managed`]). `extender` and `device-plugin` run
+//! dedicated scheduler and the webhook ([`managed`]), and name what an Aliyun installation
+//! left in the chart's way ([`migration`]). `extender` and `device-plugin` run
 //! [`preflight`] before they start. Doctor only reads: it changes nothing on the host or in the
 //! cluster, and every probe has a short deadline.
 
@@ -17,6 +18,7 @@ pub mod cluster;
 pub mod gpus;
 pub mod host;
 pub mod managed;
+pub mod migration;
 pub mod report;
 pub mod runtime;
 pub mod scheduler;
@@ -274,6 +276,7 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
         };
         checks.push(scheduler::extender_reachable(target.as_deref(), from_flag).await);
         checks.extend(managed::checks(&api, &config.webhook, opts.webhook_url.as_deref()).await);
+        checks.push(migration::aliyun_leftovers(&api).await);
     }
     Report::new(role.name(), checks)
 }

@@ -105,10 +105,16 @@ fn rule_matches(rule: &Json, request: &Json) -> bool {
                     && r.trim_end_matches("/*") == resource)
         })
     });
-    has("operations", request["operation"].as_str().unwrap_or_default())
-        && has("apiGroups", request["resource"]["group"].as_str().unwrap_or_default())
-        && has("apiVersions", request["resource"]["version"].as_str().unwrap_or_default())
-        && resource_ok
+    has(
+        "operations",
+        request["operation"].as_str().unwrap_or_default(),
+    ) && has(
+        "apiGroups",
+        request["resource"]["group"].as_str().unwrap_or_default(),
+    ) && has(
+        "apiVersions",
+        request["resource"]["version"].as_str().unwrap_or_default(),
+    ) && resource_ok
 }
 
 impl Policy {
@@ -238,7 +244,8 @@ fn node(name: &str) -> Json {
 
 /// The device plugin's Allocate patch (the real builder) as a merge patch.
 fn allocate_patch() -> Json {
-    let ann = PodGpuAnnotations::allocated_patch(&["main".to_string()], true, 1_700_000_000_000_000_001);
+    let ann =
+        PodGpuAnnotations::allocated_patch(&["main".to_string()], true, 1_700_000_000_000_000_001);
     json!({ "metadata": { "annotations": ann } })
 }
 
@@ -285,65 +292,234 @@ fn the_policy_allows_only_the_device_plugins_own_writes() {
     // (what, request, old object, merge patch, verdict)
     let cases: Vec<(&str, Json, Json, Json, Verdict)> = vec![
         // --- what the device plugin does
-        ("Allocate marks its own node's pod assigned", plugin_pod(own), on_a.clone(), allocate_patch(), Verdict::Allowed),
-        ("reconcile corrects IDX/DEV/assigned on its own node's pod", plugin_pod(own), on_a.clone(), reconcile.clone(), Verdict::Allowed),
-        ("removing one of our annotations", plugin_pod(own), on_a.clone(),
-            json!({ "metadata": { "annotations": { wire::ANN_ASSUME_TIME: null } } }), Verdict::Allowed),
-        ("gpu-count on its own Node's status", plugin_node(own, Some("status"), "gpu-a"), node_a.clone(), gpu_count_patch("3"), Verdict::Allowed),
-        ("gpu-count added where there was none", plugin_node(own, Some("status"), "gpu-a"),
-            merge_patch(&node_a, &json!({ "status": { "capacity": { wire::RESOURCE_GPU_COUNT: null }, "allocatable": { wire::RESOURCE_GPU_COUNT: null } } })),
-            gpu_count_patch("2"), Verdict::Allowed),
-        ("device annotations on its own Node", plugin_node(own, None, "gpu-a"), node_a.clone(), device_annotations.clone(), Verdict::Allowed),
+        (
+            "Allocate marks its own node's pod assigned",
+            plugin_pod(own),
+            on_a.clone(),
+            allocate_patch(),
+            Verdict::Allowed,
+        ),
+        (
+            "reconcile corrects IDX/DEV/assigned on its own node's pod",
+            plugin_pod(own),
+            on_a.clone(),
+            reconcile.clone(),
+            Verdict::Allowed,
+        ),
+        (
+            "removing one of our annotations",
+            plugin_pod(own),
+            on_a.clone(),
+            json!({ "metadata": { "annotations": { wire::ANN_ASSUME_TIME: null } } }),
+            Verdict::Allowed,
+        ),
+        (
+            "gpu-count on its own Node's status",
+            plugin_node(own, Some("status"), "gpu-a"),
+            node_a.clone(),
+            gpu_count_patch("3"),
+            Verdict::Allowed,
+        ),
+        (
+            "gpu-count added where there was none",
+            plugin_node(own, Some("status"), "gpu-a"),
+            merge_patch(
+                &node_a,
+                &json!({ "status": { "capacity": { wire::RESOURCE_GPU_COUNT: null }, "allocatable": { wire::RESOURCE_GPU_COUNT: null } } }),
+            ),
+            gpu_count_patch("2"),
+            Verdict::Allowed,
+        ),
+        (
+            "device annotations on its own Node",
+            plugin_node(own, None, "gpu-a"),
+            node_a.clone(),
+            device_annotations.clone(),
+            Verdict::Allowed,
+        ),
         // --- another node's objects
-        ("a pod bound to another node", plugin_pod(own), pod(Some("gpu-b")), allocate_patch(), denied(&msg("pods bound to its own node"))),
-        ("a pod not bound yet", plugin_pod(own), pod(None), allocate_patch(), denied(&msg("pods bound to its own node"))),
-        ("another Node's gpu-count", plugin_node(own, Some("status"), "gpu-b"), node("gpu-b"), gpu_count_patch("8"), denied(&msg("only its own Node"))),
-        ("another Node's annotations", plugin_node(own, None, "gpu-b"), node("gpu-b"), device_annotations.clone(), denied(&msg("only its own Node"))),
-        ("a token without a node claim", plugin_pod(None), on_a.clone(), allocate_patch(), denied(&msg("names no node"))),
+        (
+            "a pod bound to another node",
+            plugin_pod(own),
+            pod(Some("gpu-b")),
+            allocate_patch(),
+            denied(&msg("pods bound to its own node")),
+        ),
+        (
+            "a pod not bound yet",
+            plugin_pod(own),
+            pod(None),
+            allocate_patch(),
+            denied(&msg("pods bound to its own node")),
+        ),
+        (
+            "another Node's gpu-count",
+            plugin_node(own, Some("status"), "gpu-b"),
+            node("gpu-b"),
+            gpu_count_patch("8"),
+            denied(&msg("only its own Node")),
+        ),
+        (
+            "another Node's annotations",
+            plugin_node(own, None, "gpu-b"),
+            node("gpu-b"),
+            device_annotations.clone(),
+            denied(&msg("only its own Node")),
+        ),
+        (
+            "a token without a node claim",
+            plugin_pod(None),
+            on_a.clone(),
+            allocate_patch(),
+            denied(&msg("names no node")),
+        ),
         // --- fields that are not ours, on its own objects
-        ("the pod's image", plugin_pod(own), on_a.clone(),
-            json!({ "spec": { "containers": [{ "name": "main", "image": "evil:latest" }] } }), denied(&msg("spec"))),
-        ("moving the pod to another node", plugin_pod(own), on_a.clone(),
-            json!({ "spec": { "nodeName": "gpu-b" } }), denied(&msg("pods bound to its own node"))),
-        ("a pod label", plugin_pod(own), on_a.clone(),
-            json!({ "metadata": { "labels": { "app": "other" } } }), denied(&msg("labels"))),
-        ("a foreign pod annotation added", plugin_pod(own), on_a.clone(),
-            json!({ "metadata": { "annotations": { "sidecar.istio.io/inject": "false" } } }), denied(&msg("annotations"))),
-        ("a foreign pod annotation removed", plugin_pod(own), on_a.clone(),
-            json!({ "metadata": { "annotations": { "team": null } } }), denied(&msg("annotations"))),
-        ("the extender's ALIYUN_COM_GPU_MEM_POD", plugin_pod(own), on_a.clone(),
-            json!({ "metadata": { "annotations": { wire::ANN_POD_MEM: "64" } } }), denied(&msg("annotations"))),
-        ("the pod's owner", plugin_pod(own), on_a.clone(),
-            json!({ "metadata": { "ownerReferences": null } }), denied(&msg("ownerReferences"))),
-        ("a finalizer on the pod", plugin_pod(own), on_a.clone(),
-            json!({ "metadata": { "finalizers": ["example.com/hold"] } }), denied(&msg("finalizers"))),
-        ("its Node's aliyun.com/gpu-mem capacity", plugin_node(own, Some("status"), "gpu-a"), node_a.clone(),
-            json!({ "status": { "capacity": { wire::RESOURCE_GPU_MEM: "320" } } }), denied(&msg("capacity and allocatable"))),
-        ("its Node's cpu allocatable removed", plugin_node(own, Some("status"), "gpu-a"), node_a.clone(),
-            json!({ "status": { "allocatable": { "cpu": null } } }), denied(&msg("capacity and allocatable"))),
-        ("its Node's Ready condition", plugin_node(own, Some("status"), "gpu-a"), node_a.clone(),
-            json!({ "status": { "conditions": [{ "type": "Ready", "status": "False" }] } }), denied(&msg("status field"))),
-        ("a label on its Node", plugin_node(own, None, "gpu-a"), node_a.clone(),
-            json!({ "metadata": { "labels": { "node-role.kubernetes.io/control-plane": "" } } }), denied(&msg("labels"))),
-        ("the gpushare label of its Node", plugin_node(own, None, "gpu-a"), node_a.clone(),
-            json!({ "metadata": { "labels": { wire::LABEL_GPUSHARE: null } } }), denied(&msg("labels"))),
-        ("a taint on its Node", plugin_node(own, None, "gpu-a"), node_a.clone(),
-            json!({ "spec": { "taints": [{ "key": "x", "effect": "NoSchedule" }] } }), denied(&msg("spec"))),
-        ("a foreign annotation on its Node", plugin_node(own, None, "gpu-a"), node_a.clone(),
-            json!({ "metadata": { "annotations": { "node.alpha.kubernetes.io/ttl": "30" } } }), denied(&msg("annotations"))),
+        (
+            "the pod's image",
+            plugin_pod(own),
+            on_a.clone(),
+            json!({ "spec": { "containers": [{ "name": "main", "image": "evil:latest" }] } }),
+            denied(&msg("spec")),
+        ),
+        (
+            "moving the pod to another node",
+            plugin_pod(own),
+            on_a.clone(),
+            json!({ "spec": { "nodeName": "gpu-b" } }),
+            denied(&msg("pods bound to its own node")),
+        ),
+        (
+            "a pod label",
+            plugin_pod(own),
+            on_a.clone(),
+            json!({ "metadata": { "labels": { "app": "other" } } }),
+            denied(&msg("labels")),
+        ),
+        (
+            "a foreign pod annotation added",
+            plugin_pod(own),
+            on_a.clone(),
+            json!({ "metadata": { "annotations": { "sidecar.istio.io/inject": "false" } } }),
+            denied(&msg("annotations")),
+        ),
+        (
+            "a foreign pod annotation removed",
+            plugin_pod(own),
+            on_a.clone(),
+            json!({ "metadata": { "annotations": { "team": null } } }),
+            denied(&msg("annotations")),
+        ),
+        (
+            "the extender's ALIYUN_COM_GPU_MEM_POD",
+            plugin_pod(own),
+            on_a.clone(),
+            json!({ "metadata": { "annotations": { wire::ANN_POD_MEM: "64" } } }),
+            denied(&msg("annotations")),
+        ),
+        (
+            "the pod's owner",
+            plugin_pod(own),
+            on_a.clone(),
+            json!({ "metadata": { "ownerReferences": null } }),
+            denied(&msg("ownerReferences")),
+        ),
+        (
+            "a finalizer on the pod",
+            plugin_pod(own),
+            on_a.clone(),
+            json!({ "metadata": { "finalizers": ["example.com/hold"] } }),
+            denied(&msg("finalizers")),
+        ),
+        (
+            "its Node's aliyun.com/gpu-mem capacity",
+            plugin_node(own, Some("status"), "gpu-a"),
+            node_a.clone(),
+            json!({ "status": { "capacity": { wire::RESOURCE_GPU_MEM: "320" } } }),
+            denied(&msg("capacity and allocatable")),
+        ),
+        (
+            "its Node's cpu allocatable removed",
+            plugin_node(own, Some("status"), "gpu-a"),
+            node_a.clone(),
+            json!({ "status": { "allocatable": { "cpu": null } } }),
+            denied(&msg("capacity and allocatable")),
+        ),
+        (
+            "its Node's Ready condition",
+            plugin_node(own, Some("status"), "gpu-a"),
+            node_a.clone(),
+            json!({ "status": { "conditions": [{ "type": "Ready", "status": "False" }] } }),
+            denied(&msg("status field")),
+        ),
+        (
+            "a label on its Node",
+            plugin_node(own, None, "gpu-a"),
+            node_a.clone(),
+            json!({ "metadata": { "labels": { "node-role.kubernetes.io/control-plane": "" } } }),
+            denied(&msg("labels")),
+        ),
+        (
+            "the gpushare label of its Node",
+            plugin_node(own, None, "gpu-a"),
+            node_a.clone(),
+            json!({ "metadata": { "labels": { wire::LABEL_GPUSHARE: null } } }),
+            denied(&msg("labels")),
+        ),
+        (
+            "a taint on its Node",
+            plugin_node(own, None, "gpu-a"),
+            node_a.clone(),
+            json!({ "spec": { "taints": [{ "key": "x", "effect": "NoSchedule" }] } }),
+            denied(&msg("spec")),
+        ),
+        (
+            "a foreign annotation on its Node",
+            plugin_node(own, None, "gpu-a"),
+            node_a.clone(),
+            json!({ "metadata": { "annotations": { "node.alpha.kubernetes.io/ttl": "30" } } }),
+            denied(&msg("annotations")),
+        ),
         // --- everybody else is not affected
-        ("kubelet updating its Node's conditions",
-            request("system:node:gpu-a", None, "nodes", Some("status"), "gpu-a"), node_a.clone(),
-            json!({ "status": { "conditions": [{ "type": "Ready", "status": "False" }] } }), Verdict::NotMatched),
-        ("the extender annotating a pod anywhere",
-            request("system:serviceaccount:kube-system:gpushare-schd-extender", None, "pods", None, "train"),
-            pod(Some("gpu-b")), json!({ "metadata": { "annotations": { wire::ANN_POD_MEM: "8" } } }), Verdict::NotMatched),
-        ("an admin changing the image",
-            request("kubernetes-admin", None, "pods", None, "train"), on_a.clone(),
-            json!({ "spec": { "containers": [{ "name": "main", "image": "pytorch:2.5" }] } }), Verdict::NotMatched),
-        ("a same-named ServiceAccount in another namespace",
-            request("system:serviceaccount:default:gpushare-device-plugin", own, "pods", None, "train"),
-            pod(Some("gpu-b")), allocate_patch(), Verdict::NotMatched),
+        (
+            "kubelet updating its Node's conditions",
+            request("system:node:gpu-a", None, "nodes", Some("status"), "gpu-a"),
+            node_a.clone(),
+            json!({ "status": { "conditions": [{ "type": "Ready", "status": "False" }] } }),
+            Verdict::NotMatched,
+        ),
+        (
+            "the extender annotating a pod anywhere",
+            request(
+                "system:serviceaccount:kube-system:gpushare-schd-extender",
+                None,
+                "pods",
+                None,
+                "train",
+            ),
+            pod(Some("gpu-b")),
+            json!({ "metadata": { "annotations": { wire::ANN_POD_MEM: "8" } } }),
+            Verdict::NotMatched,
+        ),
+        (
+            "an admin changing the image",
+            request("kubernetes-admin", None, "pods", None, "train"),
+            on_a.clone(),
+            json!({ "spec": { "containers": [{ "name": "main", "image": "pytorch:2.5" }] } }),
+            Verdict::NotMatched,
+        ),
+        (
+            "a same-named ServiceAccount in another namespace",
+            request(
+                "system:serviceaccount:default:gpushare-device-plugin",
+                own,
+                "pods",
+                None,
+                "train",
+            ),
+            pod(Some("gpu-b")),
+            allocate_patch(),
+            Verdict::NotMatched,
+        ),
     ];
     let mut failures = Vec::new();
     for (what, req, old, patch, expected) in &cases {
@@ -359,7 +535,10 @@ fn the_policy_allows_only_the_device_plugins_own_writes() {
     // A create or delete is not an UPDATE: not this policy's business (RBAC grants neither).
     let mut create = plugin_pod(own);
     create["operation"] = json!("CREATE");
-    assert_eq!(policy.admit(&create, &Json::Null, &on_a), Verdict::NotMatched);
+    assert_eq!(
+        policy.admit(&create, &Json::Null, &on_a),
+        Verdict::NotMatched
+    );
 }
 
 #[test]
@@ -390,7 +569,10 @@ fn the_policy_names_the_release_namespace_and_its_binding_denies() {
     let mut req = request(PLUGIN, Some("gpu-a"), "pods", None, "train");
     let on_b = pod(Some("gpu-b"));
     let new = merge_patch(&on_b, &allocate_patch());
-    assert!(matches!(policy.admit(&req, &on_b, &new), Verdict::Denied(_)));
+    assert!(matches!(
+        policy.admit(&req, &on_b, &new),
+        Verdict::Denied(_)
+    ));
     req["userInfo"]["username"] = json!("system:serviceaccount:gpu:gpushare-device-plugin");
     assert_eq!(policy.admit(&req, &on_b, &new), Verdict::NotMatched);
 }
@@ -412,7 +594,10 @@ fn the_policy_renders_where_the_cluster_serves_it_and_can_be_turned_off() {
     let Some(default) = has_policy("{}") else {
         return;
     };
-    assert!(!default, "auto without the API in .Capabilities renders no policy");
+    assert!(
+        !default,
+        "auto without the API in .Capabilities renders no policy"
+    );
     assert_eq!(
         has_policy("devicePlugin: {admissionPolicy: {enabled: true}}"),
         Some(true)

@@ -37,7 +37,10 @@ fn pods(docs: &[Value]) -> Vec<(String, &Value)> {
         .filter(|d| matches!(d["kind"].as_str(), Some("Deployment" | "DaemonSet")))
         .map(|d| {
             (
-                d["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+                d["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
                 &d["spec"]["template"],
             )
         })
@@ -119,7 +122,9 @@ fn the_device_plugin_is_privileged_only_to_read_the_hosts_kmsg() {
     let Some(off) = render("{}") else {
         return;
     };
-    let dp = |docs: &[Value]| -> Value { find(docs, "DaemonSet", DEVICE_PLUGIN)["spec"]["template"]["spec"].clone() };
+    let dp = |docs: &[Value]| -> Value {
+        find(docs, "DaemonSet", DEVICE_PLUGIN)["spec"]["template"]["spec"].clone()
+    };
     let kmsg_volume = |spec: &Value| -> Option<Value> {
         spec["volumes"]
             .as_sequence()
@@ -149,7 +154,10 @@ fn the_device_plugin_is_privileged_only_to_read_the_hosts_kmsg() {
         assert!(sc.get("allowPrivilegeEscalation").is_none(), "{overlay}");
         assert!(sc.get("capabilities").is_none(), "{overlay}");
         assert_eq!(sc["readOnlyRootFilesystem"], true, "{overlay}");
-        assert!(argv(c).iter().any(|a| a == "--kmsg-path=/dev/kmsg"), "{overlay}");
+        assert!(
+            argv(c).iter().any(|a| a == "--kmsg-path=/dev/kmsg"),
+            "{overlay}"
+        );
         let v = kmsg_volume(&spec).expect("kmsg volume");
         assert_eq!(v["hostPath"]["path"], "/dev/kmsg");
         assert_eq!(v["hostPath"]["type"], "CharDevice");
@@ -210,9 +218,24 @@ fn image_pull_secrets_extras_and_annotations_reach_every_pod() {
         .map(|(_, p)| p["metadata"]["annotations"]["checksum/config"].clone())
         .expect("device plugin checksum");
     let roles = [
-        ("gpushare-schd-extender", "extender", Some("--url-prefix=/gpushare-scheduler"), Some("GPUSHARE_HTTP__MAX_CONNECTIONS")),
-        (DEVICE_PLUGIN, "device-plugin", Some("--allocate-failure=error"), Some("RUST_BACKTRACE")),
-        ("gpushare-webhook", "webhook", Some("--bind-address=0.0.0.0"), Some("RUST_BACKTRACE")),
+        (
+            "gpushare-schd-extender",
+            "extender",
+            Some("--url-prefix=/gpushare-scheduler"),
+            Some("GPUSHARE_HTTP__MAX_CONNECTIONS"),
+        ),
+        (
+            DEVICE_PLUGIN,
+            "device-plugin",
+            Some("--allocate-failure=error"),
+            Some("RUST_BACKTRACE"),
+        ),
+        (
+            "gpushare-webhook",
+            "webhook",
+            Some("--bind-address=0.0.0.0"),
+            Some("RUST_BACKTRACE"),
+        ),
         ("gpushare-scheduler", "scheduler", Some("--v=4"), None),
     ];
     let all = pods(&docs);
@@ -235,13 +258,21 @@ fn image_pull_secrets_extras_and_annotations_reach_every_pod() {
         }
         if let Some(env) = env {
             assert!(
-                c["env"].as_sequence().expect("env").iter().any(|e| e["name"] == env),
+                c["env"]
+                    .as_sequence()
+                    .expect("env")
+                    .iter()
+                    .any(|e| e["name"] == env),
                 "{name}"
             );
         }
         if name == "gpushare-scheduler" {
             // kube-scheduler: its own image and configuration.
-            assert!(c["image"].as_str().is_some_and(|i| i.starts_with("registry.k8s.io/")));
+            assert!(
+                c["image"]
+                    .as_str()
+                    .is_some_and(|i| i.starts_with("registry.k8s.io/"))
+            );
             continue;
         }
         assert_eq!(
@@ -250,7 +281,11 @@ fn image_pull_secrets_extras_and_annotations_reach_every_pod() {
             "{name}"
         );
         // gpushare.toml: mounted, passed, and a change restarts the pods.
-        assert!(a.iter().any(|x| x == "--config=/etc/gpushare/config/gpushare.toml"), "{name}");
+        assert!(
+            a.iter()
+                .any(|x| x == "--config=/etc/gpushare/config/gpushare.toml"),
+            "{name}"
+        );
         let mount = c["volumeMounts"]
             .as_sequence()
             .expect("mounts")
@@ -306,8 +341,8 @@ fn every_config_key_reaches_the_binary_through_the_configmap() {
             config[section][k] = v.clone();
         }
     }
-    let overlay: Value = yaml_serde::to_value(serde_json::json!({ "config": config }))
-        .expect("values");
+    let overlay: Value =
+        yaml_serde::to_value(serde_json::json!({ "config": config })).expect("values");
     let Some(docs) = all_documents(merged(&default_values(), &overlay)) else {
         return;
     };
@@ -357,11 +392,15 @@ fn the_service_monitor_scrapes_the_extender_and_every_device_plugin() {
         return;
     };
     assert!(!off.iter().any(|d| d["kind"] == "ServiceMonitor"));
-    let docs = render("serviceMonitor: {enabled: true, labels: {release: prometheus}}").expect("rendered");
+    let docs =
+        render("serviceMonitor: {enabled: true, labels: {release: prometheus}}").expect("rendered");
     let sm = find(&docs, "ServiceMonitor", "gpushare");
     assert_eq!(sm["apiVersion"], "monitoring.coreos.com/v1");
     assert_eq!(sm["metadata"]["labels"]["release"], "prometheus");
-    assert_eq!(sm["spec"]["namespaceSelector"]["matchNames"][0], "kube-system");
+    assert_eq!(
+        sm["spec"]["namespaceSelector"]["matchNames"][0],
+        "kube-system"
+    );
     let selects = |labels: &Value| -> bool {
         sm["spec"]["selector"]["matchExpressions"]
             .as_sequence()
@@ -369,7 +408,10 @@ fn the_service_monitor_scrapes_the_extender_and_every_device_plugin() {
             .iter()
             .all(|e| {
                 let key = e["key"].as_str().expect("key");
-                e["operator"] == "In" && strings(&e["values"]).iter().any(|v| labels[key] == v.as_str())
+                e["operator"] == "In"
+                    && strings(&e["values"])
+                        .iter()
+                        .any(|v| labels[key] == v.as_str())
             })
     };
     let ports: Vec<String> = sm["spec"]["endpoints"]
@@ -385,12 +427,19 @@ fn the_service_monitor_scrapes_the_extender_and_every_device_plugin() {
     let plugins = find(&docs, "Service", "gpushare-device-plugin-metrics");
     for (svc, port) in [(extender, "http"), (plugins, "admin")] {
         assert!(selects(&svc["metadata"]["labels"]), "{svc:?}");
-        assert!(svc["spec"]["ports"].as_sequence().expect("ports").iter().any(|p| p["name"] == port));
+        assert!(
+            svc["spec"]["ports"]
+                .as_sequence()
+                .expect("ports")
+                .iter()
+                .any(|p| p["name"] == port)
+        );
         assert!(ports.iter().any(|p| p == port));
     }
     assert_eq!(plugins["spec"]["clusterIP"], "None");
     // The headless Service selects the device plugin's pods (by their own labels).
-    let pod_labels = &find(&docs, "DaemonSet", DEVICE_PLUGIN)["spec"]["template"]["metadata"]["labels"];
+    let pod_labels =
+        &find(&docs, "DaemonSet", DEVICE_PLUGIN)["spec"]["template"]["metadata"]["labels"];
     for (k, v) in plugins["spec"]["selector"].as_mapping().expect("selector") {
         assert_eq!(&pod_labels[k], v);
     }
@@ -418,10 +467,14 @@ scheduler: {mode: dedicated, nodeSelector: {pool: sch}, tolerations: [{key: sch,
         let spec = &pod["spec"];
         assert_eq!(spec["nodeSelector"]["pool"], key, "{name}");
         assert_eq!(spec["tolerations"][0]["key"], key, "{name}");
-        assert_eq!(spec["tolerations"].as_sequence().map(Vec::len), Some(1), "{name}");
         assert_eq!(
-            spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-                ["nodeSelectorTerms"][0]["matchExpressions"][0]["key"],
+            spec["tolerations"].as_sequence().map(Vec::len),
+            Some(1),
+            "{name}"
+        );
+        assert_eq!(
+            spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+                [0]["matchExpressions"][0]["key"],
             key,
             "{name}"
         );
@@ -454,7 +507,11 @@ fn the_chart_adopts_the_pods_an_aliyun_installation_left_running() {
         return;
     };
     for (kind, name, component) in [
-        ("Deployment", wire::EXTENDER_COMPONENT, wire::EXTENDER_COMPONENT),
+        (
+            "Deployment",
+            wire::EXTENDER_COMPONENT,
+            wire::EXTENDER_COMPONENT,
+        ),
         ("DaemonSet", DEVICE_PLUGIN, wire::DEVICE_PLUGIN_COMPONENT),
     ] {
         let selector = &find(&docs, kind, name)["spec"]["selector"];
@@ -475,7 +532,9 @@ fn the_chart_adopts_the_pods_an_aliyun_installation_left_running() {
         let spec = &find(&docs, kind, name)["spec"]["template"]["spec"];
         assert!(spec.get("hostNetwork").is_none(), "{name}");
         assert!(
-            spec["nodeSelector"].get("node-role.kubernetes.io/master").is_none(),
+            spec["nodeSelector"]
+                .get("node-role.kubernetes.io/master")
+                .is_none(),
             "{name}"
         );
     }
@@ -488,7 +547,10 @@ fn helm_lint_strict_is_clean_with_every_production_option() {
             &default_values(),
             &yaml_serde::from_str(super::checkov::EVERYTHING).expect("values parse"),
         ),
-        merged(&default_values(), &yaml_serde::from_str(EVERYTHING).expect("values parse")),
+        merged(
+            &default_values(),
+            &yaml_serde::from_str(EVERYTHING).expect("values parse"),
+        ),
     ];
     let Some(answer) = crate::support::clients::helm_chart(&serde_json::json!({
         "chart": super::repo_path("packaging/helm/gpushare"),

@@ -89,7 +89,10 @@ fn render_into(values: &yaml_serde::Value, dir: &Path) -> Option<()> {
         "full_paths": true,
     }))?;
     let render = &answer["renders"][0];
-    assert!(render.get("error").is_none(), "Helm cannot render: {render}");
+    assert!(
+        render.get("error").is_none(),
+        "Helm cannot render: {render}"
+    );
     let manifests = render["manifests"].as_object().expect("manifests");
     assert!(!manifests.is_empty());
     for (path, text) in manifests {
@@ -142,7 +145,11 @@ fn scan(checkov: &Path, dir: &Path) -> BTreeSet<Finding> {
     let mut resources = 0;
     for r in &reports {
         resources += r["summary"]["resource_count"].as_u64().unwrap_or(0);
-        for f in r["results"]["failed_checks"].as_array().into_iter().flatten() {
+        for f in r["results"]["failed_checks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
             findings.insert((
                 f["check_id"].as_str().expect("check_id").to_string(),
                 f["resource"].as_str().expect("resource").to_string(),

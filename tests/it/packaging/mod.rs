@@ -5,9 +5,9 @@
 
 mod admission_policy;
 mod chart;
+mod chart_dedicated;
 mod chart_production;
 mod checkov;
-mod chart_dedicated;
 mod ha_chart;
 mod image;
 mod kubeadm;

@@ -85,7 +85,10 @@ fn a_loosened_unit_scores_worse() {
     let text = String::from_utf8_lossy(&out.stdout);
     let value: f64 = text
         .lines()
-        .find_map(|l| l.split_once(&format!("for {unit}: ")).map(|(_, r)| r.to_string()))
+        .find_map(|l| {
+            l.split_once(&format!("for {unit}: "))
+                .map(|(_, r)| r.to_string())
+        })
         .and_then(|r| r.split_whitespace().next().and_then(|v| v.parse().ok()))
         .expect("exposure");
     assert!(value > 4.0, "an unsandboxed unit scores {value}");
