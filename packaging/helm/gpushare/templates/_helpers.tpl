@@ -33,14 +33,6 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end }}
 
-{{/* imagePullSecrets of a pod spec (nothing when none are set). */}}
-{{- define "gpushare.imagePullSecrets" -}}
-{{- with .Values.imagePullSecrets -}}
-imagePullSecrets:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- end }}
-
 {{/* Annotations of a pod template: the global podAnnotations, the role's, and the checksum of
 gpushare.toml (a config change restarts the pods). Call with (dict "root" $ "role" .Values.extender). */}}
 {{- define "gpushare.podAnnotations" -}}
