@@ -35,7 +35,7 @@ DIST_BASE_URL ?= https://github.com/gpushare/gpushare/releases/download/v$(VERSI
 
 .PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup \
   tools license-check lint-packaging static-arm64 glibc-arm64 qemu-arm64 plugin-windows plugin-macos \
-  build-no-demo dist dist-check check-macos qemu-arm64-static layers manifests clients
+  build-no-demo dist dist-built dist-check check-macos qemu-arm64-static layers manifests clients
 .PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup soak
 
 help: ## list the targets
@@ -152,12 +152,20 @@ lint-packaging: tools ## hadolint on packaging/Dockerfile
 	hadolint packaging/Dockerfile
 
 dist: tools static glibc static-arm64 glibc-arm64 plugin-windows ## release archives, SHA256SUMS, Helm chart, krew manifest, SBOM in dist/ (VERSION=x.y.z)
+	@$(MAKE) --no-print-directory dist-built
+
+# DIST_ARTIFACTS: a comma-separated subset of linux-amd64, linux-arm64, glibc-linux-amd64,
+# glibc-linux-arm64, plugin-windows-amd64, plugin-darwin-amd64, plugin-darwin-arm64 for
+# dist-built and dist-check; empty means the whole release (what `make dist` builds).
+DIST_ARTIFACTS ?=
+DIST_ARTIFACTS_FLAG = $(if $(DIST_ARTIFACTS),--artifacts "$(DIST_ARTIFACTS)",)
+dist-built: tools ## lay out dist/ from binaries already built, no build (DIST_ARTIFACTS picks a subset; CI's step), then dist-check
 	$(PYTHON) packaging/dist.py --version "$(VERSION)" --base-url "$(DIST_BASE_URL)" --out "$(DIST_DIR)" \
-	  $(if $(REQUIRE_MACOS),--require-macos,)
+	  $(if $(REQUIRE_MACOS),--require-macos,) $(DIST_ARTIFACTS_FLAG)
 	@$(MAKE) --no-print-directory dist-check
 
 dist-check: tools ## unpack every archive in dist/, check SHA256SUMS, run the host binary, validate krew manifest, chart and SBOM
-	$(PYTHON) packaging/dist_check.py --dir "$(DIST_DIR)" --version "$(VERSION)" --base-url "$(DIST_BASE_URL)"
+	$(PYTHON) packaging/dist_check.py --dir "$(DIST_DIR)" --version "$(VERSION)" --base-url "$(DIST_BASE_URL)" $(DIST_ARTIFACTS_FLAG)
 
 bench: static ## benchmarks of the static binary that ships (extender at scale, device plugin); results in README
 	GPUSHARE_BENCH_BIN=$(CURDIR)/$(STATIC_BIN) $(CARGO) bench $(CI_FLAGS) --bench scale

@@ -984,8 +984,11 @@ async fn run(size: Size) -> anyhow::Result<Vec<Figure>> {
 /// Every state the extenders' Lease goes through, (holder, renewTime), with the moment this
 /// process saw it, from a watch of its own: a release followed at once by a takeover is two
 /// entries, where polling the store could see only the second.
+/// A Lease state as the log keeps it: (holderIdentity, renewTime).
+type LeaseState = (String, String);
+
 struct LeaseLog {
-    entries: Arc<std::sync::Mutex<Vec<((String, String), Instant)>>>,
+    entries: Arc<std::sync::Mutex<Vec<(LeaseState, Instant)>>>,
     task: tokio::task::JoinHandle<()>,
 }
 

@@ -71,29 +71,73 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-# (archive name, [(member name, source path, executable)]) for every artifact.
-def artifacts(version: str, require_macos: bool) -> list[tuple[str, list[tuple[str, Path, bool]]]]:
+# Every artifact a release can hold, by key: `--artifacts` (make's DIST_ARTIFACTS) picks some;
+# without it a release holds all of them but the macOS plugins, which come when built (or are
+# required with --require-macos).
+LINUX_ARTIFACTS = ("linux-amd64", "linux-arm64", "glibc-linux-amd64", "glibc-linux-arm64")
+PLUGIN_ARTIFACTS = ("plugin-windows-amd64", "plugin-darwin-amd64", "plugin-darwin-arm64")
+ALL_ARTIFACTS = LINUX_ARTIFACTS + PLUGIN_ARTIFACTS
+RELEASE_ARTIFACTS = LINUX_ARTIFACTS + ("plugin-windows-amd64",)
+
+
+def archive_name(key: str, version: str) -> str:
+    """The file name of artifact `key` in a release of `version`."""
+    if key.startswith("glibc-"):
+        return f"gpushare-glibc-{version}-{key[len('glibc-'):]}.tar.gz"
+    if key.startswith("plugin-"):
+        platform = key[len("plugin-") :]
+        return f"{PLUGIN}-{version}-{platform}." + ("zip" if platform.startswith("windows") else "tar.gz")
+    return f"gpushare-{version}-{key}.tar.gz"
+
+
+def parse_artifacts(text: str | None) -> list[str] | None:
+    """`--artifacts a,b,c` as a list of known keys (None: the whole release)."""
+    if not text:
+        return None
+    keys = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in ALL_ARTIFACTS]
+    if unknown:
+        raise DistError(f"--artifacts: unknown {unknown}; known: {', '.join(ALL_ARTIFACTS)}")
+    if "linux-amd64" not in keys:
+        raise DistError("--artifacts: linux-amd64 is required (it is the host binary dist checks)")
+    return keys
+
+
+# (archive name, [(member name, source path, executable)]) for every artifact chosen.
+def artifacts(
+    version: str, require_macos: bool, only: list[str] | None = None
+) -> list[tuple[str, list[tuple[str, Path, bool]]]]:
     t = ROOT / "target"
     docs = [("LICENSE", ROOT / "LICENSE", False), ("README.md", ROOT / "README.md", False)]
-    linux = [
-        (f"gpushare-{version}-linux-amd64.tar.gz", t / "x86_64-unknown-linux-musl/release/gpushare"),
-        (f"gpushare-{version}-linux-arm64.tar.gz", t / "aarch64-unknown-linux-musl/release/gpushare"),
-        (f"gpushare-glibc-{version}-linux-amd64.tar.gz", t / "gpushare-glibc"),
-        (f"gpushare-glibc-{version}-linux-arm64.tar.gz", t / "gpushare-glibc-aarch64"),
-    ]
-    out = [(name, [("gpushare", src, True)] + docs) for name, src in linux]
-    out.append(
-        (
-            f"{PLUGIN}-{version}-windows-amd64.zip",
-            [(f"{PLUGIN}.exe", t / "x86_64-pc-windows-gnu/release/gpushare.exe", True)] + docs[:1],
-        )
-    )
-    for arch, triple in (("amd64", "x86_64-apple-darwin"), ("arm64", "aarch64-apple-darwin")):
-        src = t / triple / "release/gpushare"
-        if src.exists() or require_macos:
-            out.append((f"{PLUGIN}-{version}-darwin-{arch}.tar.gz", [(PLUGIN, src, True)] + docs[:1]))
+    sources = {
+        "linux-amd64": t / "x86_64-unknown-linux-musl/release/gpushare",
+        "linux-arm64": t / "aarch64-unknown-linux-musl/release/gpushare",
+        "glibc-linux-amd64": t / "gpushare-glibc",
+        "glibc-linux-arm64": t / "gpushare-glibc-aarch64",
+        "plugin-windows-amd64": t / "x86_64-pc-windows-gnu/release/gpushare.exe",
+        "plugin-darwin-amd64": t / "x86_64-apple-darwin/release/gpushare",
+        "plugin-darwin-arm64": t / "aarch64-apple-darwin/release/gpushare",
+    }
+    if only is None:
+        wanted = list(RELEASE_ARTIFACTS)
+        for key in ("plugin-darwin-amd64", "plugin-darwin-arm64"):
+            if sources[key].exists() or require_macos:
+                wanted.append(key)
+            else:
+                print(f"dist: no {sources[key].relative_to(ROOT)} (make plugin-macos): no {key[7:]} plugin archive")
+    else:
+        wanted = only
+        print(f"dist: only {', '.join(only)} (--artifacts); not a whole release")
+    out = []
+    for key in wanted:
+        src = sources[key]
+        if key.startswith("plugin-windows"):
+            members = [(f"{PLUGIN}.exe", src, True)] + docs[:1]
+        elif key.startswith("plugin-"):
+            members = [(PLUGIN, src, True)] + docs[:1]
         else:
-            print(f"dist: no {src.relative_to(ROOT)} (make plugin-macos): no darwin-{arch} plugin archive")
+            members = [("gpushare", src, True)] + docs
+        out.append((archive_name(key, version), members))
     for name, members in out:
         for _, src, _ in members:
             if not src.exists():
@@ -316,6 +360,10 @@ def main() -> int:
     ap.add_argument("--base-url", required=True, help="where the archives will be downloadable")
     ap.add_argument("--out", default="dist")
     ap.add_argument("--require-macos", action="store_true", help="fail without the darwin plugin binaries")
+    ap.add_argument(
+        "--artifacts",
+        help=f"comma-separated subset of {','.join(ALL_ARTIFACTS)} (CI lays out what it built); default: the whole release",
+    )
     args = ap.parse_args()
     version = args.version
     try:
@@ -325,7 +373,7 @@ def main() -> int:
             raise DistError(f"--base-url {args.base_url!r} is not an https URL")
         mtime = source_date_epoch()
         out = (ROOT / args.out) if not os.path.isabs(args.out) else Path(args.out)
-        todo = artifacts(version, args.require_macos)
+        todo = artifacts(version, args.require_macos, parse_artifacts(args.artifacts))
         check_host_binary(ROOT / "target/x86_64-unknown-linux-musl/release/gpushare", version)
         if out.exists():
             shutil.rmtree(out)

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import yaml
 
+from dist import RELEASE_ARTIFACTS, archive_name, parse_artifacts
+
 PLUGIN = "kubectl-inspect-gpushare"
 KREW_LINK = "kubectl-inspect_gpushare"
 # ELF e_machine values
@@ -89,8 +91,10 @@ def arch_of(binary: Path) -> str:
 
 
 class Checker:
-    def __init__(self, root: Path, version: str, base_url: str, work: Path):
+    def __init__(self, root: Path, version: str, base_url: str, work: Path, only: list[str] | None = None):
         self.root, self.version, self.base_url, self.work = root, version, base_url.rstrip("/"), work
+        # The artifacts the directory must hold: the whole release, or the --artifacts subset.
+        self.wanted = list(only) if only is not None else list(RELEASE_ARTIFACTS)
         self.passed = self.failed = 0
         self.unpacked: dict[str, dict[str, Path]] = {}
 
@@ -123,13 +127,7 @@ class Checker:
     def expected_set(self) -> None:
         names = {p.name for p in self.archives()}
         v = self.version
-        want = {
-            f"gpushare-{v}-linux-amd64.tar.gz",
-            f"gpushare-{v}-linux-arm64.tar.gz",
-            f"gpushare-glibc-{v}-linux-amd64.tar.gz",
-            f"gpushare-glibc-{v}-linux-arm64.tar.gz",
-            f"{PLUGIN}-{v}-windows-amd64.zip",
-        }
+        want = {archive_name(k, v) for k in self.wanted}
         assert want <= names, f"missing archives: {sorted(want - names)}"
         for f in (f"gpushare-{v}.tgz", "inspect-gpushare.yaml", f"gpushare-{v}.cdx.json", "SHA256SUMS"):
             assert (self.root / f).is_file(), f"missing {f}"
@@ -183,7 +181,10 @@ class Checker:
                 assert f["from"] in members, f"{platform}: files.from {f['from']} not in {name}"
             assert p["bin"] in {f["from"] for f in p["files"]}, f"{platform}: bin {p['bin']} not installed"
             assert arch_of(members[p["bin"]]) == platform, f"{platform}: bin is {arch_of(members[p['bin']])}"
-        assert {"linux-amd64", "linux-arm64", "windows-amd64"} <= seen, f"platforms {sorted(seen)}"
+        # Every plugin platform of the archives here is in the manifest.
+        krew_platforms = {"linux-amd64", "linux-arm64", "windows-amd64", "darwin-amd64", "darwin-arm64"}
+        want = {k.removeprefix("plugin-") for k in self.wanted if not k.startswith("glibc-")} & krew_platforms
+        assert want <= seen, f"platforms {sorted(seen)}, archives here for {sorted(want)}"
 
     def chart(self) -> None:
         import helm_python as helm
@@ -223,10 +224,11 @@ def main() -> int:
     ap.add_argument("--dir", default="dist")
     ap.add_argument("--version", required=True)
     ap.add_argument("--base-url", required=True)
+    ap.add_argument("--artifacts", help="the subset `make dist` was asked for (DIST_ARTIFACTS); default: the whole release")
     args = ap.parse_args()
     root = Path(args.dir).resolve()
     with tempfile.TemporaryDirectory() as tmp:
-        c = Checker(root, args.version, args.base_url, Path(tmp))
+        c = Checker(root, args.version, args.base_url, Path(tmp), parse_artifacts(args.artifacts))
         c.check("the expected files are there", c.expected_set)
         c.check("SHA256SUMS covers every file and matches", c.sums)
         for a in c.archives():
@@ -234,8 +236,9 @@ def main() -> int:
         v = args.version
         c.check("linux-amd64 static binary runs here and reports the version",
                 lambda: c.host_binary(f"gpushare-{v}-linux-amd64.tar.gz", "static"))
-        c.check("linux-amd64 glibc binary runs here and reports the version",
-                lambda: c.host_binary(f"gpushare-glibc-{v}-linux-amd64.tar.gz", "dynamic"))
+        if "glibc-linux-amd64" in c.wanted:
+            c.check("linux-amd64 glibc binary runs here and reports the version",
+                    lambda: c.host_binary(f"gpushare-glibc-{v}-linux-amd64.tar.gz", "dynamic"))
         c.check("krew manifest matches the archives", c.krew)
         c.check("Helm chart loads and lints (Helm SDK)", c.chart)
         c.check("SBOM is valid CycloneDX 1.5", c.sbom)

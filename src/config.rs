@@ -398,8 +398,25 @@ pub struct DevicePluginConfig {
     pub mps: bool,
     /// MPS pipe directory on the host, mounted into containers in MPS mode.
     pub mps_pipe_dir: PathBuf,
-    /// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for MPS clients; 0 leaves it unset.
+    /// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for MPS clients and the daemon's default
+    /// (`set_default_active_thread_percentage`); 0 leaves both unset.
     pub mps_active_thread_percentage: u8,
+    /// The MPS control program the device plugin runs (`-d` to start the daemon, without
+    /// arguments as the client of its control pipe): a path, or a name looked up on PATH.
+    pub mps_control: String,
+    /// CUDA_MPS_LOG_DIRECTORY of the daemon the device plugin starts.
+    pub mps_log_dir: PathBuf,
+    /// Host directory the MPS daemon sees as /dev/shm, mounted at /dev/shm into MPS clients;
+    /// empty: none is mounted (the clients share the daemon's /dev/shm some other way).
+    pub mps_shm_dir: PathBuf,
+    /// The daemon's default pinned memory limit per GPU in MiB
+    /// (`set_default_device_pinned_mem_limit`), the ceiling of a client that drops its own
+    /// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; 0: each GPU's whole memory.
+    pub mps_pinned_mem_limit_mib: u64,
+    /// How often the device plugin asks the daemon `get_server_list`, in milliseconds.
+    pub mps_check_interval_ms: u64,
+    /// The longest wait between two restarts of a daemon that keeps failing, in seconds.
+    pub mps_restart_backoff_max_secs: u64,
     /// Address of /healthz, /readyz and /metrics; empty disables them.
     pub admin_address: String,
 }
@@ -424,6 +441,12 @@ impl Default for DevicePluginConfig {
             mps: false,
             mps_pipe_dir: PathBuf::from("/tmp/nvidia-mps"),
             mps_active_thread_percentage: 0,
+            mps_control: "nvidia-cuda-mps-control".to_string(),
+            mps_log_dir: PathBuf::from("/var/log/nvidia-mps"),
+            mps_shm_dir: PathBuf::new(),
+            mps_pinned_mem_limit_mib: 0,
+            mps_check_interval_ms: 5000,
+            mps_restart_backoff_max_secs: 60,
             admin_address: "0.0.0.0:9101".to_string(),
         }
     }
@@ -868,6 +891,18 @@ impl Config {
             return Err(invalid(
                 "device_plugin.mps_active_thread_percentage",
                 "must be 0 (unset) to 100".to_string(),
+            ));
+        }
+        if d.mps_check_interval_ms == 0 {
+            return Err(invalid(
+                "device_plugin.mps_check_interval_ms",
+                "must be at least 1".to_string(),
+            ));
+        }
+        if d.mps && d.mps_control.trim().is_empty() {
+            return Err(invalid(
+                "device_plugin.mps_control",
+                "name the nvidia-cuda-mps-control program (a path or a name on PATH)".to_string(),
             ));
         }
         if d.device_list_strategy.as_slice().is_empty() {

@@ -7,7 +7,9 @@
 //! `_DEV` (that GPU's units), `CGPU_DISABLE=true` when the node label asks for it; with `--mps`
 //! also `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>M` (the container sees its one GPU as device
 //! 0), `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` and `CUDA_MPS_PIPE_DIRECTORY` with the pipe
-//! directory mounted.
+//! directory mounted, and the daemon's shared-memory directory at `/dev/shm` when
+//! `mps_shm_dir` is set. While the MPS daemon does not serve, every Allocate is refused with a
+//! gRPC error that says why and what to do: no container starts without its limit.
 //!
 //! A container is claimed in the [`Records`](super::records::Records) (keyed by pod UID) the
 //! moment it is matched, under a mutex held for that in-memory step only; then the pod is
@@ -66,6 +68,8 @@ pub(crate) const ALLOCATE_DEADLINE: Duration = Duration::from_secs(8);
 /// How long Allocate waits for the watch's first pod list before it reads the API itself
 /// (registration waits for that list, so this is for the unexpected).
 const SYNC_WAIT: Duration = Duration::from_secs(2);
+/// Where an MPS client expects the shared memory it shares with the MPS server.
+const MPS_CLIENT_SHM: &str = "/dev/shm";
 
 /// How a container's request was matched.
 enum Choice {
@@ -137,6 +141,13 @@ impl Plugin {
                 host_path: dir,
                 read_only: false,
             });
+            if !self.config.mps_shm_dir.as_os_str().is_empty() {
+                mounts.push(Mount {
+                    container_path: MPS_CLIENT_SHM.to_string(),
+                    host_path: self.config.mps_shm_dir.display().to_string(),
+                    read_only: false,
+                });
+            }
         }
         ContainerAllocateResponse {
             envs,
@@ -356,6 +367,7 @@ impl Plugin {
         request: AllocateRequest,
         deadline: Instant,
     ) -> Result<AllocateResponse, Status> {
+        self.refuse_without_mps(request.container_requests.len())?;
         self.ensure_pods(deadline).await?;
         let visible_uuid = self.config.visible_devices == VisibleDevices::Uuid;
         let mut responses = Vec::with_capacity(request.container_requests.len());
@@ -433,6 +445,42 @@ impl Plugin {
         Ok(AllocateResponse {
             container_responses: responses,
         })
+    }
+
+    /// With `--mps`, refuses while the MPS control daemon does not serve: a container started
+    /// now would run without its memory limit (or not reach the daemon at all). Nothing is
+    /// claimed; kubelet fails the pod with this message.
+    fn refuse_without_mps(self: &Arc<Self>, containers: usize) -> Result<(), Status> {
+        let Some(mps) = &self.mps else {
+            return Ok(());
+        };
+        if mps.serving() {
+            return Ok(());
+        }
+        for _ in 0..containers.max(1) {
+            self.metrics.allocation("mps_not_serving");
+        }
+        let msg = format!(
+            "MPS mode: the CUDA MPS control daemon on {} is not serving ({}), so no GPU is handed              out without its memory limit. The device plugin restarts the daemon on its own; if              this persists, run `gpushare doctor --mps` on the node and read the daemon's log in              {}",
+            mps.control.pipe_dir.display(),
+            mps.why(),
+            mps.control.log_dir.display()
+        );
+        tracing::error!("Allocate refused: {msg}");
+        let plugin = self.clone();
+        let event_msg = msg.clone();
+        tokio::spawn(async move {
+            node::warn_event(
+                &plugin.events,
+                &plugin.node,
+                &plugin.node_uid,
+                "Allocate",
+                "GpuShareAllocateFailed",
+                &event_msg,
+            )
+            .await;
+        });
+        Err(Status::unavailable(msg))
     }
 
     /// Prefers device IDs of the GPU of the pod the next Allocate of this size will match, so

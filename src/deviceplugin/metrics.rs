@@ -14,7 +14,8 @@ use crate::admin::AdminState;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
     /// `matched`, `repeated` (the same container asked again), `single_gpu_fallback`,
-    /// `no_candidate`, `patch_failed` (the API refused), `patch_unknown` (no answer in time).
+    /// `no_candidate`, `patch_failed` (the API refused), `patch_unknown` (no answer in time),
+    /// `mps_not_serving` (refused while the MPS control daemon does not serve).
     pub outcome: String,
 }
 
@@ -43,6 +44,10 @@ pub struct Metrics {
     pub registered: Gauge,
     /// Registrations with kubelet (1 + re-registrations after kubelet restarts).
     pub registrations: Counter,
+    /// With `--mps`: 1 while the MPS control daemon answers and has its defaults.
+    pub mps_daemon_up: Gauge,
+    /// With `--mps`: restarts of the MPS control daemon after it stopped answering.
+    pub mps_daemon_restarts: Counter,
 }
 
 impl Metrics {
@@ -61,6 +66,8 @@ impl Metrics {
             unattributed_xids: Counter::default(),
             registered: Gauge::default(),
             registrations: Counter::default(),
+            mps_daemon_up: Gauge::default(),
+            mps_daemon_restarts: Counter::default(),
         };
         admin.with_registry(|r| {
             r.register(
@@ -112,6 +119,16 @@ impl Metrics {
                 "gpushare_device_plugin_registrations",
                 "Registrations with kubelet",
                 m.registrations.clone(),
+            );
+            r.register(
+                "gpushare_device_plugin_mps_daemon_up",
+                "1 while the CUDA MPS control daemon answers get_server_list and has its defaults (--mps)",
+                m.mps_daemon_up.clone(),
+            );
+            r.register(
+                "gpushare_device_plugin_mps_daemon_restarts",
+                "Restarts of the CUDA MPS control daemon after it stopped answering (--mps)",
+                m.mps_daemon_restarts.clone(),
             );
         });
         m

@@ -14,7 +14,9 @@
 //! - tracks GPU health from XID events with recovery ([`health`]) and publishes
 //!   `aliyun.com/gpu-count`, `gpushare.io/devices` and `gpushare.io/memory-unit` on the node
 //!   ([`node`]);
-//! - serves `/healthz`, `/readyz`, `/metrics` on `device_plugin.admin_address` ([`crate::admin::serve`]).
+//! - serves `/healthz`, `/readyz`, `/metrics` on `device_plugin.admin_address` ([`crate::admin::serve`]);
+//! - with `--mps`, runs and supervises the CUDA MPS control daemon ([`mps`]): ready and
+//!   answering Allocate only while the daemon answers.
 //!
 //! It does not choose GPUs (the extender does) and does not isolate memory unless `--mps`.
 //!
@@ -29,6 +31,7 @@ pub mod handover;
 pub mod health;
 pub mod matching;
 pub mod metrics;
+mod mps;
 #[cfg(not(unix))]
 mod no_unix_sockets;
 pub mod node;
@@ -133,9 +136,30 @@ pub struct Args {
     /// MPS pipe directory on the host, mounted into containers [default: /tmp/nvidia-mps]
     #[arg(long, value_name = "DIR")]
     pub mps_pipe_dir: Option<PathBuf>,
-    /// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for MPS clients; 0 leaves it unset
+    /// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for MPS clients and the daemon's default; 0 leaves
+    /// it unset
     #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u8).range(0..=100))]
     pub mps_active_thread_percentage: Option<u8>,
+    /// The MPS control program the plugin runs [default: nvidia-cuda-mps-control on PATH]
+    #[arg(long, value_name = "PATH")]
+    pub mps_control: Option<String>,
+    /// CUDA_MPS_LOG_DIRECTORY of the daemon [default: /var/log/nvidia-mps]
+    #[arg(long, value_name = "DIR")]
+    pub mps_log_dir: Option<PathBuf>,
+    /// Host directory that is the daemon's /dev/shm, mounted at /dev/shm into MPS clients;
+    /// empty: none [default: empty]
+    #[arg(long, value_name = "DIR")]
+    pub mps_shm_dir: Option<PathBuf>,
+    /// The daemon's default pinned memory limit per GPU in MiB, for clients that drop their
+    /// own; 0: each GPU's whole memory [default: 0]
+    #[arg(long, value_name = "MIB")]
+    pub mps_pinned_mem_limit_mib: Option<u64>,
+    /// How often the daemon is asked get_server_list, in milliseconds [default: 5000]
+    #[arg(long, value_name = "MS")]
+    pub mps_check_interval_ms: Option<u64>,
+    /// Longest wait between restarts of a failing daemon, in seconds [default: 60]
+    #[arg(long, value_name = "SECS")]
+    pub mps_restart_backoff_max_secs: Option<u64>,
     /// Address of /healthz, /readyz and /metrics; empty disables them [default: 0.0.0.0:9101]
     #[arg(long, value_name = "ADDR")]
     pub admin_address: Option<String>,
@@ -207,6 +231,18 @@ impl Args {
         flags.set(
             &dp("mps_active_thread_percentage"),
             self.mps_active_thread_percentage,
+        );
+        flags.set(&dp("mps_control"), self.mps_control.clone());
+        flags.set(&dp("mps_log_dir"), path(&self.mps_log_dir));
+        flags.set(&dp("mps_shm_dir"), path(&self.mps_shm_dir));
+        flags.set(
+            &dp("mps_pinned_mem_limit_mib"),
+            self.mps_pinned_mem_limit_mib,
+        );
+        flags.set(&dp("mps_check_interval_ms"), self.mps_check_interval_ms);
+        flags.set(
+            &dp("mps_restart_backoff_max_secs"),
+            self.mps_restart_backoff_max_secs,
         );
         flags.set(&dp("admin_address"), self.admin_address.clone());
         self.gpu.overrides(flags);
@@ -293,6 +329,8 @@ pub(crate) struct Plugin {
     pub(crate) reported: std::sync::Mutex<reconcile::Reported>,
     pub(crate) metrics: Metrics,
     pub(crate) admin: Arc<AdminState>,
+    /// With `--mps`: whether the MPS control daemon serves (kept by [`mps::Supervisor`]).
+    pub(crate) mps: Option<Arc<mps::MpsStatus>>,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -369,6 +407,13 @@ impl Plugin {
 
     pub(crate) fn socket_path(&self) -> PathBuf {
         self.config.device_plugin_dir.join(PLUGIN_SOCKET)
+    }
+
+    /// Ready while registered with kubelet and, with `--mps`, while the MPS daemon serves.
+    pub(crate) fn update_ready(&self) {
+        let registered = self.metrics.registered.get() == 1;
+        let mps = self.mps.as_ref().is_none_or(|m| m.serving());
+        self.admin.set_ready(registered && mps);
     }
 }
 
@@ -496,6 +541,13 @@ pub async fn start(
         gpus.iter().map(|g| g.uuid.clone()),
         Duration::from_secs(dp.health_recovery_secs),
     );
+    let mps = dp.mps.then(|| {
+        let mut control =
+            crate::gpu::mps::MpsControl::new(&dp.mps_control, &dp.mps_pipe_dir, &dp.mps_log_dir);
+        // The daemon gets the GPUs this plugin serves (not, say, a MIG GPU left out).
+        control.visible_devices = gpus.iter().map(|g| g.uuid.clone()).collect();
+        Arc::new(mps::MpsStatus::new(control))
+    });
     let first = devices::list_and_watch_response(&gpus, |_| true);
     let (devices_tx, _) = watch::channel(Arc::new(first));
     let plugin = Arc::new(Plugin {
@@ -516,6 +568,7 @@ pub async fn start(
         reported: std::sync::Mutex::default(),
         metrics,
         admin: admin.clone(),
+        mps,
     });
 
     if let Some(refused) = &unit.refused {
@@ -536,6 +589,12 @@ pub async fn start(
     let (stop_trigger, stop) = shutdown.child();
     let stop_trigger = Arc::new(stop_trigger);
     let mut tasks = Vec::new();
+    // The MPS daemon answers (or is known not to) before kubelet can call Allocate.
+    if let Some(status) = &plugin.mps {
+        let mut supervisor = mps::Supervisor::new(plugin.clone(), status.clone());
+        supervisor.first_contact().await;
+        tasks.push(tokio::spawn(supervisor.run(stop.clone())));
+    }
     tasks.push(tokio::spawn(plugin.pods.clone().run(
         client.clone(),
         node.clone(),
@@ -562,7 +621,7 @@ pub async fn start(
         match crate::admin::serve(
             dp.admin_address.trim(),
             admin.clone(),
-            "not registered with kubelet",
+            "not registered with kubelet, or (with --mps) the MPS control daemon does not answer",
             crate::http_server::Limits::from_config(&config.http),
             stop.clone(),
         )

@@ -158,7 +158,7 @@ async fn supervise(plugin: Arc<Plugin>, stop: Shutdown, first: Generation) {
                 Ok(()) => {
                     plugin.metrics.registered.set(1);
                     plugin.metrics.registrations.inc();
-                    plugin.admin.set_ready(true);
+                    plugin.update_ready();
                     tracing::info!(
                         resource = RESOURCE_GPU_MEM,
                         socket = %our_socket.display(),
@@ -200,7 +200,7 @@ async fn supervise(plugin: Arc<Plugin>, stop: Shutdown, first: Generation) {
             "kubelet restarted (or our socket was removed): serving again and re-registering"
         );
         plugin.metrics.registered.set(0);
-        plugin.admin.set_ready(false);
+        plugin.update_ready();
         generation.stop(&plugin, false).await;
         generation = loop {
             match Generation::bind(&plugin) {

@@ -1,6 +1,6 @@
 //! Reading the host's files under a root directory (`--root`, `/` by default), and the node
 //! checks that only look at files: NVML library, container toolkit, the kubelet's
-//! device-plugin directory and socket, other device plugins, the MPS daemon.
+//! device-plugin directory and socket, other device plugins.
 //!
 //! Paths in reports are host paths (without the root), so a report reads the same whether
 //! doctor runs on the host or in a pod that mounts the host at `/host`.
@@ -296,47 +296,6 @@ pub fn plugin_conflicts(
     (conflicts, notes)
 }
 
-/// `mps-daemon`: with MPS on, the control daemon runs and its pipe directory exists.
-pub fn mps_daemon(host: &HostRoot, mps: bool, pipe_dir: &Path) -> Check {
-    const ID: &str = "mps-daemon";
-    const TITLE: &str = "CUDA MPS control daemon";
-    if !mps {
-        return Check::new(
-            ID,
-            TITLE,
-            Status::Skip,
-            "MPS is off (device_plugin.mps = false; --mps turns it on)",
-        );
-    }
-    let control = pipe_dir.join("control");
-    let pipe = host.exists(&control);
-    let process = host
-        .process_names()
-        .iter()
-        .any(|p| p.starts_with("nvidia-cuda-mps"));
-    let detail = format!(
-        "control pipe {}: {}\nprocess nvidia-cuda-mps-control: {}",
-        control.display(),
-        if pipe { "present" } else { "missing" },
-        if process { "running" } else { "not found" }
-    );
-    if pipe && process {
-        Check::new(ID, TITLE, Status::Ok, detail)
-    } else if pipe || process {
-        Check::new(ID, TITLE, Status::Warn, detail).hint(format!(
-            "the daemon and device_plugin.mps_pipe_dir must agree: start it with \
-             CUDA_MPS_PIPE_DIRECTORY={} nvidia-cuda-mps-control -d",
-            pipe_dir.display()
-        ))
-    } else {
-        Check::new(ID, TITLE, Status::Fail, detail).hint(format!(
-            "start the MPS control daemon on the host: CUDA_MPS_PIPE_DIRECTORY={} nvidia-cuda-mps-control -d \
-             (or turn MPS off)",
-            pipe_dir.display()
-        ))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -365,12 +324,6 @@ mod tests {
         }
         let host = HostRoot::new(dir.path());
         assert_eq!(host.process_names(), vec!["systemd", "nvidia-cuda-mps"]);
-        let c = mps_daemon(&host, true, Path::new("/tmp/nvidia-mps"));
-        assert_eq!(c.status, Status::Warn, "{c:?}");
-        assert_eq!(
-            mps_daemon(&host, false, Path::new("/x")).status,
-            Status::Skip
-        );
     }
 
     #[test]

@@ -9,9 +9,10 @@
 //! the GPU backend ([`gpus`]); control-plane checks ask the API server ([`cluster`]), read
 //! the kube-scheduler configuration ([`scheduler`]) and, on managed clusters, check the
 //! dedicated scheduler and the webhook ([`managed`]), and name what an Aliyun installation
-//! left in the chart's way ([`migration`]). `extender` and `device-plugin` run
-//! [`preflight`] before they start. Doctor only reads: it changes nothing on the host or in the
-//! cluster, and every probe has a short deadline.
+//! left in the chart's way ([`migration`]); with `--mps`, the MPS set-up ([`mps`]).
+//! `extender` and `device-plugin` run [`preflight`] before they start. Doctor only reads: it
+//! changes nothing on the host or in the cluster, and every probe has a short deadline (the
+//! MPS probe runs the control program as a client; it never starts or stops the daemon).
 
 pub mod cdi;
 pub mod cluster;
@@ -19,6 +20,7 @@ pub mod gpus;
 pub mod host;
 pub mod managed;
 pub mod migration;
+pub mod mps;
 pub mod report;
 pub mod runtime;
 pub mod scheduler;
@@ -75,9 +77,19 @@ pub struct Args {
     /// This node's name [env: NODE_NAME; default: the host's /etc/hostname]
     #[arg(long, value_name = "NAME")]
     pub node_name: Option<String>,
-    /// Check the CUDA MPS control daemon (device_plugin.mps)
+    /// Check the CUDA MPS set-up: the control program, its directories and user, and that
+    /// the daemon answers (device_plugin.mps)
     #[arg(long)]
     pub mps: bool,
+    /// The MPS control program (device_plugin.mps_control)
+    #[arg(long, value_name = "PATH")]
+    pub mps_control: Option<String>,
+    /// MPS pipe directory (device_plugin.mps_pipe_dir)
+    #[arg(long, value_name = "DIR")]
+    pub mps_pipe_dir: Option<PathBuf>,
+    /// MPS log directory (device_plugin.mps_log_dir)
+    #[arg(long, value_name = "DIR")]
+    pub mps_log_dir: Option<PathBuf>,
     /// kubelet's device-plugin directory (device_plugin.device_plugin_dir)
     #[arg(long, value_name = "DIR")]
     pub device_plugin_dir: Option<PathBuf>,
@@ -108,6 +120,15 @@ impl Args {
         flags
             .set("device_plugin.node_name", self.node_name.clone())
             .set_flag("device_plugin.mps", self.mps)
+            .set("device_plugin.mps_control", self.mps_control.clone())
+            .set(
+                "device_plugin.mps_pipe_dir",
+                self.mps_pipe_dir.as_ref().map(|p| p.display().to_string()),
+            )
+            .set(
+                "device_plugin.mps_log_dir",
+                self.mps_log_dir.as_ref().map(|p| p.display().to_string()),
+            )
             .set(
                 "device_plugin.device_plugin_dir",
                 self.device_plugin_dir
@@ -240,7 +261,7 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
             !opts.preflight,
         ));
         checks.push(gpus::memory_unit(dp.memory_unit, probe.devices()));
-        checks.push(host::mps_daemon(&host, dp.mps, &dp.mps_pipe_dir));
+        checks.extend(mps::checks(&host, dp, opts.preflight).await);
     }
     checks.push(cluster::api_server(&api, config, opts.preflight));
     if role.node() {

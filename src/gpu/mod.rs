@@ -7,10 +7,11 @@
 //! `[gpu] backend`; `auto` tries nvml then nvidia-smi and, when both fail, returns an error
 //! naming what was tried — it never blocks (upstream hung forever).
 //!
-//! Only this module touches NVML.
+//! Only this module touches NVML. [`mps`] drives the CUDA MPS control program.
 
 pub mod cdi;
 pub mod fake;
+pub mod mps;
 pub mod nvidia_smi;
 pub mod nvml;
 

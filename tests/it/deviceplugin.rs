@@ -565,24 +565,7 @@ async fn a_single_gpu_node_falls_back_to_its_gpu() {
     c.stop().await;
 }
 
-#[tokio::test]
-async fn mps_mode_sets_the_pinned_memory_limit_and_mounts_the_pipe_dir() {
-    let c = cluster("2x16GiB", |cfg| {
-        cfg.device_plugin.mps = true;
-        cfg.device_plugin.mps_active_thread_percentage = 50;
-        cfg.device_plugin.visible_devices = gpushare::config::VisibleDevices::Uuid;
-    })
-    .await;
-    c.bound_pod("mps", &[("main", 3)], Some(1), 1);
-    let (_, resp) = c.allocate("mps", "main", 3).await.expect("allocated");
-    assert_eq!(env(&resp, wire::ENV_VISIBLE_DEVICES), fake_uuid(1));
-    assert_eq!(env(&resp, wire::ENV_MPS_PINNED_MEM_LIMIT), "0=3072M");
-    assert_eq!(env(&resp, wire::ENV_MPS_ACTIVE_THREAD_PERCENTAGE), "50");
-    assert_eq!(env(&resp, wire::ENV_MPS_PIPE_DIRECTORY), "/tmp/nvidia-mps");
-    assert_eq!(resp.mounts.len(), 1);
-    assert_eq!(resp.mounts[0].host_path, "/tmp/nvidia-mps");
-    c.stop().await;
-}
+// MPS mode (envs, mounts, the daemon it runs) is tested in mps.rs.
 
 fn healthy_per_gpu(devices: &[Device], uuid: &str) -> Option<bool> {
     let mine: Vec<&Device> = devices.iter().filter(|d| uuid_of(&d.id) == uuid).collect();

@@ -245,8 +245,9 @@ async fn cdi_cri_fills_cdi_devices_by_uuid_with_device_specs() {
 
 #[tokio::test]
 async fn a_combination_answers_every_form_and_keeps_the_mps_envs() {
+    let mps = crate::support::mps::FakeMps::new();
     let n = node(&[Envvar, VolumeMounts, CdiAnnotations, CdiCri], |c| {
-        c.device_plugin.mps = true;
+        mps.configure(c);
         c.device_plugin.mps_active_thread_percentage = 50;
         c.device_plugin.pass_device_specs = true;
     })
@@ -258,7 +259,8 @@ async fn a_combination_answers_every_form_and_keeps_the_mps_envs() {
     assert_gpushare_envs(&resp);
     assert_eq!(env(&resp, wire::ENV_MPS_PINNED_MEM_LIMIT), "0=4096M");
     assert_eq!(env(&resp, wire::ENV_MPS_ACTIVE_THREAD_PERCENTAGE), "50");
-    assert_eq!(env(&resp, wire::ENV_MPS_PIPE_DIRECTORY), "/tmp/nvidia-mps");
+    let pipe = mps.pipe_dir.display().to_string();
+    assert_eq!(env(&resp, wire::ENV_MPS_PIPE_DIRECTORY), pipe);
     let mounts: Vec<&str> = resp
         .mounts
         .iter()
@@ -266,7 +268,7 @@ async fn a_combination_answers_every_form_and_keeps_the_mps_envs() {
         .collect();
     assert_eq!(
         mounts,
-        ["/tmp/nvidia-mps", "/var/run/nvidia-container-devices/1"]
+        [pipe.as_str(), "/var/run/nvidia-container-devices/1"]
     );
     assert_eq!(
         resp.annotations["cdi.k8s.io/gpushare_gpu-mem"],

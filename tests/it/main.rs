@@ -19,6 +19,7 @@ mod handover;
 mod hostile;
 mod inspect;
 mod layers;
+mod mps;
 mod packaging;
 mod realdata;
 mod sandbox_apiserver;

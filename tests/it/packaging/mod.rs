@@ -6,6 +6,7 @@
 mod admission_policy;
 mod chart;
 mod chart_dedicated;
+mod chart_mps;
 mod chart_production;
 mod checkov;
 mod ha_chart;

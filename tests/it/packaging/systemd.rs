@@ -97,7 +97,10 @@ fn device_plugin_unit_runs_doctor_first_and_reaches_the_kubelet() {
     assert!(u["Wants"].iter().any(|v| v.contains("kubelet.service")));
     assert_eq!(
         s["ExecStartPre"],
-        [format!("{INSTALLED_BIN} doctor --role node")]
+        [
+            "+/bin/mkdir -p /tmp/nvidia-mps".to_string(),
+            format!("{INSTALLED_BIN} doctor --role node")
+        ]
     );
     assert!(s["ExecStart"][0].starts_with(&format!("{INSTALLED_BIN} device-plugin")));
     assert_eq!(s["Restart"], ["always"]);
@@ -123,6 +126,31 @@ fn device_plugin_unit_runs_doctor_first_and_reaches_the_kubelet() {
             "{forbidden} would break GPU access"
         );
     }
+}
+
+#[test]
+fn device_plugin_unit_can_run_the_mps_daemon() {
+    let unit = read("systemd/gpushare-device-plugin.service");
+    let s = section(&unit, "Service");
+    // The pipe directory is the host's (made before the sandbox binds it in), the log
+    // directory writable under ProtectSystem=strict.
+    assert!(s["BindPaths"].iter().any(|p| p == "-/tmp/nvidia-mps"));
+    assert!(s["ExecStartPre"][0].contains("mkdir -p /tmp/nvidia-mps"));
+    assert_eq!(s["LogsDirectory"], ["nvidia-mps"]);
+    let env = read("systemd/gpushare.env");
+    let line = env
+        .lines()
+        .find(|l| l.contains("--mps"))
+        .expect("the example names the MPS flags");
+    let args: Vec<String> = std::iter::once("device-plugin".to_string())
+        .chain(
+            line.trim_start_matches('#')
+                .trim_start_matches("GPUSHARE_DEVICE_PLUGIN_ARGS=")
+                .split_whitespace()
+                .map(str::to_string),
+        )
+        .collect();
+    assert_cli_accepts(&args, "systemd/gpushare.env");
 }
 
 #[test]
@@ -169,7 +197,9 @@ fn the_binary_accepts_the_units_commands() {
             .get("ExecStartPre")
             .into_iter()
             .flatten()
-            .chain(&s["ExecStart"]);
+            .chain(&s["ExecStart"])
+            // Only gpushare's own commands (not the MPS pipe directory's mkdir).
+            .filter(|c| c.contains(INSTALLED_BIN));
         for command in commands {
             // The units' argument variables are empty by default; the doctor role is `node`.
             let args: Vec<String> = command

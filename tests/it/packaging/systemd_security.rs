@@ -1,6 +1,8 @@
 //! `systemd-analyze security --offline=yes` on each unit (systemd's own exposure score, 0 = most
 //! sandboxed, 10 = none): the extender and the doctor must be "OK" (at most 4.0), and so is
-//! the device plugin as far as its job allows. The figure each unit states in its comment and
+//! the device plugin, MPS daemon included, and lower with the drop-in for nodes without MPS
+//! (`systemd/gpushare-device-plugin-without-mps.conf`, scored on the unit with its lines added
+//! to `[Service]`, as systemd merges a drop-in). The figure each file states in its comment and
 //! the README's table are the measured ones. Without `systemd-analyze` the test FAILS
 //! (package `systemd`; `.ci/run` installs it).
 
@@ -12,14 +14,33 @@ use super::{read, repo_path};
 const BOUNDS: [(&str, f64); 3] = [
     ("gpushare-extender.service", 4.0),
     ("gpushare-doctor.service", 4.0),
-    // Root with CAP_SYSLOG, the GPU device nodes and the kernel log: see the unit's comment.
+    // Root, the GPU device nodes, the kernel log and the MPS daemon: see the unit's comment.
     ("gpushare-device-plugin.service", 4.0),
 ];
 
+const WITHOUT_MPS: &str = "gpushare-device-plugin-without-mps.conf";
+
+/// The device plugin's unit with the lines of the no-MPS drop-in appended to `[Service]`.
+fn device_plugin_without_mps(dir: &std::path::Path) -> std::path::PathBuf {
+    let unit = read("systemd/gpushare-device-plugin.service");
+    let drop_in = read(&format!("systemd/{WITHOUT_MPS}"));
+    let (_, lines) = drop_in
+        .split_once("[Service]\n")
+        .expect("a [Service] section");
+    let at = unit.find("[Install]").expect("[Install]");
+    let path = dir.join("gpushare-device-plugin.service");
+    std::fs::write(&path, format!("{}{lines}\n{}", &unit[..at], &unit[at..])).expect("write");
+    path
+}
+
 fn exposure(unit: &str) -> String {
+    exposure_of(&repo_path(&format!("systemd/{unit}")), unit)
+}
+
+fn exposure_of(path: &std::path::Path, unit: &str) -> String {
     let out = Command::new("systemd-analyze")
         .args(["security", "--offline=yes", "--no-pager"])
-        .arg(repo_path(&format!("systemd/{unit}")))
+        .arg(path)
         .env("SYSTEMD_LOG_COLOR", "0")
         .output()
         .unwrap_or_else(|e| {
@@ -62,6 +83,23 @@ fn units_are_sandboxed_to_an_ok_exposure() {
             "README.md's table of exposures must hold `{row}`"
         );
     }
+    // Without MPS the drop-in takes the device plugin further.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let unit = "gpushare-device-plugin.service";
+    let figure = exposure_of(&device_plugin_without_mps(dir.path()), unit);
+    let value: f64 = figure.parse().expect("exposure is a number");
+    let with_mps: f64 = exposure(unit).parse().expect("exposure is a number");
+    assert!(value < with_mps && value <= 3.0, "without MPS: {value}");
+    let stated = format!("of the unit with this drop-in: {figure} OK");
+    assert!(
+        read(&format!("systemd/{WITHOUT_MPS}")).contains(&stated),
+        "{WITHOUT_MPS} must state the measured figure: `{stated}`"
+    );
+    let row = format!("| `{unit}` + `{WITHOUT_MPS}` | {figure} |");
+    assert!(
+        readme.contains(&row),
+        "README.md's table of exposures must hold `{row}`"
+    );
 }
 
 #[test]

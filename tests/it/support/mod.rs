@@ -7,6 +7,7 @@ use std::process::{Command, Output};
 
 pub mod clients;
 pub mod extender_http;
+pub mod mps;
 
 /// Path of the built `gpushare` binary.
 pub fn bin() -> PathBuf {
