@@ -118,7 +118,7 @@ fn every_pod_is_hardened_by_default() {
 }
 
 #[test]
-fn the_device_plugin_is_privileged_only_to_read_the_hosts_kmsg() {
+fn the_device_plugin_is_privileged_only_for_the_hosts_kmsg_or_the_mps_daemon() {
     let Some(off) = render("{}") else {
         return;
     };
@@ -163,6 +163,14 @@ fn the_device_plugin_is_privileged_only_to_read_the_hosts_kmsg() {
         assert_eq!(v["hostPath"]["type"], "CharDevice");
         assert_cli_accepts(&argv(c), overlay);
     }
+
+    // MPS: the daemon in the container setuids to its clients (chart_mps.rs has the rest).
+    let spec = dp(&render("devicePlugin: {mps: true}").expect("rendered"));
+    let sc = &spec["containers"][0]["securityContext"];
+    assert_eq!(sc["privileged"], true);
+    assert!(sc.get("allowPrivilegeEscalation").is_none());
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert!(kmsg_volume(&spec).is_none());
 
     // On, a file or FIFO a host service feeds: mounted read-only, no privilege at all.
     let overlay = "devicePlugin: {kmsg: {enabled: true, hostPath: /run/gpushare/kmsg}}";
