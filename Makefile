@@ -48,9 +48,11 @@ demo: ## run the self-contained demo (sandbox cluster, extender, device plugin, 
 	$(CARGO) run $(CI_FLAGS) --quiet -- demo
 
 VENV ?= .venv
-clients: ## the outside clients the tests drive: grpcio, grpcio-tools, helm-python-sdk into $(VENV) (promtool: apt-get install prometheus)
+clients: ## the outside clients the tests drive: grpcio, grpcio-tools, helm-python-sdk into $(VENV), checkov into .venv-checkov (promtool: apt-get install prometheus)
 	@[ -x $(VENV)/bin/python3 ] || python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/clients/requirements.txt
+	@[ -x .venv-checkov/bin/python3 ] || python3 -m venv .venv-checkov
+	.venv-checkov/bin/pip install --quiet --disable-pip-version-check -r tests/clients/requirements-checkov.txt
 	@command -v promtool >/dev/null || echo "clients: promtool missing: apt-get install prometheus (or set GPUSHARE_TEST_PROMTOOL)"
 
 test: ## unit + integration tests (no cluster, no GPU needed)

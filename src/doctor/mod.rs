@@ -8,7 +8,8 @@
 //! ([`report`]). Node checks read host files under `--root` ([`host`], [`runtime`]) and ask
 //! the GPU backend ([`gpus`]); control-plane checks ask the API server ([`cluster`]), read
 //! the kube-scheduler configuration ([`scheduler`]) and, on managed clusters, check the
-//! dedicated scheduler and the webhook ([`managed`]); with `--mps`, the MPS set-up ([`mps`]).
+//! dedicated scheduler and the webhook ([`managed`]), and name what an Aliyun installation
+//! left in the chart's way ([`migration`]); with `--mps`, the MPS set-up ([`mps`]).
 //! `extender` and `device-plugin` run [`preflight`] before they start. Doctor only reads: it
 //! changes nothing on the host or in the cluster, and every probe has a short deadline (the
 //! MPS probe runs the control program as a client; it never starts or stops the daemon).
@@ -18,6 +19,7 @@ pub mod cluster;
 pub mod gpus;
 pub mod host;
 pub mod managed;
+pub mod migration;
 pub mod mps;
 pub mod report;
 pub mod runtime;
@@ -295,6 +297,7 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
         };
         checks.push(scheduler::extender_reachable(target.as_deref(), from_flag).await);
         checks.extend(managed::checks(&api, &config.webhook, opts.webhook_url.as_deref()).await);
+        checks.push(migration::aliyun_leftovers(&api).await);
     }
     Report::new(role.name(), checks)
 }

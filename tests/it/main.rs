@@ -11,6 +11,7 @@ mod deviceplugin_settle;
 mod doctor;
 mod doctor_cdi;
 mod doctor_managed;
+mod doctor_migration;
 mod extender;
 mod gpu;
 mod ha;

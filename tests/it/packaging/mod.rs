@@ -5,10 +5,14 @@
 //! Their shared readers and renderers live in `support::source_tree` and `support::helm_chart`.
 
 mod auth_chart;
+mod admission_policy;
 mod chart;
 mod chart_dedicated;
 mod chart_mps;
+mod chart_production;
+mod checkov;
 mod ha_chart;
 mod image;
 mod kubeadm;
 mod systemd;
+mod systemd_security;

@@ -110,6 +110,15 @@ pub(crate) fn check_typed(doc: &Value) -> Result<String, String> {
         "PodDisruptionBudget" => {
             round_trip::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(doc)
         }
+        "ValidatingAdmissionPolicy" => round_trip::<
+            k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy,
+        >(doc),
+        "ValidatingAdmissionPolicyBinding" => round_trip::<
+            k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding,
+        >(doc),
+        // Prometheus Operator's CRD: not in k8s-openapi; its shape is checked in
+        // chart_production.rs.
+        "ServiceMonitor" if doc["apiVersion"] == "monitoring.coreos.com/v1" => Ok(()),
         other => Err(format!("unexpected kind {other}")),
     }?;
     Ok(kind)
@@ -157,3 +166,28 @@ pub(crate) fn assert_scheduler_config(cfg: &Value, url: &str) {
 pub(crate) fn default_extender_url() -> String {
     format!("http://127.0.0.1:32766{}", wire::EXTENDER_URL_PREFIX)
 }
+
+/// Every option on (scheduler.mode is one or the other: the dedicated mode renders the
+/// extender's objects too; the webhook keeps --self-signed, whose RBAC is the wider one).
+pub(crate) const EVERY_OPTION_ON: &str = r#"
+image: {digest: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}
+imagePullSecrets: [{name: regcred}]
+podAnnotations: {example.com/team: gpu}
+config: {extender: {bind_timeout_ms: 3000}, http: {max_connections: 1024}}
+serviceMonitor: {enabled: true, labels: {release: prometheus}}
+scheduler:
+  mode: dedicated
+  image: {digest: "sha256:89abcdef0123456789abcdef0123456789abcdef0123456789abcdef01234567"}
+extender:
+  hostNetwork: true
+  extraArgs: [--url-prefix=/gpushare-scheduler]
+  extraEnv: [{name: GPUSHARE_HTTP__MAX_CONNECTIONS, value: "512"}]
+devicePlugin:
+  kmsg: {enabled: true}
+  mps: true
+  hostNetwork: true
+  runtimeClassName: nvidia
+  deviceListStrategy: [envvar, cdi-cri]
+  passDeviceSpecs: true
+  admissionPolicy: {enabled: true}
+"#;

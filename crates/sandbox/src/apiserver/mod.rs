@@ -35,9 +35,11 @@
 //!   400, unknown paths 404, unsupported methods 405. Bad input never panics.
 //! - Admission: on pod create, registered Mutating- and ValidatingWebhookConfigurations
 //!   are called over HTTPS as kube-apiserver calls them (see `admission`; webhooks named
-//!   by Service need [`ApiServer::route_service`]). Apps/v1 `deployments`, core `secrets`
-//!   and `services`, and `admissionregistration.k8s.io/v1` webhook configurations are
-//!   stored like any other object.
+//!   by Service need [`ApiServer::route_service`]). Apps/v1 `deployments` and
+//!   `daemonsets`, batch/v1 `jobs`, core `secrets`, `services` and `serviceaccounts`,
+//!   `rbac.authorization.k8s.io/v1` cluster roles and bindings, and
+//!   `admissionregistration.k8s.io/v1` webhook configurations are stored like any other
+//!   object.
 //! - Test controls: [`ApiServer::seed_yaml`], [`ApiServer::get_object`],
 //!   [`ApiServer::set_pod_phase`], fault injection ([`Fault`]: error codes, delays, dropped
 //!   connections, cut watches, requests held at a [`Hold`] until released — a paused

@@ -33,20 +33,18 @@ chart's CA. The Secrets (kubernetes.io/tls, with ca.crt) come from templates/ext
 {{/* The extender container's volumeMounts (the whole key, or nothing). */}}
 {{- define "gpushare.extender.tlsVolumeMounts" -}}
 {{- if .Values.extender.tls.enabled }}
-volumeMounts:
-  - name: tls
-    mountPath: {{ include "gpushare.extender.tlsDir" . }}
-    readOnly: true
+- name: tls
+  mountPath: {{ include "gpushare.extender.tlsDir" . }}
+  readOnly: true
 {{- end }}
 {{- end -}}
 
-{{/* The extender pod's volumes (the whole key, or nothing). */}}
+{{/* The extender pod's TLS volume (a list item, or nothing). */}}
 {{- define "gpushare.extender.tlsVolumes" -}}
 {{- if .Values.extender.tls.enabled }}
-volumes:
-  - name: tls
-    secret:
-      secretName: {{ .Values.extender.tls.serverSecret }}
+- name: tls
+  secret:
+    secretName: {{ .Values.extender.tls.serverSecret }}
 {{- end }}
 {{- end -}}
 

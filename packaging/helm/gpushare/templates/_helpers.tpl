@@ -23,3 +23,57 @@ helm.sh/chart: {{ include "gpushare.chart" . }}
 app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
+
+{{/* The gpushare image: repository@digest when a digest is given, else repository:tag. */}}
+{{- define "gpushare.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag }}
+{{- end -}}
+{{- end }}
+
+{{/* Annotations of a pod template: the global podAnnotations, the role's, and the checksum of
+gpushare.toml (a config change restarts the pods). Call with (dict "root" $ "role" .Values.extender). */}}
+{{- define "gpushare.podAnnotations" -}}
+checksum/config: {{ include (print .root.Template.BasePath "/config.yaml") .root | sha256sum }}
+{{- with merge (deepCopy (.role.podAnnotations | default dict)) (.root.Values.podAnnotations | default dict) }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Where gpushare.toml is mounted in every gpushare container. */}}
+{{- define "gpushare.configDir" -}}
+/etc/gpushare/config
+{{- end }}
+
+{{/* Whether the device plugin reads a kernel log (devicePlugin.kmsg.enabled; a plain boolean,
+the chart's earlier form, is still accepted): "true" or "". */}}
+{{- define "gpushare.kmsg.enabled" -}}
+{{- $k := .Values.devicePlugin.kmsg -}}
+{{- if kindIs "map" $k -}}
+{{- if $k.enabled }}true{{ end -}}
+{{- else if $k -}}
+true
+{{- end -}}
+{{- end }}
+
+{{/* The host kernel log the device plugin reads (default /dev/kmsg). */}}
+{{- define "gpushare.kmsg.path" -}}
+{{- $k := .Values.devicePlugin.kmsg -}}
+{{- if and (kindIs "map" $k) $k.hostPath -}}
+{{ $k.hostPath }}
+{{- else -}}
+/dev/kmsg
+{{- end -}}
+{{- end }}
+
+{{/* Whether the ValidatingAdmissionPolicy of the device plugin is rendered: "true" or "". */}}
+{{- define "gpushare.admissionPolicy.enabled" -}}
+{{- $v := toString .Values.devicePlugin.admissionPolicy.enabled -}}
+{{- if eq $v "true" -}}
+true
+{{- else if and (eq $v "auto") (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") -}}
+true
+{{- end -}}
+{{- end }}
