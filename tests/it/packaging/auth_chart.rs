@@ -16,10 +16,10 @@ use serde_json::json;
 use yaml_serde::Value;
 
 use crate::support::assert_cli_accepts;
-use crate::support::helm_chart::{all_documents, check_typed, default_values, merged};
-use crate::support::https_client::{connector, https_via};
 use crate::support::clients;
 use crate::support::extender_http::{node, pod};
+use crate::support::helm_chart::{all_documents, check_typed, default_values, merged};
+use crate::support::https_client::{connector, https_via};
 
 fn values(overlay: &str) -> Value {
     merged(

@@ -15,8 +15,8 @@ use yaml_serde::Value;
 use gpushare::config::Config;
 use gpushare::core::wire;
 
-use crate::support::helm_chart::{EVERY_OPTION_ON, all_documents, default_values, merged};
 use crate::support::assert_cli_accepts;
+use crate::support::helm_chart::{EVERY_OPTION_ON, all_documents, default_values, merged};
 use crate::support::source_tree::read;
 
 fn render(overlay: &str) -> Option<Vec<Value>> {

@@ -12,10 +12,9 @@ use std::process::Command;
 
 use serde::Deserialize;
 
+use crate::support::clients;
 use crate::support::helm_chart::{EVERY_OPTION_ON, default_values, merged};
 use crate::support::source_tree::{read, repo_path};
-use crate::support::clients;
-
 
 #[derive(Deserialize)]
 struct SkipList {

@@ -4,8 +4,8 @@
 //! by the real Helm engine as a library (helm-python-sdk, see `support::clients`).
 //! Their shared readers and renderers live in `support::source_tree` and `support::helm_chart`.
 
-mod auth_chart;
 mod admission_policy;
+mod auth_chart;
 mod chart;
 mod chart_dedicated;
 mod chart_mps;

@@ -5,10 +5,10 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio_rustls::rustls::pki_types::pem::PemObject as _;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_rustls::rustls;
+use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 /// A TLS client trusting `ca_pem`, presenting `client` (certificate and key PEM) if given.
 pub(crate) fn connector(ca_pem: &str, client: Option<(&str, &str)>) -> tokio_rustls::TlsConnector {
@@ -78,4 +78,3 @@ pub(crate) async fn https_via(
         .unwrap_or_default();
     Ok((status, body))
 }
-
