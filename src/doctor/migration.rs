@@ -162,7 +162,33 @@ pub const WANTED: &[Wanted] = &[
 ];
 
 /// What the API answered for one [`Wanted`]: the object as JSON, absent, or why unknown.
-pub type Found = (Wanted, Result<Option<Value>, String>);
+pub type Found = (Wanted, Result<Option<Value>, ReadError>);
+
+/// Why one object could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The API server refused (e.g. RBAC): its own message.
+    #[error("{0}")]
+    Refused(String),
+    /// The call failed (connection, decoding).
+    #[error("{0}")]
+    Failed(kube::Error),
+    /// No answer within the check's deadline.
+    #[error("no answer in time")]
+    TimedOut,
+    /// The object could not be turned into JSON.
+    #[error("cannot encode the object: {0}")]
+    Encode(serde_json::Error),
+}
+
+impl From<kube::Error> for ReadError {
+    fn from(e: kube::Error) -> ReadError {
+        match e {
+            kube::Error::Api(status) => ReadError::Refused(status.message.to_string()),
+            other => ReadError::Failed(other),
+        }
+    }
+}
 
 /// The labels the chart's selectors use (upstream's); anything else in a selector is a
 /// selector the chart cannot take over (immutable).
@@ -328,10 +354,10 @@ pub async fn aliyun_leftovers(api: &ApiState) -> Check {
         };
         let answer = match tokio::time::timeout(CHECK_TIMEOUT, objects.get_opt(w.name)).await {
             Ok(Ok(o)) => o
-                .map(|o| serde_json::to_value(o).map_err(|e| e.to_string()))
+                .map(|o| serde_json::to_value(o).map_err(ReadError::Encode))
                 .transpose(),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("no answer in time".to_string()),
+            Ok(Err(e)) => Err(ReadError::from(e)),
+            Err(_) => Err(ReadError::TimedOut),
         };
         found.push((*w, answer));
     }
@@ -479,7 +505,9 @@ mod tests {
     #[test]
     fn unreadable_objects_are_named_and_never_called_ok() {
         let mut found = with(&[]);
-        found[0].1 = Err("deployments.apps is forbidden".to_string());
+        found[0].1 = Err(ReadError::Refused(
+            "deployments.apps is forbidden".to_string(),
+        ));
         let check = assess(&found);
         assert_eq!(check.status, Status::Skip);
         assert!(
@@ -490,7 +518,7 @@ mod tests {
             check.detail
         );
         let mut found = with(&guide());
-        found[2].1 = Err("forbidden".to_string());
+        found[2].1 = Err(ReadError::Refused("forbidden".to_string()));
         let check = assess(&found);
         assert_eq!(check.status, Status::Warn);
         assert!(

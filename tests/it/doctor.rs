@@ -13,41 +13,14 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use gpushare::config::{Config, GpuBackendKind};
 use gpushare::doctor::{Options, Role, diagnose, preflight};
 use gpushare_sandbox::apiserver::ApiServer;
 use serde_json::Value;
 
+use crate::support::doctor_node::{NODE, node_root, preflight_config};
 use crate::support::{fixture, run, stderr, stdout};
 
 // ---------------------------------------------------------------- harness
-
-/// A copy of fixture root `name` with a live-looking `kubelet.sock`.
-pub(crate) fn node_root(name: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("tempdir");
-    copy_tree(&fixture(&format!("doctor/{name}")), dir.path());
-    let plugins = dir.path().join("var/lib/kubelet/device-plugins");
-    std::fs::create_dir_all(&plugins).expect("plugin dir");
-    // The socket file stays (as a socket) after the listener is dropped.
-    drop(
-        std::os::unix::net::UnixListener::bind(plugins.join("kubelet.sock"))
-            .expect("bind kubelet.sock"),
-    );
-    dir
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    for entry in std::fs::read_dir(from).expect("fixture dir") {
-        let entry = entry.expect("entry");
-        let target = to.join(entry.file_name());
-        if entry.file_type().expect("type").is_dir() {
-            std::fs::create_dir_all(&target).expect("mkdir");
-            copy_tree(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).expect("copy");
-        }
-    }
-}
 
 fn path(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
@@ -576,18 +549,6 @@ fn the_extender_is_probed_at_its_server_root() {
 
 // ---------------------------------------------------------------- the API server
 
-pub(crate) const NODE: &str = "
-apiVersion: v1
-kind: Node
-metadata:
-  name: gpu-node-1
-  labels:
-    gpushare: \"true\"
-status:
-  capacity:
-    aliyun.com/gpu-mem: \"30\"
-";
-
 const UNLABELLED_NVIDIA_NODE: &str = "
 apiVersion: v1
 kind: Node
@@ -739,16 +700,6 @@ fn an_unreachable_api_server_fails_fast_and_skips_what_depends_on_it() {
 }
 
 // ---------------------------------------------------------------- preflight
-
-pub(crate) fn preflight_config(api: &ApiServer, plugin_dir: &Path) -> Config {
-    let mut c = Config::default();
-    c.cluster.kubeconfig = path(&api.kubeconfig_path()).to_string();
-    c.gpu.backend = GpuBackendKind::Fake;
-    c.gpu.fake_gpus = "2x16GiB".to_string();
-    c.device_plugin.node_name = "gpu-node-1".to_string();
-    c.device_plugin.device_plugin_dir = plugin_dir.to_path_buf();
-    c
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preflight_passes_a_sound_setup_and_refuses_a_broken_one() {

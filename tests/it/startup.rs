@@ -15,7 +15,7 @@ use gpushare::doctor::{Options, Role, diagnose, preflight};
 use gpushare::shutdown::Shutdown;
 use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
 
-use crate::doctor::{NODE, node_root, preflight_config};
+use crate::support::doctor_node::{NODE, node_root, preflight_config};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 

@@ -165,16 +165,18 @@ async fn the_charts_certificates_authenticate_the_scheduler_to_the_extender() {
         assert!(args.iter().any(|a| a == flag), "{flag} not in {args:?}");
     }
     assert_cli_accepts(&args, "extender with tls");
+    let named = |list: &Value, name: &str| {
+        list.as_sequence()
+            .and_then(|l| l.iter().find(|v| v["name"] == name))
+            .cloned()
+            .unwrap_or_else(|| panic!("no {name} in {list:?}"))
+    };
     assert_eq!(
-        container["volumeMounts"][0]["mountPath"],
+        named(&container["volumeMounts"], "tls")["mountPath"],
         "/etc/gpushare/tls"
     );
     assert_eq!(
-        pod_spec["volumes"][0]["name"],
-        container["volumeMounts"][0]["name"]
-    );
-    assert_eq!(
-        pod_spec["volumes"][0]["secret"]["secretName"],
+        named(&pod_spec["volumes"], "tls")["secret"]["secretName"],
         "gpushare-schd-extender-tls"
     );
     for probe in ["readinessProbe", "livenessProbe"] {

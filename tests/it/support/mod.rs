@@ -9,6 +9,7 @@ use std::process::{Command, Output};
 
 pub mod clients;
 pub mod deviceplugin_cluster;
+pub mod doctor_node;
 pub mod extender_cluster;
 pub mod extender_http;
 pub mod helm_chart;
