@@ -16,6 +16,7 @@ use gpushare::shutdown::Shutdown;
 use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
 
 use crate::support::doctor_node::{NODE, node_root, preflight_config};
+use crate::support::extender_cluster::wait_until_within;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -29,18 +30,6 @@ fn version_requests(api: &ApiServer) -> usize {
         .iter()
         .filter(|r| r.path == "/version")
         .count()
-}
-
-/// Polls `cond` every 20 ms until it holds, or fails the test after [`DEADLINE`].
-async fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    let end = tokio::time::Instant::now() + DEADLINE;
-    while !cond() {
-        assert!(
-            tokio::time::Instant::now() < end,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -62,7 +51,7 @@ async fn the_preflight_waits_out_an_api_server_that_does_not_answer_yet() {
             async move { preflight(role, &config).await }
         });
         // The report's own try, then at least two tries of the wait.
-        until("three tries of GET /version", || {
+        wait_until_within("three tries of GET /version", DEADLINE, || {
             version_requests(&api) >= before + 3 || running.is_finished()
         })
         .await;
@@ -189,7 +178,7 @@ async fn the_extender_process_waits_for_the_api_server_and_then_serves() {
             .filter(|l| l.contains("not reachable yet"))
             .count()
     };
-    until("two logged tries", || {
+    wait_until_within("two logged tries", DEADLINE, || {
         waiting(&lines) >= 2 || matches!(child.try_wait(), Ok(Some(_)))
     })
     .await;

@@ -22,8 +22,13 @@ use serde_json::{Value, json};
 pub(crate) const DEADLINE: Duration = Duration::from_secs(20);
 
 /// Polls `cond` every 20 ms until it holds or [`DEADLINE`] passes.
-pub(crate) async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let end = tokio::time::Instant::now() + DEADLINE;
+pub(crate) async fn wait_until(what: &str, cond: impl FnMut() -> bool) {
+    wait_until_within(what, DEADLINE, cond).await;
+}
+
+/// Polls `cond` every 20 ms until it holds, or fails the test after `limit`.
+pub(crate) async fn wait_until_within(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let end = tokio::time::Instant::now() + limit;
     while !cond() {
         assert!(
             tokio::time::Instant::now() < end,
