@@ -7,6 +7,7 @@
 
 pub mod client;
 pub mod events;
+pub mod list_prefetch;
 pub mod project;
 pub mod reachable;
 pub mod retry;

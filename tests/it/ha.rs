@@ -218,18 +218,18 @@ async fn a_live_lease_of_a_stranger_is_respected_until_released() {
             .any(|r| r.method == http::Method::PUT && r.path.ends_with(&lease_path)),
         "a live foreign lease is never written"
     );
-    // The stranger releases it: we take it.
-    let mut lease = api
-        .get_object("leases", Some(NS), LEASE)
-        .expect("lease exists");
-    lease["spec"]["holderIdentity"] = serde_json::Value::Null;
-    api.delete_object("leases", Some(NS), LEASE)
-        .expect("delete");
-    if let Some(meta) = lease.get_mut("metadata").and_then(|m| m.as_object_mut()) {
-        meta.remove("resourceVersion");
-        meta.remove("uid");
-    }
-    api.create_object(lease).expect("recreate released lease");
+    // The stranger releases it (clears holderIdentity in place, as client-go's release does;
+    // deleting and re-creating it would race our own create): we take it.
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(api.client(), NS);
+    leases
+        .patch(
+            LEASE,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"holderIdentity": null}})),
+        )
+        .await
+        .expect("release the stranger's lease");
     let mut rx = me.leadership.subscribe();
     wait_flag(&mut rx, true, "our flag").await;
     assert_eq!(lease_field(&api, "holderIdentity"), me.id);
