@@ -12,7 +12,7 @@
 //! table is printed and written as markdown to `target/bench-report.md` (or
 //! `$CARGO_TARGET_DIR/bench-report.md`). `GPUSHARE_BENCH_SCALE=0.1` shrinks the cluster for
 //! a quick look while profiling; `GPUSHARE_BENCH_ONLY=device-plugin` runs only the device
-//! plugin's figures.
+//! plugin's figures, `GPUSHARE_BENCH_ONLY=failover` only the failover ones (same cluster).
 //!
 //! Without `--bench` (`cargo test --all-targets` runs benches as tests) it runs a tiny smoke
 //! version of the same path (10 nodes) and exits, so the bench cannot rot unnoticed.
@@ -621,7 +621,8 @@ impl Extender {
     }
 
     /// Waits for the extender's "ledger synced" log line, then drains its log in the
-    /// background (warnings and errors are passed on).
+    /// background (warnings and errors are passed on, and the leadership and sync lines, whose
+    /// timestamps show where a failover spends its time).
     async fn wait_synced(&mut self) -> anyhow::Result<()> {
         let mut lines = self.stderr.take().context("waited twice")?;
         let mut tail = Vec::new();
@@ -642,7 +643,10 @@ impl Extender {
         }
         tokio::spawn(async move {
             while let Ok(Some(line)) = lines.next_line().await {
-                if line.contains("WARN") || line.contains("ERROR") {
+                if ["WARN", "ERROR", "leading", "ledger synced"]
+                    .iter()
+                    .any(|w| line.contains(w))
+                {
                     eprintln!("extender: {line}");
                 }
             }
@@ -766,6 +770,25 @@ async fn run(size: Size) -> anyhow::Result<Vec<Figure>> {
         budget: "",
         pass: None,
     });
+
+    // `GPUSHARE_BENCH_ONLY=failover`: only the failover figures, over the same cluster.
+    if std::env::var("GPUSHARE_BENCH_ONLY").is_ok_and(|v| v == "failover") {
+        let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+        figures.extend(failover_figures(&api, &client, &Config::default()).await?);
+        let pages: Vec<String> = api
+            .requests()
+            .iter()
+            .filter(|r| r.path == "/api/v1/pods" && r.query.contains("continue="))
+            .map(|r| r.query.clone())
+            .collect();
+        let distinct: std::collections::BTreeSet<&String> = pages.iter().collect();
+        eprintln!(
+            "pod list pages after the first: {} asked, {} distinct",
+            pages.len(),
+            distinct.len()
+        );
+        return Ok(figures);
+    }
 
     // 4. The extender, in a process of its own: time to ready, its memory and CPU.
     let config = Config::default();
@@ -1127,11 +1150,16 @@ async fn failover_figures(
     // Stopped: SIGTERM, the leader drains and clears holderIdentity.
     // The release is the first state after a's own that a no longer holds (normally the
     // cleared holder, then b's takeover right after it).
+    let (b_cpu, api_cpu) = (b.cpu_seconds(), cpu_seconds_of(std::process::id()));
     let _ = nix_signal(a.pid, "TERM");
     let (released, _, released_at) = log
         .wait(led, limit, |(h, _)| !h.starts_with("bench-a"))
         .await?;
     let served_at = first_own_bind(api, client, config, &b, "stopped", limit).await?;
+    let (b_cpu, api_cpu) = (
+        b.cpu_seconds() - b_cpu,
+        cpu_seconds_of(std::process::id()) - api_cpu,
+    );
     let (_, _, acquired_at) = log
         .wait(released, limit, |(h, _)| h.starts_with("bench-b"))
         .await?;
@@ -1140,7 +1168,7 @@ async fn failover_figures(
     figures.push(Figure {
         name: "failover, leader stopped (SIGTERM releases the Lease): Lease free to the new leader's first bind".to_string(),
         value: format!(
-            "{:.2} s (taken over after {:.2} s, then the rebuild: a fresh list of {} pods)",
+            "{:.2} s (taken over after {:.2} s, then the rebuild: a fresh list of {} pods; CPU meanwhile: the new leader {b_cpu:.2} s, the API server and the load {api_cpu:.2} s)",
             stopped.as_secs_f64(),
             acquired_at.saturating_duration_since(released_at).as_secs_f64(),
             api.list_objects("pods", None).len()

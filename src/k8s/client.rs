@@ -57,11 +57,5 @@ pub async fn client(opts: &ClientOptions<'_>) -> anyhow::Result<kube::Client> {
     if opts.without_kube_retry {
         config.default_retry = false;
     }
-    // Paged lists one page ahead (see `list_prefetch`); the buffer makes kube's service stack
-    // cloneable, so a page can be fetched while the caller decodes the one before.
-    Ok(kube::client::ClientBuilder::try_from(config)
-        .context("building the Kubernetes client")?
-        .with_layer(&tower::buffer::BufferLayer::new(1024))
-        .with_layer(&super::list_prefetch::ListPrefetchLayer)
-        .build())
+    kube::Client::try_from(config).context("building the Kubernetes client")
 }

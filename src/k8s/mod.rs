@@ -7,7 +7,6 @@
 
 pub mod client;
 pub mod events;
-pub mod list_prefetch;
 pub mod project;
 pub mod reachable;
 pub mod retry;

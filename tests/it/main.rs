@@ -20,7 +20,6 @@ mod handover;
 mod hostile;
 mod inspect;
 mod layers;
-mod list_prefetch;
 mod mps;
 mod packaging;
 mod realdata;

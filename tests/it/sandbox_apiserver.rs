@@ -183,23 +183,50 @@ async fn selectors_and_pagination() {
 
     let mut seen = Vec::new();
     let mut token: Option<String> = None;
-    let mut pages = 0;
+    let mut remaining = Vec::new();
     loop {
         let mut lp = ListParams::default().limit(2);
         if let Some(t) = &token {
             lp = lp.continue_token(t);
         }
         let page = pods.list(&lp).await.expect("a page");
-        pages += 1;
         assert!(page.items.len() <= 2);
         seen.extend(names(&page.items));
+        remaining.push(page.metadata.remaining_item_count);
         token = page.metadata.continue_.filter(|t| !t.is_empty());
         if token.is_none() {
             break;
         }
     }
-    assert_eq!(pages, 2);
     assert_eq!(seen, ["plain", "bound", "trainer"]);
+    // remainingItemCount as the API server reports it: on every page but the last.
+    assert_eq!(remaining, [Some(1), None]);
+
+    // A longer paged list: the count goes down page by page (it is carried in the continue
+    // token from the first page's count, not recounted from the store on every page).
+    for i in 0..7 {
+        server
+            .create_object(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": format!("page-{i}"), "namespace": "paged"}}))
+            .expect("create");
+    }
+    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "paged");
+    let (mut token, mut counts, mut listed) = (None::<String>, Vec::new(), 0);
+    loop {
+        let mut lp = ListParams::default().limit(3);
+        if let Some(t) = &token {
+            lp = lp.continue_token(t);
+        }
+        let page = cms.list(&lp).await.expect("a page");
+        listed += page.items.len();
+        counts.push(page.metadata.remaining_item_count);
+        token = page.metadata.continue_.filter(|t| !t.is_empty());
+        if token.is_none() {
+            break;
+        }
+    }
+    assert_eq!(listed, 7);
+    assert_eq!(counts, [Some(4), Some(1), None]);
 
     let bad = pods
         .list(&ListParams::default().labels("app in (x"))

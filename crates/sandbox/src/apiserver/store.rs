@@ -458,6 +458,20 @@ impl Store {
             .count()
     }
 
+    /// How many objects of `def` there are (in `namespace`, or all).
+    pub fn count_all(&self, def: &ResourceDef, namespace: Option<&str>) -> usize {
+        use std::ops::Bound;
+        let start: Key = (
+            def.id,
+            namespace.unwrap_or_default().to_string(),
+            String::new(),
+        );
+        self.objects
+            .range((Bound::Included(start), Bound::Unbounded))
+            .take_while(|((id, ns, _), _)| *id == def.id && namespace.is_none_or(|want| want == ns))
+            .count()
+    }
+
     /// Replaces an object (PUT); 409 when the body's resourceVersion is stale.
     pub fn update(
         &mut self,
