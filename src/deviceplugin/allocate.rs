@@ -420,19 +420,7 @@ impl Plugin {
                     let amount = self.config.memory_unit.format_amount(units);
                     let why = matching::explain(&amount, &rejected);
                     tracing::warn!("Allocate: {why}");
-                    let plugin = self.clone();
-                    let event_msg = format!("Allocate of {amount} failed: {why}");
-                    tokio::spawn(async move {
-                        node::warn_event(
-                            &plugin.events,
-                            &plugin.node,
-                            &plugin.node_uid,
-                            "Allocate",
-                            "GpuShareAllocateFailed",
-                            &event_msg,
-                        )
-                        .await;
-                    });
+                    self.allocate_failed_event(format!("Allocate of {amount} failed: {why}"));
                     match self.config.allocate_failure {
                         AllocateFailure::Env => {
                             responses.push(self.hand_over(None, self.failure_envs(units)).await?)
@@ -467,8 +455,14 @@ impl Plugin {
             mps.control.log_dir.display()
         );
         tracing::error!("Allocate refused: {msg}");
+        self.allocate_failed_event(msg.clone());
+        Err(Status::unavailable(msg))
+    }
+
+    /// The node's Warning Event `GpuShareAllocateFailed` with `message`, sent in a task of its
+    /// own so that Allocate never waits for the API server.
+    fn allocate_failed_event(self: &Arc<Self>, message: String) {
         let plugin = self.clone();
-        let event_msg = msg.clone();
         tokio::spawn(async move {
             node::warn_event(
                 &plugin.events,
@@ -476,11 +470,10 @@ impl Plugin {
                 &plugin.node_uid,
                 "Allocate",
                 "GpuShareAllocateFailed",
-                &event_msg,
+                &message,
             )
             .await;
         });
-        Err(Status::unavailable(msg))
     }
 
     /// Prefers device IDs of the GPU of the pod the next Allocate of this size will match, so

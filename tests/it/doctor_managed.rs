@@ -8,11 +8,11 @@ use serde_json::{Value, json};
 
 use gpushare::config::Config;
 use gpushare::doctor::report::{Check, Status};
-use gpushare::doctor::{Options, Role, diagnose};
 use gpushare::shutdown::Shutdown;
 use gpushare::webhook;
 use gpushare_sandbox::apiserver::ApiServer;
 
+use crate::support::doctor_node::control_plane_checks;
 use crate::support::fixture;
 
 fn seed(api: &ApiServer, name: &str) {
@@ -22,21 +22,8 @@ fn seed(api: &ApiServer, name: &str) {
 }
 
 async fn managed_checks(api: &ApiServer, webhook_url: Option<String>) -> Vec<Check> {
-    let mut config = Config::default();
-    config.cluster.kubeconfig = api.kubeconfig_path().display().to_string();
-    let root = tempfile::tempdir().expect("root");
-    let opts = Options {
-        role: Role::ControlPlane,
-        root: root.path().to_path_buf(),
-        preflight: false,
-        no_cluster: false,
-        scheduler_config: None,
-        extender_url: None,
-        webhook_url,
-    };
-    let report = diagnose(&opts, &config).await;
-    report
-        .checks
+    control_plane_checks(api, webhook_url)
+        .await
         .into_iter()
         .filter(|c| ["dedicated-scheduler", "webhook-config", "webhook-endpoint"].contains(&c.id))
         .collect()

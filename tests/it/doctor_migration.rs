@@ -5,29 +5,15 @@
 //! commands; the chart's objects (`packaging/manifests/`, the default render) are created
 //! where the deleted ones were; and doctor then finds nothing in the way.
 
-use gpushare::config::Config;
 use gpushare::doctor::report::{Check, Status};
-use gpushare::doctor::{Options, Role, diagnose};
 use gpushare_sandbox::apiserver::ApiServer;
 
+use crate::support::doctor_node::control_plane_checks;
 use crate::support::{clients, fixture};
 
 async fn leftovers(api: &ApiServer) -> Check {
-    let mut config = Config::default();
-    config.cluster.kubeconfig = api.kubeconfig_path().display().to_string();
-    let root = tempfile::tempdir().expect("root");
-    let opts = Options {
-        role: Role::ControlPlane,
-        root: root.path().to_path_buf(),
-        preflight: false,
-        no_cluster: false,
-        scheduler_config: None,
-        extender_url: None,
-        webhook_url: None,
-    };
-    diagnose(&opts, &config)
+    control_plane_checks(api, None)
         .await
-        .checks
         .into_iter()
         .find(|c| c.id == "aliyun-leftovers")
         .expect("the aliyun-leftovers check runs in the control-plane role")

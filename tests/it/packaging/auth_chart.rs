@@ -18,7 +18,9 @@ use yaml_serde::Value;
 use crate::support::assert_cli_accepts;
 use crate::support::clients;
 use crate::support::extender_http::{node, pod};
-use crate::support::helm_chart::{all_documents, check_typed, default_values, merged};
+use crate::support::helm_chart::{
+    all_documents, check_typed, default_values, merged, render_by_path, strings,
+};
 use crate::support::https_client::{connector, https_via};
 
 fn values(overlay: &str) -> Value {
@@ -28,22 +30,10 @@ fn values(overlay: &str) -> Value {
     )
 }
 
-/// Every rendered object, templates keyed by full path (`templates/managed/…` has file names
-/// of its own that `all_documents`' by-name map would fold together); `None` without Helm.
+/// Every rendered object, templates keyed by full path; `None` without Helm.
 fn all_documents_full(values: Value) -> Option<Vec<Value>> {
-    let answer = clients::helm_chart(&json!({
-        "chart": crate::support::source_tree::repo_path("packaging/helm/gpushare"),
-        "release": "gpushare",
-        "namespace": "kube-system",
-        "renders": [values],
-        "full_paths": true,
-    }))?;
-    let render = &answer["renders"][0];
-    assert!(render.get("error").is_none(), "Helm: {:?}", render["error"]);
-    let by_path: std::collections::BTreeMap<String, String> =
-        serde_json::from_value(render["manifests"].clone()).expect("manifests");
     Some(
-        by_path
+        render_by_path(&values)?
             .iter()
             .flat_map(|(name, text)| crate::support::source_tree::yaml_documents(name, text))
             .collect(),
@@ -54,14 +44,6 @@ fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
     docs.iter()
         .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
         .unwrap_or_else(|| panic!("no {kind} {name}"))
-}
-
-fn strings(v: &Value) -> Vec<String> {
-    v.as_sequence()
-        .into_iter()
-        .flatten()
-        .filter_map(|s| s.as_str().map(str::to_string))
-        .collect()
 }
 
 /// A Secret's `data` decoded, written as files into `dir`; returns each file's text.

@@ -16,7 +16,7 @@ use gpushare::config::Config;
 use gpushare::core::wire;
 
 use crate::support::assert_cli_accepts;
-use crate::support::helm_chart::{EVERY_OPTION_ON, all_documents, default_values, merged};
+use crate::support::helm_chart::{EVERY_OPTION_ON, all_documents, default_values, merged, strings};
 use crate::support::source_tree::read;
 
 fn render(overlay: &str) -> Option<Vec<Value>> {
@@ -45,14 +45,6 @@ fn pods(docs: &[Value]) -> Vec<(String, &Value)> {
                 &d["spec"]["template"],
             )
         })
-        .collect()
-}
-
-fn strings(v: &Value) -> Vec<String> {
-    v.as_sequence()
-        .into_iter()
-        .flatten()
-        .filter_map(|s| s.as_str().map(str::to_string))
         .collect()
 }
 

@@ -13,7 +13,7 @@ use std::process::Command;
 use serde::Deserialize;
 
 use crate::support::clients;
-use crate::support::helm_chart::{EVERY_OPTION_ON, default_values, merged};
+use crate::support::helm_chart::{EVERY_OPTION_ON, default_values, merged, render_by_path};
 use crate::support::source_tree::{read, repo_path};
 
 #[derive(Deserialize)]
@@ -56,22 +56,9 @@ fn checkov() -> Option<PathBuf> {
 /// Renders the chart with `values` into `dir` (one file per template, as `helm template
 /// --output-dir` lays it out).
 fn render_into(values: &yaml_serde::Value, dir: &Path) -> Option<()> {
-    let answer = clients::helm_chart(&serde_json::json!({
-        "chart": repo_path("packaging/helm/gpushare"),
-        "release": "gpushare",
-        "namespace": "kube-system",
-        "renders": [values],
-        "full_paths": true,
-    }))?;
-    let render = &answer["renders"][0];
-    assert!(
-        render.get("error").is_none(),
-        "Helm cannot render: {render}"
-    );
-    let manifests = render["manifests"].as_object().expect("manifests");
+    let manifests = render_by_path(values)?;
     assert!(!manifests.is_empty());
-    for (path, text) in manifests {
-        let text = text.as_str().expect("text");
+    for (path, text) in &manifests {
         if text.trim().is_empty() {
             continue;
         }

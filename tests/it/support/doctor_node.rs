@@ -1,10 +1,13 @@
 //! What doctor's tests and the start-up tests share: a node's root file system copied from a
-//! fixture (with a live-looking `kubelet.sock`), the labelled GPU node, and the configuration
-//! of a preflight against the sandbox API server with fake GPUs.
+//! fixture (with a live-looking `kubelet.sock`), the labelled GPU node, the configuration of a
+//! preflight against the sandbox API server with fake GPUs, and a control-plane report
+//! against the sandbox.
 
 use std::path::Path;
 
 use gpushare::config::{Config, GpuBackendKind};
+use gpushare::doctor::report::Check;
+use gpushare::doctor::{Options, Role, diagnose};
 use gpushare_sandbox::apiserver::ApiServer;
 
 use super::fixture;
@@ -63,4 +66,25 @@ pub(crate) fn preflight_config(api: &ApiServer, plugin_dir: &Path) -> Config {
     c.device_plugin.node_name = "gpu-node-1".to_string();
     c.device_plugin.device_plugin_dir = plugin_dir.to_path_buf();
     c
+}
+
+/// The checks of `gpushare doctor --role control-plane` against the sandbox (an empty root,
+/// the scheduler configuration not given), with `webhook_url` for the webhook's endpoint.
+pub(crate) async fn control_plane_checks(
+    api: &ApiServer,
+    webhook_url: Option<String>,
+) -> Vec<Check> {
+    let mut config = Config::default();
+    config.cluster.kubeconfig = api.kubeconfig_path().display().to_string();
+    let root = tempfile::tempdir().expect("root");
+    let opts = Options {
+        role: Role::ControlPlane,
+        root: root.path().to_path_buf(),
+        preflight: false,
+        no_cluster: false,
+        scheduler_config: None,
+        extender_url: None,
+        webhook_url,
+    };
+    diagnose(&opts, &config).await.checks
 }

@@ -191,3 +191,31 @@ devicePlugin:
   passDeviceSpecs: true
   admissionPolicy: {enabled: true}
 "#;
+
+/// The chart rendered with `values`, every template keyed by its full path
+/// (`templates/managed/…` has file names of its own that [`render_chart`]'s by-name map would
+/// fold together); `None` without Helm.
+pub(crate) fn render_by_path(values: &Value) -> Option<BTreeMap<String, String>> {
+    let answer = super::clients::helm_chart(&serde_json::json!({
+        "chart": super::source_tree::repo_path("packaging/helm/gpushare"),
+        "release": "gpushare",
+        "namespace": "kube-system",
+        "renders": [values],
+        "full_paths": true,
+    }))?;
+    let render = &answer["renders"][0];
+    assert!(
+        render.get("error").is_none(),
+        "Helm cannot render: {render}"
+    );
+    Some(serde_json::from_value(render["manifests"].clone()).expect("manifests"))
+}
+
+/// The strings of a YAML sequence (others and non-strings left out).
+pub(crate) fn strings(v: &Value) -> Vec<String> {
+    v.as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.as_str().map(str::to_string))
+        .collect()
+}
