@@ -35,7 +35,7 @@ DIST_BASE_URL ?= https://github.com/gpushare/gpushare/releases/download/v$(VERSI
 
 .PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup \
   tools license-check lint-packaging static-arm64 glibc-arm64 qemu-arm64 plugin-windows plugin-macos \
-  build-no-demo dist dist-built dist-check check-macos qemu-arm64-static layers manifests clients
+  build-no-demo dist dist-built dist-check check-macos check-windows qemu-arm64-static layers manifests clients
 .PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup soak
 
 help: ## list the targets
@@ -141,6 +141,10 @@ plugin-macos: ## kubectl plugin for macOS amd64 + arm64: native on a Mac; elsewh
 check-macos: tools ## clippy of the macOS kubectl plugin (aarch64-apple-darwin): proves the cfg gates compile where it cannot link
 	@rustup target list --installed | grep -qx aarch64-apple-darwin || rustup target add aarch64-apple-darwin
 	cargo-zigbuild clippy $(CI_FLAGS) --no-default-features --bin gpushare --target aarch64-apple-darwin -- -D warnings
+
+check-windows: ## clippy of the Windows kubectl plugin (x86_64-pc-windows-gnu): the cfg gates compile, in CI; make plugin-windows links it
+	@rustup target list --installed | grep -qx $(WINDOWS_TARGET) || rustup target add $(WINDOWS_TARGET)
+	$(CARGO) clippy $(CI_FLAGS) --no-default-features --bin gpushare --target $(WINDOWS_TARGET) -- -D warnings
 
 build-no-demo: ## the binary without the demo sandbox (proves no role needs gpushare-sandbox)
 	$(CARGO) build $(CI_FLAGS) --no-default-features --bin gpushare

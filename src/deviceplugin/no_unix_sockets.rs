@@ -4,6 +4,7 @@
 //! (`buildinfo::ensure_server_platform`); these only keep the build whole for the kubectl
 //! plugin (inspect, doctor). They do not emulate anything.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio::task::JoinHandle;
@@ -20,3 +21,19 @@ pub(crate) async fn serve(_plugin: Arc<Plugin>, _stop: Shutdown) -> anyhow::Resu
 
 /// Nothing to reconcile without the PodResources socket.
 pub(crate) async fn run(_plugin: Arc<Plugin>, _stop: Shutdown) {}
+
+/// What the reconciler has reported: nothing, without one.
+#[derive(Debug, Default)]
+pub(crate) struct Reported;
+
+/// Always an error: no PodResources socket to ask.
+pub(crate) async fn list_assignments(
+    _socket: &std::path::Path,
+) -> anyhow::Result<HashMap<String, (String, String, String)>> {
+    anyhow::bail!("kubelet's PodResources API is a unix socket; this platform has none")
+}
+
+/// Always an error, as [`list_assignments`].
+pub(crate) async fn reconcile_once(_plugin: &Arc<Plugin>) -> anyhow::Result<usize> {
+    anyhow::bail!("kubelet's PodResources API is a unix socket; this platform has none")
+}

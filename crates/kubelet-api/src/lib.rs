@@ -18,6 +18,7 @@ pub mod podresources {
     tonic::include_proto!("v1");
 }
 
+#[cfg(unix)]
 pub mod unix_server;
 
 /// kubelet's default gRPC receive limit for ListAndWatch messages (4 MiB).
