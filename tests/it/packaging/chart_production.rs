@@ -16,7 +16,9 @@ use gpushare::config::Config;
 use gpushare::core::wire;
 
 use crate::support::assert_cli_accepts;
-use crate::support::helm_chart::{EVERY_OPTION_ON, all_documents, default_values, merged, strings};
+use crate::support::helm_chart::{
+    EVERY_OPTION_ON, all_documents, assert_lint_clean, default_values, merged, strings,
+};
 use crate::support::source_tree::read;
 
 fn render(overlay: &str) -> Option<Vec<Value>> {
@@ -562,14 +564,6 @@ fn helm_lint_strict_is_clean_with_every_production_option() {
         return;
     };
     for report in answer["lints"].as_array().expect("lints") {
-        assert_eq!(report["errors"], serde_json::json!([]), "{report}");
-        // Severity 1 is INFO ("icon is recommended"); --strict fails on 2 (warning) and 3.
-        let findings: Vec<&serde_json::Value> = report["messages"]
-            .as_array()
-            .expect("messages")
-            .iter()
-            .filter(|m| m["severity"].as_u64().unwrap_or(3) >= 2)
-            .collect();
-        assert!(findings.is_empty(), "helm lint --strict: {findings:?}");
+        assert_lint_clean(report, "every production option");
     }
 }

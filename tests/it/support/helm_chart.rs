@@ -219,3 +219,19 @@ pub(crate) fn strings(v: &Value) -> Vec<String> {
         .filter_map(|s| s.as_str().map(str::to_string))
         .collect()
 }
+
+/// Asserts that one `helm lint --strict` report (of `what`) has no error and no finding of
+/// severity 2 (warning) or 3; severity 1 is INFO ("icon is recommended").
+pub(crate) fn assert_lint_clean(report: &serde_json::Value, what: &str) {
+    assert_eq!(report["errors"], serde_json::json!([]), "{what}: {report}");
+    let findings: Vec<&serde_json::Value> = report["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["severity"].as_u64().unwrap_or(3) >= 2)
+        .collect();
+    assert!(
+        findings.is_empty(),
+        "helm lint --strict with {what}: {findings:?}"
+    );
+}
