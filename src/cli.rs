@@ -18,20 +18,26 @@ use crate::config::{self, Config, FlagOverrides, LogFormat, LogLevel};
 use crate::demo;
 use crate::{deviceplugin, doctor, extender, inspect, webhook};
 
+/// The heading `--help` shows the global flags under, apart from each role's own.
+pub(crate) const GLOBAL_HEADING: &str = "Global options (every command)";
+
 /// Flags every subcommand takes.
 #[derive(Clone, Debug, Default, clap::Args)]
 pub(crate) struct GlobalArgs {
     /// Configuration file [default: /etc/gpushare/gpushare.toml when it exists]
-    #[arg(long, global = true, value_name = "PATH")]
+    #[arg(long, global = true, value_name = "PATH", help_heading = GLOBAL_HEADING)]
     pub config: Option<PathBuf>,
     /// Log level: trace, debug, info, warn, error [env: LOG_LEVEL; RUST_LOG wins when set]
-    #[arg(long, global = true, value_enum)]
+    #[arg(long, global = true, value_enum, help_heading = GLOBAL_HEADING)]
     pub log_level: Option<LogLevel>,
-    /// Log format
-    #[arg(long, global = true, value_enum)]
+    /// Log format (colour only when stderr is a terminal and NO_COLOR is unset)
+    #[arg(long, global = true, value_enum, help_heading = GLOBAL_HEADING)]
     pub log_format: Option<LogFormat>,
-    /// Kubeconfig file [default: $KUBECONFIG, then the in-cluster service account]
-    #[arg(long, global = true, value_name = "PATH")]
+    /// Kubeconfig file. Without it: `[cluster] kubeconfig` of the configuration file or
+    /// GPUSHARE_CLUSTER__KUBECONFIG, else $KUBECONFIG (several paths, merged), else
+    /// ~/.kube/config, else the in-cluster service account
+    /// (/var/run/secrets/kubernetes.io/serviceaccount)
+    #[arg(long, global = true, value_name = "PATH", help_heading = GLOBAL_HEADING)]
     pub kubeconfig: Option<PathBuf>,
 }
 

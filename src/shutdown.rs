@@ -95,14 +95,16 @@ pub(crate) fn on_signals(trigger: Trigger) -> Shutdown {
     handle
 }
 
-/// Off unix there is no SIGTERM: Ctrl-C (console control events) alone.
+/// Waits for SIGTERM or SIGINT (Ctrl-C). Off unix there is no SIGTERM: Ctrl-C (console
+/// control events) alone.
 #[cfg(not(unix))]
-async fn wait_for_signal() {
+pub(crate) async fn wait_for_signal() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
+/// Waits for SIGTERM or SIGINT (Ctrl-C).
 #[cfg(unix)]
-async fn wait_for_signal() {
+pub(crate) async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     match (
         signal(SignalKind::terminate()),

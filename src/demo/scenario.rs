@@ -371,9 +371,14 @@ async fn keep_sandbox_up(api: &ApiServer, out: &mut dyn Write) -> anyhow::Result
     writeln!(out, "  export PATH={}:$PATH", dir.display())?;
     writeln!(out, "  kubectl get pods -o wide")?;
     writeln!(out, "  kubectl inspect gpushare -d\n")?;
-    writeln!(out, "Press Ctrl-C to stop.")?;
+    writeln!(
+        out,
+        "Press Ctrl-C (or send SIGTERM) to stop; the sandbox is then removed."
+    )?;
     out.flush()?;
-    let _ = tokio::signal::ctrl_c().await;
+    // SIGTERM (systemd, `kill`, a terminal closing) cleans up as Ctrl-C does: the caller
+    // stops every role and the sandbox's temporary directory goes with it.
+    crate::shutdown::wait_for_signal().await;
     Ok(())
 }
 

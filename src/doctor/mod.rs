@@ -352,7 +352,10 @@ pub async fn preflight(role: Role, config: &Config) -> anyhow::Result<()> {
             Err(e) => waited = Some(e),
         }
     }
-    eprint!("{}", report.to_text(std::io::stderr().is_terminal()));
+    eprint!(
+        "{}",
+        report.to_text(crate::telemetry::colour(std::io::stderr().is_terminal()))
+    );
     if report.failed(false) {
         let failed = report.ids_with(Status::Fail).join(", ");
         match waited {
@@ -387,7 +390,9 @@ pub async fn run(args: Args, config: Config) -> anyhow::Result<ExitCode> {
     };
     let report = diagnose(&opts, &config).await;
     let text = match args.output {
-        OutputFormat::Text => report.to_text(std::io::stdout().is_terminal()),
+        OutputFormat::Text => {
+            report.to_text(crate::telemetry::colour(std::io::stdout().is_terminal()))
+        }
         OutputFormat::Json => report.to_json(),
     };
     print!("{text}");

@@ -256,6 +256,8 @@ pub struct NodeView {
     pub capacity: GpuMem,
     /// The unit the device plugin declared.
     pub unit: Option<MemoryUnit>,
+    /// The node's first `InternalIP`, when it has one.
+    pub address: Option<String>,
     /// GPUs by index.
     pub gpus: Vec<GpuView>,
     /// Pods whose GPU index is not on this node (the node shrank or is gone).
@@ -701,6 +703,7 @@ impl Cache {
             exists: e.exists,
             capacity: e.gpus.capacity,
             unit: e.gpus.unit,
+            address: e.gpus.address.clone(),
             gpus,
             pending,
         })
@@ -770,6 +773,7 @@ mod tests {
             capacity: GpuMem::new(totals.iter().sum()),
             unit: None,
             published: false,
+            address: None,
         }
     }
 

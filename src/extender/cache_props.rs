@@ -155,6 +155,7 @@ impl World {
                     capacity: GpuMem::new(2 * GPU),
                     unit: None,
                     published: false,
+                    address: None,
                 },
             );
         }

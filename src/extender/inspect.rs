@@ -1,6 +1,6 @@
 //! The inspect endpoint: the ledger as JSON, in upstream's shape
 //! (`{"nodes":[{"name","totalGPU","usedGPU","devs":[{"id","totalGPU","usedGPU","pods":[…]}]}]}`)
-//! with added fields: node `unit` and `pending` (pods whose GPU index is not on the node),
+//! with added fields: node `unit`, `address` (its first `InternalIP`) and `pending` (pods whose GPU index is not on the node),
 //! GPU `healthy`, pod `uid` and `state`, and, with leader election, `view`: whose ledger this
 //! is. Nodes are sorted by name, pods by namespace/name.
 
@@ -45,6 +45,9 @@ pub struct InspectNode {
     /// The device plugin's unit, when it declared one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unit: Option<String>,
+    /// The node's first `InternalIP`, when it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
     /// GPUs.
     pub devs: Vec<InspectDev>,
     /// Pods recorded on the node whose GPU index it does not have.
@@ -106,6 +109,7 @@ pub fn node(v: &NodeView) -> InspectNode {
         total_gpu: int64(v.total().units()),
         used_gpu: int64(v.used().units()),
         unit: v.unit.map(|u| u.to_string()),
+        address: v.address.clone(),
         devs: v
             .gpus
             .iter()

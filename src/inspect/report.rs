@@ -168,12 +168,7 @@ pub fn cluster_from_yaml(text: &str) -> anyhow::Result<(Vec<Node>, Vec<Pod>)> {
 
 /// The first `InternalIP` of a node, else `unknown` (upstream).
 fn node_address(node: &Node) -> String {
-    node.status
-        .as_ref()
-        .and_then(|s| s.addresses.as_ref())
-        .and_then(|a| a.iter().find(|a| a.type_ == "InternalIP"))
-        .map(|a| a.address.clone())
-        .unwrap_or_else(|| "unknown".to_string())
+    crate::k8s::node_address(node).unwrap_or_else(|| "unknown".to_string())
 }
 
 impl Report {

@@ -16,6 +16,6 @@ pub mod write;
 
 pub(crate) use client::ClientOptions;
 pub use client::client;
-pub use project::{NodeGpus, node_gpus};
+pub use project::{NodeGpus, node_address, node_gpus};
 pub(crate) use project::{pod_annotations, pod_gpu_request, pod_is_terminal};
 pub use watched_pod::WatchedPod;

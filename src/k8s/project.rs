@@ -94,12 +94,31 @@ pub struct NodeGpus {
     pub unit: Option<MemoryUnit>,
     /// Whether per-GPU memory came from the device plugin (else the even split).
     pub published: bool,
+    /// The node's first `InternalIP` ([`node_address`]), shown by inspect.
+    pub address: Option<String>,
+}
+
+/// The first `InternalIP` of a node: the address `kubectl inspect gpushare` shows.
+pub fn node_address(node: &Node) -> Option<String> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .and_then(|a| a.iter().find(|a| a.type_ == "InternalIP"))
+        .map(|a| a.address.clone())
 }
 
 /// A node's GPUs (empty when it does not offer `aliyun.com/gpu-mem`).
 ///
 /// `use_allocatable` reads `status.allocatable` instead of `status.capacity` (inspect does).
 pub fn node_gpus(node: &Node, use_allocatable: bool) -> NodeGpus {
+    NodeGpus {
+        address: node_address(node),
+        ..node_gpus_only(node, use_allocatable)
+    }
+}
+
+/// [`node_gpus`] without the address.
+fn node_gpus_only(node: &Node, use_allocatable: bool) -> NodeGpus {
     let status = node.status.as_ref();
     let resources = status.and_then(|s| {
         if use_allocatable {
@@ -148,6 +167,7 @@ pub fn node_gpus(node: &Node, use_allocatable: bool) -> NodeGpus {
                 capacity,
                 unit,
                 published: true,
+                address: None,
             };
         }
     }
@@ -170,6 +190,7 @@ pub fn node_gpus(node: &Node, use_allocatable: bool) -> NodeGpus {
         capacity,
         unit,
         published: false,
+        address: None,
     }
 }
 

@@ -68,3 +68,67 @@ async fn the_managed_demo_routes_a_gpu_pod_and_refuses_a_malformed_one() {
         stdout(&out)
     );
 }
+
+/// `gpushare demo --keep-running` stopped by SIGTERM (systemd, `kill`, a closing terminal)
+/// cleans up as Ctrl-C does: it exits 0 and its sandbox directory (the kubeconfig it printed)
+/// is gone.
+#[test]
+fn the_kept_demo_cleans_up_on_sigterm() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    let mut child = Command::new(crate::support::bin())
+        .args(["demo", "--keep-running"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the gpushare binary starts");
+    let pid = child.id().to_string();
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (lines, seen) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let kill = |signal: &str| {
+        let _ = Command::new("kill").args([signal, &pid]).status();
+    };
+    let mut kubeconfig = None;
+    while let Ok(line) = seen.recv_timeout(Duration::from_secs(120)) {
+        if let Some(path) = line.trim().strip_prefix("export KUBECONFIG=") {
+            kubeconfig = Some(std::path::PathBuf::from(path));
+        }
+        if line.starts_with("Press Ctrl-C") {
+            break;
+        }
+    }
+    let Some(kubeconfig) = kubeconfig else {
+        kill("-KILL");
+        panic!("the demo never said it keeps running");
+    };
+    assert!(kubeconfig.exists(), "{}", kubeconfig.display());
+    kill("-TERM");
+    let (done, exited) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait());
+    });
+    let status = match exited.recv_timeout(Duration::from_secs(60)) {
+        Ok(status) => status.expect("waiting for the demo"),
+        Err(_) => {
+            kill("-KILL");
+            panic!("the demo did not stop on SIGTERM");
+        }
+    };
+    assert!(status.success(), "SIGTERM ended the demo with {status}");
+    let sandbox = kubeconfig.parent().expect("the kubeconfig has a directory");
+    assert!(
+        !sandbox.exists(),
+        "the sandbox directory {} is left behind",
+        sandbox.display()
+    );
+}

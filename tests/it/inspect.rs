@@ -547,6 +547,11 @@ fn from_extender_agrees_with_the_api_view_of_the_same_cluster() {
     assert_eq!(ext.nodes.len(), api.nodes.len());
     for (e, a) in ext.nodes.iter().zip(&api.nodes) {
         assert_eq!(e.name, a.name);
+        assert_ne!(
+            a.address, "unknown",
+            "the fixture's nodes have an InternalIP"
+        );
+        assert_eq!(e.address, a.address, "{}: the extender's address", e.name);
         assert_eq!(e.gpus.len(), a.gpus.len());
         for (eg, ag) in e.gpus.iter().zip(&a.gpus) {
             assert_eq!(
@@ -573,6 +578,17 @@ fn from_extender_agrees_with_the_api_view_of_the_same_cluster() {
         "{}",
         stdout(&details)
     );
+    // The table names each node's address, as the API view does.
+    let table = run(&["inspect", "--from-extender", &url]);
+    assert!(table.status.success(), "{}", stderr(&table));
+    for node in &api.nodes {
+        assert!(
+            stdout(&table).contains(&node.address),
+            "{} missing:\n{}",
+            node.address,
+            stdout(&table)
+        );
+    }
     stop.trigger();
     runtime.block_on(async {
         extender.stop().await;

@@ -20,6 +20,7 @@ mod handover;
 mod hostile;
 mod inspect;
 mod layers;
+mod logs;
 mod mps;
 mod packaging;
 mod realdata;
