@@ -3,7 +3,7 @@
 //! the device plugin, MPS daemon included, and lower with the drop-in for nodes without MPS
 //! (`systemd/gpushare-device-plugin-without-mps.conf`, scored on the unit with its lines added
 //! to `[Service]`, as systemd merges a drop-in). The figure each file states in its comment and
-//! the README's table are the measured ones. Without `systemd-analyze` the test FAILS
+//! the table of docs/security.md are the measured ones. Without `systemd-analyze` the test FAILS
 //! (package `systemd`; `.ci/run` installs it).
 
 use std::process::Command;
@@ -64,7 +64,7 @@ fn exposure_of(path: &std::path::Path, unit: &str) -> String {
 
 #[test]
 fn units_are_sandboxed_to_an_ok_exposure() {
-    let readme = read("README.md");
+    let readme = read("docs/security.md");
     for (unit, bound) in BOUNDS {
         let figure = exposure(unit);
         let value: f64 = figure.parse().expect("exposure is a number");
@@ -80,7 +80,7 @@ fn units_are_sandboxed_to_an_ok_exposure() {
         let row = format!("| `{unit}` | {figure} |");
         assert!(
             readme.contains(&row),
-            "README.md's table of exposures must hold `{row}`"
+            "docs/security.md's table of exposures must hold `{row}`"
         );
     }
     // Without MPS the drop-in takes the device plugin further.
@@ -98,7 +98,7 @@ fn units_are_sandboxed_to_an_ok_exposure() {
     let row = format!("| `{unit}` + `{WITHOUT_MPS}` | {figure} |");
     assert!(
         readme.contains(&row),
-        "README.md's table of exposures must hold `{row}`"
+        "docs/security.md's table of exposures must hold `{row}`"
     );
 }
 
