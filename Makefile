@@ -35,7 +35,7 @@ DIST_BASE_URL ?= https://github.com/gpushare/gpushare/releases/download/v$(VERSI
 
 .PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup \
   tools license-check lint-packaging static-arm64 glibc-arm64 qemu-arm64 plugin-windows plugin-macos \
-  build-no-demo dist dist-built dist-check check-macos check-windows qemu-arm64-static layers manifests clients
+  build-no-demo dist dist-built dist-check check-macos check-windows qemu-arm64-static layers manifests clients docs
 .PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup soak
 
 help: ## list the targets
@@ -45,7 +45,17 @@ build: ## debug build of the gpushare binary (dynamically linked, NVML backend a
 	$(CARGO) build $(CI_FLAGS)
 
 demo: ## run the self-contained demo (sandbox cluster, extender, device plugin, fake GPUs)
-	$(CARGO) run $(CI_FLAGS) --quiet -- demo
+	@echo "demo: building gpushare first (a fresh clone compiles its dependencies once: a few minutes)"
+	$(CARGO) build $(CI_FLAGS)
+	@./target/debug/gpushare demo
+
+DOCS_VENV ?= .venv-docs
+docs: ## the documentation site into target/site (MkDocs pinned in docs/requirements.txt, strict: a broken link or anchor fails), then the check that docs/ names every flag and configuration key
+	@[ -x $(DOCS_VENV)/bin/python3 ] || python3 -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/pip install --quiet --disable-pip-version-check -r docs/requirements.txt
+	$(DOCS_VENV)/bin/mkdocs build --strict --quiet
+	$(CARGO) test $(CI_FLAGS) --test it -- docs::
+	@echo "docs: target/site/index.html"
 
 VENV ?= .venv
 clients: ## the outside clients the tests drive: grpcio, grpcio-tools, helm-python-sdk into $(VENV), checkov into .venv-checkov (promtool: apt-get install prometheus)
@@ -171,7 +181,7 @@ dist-built: tools ## lay out dist/ from binaries already built, no build (DIST_A
 dist-check: tools ## unpack every archive in dist/, check SHA256SUMS, run the host binary, validate krew manifest, chart and SBOM
 	$(PYTHON) packaging/dist_check.py --dir "$(DIST_DIR)" --version "$(VERSION)" --base-url "$(DIST_BASE_URL)" $(DIST_ARTIFACTS_FLAG)
 
-bench: static ## benchmarks of the static binary that ships (extender at scale, device plugin); results in README
+bench: static ## benchmarks of the static binary that ships (extender at scale, device plugin); results in target/bench-report.md (docs/performance.md)
 	GPUSHARE_BENCH_BIN=$(CURDIR)/$(STATIC_BIN) $(CARGO) bench $(CI_FLAGS) --bench scale
 
 FUZZ_SECONDS ?= 60

@@ -17,7 +17,7 @@
 //!   doctor: checks every box above before the roles start, and on demand.
 //! ```
 //!
-//! Layout (the README's "Development" section has the map and the rules, and
+//! Layout (docs/development.md has the map and the rules, and
 //! `tests/it/layers.rs` enforces them):
 //! - crates of their own: [`core`] (`gpushare-core`, pure: units, wire names, annotation
 //!   codec, what a pod holds, ledger, placement), [`kubelet_api`] (`gpushare-kubelet-api`,

@@ -28,7 +28,7 @@ const TITLE: &str = "no Aliyun gpushare objects in the chart's way";
 
 /// Where Aliyun's manifests and installer put everything.
 pub const NAMESPACE: &str = "kube-system";
-/// The release `helm install` is told to adopt into (the README's command).
+/// The release `helm install` is told to adopt into (the command of docs/migration.md).
 const RELEASE: &str = "gpushare";
 
 /// One object doctor looks for.
@@ -332,7 +332,7 @@ pub fn assess(found: &[Found]) -> Check {
         .map(|(i, s)| format!("{}. {s}", i + 1))
         .collect();
     Check::new(ID, TITLE, Status::Warn, detail.join("\n")).hint(format!(
-        "before `helm install {RELEASE}` (README, \"Migrating from Aliyun gpushare\"); the running \
+        "before `helm install {RELEASE}` (docs/migration.md); the running \
          pods keep serving until the chart's replace them:\n{}",
         numbered.join("\n")
     ))

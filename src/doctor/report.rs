@@ -44,7 +44,7 @@ impl Status {
 /// One check: a stable id, what was seen, and how to fix it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Check {
-    /// Stable identifier (`driver-version`, `container-runtime`, ...), documented in the README.
+    /// Stable identifier (`driver-version`, `container-runtime`, ...), documented in docs/doctor.md.
     pub id: &'static str,
     /// One-line title.
     pub title: &'static str,

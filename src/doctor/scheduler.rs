@@ -451,7 +451,7 @@ fn tls_config(
         );
         fixes.push(
             "add tlsConfig certFile / keyFile: a client certificate the extender's CA signed \
-             (README: Authenticated scheduling)"
+             (docs/extender.md, \"Authenticated scheduling\")"
                 .to_string(),
         );
     }

@@ -191,7 +191,7 @@ fn roles_never_import_each_other_and_infrastructure_never_imports_a_role() {
     }
     assert!(
         broken.is_empty(),
-        "layer rules broken (see the README's \"Development\" section):\n{broken:#?}"
+        "layer rules broken (see docs/development.md):\n{broken:#?}"
     );
 }
 

@@ -4,7 +4,7 @@
 //! URL prefix) are a contract with existing clusters and must stay byte-identical
 //! (reference spec §2). The names under `gpushare.io/` are ours: they carry what upstream
 //! could not express (per-GPU memory and health on the node, per-container progress on the
-//! pod) and are documented in the README.
+//! pod) and are documented in docs/migration.md.
 
 /// Extended resource: GPU memory in the device plugin's unit.
 pub const RESOURCE_GPU_MEM: &str = "aliyun.com/gpu-mem";

@@ -26,7 +26,7 @@ pub fn under_ci() -> bool {
 pub fn missing<T>(tool: &str, how: &str) -> Option<T> {
     let msg = format!(
         "client `{tool}` not found: {how}. The test is SKIPPED; under CI=true it fails. \
-         Install it with .ci/run (or see README, Development)."
+         Install it with .ci/run (or see docs/development.md)."
     );
     assert!(!under_ci(), "{msg}");
     eprintln!("\n!!!!! SKIPPED: {msg}\n");
