@@ -8,6 +8,7 @@ mod cluster;
 mod demo;
 mod deviceplugin;
 mod deviceplugin_settle;
+mod docs;
 mod doctor;
 mod doctor_cdi;
 mod doctor_managed;

@@ -1,0 +1,237 @@
+//! The documentation in `docs/` against the binary it describes:
+//! - `docs/cli.md` is the binary's own `--help` of every command, word for word
+//!   (`GPUSHARE_UPDATE_GOLDEN=1 cargo test --test it docs::` rewrites it);
+//! - every long flag of every command is named on a page written by hand, not only there;
+//! - every configuration key of the compiled-in defaults is named on a page, and
+//!   `docs/configuration.md` holds `packaging/gpushare.toml` (every key with its comment) as it is;
+//! - the global options are grouped apart from each role's own in `--help`, and `--kubeconfig`
+//!   names every place it looks.
+//!
+//! Links and anchors between the pages are MkDocs' to check (`make docs`, strict); this module
+//! does not build the site.
+
+use std::collections::BTreeSet;
+
+use crate::support::source_tree::{read, repo_path};
+use crate::support::{run, stderr, stdout};
+
+/// The generated page.
+const CLI_PAGE: &str = "docs/cli.md";
+/// Where the configuration reference holds the example file.
+const CONFIG_PAGE: &str = "docs/configuration.md";
+const CONFIG_FILE: &str = "packaging/gpushare.toml";
+
+/// `gpushare <command> --help` (the top level for `None`).
+fn help(command: Option<&str>) -> String {
+    let mut args: Vec<&str> = command.into_iter().collect();
+    args.push("--help");
+    let out = run(&args);
+    assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    stdout(&out)
+}
+
+/// The commands the top-level help lists, `help` left out.
+fn commands() -> Vec<String> {
+    let top = help(None);
+    let listed: Vec<String> = top
+        .split("Commands:\n")
+        .nth(1)
+        .expect("the help lists its commands")
+        .lines()
+        .take_while(|l| !l.trim().is_empty())
+        .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .map(str::to_string)
+        .collect();
+    assert!(listed.len() >= 6, "too few commands in:\n{top}");
+    listed
+}
+
+/// The page generated from the help of every command.
+fn cli_page() -> String {
+    let mut page = String::from(
+        "# Command-line reference\n\n\
+         Every command's `--help`, as the binary prints it. The pages of each role explain the \
+         flags, and [Configuration](configuration.md) the keys and environment variables behind \
+         them. This page is generated: `GPUSHARE_UPDATE_GOLDEN=1 cargo test --test it docs::` \
+         rewrites it, and a test fails when it no longer matches the binary.\n",
+    );
+    let mut section = |title: &str, text: &str| {
+        page.push_str(&format!(
+            "\n## {title}\n\n```text\n{}\n```\n",
+            text.trim_end()
+        ));
+    };
+    section("gpushare", &help(None));
+    for command in commands() {
+        section(&format!("gpushare {command}"), &help(Some(&command)));
+    }
+    page
+}
+
+/// The pages written by hand: everything under docs/ but the generated page and the drafts.
+fn hand_written_pages() -> String {
+    let dir = repo_path("docs");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .expect("docs/ exists")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md") && format!("docs/{n}") != CLI_PAGE)
+        .collect();
+    names.sort();
+    names
+        .iter()
+        .map(|n| read(&format!("docs/{n}")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Long flags of one help text (`--help` and `--version` left out).
+fn long_flags(help: &str) -> BTreeSet<String> {
+    help.lines()
+        .map(str::trim_start)
+        .filter_map(|l| {
+            let l = match l.split_once(", ") {
+                Some((short, rest)) if short.len() == 2 && short.starts_with('-') => rest,
+                _ => l,
+            };
+            let name = l.strip_prefix("--")?;
+            let name: String = name
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .collect();
+            (!name.is_empty()).then(|| format!("--{name}"))
+        })
+        .filter(|f| f != "--help" && f != "--version")
+        .collect()
+}
+
+/// Whether `text` names `flag` as a whole (`--mps` is not found in `--mps-control`).
+fn names_flag(text: &str, flag: &str) -> bool {
+    text.match_indices(flag).any(|(at, _)| {
+        let next = text[at + flag.len()..].chars().next();
+        !matches!(next, Some(c) if c.is_ascii_alphanumeric() || c == '-')
+    })
+}
+
+#[test]
+fn the_cli_reference_is_the_binarys_own_help() {
+    let page = cli_page();
+    if std::env::var_os("GPUSHARE_UPDATE_GOLDEN").is_some_and(|v| v == "1") {
+        std::fs::write(repo_path(CLI_PAGE), &page).expect("write docs/cli.md");
+    }
+    assert!(
+        read(CLI_PAGE) == page,
+        "{CLI_PAGE} is stale: GPUSHARE_UPDATE_GOLDEN=1 cargo test --test it docs:: rewrites it"
+    );
+}
+
+#[test]
+fn every_flag_of_every_command_is_documented() {
+    let pages = hand_written_pages();
+    let mut missing = Vec::new();
+    let mut counted = 0;
+    for command in commands() {
+        for flag in long_flags(&help(Some(&command))) {
+            counted += 1;
+            if !names_flag(&pages, &flag) {
+                missing.push(format!("gpushare {command} {flag}"));
+            }
+        }
+    }
+    assert!(counted > 50, "only {counted} flags read from the help");
+    assert!(
+        missing.is_empty(),
+        "flags no page of docs/ names (docs/cli.md aside):\n{}",
+        missing.join("\n")
+    );
+}
+
+/// `(section path, key)` of every key in a TOML table.
+fn keys(prefix: &str, table: &toml::Table, out: &mut Vec<(String, String)>) {
+    for (key, value) in table {
+        match value {
+            toml::Value::Table(inner) => {
+                let path = if prefix.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{prefix}.{key}")
+                };
+                keys(&path, inner, out);
+            }
+            _ => out.push((prefix.to_string(), key.clone())),
+        }
+    }
+}
+
+#[test]
+fn every_configuration_key_is_documented() {
+    let defaults: toml::Table = gpushare::config::Config::defaults_toml()
+        .parse()
+        .expect("the defaults are TOML");
+    let mut all = Vec::new();
+    keys("", &defaults, &mut all);
+    assert!(all.len() > 50, "only {} keys in the defaults", all.len());
+    let pages = hand_written_pages();
+    let missing: Vec<String> = all
+        .iter()
+        .filter(|(section, key)| {
+            ![
+                format!("`{section}.{key}`"),
+                format!("[{section}] {key}"),
+                format!("`{key}`"),
+            ]
+            .iter()
+            .any(|form| pages.contains(form.as_str()))
+        })
+        .map(|(section, key)| format!("{section}.{key}"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "configuration keys no page of docs/ names:\n{}",
+        missing.join("\n")
+    );
+    // The reference holds the example file, every key with its default and comment.
+    let file = read(CONFIG_FILE);
+    let block = format!("```toml\n{}```", file);
+    assert!(
+        read(CONFIG_PAGE).contains(&block),
+        "{CONFIG_PAGE} must hold {CONFIG_FILE} as it is, in a ```toml block"
+    );
+}
+
+#[test]
+fn global_options_stand_apart_and_kubeconfig_names_where_it_looks() {
+    for command in commands() {
+        let text = help(Some(&command));
+        let Some((own, global)) = text.split_once("Global options (every command):\n") else {
+            if command == "version" {
+                continue;
+            }
+            panic!("gpushare {command} --help has no global options heading:\n{text}");
+        };
+        for flag in ["--config", "--log-level", "--log-format", "--kubeconfig"] {
+            assert!(
+                names_flag(global, flag) && !names_flag(own, flag),
+                "gpushare {command}: {flag} belongs under the global heading only:\n{text}"
+            );
+        }
+        let kubeconfig = global
+            .split("--kubeconfig")
+            .nth(1)
+            .expect("--kubeconfig is global");
+        for place in [
+            "[cluster] kubeconfig",
+            "GPUSHARE_CLUSTER__KUBECONFIG",
+            "$KUBECONFIG",
+            "~/.kube/config",
+            "in-cluster service account",
+        ] {
+            assert!(
+                kubeconfig.contains(place),
+                "gpushare {command}: --kubeconfig's help does not name {place}:\n{kubeconfig}"
+            );
+        }
+    }
+}
