@@ -194,7 +194,7 @@ impl Default for ExtenderConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum VisibleDevices {
-    /// The NVML index (upstream since DP#50).
+    /// The NVML index (upstream since AliyunContainerService/gpushare-device-plugin#50).
     #[default]
     Index,
     /// The GPU UUID.
