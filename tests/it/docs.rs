@@ -235,3 +235,46 @@ fn global_options_stand_apart_and_kubeconfig_names_where_it_looks() {
         }
     }
 }
+
+/// The README's tour shows what `gpushare demo` prints: every line of its transcript is in the
+/// real output (a line shortened with `…` by its pieces), so the front page cannot drift
+/// from the demo.
+#[test]
+fn the_readme_tour_is_what_the_demo_prints() {
+    let readme = read("README.md");
+    let tour = readme
+        .split("## A 60-second tour")
+        .nth(1)
+        .and_then(|t| t.split("```text\n").nth(1))
+        .and_then(|t| t.split("\n```").next())
+        .expect("the README's tour has a ```text transcript");
+    let out = run(&["demo"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let printed: String = stdout(&out)
+        .lines()
+        .map(str::trim_end)
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut checked = 0;
+    for line in tour.lines().map(str::trim_end).filter(|l| !l.is_empty()) {
+        // A line shortened with `…` (two lines in one, set apart by a run of spaces) keeps
+        // its pieces, each found in the output; any other line is found whole.
+        let pieces: Vec<&str> = if line.contains('…') {
+            line.split('…')
+                .flat_map(|p| p.split("   "))
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .collect()
+        } else {
+            vec![line]
+        };
+        for piece in pieces {
+            assert!(
+                printed.contains(piece),
+                "the README's tour shows `{piece}`, which the demo does not print:\n{printed}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 20, "only {checked} pieces of the tour checked");
+}
