@@ -278,3 +278,32 @@ fn the_readme_tour_is_what_the_demo_prints() {
     }
     assert!(checked > 20, "only {checked} pieces of the tour checked");
 }
+
+/// User text speaks of the product, not of how it was made: no "this round", no issue or
+/// section numbers of the project's own papers, upstream bugs named with their repository.
+#[test]
+fn user_docs_carry_no_process_wording() {
+    let mut texts = vec![("README.md".to_string(), read("README.md"))];
+    texts.push((CLI_PAGE.to_string(), read(CLI_PAGE)));
+    texts.push(("docs/*.md".to_string(), hand_written_pages()));
+    let banned = ["this round", "§", "EXT#", "DP#"];
+    let mut found = Vec::new();
+    for (name, text) in &texts {
+        for (n, line) in text.lines().enumerate() {
+            let lower = line.to_lowercase();
+            let issue_number = lower.match_indices("issue ").any(|(at, word)| {
+                lower[at + word.len()..]
+                    .trim_start_matches('#')
+                    .starts_with(|c: char| c.is_ascii_digit())
+            });
+            for word in banned
+                .iter()
+                .filter(|w| lower.contains(&w.to_lowercase()))
+                .chain(issue_number.then_some(&"issue <number>"))
+            {
+                found.push(format!("{name}:{}: `{word}` in {line}", n + 1));
+            }
+        }
+    }
+    assert!(found.is_empty(), "process wording:\n{}", found.join("\n"));
+}
