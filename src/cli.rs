@@ -27,10 +27,12 @@ pub(crate) struct GlobalArgs {
     /// Configuration file [default: /etc/gpushare/gpushare.toml when it exists]
     #[arg(long, global = true, value_name = "PATH", help_heading = GLOBAL_HEADING)]
     pub config: Option<PathBuf>,
-    /// Log level: trace, debug, info, warn, error [env: LOG_LEVEL; RUST_LOG wins when set]
+    /// Log level: trace, debug, info, warn, error [env: LOG_LEVEL; config: log.level; RUST_LOG
+    /// wins when set]
     #[arg(long, global = true, value_enum, help_heading = GLOBAL_HEADING)]
     pub log_level: Option<LogLevel>,
-    /// Log format (colour only when stderr is a terminal and NO_COLOR is unset)
+    /// Log format; text is coloured only when stderr is a terminal and NO_COLOR is unset [config:
+    /// log.format]
     #[arg(long, global = true, value_enum, help_heading = GLOBAL_HEADING)]
     pub log_format: Option<LogFormat>,
     /// Kubeconfig file. Without it: `[cluster] kubeconfig` of the configuration file or
