@@ -307,3 +307,66 @@ fn user_docs_carry_no_process_wording() {
     }
     assert!(found.is_empty(), "process wording:\n{}", found.join("\n"));
 }
+
+/// `docs/doctor.md` has a row for every check `gpushare doctor` can report (check ids are
+/// stable: scripts depend on them), read from the binary's own JSON with every optional
+/// check turned on.
+#[test]
+fn every_doctor_check_has_a_row() {
+    let page = read("docs/doctor.md");
+    let mut ids = BTreeSet::new();
+    let base = [
+        "doctor",
+        "--role",
+        "all",
+        "--no-cluster",
+        "--gpu-backend",
+        "fake",
+        "--fake-gpus",
+        "1x16GiB",
+        "-o",
+        "json",
+    ];
+    let extra: [&[&str]; 2] = [&[], &["--mps", "--device-list-strategy", "cdi-cri"]];
+    for more in extra {
+        let args: Vec<&str> = base.iter().chain(more).copied().collect();
+        let out = run(&args);
+        let report: serde_json::Value =
+            serde_json::from_str(&stdout(&out)).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        for check in report["checks"].as_array().expect("checks") {
+            ids.insert(check["id"].as_str().expect("an id").to_string());
+        }
+    }
+    assert!(ids.len() > 20, "only {ids:?}");
+    let missing: Vec<&String> = ids
+        .iter()
+        .filter(|id| !page.contains(&format!("| `{id}` |")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "checks without a row in docs/doctor.md: {missing:?}"
+    );
+}
+
+/// The README's first command shows the build it waits for: `make demo` builds with cargo's
+/// progress (not `--quiet`) before it runs the demo.
+#[test]
+fn make_demo_shows_the_build_before_the_demo() {
+    let out = std::process::Command::new("make")
+        .args(["-n", "demo"])
+        .current_dir(repo_path(""))
+        .output();
+    let Ok(out) = out else {
+        eprintln!("!!!!! SKIPPED make demo: no make(1)");
+        return;
+    };
+    let plan = String::from_utf8_lossy(&out.stdout).into_owned();
+    let build = plan
+        .lines()
+        .position(|l| l.contains("cargo build") && !l.contains("--quiet"));
+    let demo = plan.lines().position(|l| l.trim_end().ends_with(" demo"));
+    assert!(
+        matches!((build, demo), (Some(b), Some(d)) if b < d),
+        "make demo must build visibly, then run the demo:\n{plan}"
+    );
+}
