@@ -370,3 +370,41 @@ fn make_demo_shows_the_build_before_the_demo() {
         "make demo must build visibly, then run the demo:\n{plan}"
     );
 }
+
+/// The metric names the source registers (`register("gpushare_…", …)` outside tests).
+fn registered_metrics() -> BTreeSet<String> {
+    let pattern = regex::Regex::new(r#"register\(\s*"(gpushare_[a-z_]+)""#).expect("regex");
+    let mut names = BTreeSet::new();
+    let mut dirs = vec![repo_path("src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("src/ is readable").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).expect("a source file");
+                // Unit tests register metrics of their own: read up to the test module only.
+                let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+                names.extend(pattern.captures_iter(code).map(|c| c[1].to_string()));
+            }
+        }
+    }
+    names
+}
+
+/// Every metric a role exposes has a line on its role's page (names as registered: a
+/// counter's `_total`, an info's `_info` follow them on the page).
+#[test]
+fn every_metric_is_documented() {
+    let names = registered_metrics();
+    assert!(names.len() > 25, "only {names:?}");
+    let pages = hand_written_pages();
+    let missing: Vec<&String> = names
+        .iter()
+        .filter(|name| !pages.contains(&format!("`{name}")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "metrics no page of docs/ names: {missing:?}"
+    );
+}
