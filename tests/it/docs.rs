@@ -192,12 +192,21 @@ fn every_configuration_key_is_documented() {
         "configuration keys no page of docs/ names:\n{}",
         missing.join("\n")
     );
-    // The reference holds the example file, every key with its default and comment.
+    // The reference holds the example file, every key with its default and comment, as the
+    // page's last block (GPUSHARE_UPDATE_GOLDEN=1 copies the file in).
     let file = read(CONFIG_FILE);
-    let block = format!("```toml\n{}```", file);
+    let block = format!("```toml\n{file}```\n");
+    let page = read(CONFIG_PAGE);
+    if std::env::var_os("GPUSHARE_UPDATE_GOLDEN").is_some_and(|v| v == "1")
+        && let Some(at) = page.rfind("```toml\n")
+    {
+        let updated = format!("{}{block}", &page[..at]);
+        std::fs::write(repo_path(CONFIG_PAGE), updated).expect("write the configuration page");
+    }
     assert!(
-        read(CONFIG_PAGE).contains(&block),
-        "{CONFIG_PAGE} must hold {CONFIG_FILE} as it is, in a ```toml block"
+        read(CONFIG_PAGE).ends_with(&block),
+        "{CONFIG_PAGE} must end with {CONFIG_FILE} as it is, in a ```toml block \
+         (GPUSHARE_UPDATE_GOLDEN=1 cargo test --test it docs:: copies it in)"
     );
 }
 
