@@ -417,3 +417,50 @@ fn every_metric_is_documented() {
         "metrics no page of docs/ names: {missing:?}"
     );
 }
+
+/// GitHub's anchor of a heading: lower case, punctuation dropped, spaces as dashes.
+fn github_anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The README is read outside the site (on the forge, in the release archives): every link it
+/// has into the repository names a file that exists and, with `#anchor`, a heading of it.
+#[test]
+fn the_readme_links_reach_their_pages_and_headings() {
+    let readme = read("README.md");
+    let link = regex::Regex::new(r"\]\(([^)\s]+)\)").expect("regex");
+    let mut checked = 0;
+    for target in link.captures_iter(&readme).map(|c| c[1].to_string()) {
+        if target.starts_with("http://") || target.starts_with("https://") {
+            continue;
+        }
+        let (file, anchor) = match target.split_once('#') {
+            Some((file, anchor)) => (file.to_string(), Some(anchor.to_string())),
+            None => (target.clone(), None),
+        };
+        assert!(
+            repo_path(&file).exists(),
+            "README links to {target}: no such file"
+        );
+        if let Some(anchor) = anchor {
+            let text = read(&file);
+            let anchors: Vec<String> = text
+                .lines()
+                .filter(|l| l.starts_with('#'))
+                .map(|l| github_anchor(l.trim_start_matches('#')))
+                .collect();
+            assert!(
+                anchors.contains(&anchor),
+                "README links to {target}: {file} has no heading #{anchor}"
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked > 15, "only {checked} links checked");
+}
