@@ -84,8 +84,9 @@ impl Shutdown {
 /// process with status 130 at once.
 pub(crate) fn on_signals(trigger: Trigger) -> Shutdown {
     let handle = trigger.handle();
+    let first = listen_for_signal();
     tokio::spawn(async move {
-        wait_for_signal().await;
+        first.await;
         tracing::info!("signal received, shutting down (send another to exit at once)");
         trigger.trigger();
         wait_for_signal().await;
@@ -95,29 +96,41 @@ pub(crate) fn on_signals(trigger: Trigger) -> Shutdown {
     handle
 }
 
-/// Waits for SIGTERM or SIGINT (Ctrl-C). Off unix there is no SIGTERM: Ctrl-C (console
-/// control events) alone.
-#[cfg(not(unix))]
-pub(crate) async fn wait_for_signal() {
-    let _ = tokio::signal::ctrl_c().await;
+/// Waits for SIGTERM or SIGINT (Ctrl-C), listening from the first poll on.
+async fn wait_for_signal() {
+    listen_for_signal().await
 }
 
-/// Waits for SIGTERM or SIGINT (Ctrl-C).
+/// Listens for SIGTERM and SIGINT from now on, before the returned future is first polled, so
+/// that a signal sent right after something was announced is not lost to the default action;
+/// the future ends at the first of them. Off unix there is no SIGTERM: Ctrl-C (console
+/// control events) alone.
+#[cfg(not(unix))]
+pub(crate) fn listen_for_signal() -> impl std::future::Future<Output = ()> {
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Listens for SIGTERM and SIGINT from now on, before the returned future is first polled, so
+/// that a signal sent right after something was announced is not lost to the default action;
+/// the future ends at the first of them. Needs the tokio runtime.
 #[cfg(unix)]
-pub(crate) async fn wait_for_signal() {
+pub(crate) fn listen_for_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        match (term, int) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
             }
-        }
-        _ => {
-            let _ = tokio::signal::ctrl_c().await;
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
         }
     }
 }

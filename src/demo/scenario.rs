@@ -362,6 +362,9 @@ async fn keep_sandbox_up(api: &ApiServer, out: &mut dyn Write) -> anyhow::Result
         let _ = std::fs::remove_file(&link);
         let _ = std::os::unix::fs::symlink(exe, &link);
     }
+    // Listen before the instructions go out: a SIGTERM sent as soon as they are read cleans up
+    // like Ctrl-C (the caller stops every role and the sandbox directory goes with it).
+    let stop = crate::shutdown::listen_for_signal();
     writeln!(out, "\nThe sandbox keeps running. In another shell:\n")?;
     writeln!(
         out,
@@ -376,9 +379,7 @@ async fn keep_sandbox_up(api: &ApiServer, out: &mut dyn Write) -> anyhow::Result
         "Press Ctrl-C (or send SIGTERM) to stop; the sandbox is then removed."
     )?;
     out.flush()?;
-    // SIGTERM (systemd, `kill`, a terminal closing) cleans up as Ctrl-C does: the caller
-    // stops every role and the sandbox's temporary directory goes with it.
-    crate::shutdown::wait_for_signal().await;
+    stop.await;
     Ok(())
 }
 
