@@ -188,9 +188,9 @@ impl Forwarder {
             Some(("http" | "https", a)) => a.trim_end_matches('/'),
             _ => return Err(bad_address()),
         };
-        if !authority
+        if authority
             .rsplit_once(':')
-            .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+            .is_none_or(|(_, p)| p.parse::<u16>().is_err())
         {
             return Err(bad_address());
         }

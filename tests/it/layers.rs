@@ -361,7 +361,7 @@ fn the_test_import_rule_allows_support_only() {
         BTreeSet::from(["super::chart".to_string()])
     );
     let support = Path::new("support/ledger_truth.rs");
-    assert!(test_imports_broken(support, "use super::extender_cluster::http;").is_empty());
+    assert!(test_imports_broken(support, "use super::extender_http::http;").is_empty());
     assert_eq!(
         test_imports_broken(support, "use crate::deviceplugin::cluster;"),
         BTreeSet::from(["crate::deviceplugin".to_string()])

@@ -16,8 +16,10 @@ pub mod helm_chart;
 pub mod https_client;
 pub mod ledger_truth;
 pub mod mps;
+pub mod objects;
 pub mod socket_dir;
 pub mod source_tree;
+pub mod wait;
 
 /// Path of the built `gpushare` binary.
 pub fn bin() -> PathBuf {
