@@ -340,7 +340,7 @@ async fn a_restarted_extender_rebuilds_the_same_ledger_from_annotations() {
         .iter()
         .enumerate()
     {
-        let p = create(&env.api, pending_pod(&format!("p{i}"), &mem.to_string()));
+        let p = create(&env.api, pending_pod(&format!("p{i}"), mem));
         assert_eq!(bind(env.addr(), &p, node).await.0, 200);
     }
     // The device plugin assigned one of them.
@@ -711,10 +711,7 @@ async fn two_hundred_concurrent_binds_never_overcommit() {
     let names: Vec<String> = (0..20).map(|n| format!("n{n:02}")).collect();
     let mut tasks = Vec::new();
     for i in 0..200u64 {
-        let p = create(
-            &env.api,
-            pending_pod(&format!("p{i:03}"), &(1 + i % 7).to_string()),
-        );
+        let p = create(&env.api, pending_pod(&format!("p{i:03}"), 1 + i % 7));
         let addr = env.addr();
         let names = names.clone();
         tasks.push(tokio::spawn(async move {
