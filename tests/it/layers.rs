@@ -15,6 +15,7 @@ const INFRA: &[&str] = &[
     "buildinfo",
     "config",
     "exposition",
+    "failure",
     "gpu",
     "http_server",
     "k8s",

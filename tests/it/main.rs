@@ -32,3 +32,4 @@ mod support;
 mod verb_errors;
 mod watch_churn;
 mod webhook;
+mod workspace;

@@ -1,8 +1,8 @@
 //! A sandbox API server with GPU nodes and whole extenders on loopback, as the HA, watch-churn
-//! and hostile-input tests drive them: the Node and Pod objects they seed, the extender's
-//! configuration for sub-minute lease timings, a plain HTTP client that reports a failed
-//! connection as `None` (a stopped replica), bind through a given replica, and the wait for a
-//! replica to answer. The objects come from [`super::objects`], the waits from [`super::wait`].
+//! and hostile-input tests drive them: the seeded sandbox, the extender's configuration for
+//! sub-minute lease timings, bind through a given replica, and the wait for a replica to
+//! answer. The objects come from [`super::objects`], the HTTP client from
+//! [`super::extender_http`], the waits from [`super::wait`].
 //!
 //! What the ledger must equal afterwards is in [`super::ledger_truth`].
 
