@@ -25,6 +25,8 @@ pub fn init(log: &LogConfig) {
 }
 
 /// The filter directive of a level: ours at that level, dependencies one level quieter.
+/// Below debug, the kube client's per-request failure lines are off: every failed call is
+/// returned to the caller, which retries, logs or reports it once, in its own words.
 fn level_directive(level: LogLevel) -> String {
     let (ours, deps) = match level {
         LogLevel::Trace => ("trace", "debug"),
@@ -33,7 +35,11 @@ fn level_directive(level: LogLevel) -> String {
         LogLevel::Warn => ("warn", "warn"),
         LogLevel::Error => ("error", "error"),
     };
-    format!("{deps},gpushare={ours}")
+    let quiet = match level {
+        LogLevel::Trace | LogLevel::Debug => "",
+        _ => ",kube_client::client::builder=off",
+    };
+    format!("{deps},gpushare={ours}{quiet}")
 }
 
 #[cfg(test)]
@@ -52,5 +58,9 @@ mod tests {
             assert!(EnvFilter::try_new(level_directive(level)).is_ok());
         }
         assert_eq!(level_directive(LogLevel::Debug), "info,gpushare=debug");
+        assert_eq!(
+            level_directive(LogLevel::Info),
+            "warn,gpushare=info,kube_client::client::builder=off"
+        );
     }
 }

@@ -147,7 +147,7 @@ impl Found {
 /// `webhook_url` overrides `https://<service>.<namespace>.svc:443` (e.g. a port-forward).
 pub async fn checks(api: &ApiState, w: &WebhookConfig, webhook_url: Option<&str>) -> Vec<Check> {
     let ApiState::Up { client, .. } = api else {
-        let why = "the API server is not reachable (see api-server)";
+        let why = "no working API server (see api-server)";
         return vec![
             Check::new(SCHED_ID, SCHED_TITLE, Status::Skip, why),
             Check::new(CONFIG_ID, CONFIG_TITLE, Status::Skip, why),

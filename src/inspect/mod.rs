@@ -49,6 +49,8 @@ use tracing::subscriber::NoSubscriber;
 
 use crate::config::{Config, FlagOverrides, LogLevel};
 use crate::core::wire::EXTENDER_URL_PREFIX;
+use crate::failure;
+use crate::k8s::describe;
 use crate::outbound::{self, Identity, TlsOptions, Trust};
 use report::{ExtenderInspect, Report};
 
@@ -128,9 +130,9 @@ impl ExtenderTls {
     /// The outbound client for an https:// extender.
     fn client(&self) -> anyhow::Result<outbound::Client> {
         let ca = self.ca.as_ref().ok_or_else(|| {
-            anyhow!(
+            failure::usage(anyhow!(
                 "an https:// extender needs --extender-ca (the CA that signed its serving certificate)"
-            )
+            ))
         })?;
         let identity = match &self.client {
             None => Identity::None,
@@ -144,7 +146,7 @@ impl ExtenderTls {
             identity,
             server_name: self.server_name.clone(),
         })
-        .context("--extender-ca, --extender-cert, --extender-key or --extender-server-name")
+        .map_err(failure::usage)
     }
 }
 
@@ -189,26 +191,10 @@ pub async fn run(args: Args, config: Config) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
-            eprintln!("gpushare inspect: {}", one_line(&e));
-            Ok(ExitCode::FAILURE)
+            eprintln!("gpushare inspect: {}", failure::one_line(e.as_ref()));
+            Ok(ExitCode::from(failure::status(&e)))
         }
     }
-}
-
-/// An error and its causes on one line, without repeating a cause already in the text.
-fn one_line(e: &anyhow::Error) -> String {
-    let mut text = String::new();
-    for cause in e.chain() {
-        let part = cause.to_string();
-        if part.is_empty() || text.contains(&part) {
-            continue;
-        }
-        if !text.is_empty() {
-            text.push_str(": ");
-        }
-        text.push_str(&part);
-    }
-    text.replace('\n', " ")
 }
 
 /// The kubeconfig to read explicitly; `None` lets kube infer it (`$KUBECONFIG`, several
@@ -263,9 +249,10 @@ async fn from_api(args: &Args, config: &Config) -> anyhow::Result<Report> {
     match listed {
         Ok((nodes, pods)) => Ok(Report::from_cluster(&nodes, &pods, args.node.as_deref())),
         Err(e) => {
-            let api_answered = e
-                .chain()
-                .any(|c| matches!(c.downcast_ref::<kube::Error>(), Some(kube::Error::Api(_))));
+            let api_answered = e.chain().any(|c| {
+                c.downcast_ref::<ApiCall>()
+                    .is_some_and(|call| matches!(call.error, kube::Error::Api(_)))
+            });
             if api_answered {
                 return Err(e);
             }
@@ -277,6 +264,20 @@ async fn from_api(args: &Args, config: &Config) -> anyhow::Result<Report> {
     }
 }
 
+/// A failed read of the API, said in words ([`crate::k8s::describe`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {}", describe(error))]
+struct ApiCall {
+    what: &'static str,
+    error: kube::Error,
+}
+
+impl ApiCall {
+    fn new(what: &'static str, error: kube::Error) -> ApiCall {
+        ApiCall { what, error }
+    }
+}
+
 async fn list_cluster(
     client: kube::Client,
     only: Option<&str>,
@@ -284,7 +285,11 @@ async fn list_cluster(
     let nodes_api: Api<Node> = Api::all(client.clone());
     let pods_api: Api<Pod> = Api::all(client);
     let nodes = match only {
-        Some(name) => match nodes_api.get_opt(name).await.context("reading the node")? {
+        Some(name) => match nodes_api
+            .get_opt(name)
+            .await
+            .map_err(|error| ApiCall::new("reading the node", error))?
+        {
             Some(node) => vec![node],
             None => return Err(anyhow!("node {name:?} not found")),
         },
@@ -292,7 +297,7 @@ async fn list_cluster(
             nodes_api
                 .list(&ListParams::default())
                 .await
-                .context("listing nodes")?
+                .map_err(|error| ApiCall::new("listing nodes", error))?
                 .items
         }
     };
@@ -301,7 +306,11 @@ async fn list_cluster(
         params = params.fields(&format!("spec.nodeName={name}"));
     }
     // Nodes and phases are filtered again in the report, whatever the server did.
-    let pods = pods_api.list(&params).await.context("listing pods")?.items;
+    let pods = pods_api
+        .list(&params)
+        .await
+        .map_err(|error| ApiCall::new("listing pods", error))?
+        .items;
     Ok((nodes, pods))
 }
 
@@ -349,7 +358,7 @@ pub async fn from_extender_with(
     node: Option<&str>,
     tls: &ExtenderTls,
 ) -> anyhow::Result<Report> {
-    let url = extender_inspect_url(base, node)?;
+    let url = extender_inspect_url(base, node).map_err(failure::usage)?;
     let client = if url.scheme_str() == Some("https") {
         tls.client()?
     } else {
@@ -405,13 +414,5 @@ mod tests {
         );
         assert!(u("h:1", None).is_err());
         assert!(u("http://h", Some("a/b")).is_err());
-    }
-
-    #[test]
-    fn one_line_joins_causes_without_repeats() {
-        let e = anyhow!("refused")
-            .context("tcp connect")
-            .context("cannot reach x");
-        assert_eq!(one_line(&e), "cannot reach x: tcp connect: refused");
     }
 }

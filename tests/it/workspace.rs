@@ -97,7 +97,11 @@ fn manifests() -> Vec<(String, toml::Table)> {
 #[test]
 fn every_crate_forbids_unsafe_code() {
     let all = manifests();
-    assert!(all.len() >= 4, "the root and its three crates: {}", all.len());
+    assert!(
+        all.len() >= 4,
+        "the root and its three crates: {}",
+        all.len()
+    );
     let root = &all[0].1;
     assert_eq!(
         root["workspace"]["lints"]["rust"]["unsafe_code"].as_str(),
