@@ -148,7 +148,10 @@ async fn every_roles_bad_inputs_exit_with_the_documented_status_naming_the_probl
     let refused = kubeconfig_for(&format!("http://127.0.0.1:{}", closed_port()));
     let refused = refused.path().to_string_lossy().into_owned();
     // Something that is not an API server answers 404 with an HTML page to everything.
-    let not_api = CannedServer::start(404, "<html><body>404 Not Found</body></html>".into());
+    // (It runs its own runtime, started and dropped outside this one's workers.)
+    let not_api = tokio::task::block_in_place(|| {
+        CannedServer::start(404, "<html><body>404 Not Found</body></html>".into())
+    });
     let not_api_kc = kubeconfig_for(&not_api.url);
     let not_api_kc = not_api_kc.path().to_string_lossy().into_owned();
     let closed_extender = format!("http://127.0.0.1:{}", closed_port());
@@ -336,6 +339,6 @@ async fn every_roles_bad_inputs_exit_with_the_documented_status_naming_the_probl
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
-    drop(not_api);
+    tokio::task::block_in_place(|| drop(not_api));
     api.shutdown().await;
 }
