@@ -207,9 +207,9 @@ pub fn check_config(config: &GpuConfig) -> Result<(), Error> {
     }
 }
 
-/// `--fake-gpus` as the command line takes it: a value that does not parse is a usage error
-/// (exit 64), named by clap with the flag.
-fn fake_gpus_flag(spec: &str) -> Result<String, Error> {
+/// `--fake-gpus` as the command line takes it (`device-plugin`, `doctor`, `demo`): a value
+/// that does not parse is a usage error (exit 64), named by clap with the flag.
+pub fn fake_gpus_flag(spec: &str) -> Result<String, Error> {
     fake::parse_spec(spec)?;
     Ok(spec.to_string())
 }

@@ -205,6 +205,11 @@ async fn every_roles_bad_inputs_exit_with_the_documented_status_naming_the_probl
         ),
         bad(&["webhook", "--port", "x"], 64, &["--port"]),
         bad(&["demo", "--no-such-flag"], 64, &["--no-such-flag"]),
+        bad(
+            &["demo", "--fake-gpus", "lots"],
+            64,
+            &["--fake-gpus", "lots"],
+        ),
         // 78: configuration missing or invalid.
         bad(
             &["device-plugin", "--skip-doctor"],
