@@ -19,7 +19,7 @@ pub fn describe(err: &kube::Error) -> String {
             let what = match code {
                 400 => "bad request",
                 401 => "unauthorized (the credentials were not accepted)",
-                403 => "forbidden (check the RBAC of the identity this runs as)",
+                403 => "forbidden",
                 404 => "not found",
                 409 => "conflict",
                 410 => "gone (the resource version is too old)",
@@ -76,7 +76,7 @@ mod tests {
             describe(&api(404, "nodes \"n9\" not found")),
             "not found (HTTP 404): nodes \"n9\" not found"
         );
-        assert!(describe(&api(403, "")).starts_with("forbidden"));
+        assert_eq!(describe(&api(403, "")), "forbidden (HTTP 403)");
         let html = describe(&api(404, "<!DOCTYPE HTML>\n<html>File not found</html>"));
         assert!(html.starts_with("not found (HTTP 404)"), "{html}");
         assert!(html.contains("not a Kubernetes status"), "{html}");

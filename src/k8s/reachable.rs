@@ -42,11 +42,25 @@ pub enum Unreachable {
         last: String,
     },
     /// It answered, but not as a working set-up would (401, 403, ...): waiting will not help.
-    #[error("the API server answered, and waiting will not help: {0}")]
+    #[error("the API server refused: {0} (check the credentials this role runs with)")]
     Refused(String),
+    /// It answered something else no waiting will change (404: not the API server's
+    /// address, or not an API server at all).
+    #[error("the API server answered, and waiting will not help: {0}")]
+    Unexpected(String),
     /// No client can be built (no kubeconfig, an unreadable one): waiting will not help.
     #[error("{}", one_line(.0.as_ref()))]
     Config(#[source] anyhow::Error),
+}
+
+/// An answer that waiting will not change: a refusal of the credentials, or something else.
+fn answered(err: &kube::Error) -> Unreachable {
+    match err {
+        kube::Error::Api(status) if matches!(status.code, 401 | 403) => {
+            Unreachable::Refused(describe(err))
+        }
+        _ => Unreachable::Unexpected(describe(err)),
+    }
 }
 
 /// Whether `err` is worth waiting out at start-up.
@@ -76,7 +90,7 @@ pub async fn wait_for_api(kubeconfig: &str, wait: Duration, what: &str) -> Resul
                 tries: 1,
                 last: describe(&e),
             }),
-            Err(e) => Err(Unreachable::Refused(describe(&e))),
+            Err(e) => Err(answered(&e)),
         };
     }
     let mut tries = 1u32;
@@ -108,7 +122,7 @@ pub async fn wait_for_api(kubeconfig: &str, wait: Duration, what: &str) -> Resul
             tries,
             last: describe(&e),
         }),
-        Err(RetryError::Failed(e)) => Err(Unreachable::Refused(describe(&e))),
+        Err(RetryError::Failed(e)) => Err(answered(&e)),
         Err(RetryError::DeadlineExceeded) => Err(Unreachable::GaveUp {
             waited_secs,
             tries,

@@ -28,6 +28,7 @@ use gpushare::gpu::{ExclusionReason, GpuBackend, HealthEvent, Inventory};
 use serde_json::Value;
 
 use crate::support::fixture;
+use crate::support::wait::wait_until_within;
 
 /// Hang guard for one awaited event; never a timing assertion.
 const EVENT_DEADLINE: Duration = Duration::from_secs(30);
@@ -1066,11 +1067,10 @@ async fn the_device_plugin_counts_an_unattributed_xid_and_marks_no_gpu() {
         .await
         .expect("lists devices");
     // A bounded poll on a condition (the health task subscribing), not a timing assumption.
-    let deadline = tokio::time::Instant::now() + EVENT_DEADLINE;
-    while health.subscribers() == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "no health watcher");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until_within("a health watcher", EVENT_DEADLINE, || {
+        health.subscribers() > 0
+    })
+    .await;
     // The GB200 NVLink Xid of the corpus, then a fatal Xid on GPU 1: events are handled in
     // order, so once GPU 1 is down the first has been handled.
     health.inject(HealthEvent::Unattributed {
