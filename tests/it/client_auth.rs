@@ -448,3 +448,40 @@ async fn inspect_from_an_https_extender_presents_its_client_certificate() {
     );
     ext.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_probes_an_https_extender_and_says_its_certificate_is_not_checked() {
+    let pki = Pki::new();
+    let api = sandbox().await;
+    let ext = start(&api, &pki.config(false), None).await;
+    let url = format!("https://127.0.0.1:{}/gpushare-scheduler", ext.addr.port());
+    let args = [
+        "doctor",
+        "--role",
+        "control-plane",
+        "--no-cluster",
+        "-o",
+        "json",
+        "--extender-url",
+        url.as_str(),
+    ];
+    // The binary runs while the extender serves on the other worker.
+    let out = tokio::task::block_in_place(|| crate::support::run(&args));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("doctor's JSON report");
+    let check = report["checks"]
+        .as_array()
+        .and_then(|checks| {
+            checks
+                .iter()
+                .find(|c| c["id"] == json!("extender-reachable"))
+        })
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert_eq!(check["status"], json!("ok"), "{check:#}");
+    let detail = check["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("ready") && detail.contains("certificate is not checked"),
+        "{check:#}"
+    );
+    ext.stop().await;
+}
