@@ -348,8 +348,8 @@ pub enum ApiError {
     /// The API is down or the call was not made (no node name, `--no-cluster`).
     #[error("not asked")]
     NotAsked,
-    /// The API answered with an error.
-    #[error("{0}")]
+    /// The API call failed (said in words: [`describe`]).
+    #[error("{}", describe(.0))]
     Kube(kube::Error),
     /// No answer within the check's deadline.
     #[error("no answer in time")]
