@@ -13,6 +13,8 @@
 //! [`Error::surely_unsent`] says whether the request surely never reached the server (so a
 //! caller can tell a refusal from an unknown outcome).
 //!
+//! Answers are read whole, up to [`MAX_BODY`] bytes.
+//!
 //! What it does not do: pool connections, retry, follow redirects, speak HTTP/2, or talk to
 //! the Kubernetes API (the kube client does that).
 
@@ -22,7 +24,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, StatusCode, header};
-use http_body_util::{BodyExt as _, Full};
+use http_body_util::{BodyExt as _, Full, Limited};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -33,6 +35,9 @@ use tokio_rustls::rustls::pki_types::pem::PemObject as _;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 
 use crate::tls::ServingCert;
+
+/// The largest answer body read (an extender's inspect of a large cluster is a few MiB).
+pub const MAX_BODY: usize = 64 << 20;
 
 /// Whom a TLS client trusts.
 #[derive(Clone)]
@@ -211,6 +216,17 @@ pub enum Error {
         /// Why.
         source: hyper::Error,
     },
+    /// The answer's body is larger than the client reads ([`Client::with_max_body`]): the
+    /// server has the request.
+    #[error("{method} {url}: the answer is larger than {limit} bytes")]
+    TooLarge {
+        /// The method.
+        method: http::Method,
+        /// The URL.
+        url: String,
+        /// The limit.
+        limit: usize,
+    },
     /// The connection was made but no whole answer came within the deadline: the server
     /// may have the request.
     #[error("{method} {url}: no answer within {timeout:?}")]
@@ -228,7 +244,10 @@ impl Error {
     /// True when the request surely never reached the server (it failed before it was
     /// written); false when its outcome is unknown.
     pub fn surely_unsent(&self) -> bool {
-        !matches!(self, Error::Exchange { .. } | Error::NoAnswer { .. })
+        !matches!(
+            self,
+            Error::Exchange { .. } | Error::NoAnswer { .. } | Error::TooLarge { .. }
+        )
     }
 
     /// True when the TLS handshake failed (the server is there but the certificates do not
@@ -267,9 +286,19 @@ impl Response {
 }
 
 /// Sends requests; cheap to clone.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Client {
     tls: Option<Arc<ClientTls>>,
+    max_body: usize,
+}
+
+impl Default for Client {
+    fn default() -> Client {
+        Client {
+            tls: None,
+            max_body: MAX_BODY,
+        }
+    }
 }
 
 struct ClientTls {
@@ -306,7 +335,14 @@ impl Client {
                 connector,
                 server_name: tls.server_name,
             })),
+            max_body: MAX_BODY,
         })
+    }
+
+    /// The same client, reading answer bodies of at most `bytes` ([`MAX_BODY`] by default).
+    pub fn with_max_body(mut self, bytes: usize) -> Client {
+        self.max_body = bytes;
+        self
     }
 
     /// Sends `request` (its URI absolute: `http(s)://host:port/path`) on a fresh connection
@@ -413,7 +449,19 @@ impl Client {
             };
             let response = sender.send_request(request).await.map_err(failed)?;
             let (parts, body) = response.into_parts();
-            let body = body.collect().await.map_err(failed)?.to_bytes();
+            let body = match Limited::new(body, self.max_body).collect().await {
+                Ok(collected) => collected.to_bytes(),
+                Err(e) => match e.downcast::<hyper::Error>() {
+                    Ok(source) => return Err(failed(*source)),
+                    Err(_) => {
+                        return Err(Error::TooLarge {
+                            method: method.clone(),
+                            url: url.clone(),
+                            limit: self.max_body,
+                        });
+                    }
+                },
+            };
             Ok(Response {
                 status: parts.status,
                 headers: parts.headers,
@@ -615,6 +663,29 @@ mod tests {
         assert!(e.surely_unsent(), "{e:?}");
         assert!(matches!(e, Error::Connect { .. }), "{e:?}");
         assert!(e.to_string().contains("refused"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn an_answer_larger_than_the_limit_is_refused_as_sent() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf).await;
+            let body = "x".repeat(1000);
+            let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+            let _ = s.write_all(head.as_bytes()).await;
+            let _ = s.write_all(body.as_bytes()).await;
+        });
+        let e = Client::plain()
+            .with_max_body(100)
+            .get(&format!("http://{addr}/big"), Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::TooLarge { limit: 100, .. }), "{e:?}");
+        assert!(!e.surely_unsent(), "{e:?}");
     }
 
     #[tokio::test]
