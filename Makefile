@@ -81,8 +81,8 @@ test-cluster: ## tests against a real cluster (needs KUBECONFIG)
 test-gpu: ## tests against a real GPU
 	$(CARGO) test $(CI_FLAGS) --test it -- --ignored gpu_
 
-layers: ## the house rules: roles never import each other, core links nothing outside, no sandbox without `demo`, typed errors, tests share through support only
-	$(CARGO) test $(CI_FLAGS) --test it -- layers::
+layers: ## the house rules: roles never import each other, core links nothing outside, no sandbox without `demo`, typed errors, tests share through support only, tests/README.md lists every test module, unsafe code forbidden
+	$(CARGO) test $(CI_FLAGS) --test it -- layers:: workspace::
 
 lint: ## cargo fmt --check and clippy with warnings denied
 	$(CARGO) fmt --all -- --check

@@ -16,7 +16,7 @@ use crate::buildinfo::{
 use crate::config::{self, Config, FlagOverrides, LogFormat, LogLevel};
 #[cfg(feature = "demo")]
 use crate::demo;
-use crate::{deviceplugin, doctor, extender, inspect, webhook};
+use crate::{deviceplugin, doctor, extender, failure, inspect, webhook};
 
 /// The heading `--help` shows the global flags under, apart from each role's own.
 pub(crate) const GLOBAL_HEADING: &str = "Global options (every command)";
@@ -203,7 +203,7 @@ pub fn main_with_args(args: Vec<OsString>) -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             eprintln!("gpushare: {e}");
-            return ExitCode::from(config::EXIT_CONFIG);
+            return ExitCode::from(failure::CONFIG);
         }
     };
     #[cfg(feature = "demo")]
@@ -223,8 +223,8 @@ pub fn main_with_args(args: Vec<OsString>) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("gpushare: {e:#}");
-            ExitCode::FAILURE
+            eprintln!("gpushare: {}", failure::one_line(e.as_ref()));
+            ExitCode::from(failure::status(&e))
         }
     }
 }
@@ -253,7 +253,8 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<ExitCode> 
         }
         Command::DevicePlugin(args) => {
             crate::buildinfo::ensure_server_platform("device-plugin")?;
-            deviceplugin::check_required(&config)?;
+            deviceplugin::check_required(&config).map_err(failure::config)?;
+            crate::gpu::check_config(&config.gpu).map_err(failure::config)?;
             preflight(doctor::Role::Node, &config).await?;
             deviceplugin::run(args, config).await
         }
@@ -280,7 +281,7 @@ fn clap_exit(e: clap::Error) -> ExitCode {
         clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
             ExitCode::SUCCESS
         }
-        _ => ExitCode::from(64),
+        _ => ExitCode::from(failure::USAGE),
     }
 }
 

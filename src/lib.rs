@@ -24,7 +24,8 @@
 //!   generated gRPC code) and `gpushare-sandbox` (a throwaway cluster for tests and
 //!   `gpushare demo`, linked only with the `demo` feature);
 //! - infrastructure every role may use: [`buildinfo`], [`config`], [`telemetry`],
-//!   [`shutdown`], [`admin`], [`exposition`], [`http_server`], [`k8s`], [`gpu`];
+//!   [`shutdown`], [`failure`] (exit statuses, error text), [`admin`], [`exposition`],
+//!   [`http_server`], [`outbound`] (the one HTTP client), [`k8s`], [`gpu`];
 //! - the roles, which never import each other: [`extender`], [`deviceplugin`], [`inspect`],
 //!   [`doctor`], [`webhook`] (admission webhook of managed clusters);
 //! - the composers: [`cli`] (the only dispatch to the roles, and the preflight) and `demo`.
@@ -42,10 +43,12 @@ pub mod deviceplugin;
 pub mod doctor;
 pub mod exposition;
 pub mod extender;
+pub mod failure;
 pub mod gpu;
 pub mod http_server;
 pub mod inspect;
 pub mod k8s;
+pub mod outbound;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tls;

@@ -43,6 +43,8 @@ fn colour_with(is_terminal: bool, no_color: Option<&OsStr>) -> bool {
 }
 
 /// The filter directive of a level: ours at that level, dependencies one level quieter.
+/// Below debug, the kube client's per-request failure lines are off: every failed call is
+/// returned to the caller, which retries, logs or reports it once, in its own words.
 fn level_directive(level: LogLevel) -> String {
     let (ours, deps) = match level {
         LogLevel::Trace => ("trace", "debug"),
@@ -51,7 +53,11 @@ fn level_directive(level: LogLevel) -> String {
         LogLevel::Warn => ("warn", "warn"),
         LogLevel::Error => ("error", "error"),
     };
-    format!("{deps},gpushare={ours}")
+    let quiet = match level {
+        LogLevel::Trace | LogLevel::Debug => "",
+        _ => ",kube_client::client::builder=off",
+    };
+    format!("{deps},gpushare={ours}{quiet}")
 }
 
 #[cfg(test)]
@@ -70,6 +76,10 @@ mod tests {
             assert!(EnvFilter::try_new(level_directive(level)).is_ok());
         }
         assert_eq!(level_directive(LogLevel::Debug), "info,gpushare=debug");
+        assert_eq!(
+            level_directive(LogLevel::Info),
+            "warn,gpushare=info,kube_client::client::builder=off"
+        );
     }
 
     #[test]

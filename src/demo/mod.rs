@@ -33,7 +33,7 @@ pub use scenario::run_scenario;
 #[derive(Clone, Debug, clap::Args)]
 pub struct Args {
     /// GPUs of the demo node, e.g. 2x16GiB, 4x24GiB or 16GiB,24GiB
-    #[arg(long, default_value = "2x16GiB", value_name = "SPEC")]
+    #[arg(long, default_value = "2x16GiB", value_name = "SPEC", value_parser = crate::gpu::fake_gpus_flag)]
     pub fake_gpus: String,
     /// Leave the sandbox running after the demo and print a kubeconfig for kubectl
     #[arg(long)]

@@ -8,10 +8,6 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client as HttpClient;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
@@ -28,6 +24,7 @@ use crate::gpu::GpuBackend;
 use crate::gpu::fake::FakeBackend;
 use crate::inspect::report::Report;
 use crate::inspect::{Format, render_report};
+use crate::outbound;
 use crate::shutdown;
 use gpushare_sandbox::apiserver::ApiServer;
 use gpushare_sandbox::kubelet::Kubelet;
@@ -407,14 +404,14 @@ fn pod_json(name: &str, units: u64) -> Value {
 /// then the extender's filter, prioritize and bind over HTTP.
 struct PlayedScheduler {
     base: String,
-    http: HttpClient<HttpConnector, Full<Bytes>>,
+    http: outbound::Client,
 }
 
 impl PlayedScheduler {
     fn new(base: String) -> Self {
         PlayedScheduler {
             base,
-            http: HttpClient::builder(TokioExecutor::new()).build_http(),
+            http: outbound::Client::plain(),
         }
     }
 
@@ -429,14 +426,14 @@ impl PlayedScheduler {
             .method(method)
             .uri(format!("{}{path}", self.base))
             .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(body)))?;
-        let response = tokio::time::timeout(Duration::from_secs(10), self.http.request(request))
+            .body(Bytes::from(body))?;
+        let response = self
+            .http
+            .send(request, Duration::from_secs(10))
             .await
-            .context("the extender did not answer within 10 s")??;
-        let status = response.status().as_u16();
-        let bytes = response.into_body().collect().await?.to_bytes();
-        let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        Ok((status, value))
+            .context("the extender did not answer")?;
+        let value = serde_json::from_slice(&response.body).unwrap_or(Value::Null);
+        Ok((response.status.as_u16(), value))
     }
 
     /// Polls the extender's inspect until `check` holds (deadline 10 s).

@@ -16,7 +16,8 @@ use super::host::HostRoot;
 use super::report::{Check, Status};
 use crate::config::Config;
 use crate::core::wire;
-use crate::k8s::{ClientOptions, client};
+use crate::failure::one_line;
+use crate::k8s::{ClientOptions, client, describe};
 
 /// Deadline of one API request.
 pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
@@ -28,7 +29,7 @@ pub(crate) const CHECK_TIMEOUT: Duration = Duration::from_secs(6);
 pub enum ApiState {
     /// `--no-cluster`: not asked.
     Off,
-    /// Could not connect or the server did not answer.
+    /// Could not connect, the server did not answer, or it answered as no API server would.
     Down(String),
     /// Connected; the server's version.
     Up {
@@ -53,11 +54,11 @@ pub async fn connect(config: &Config, no_cluster: bool) -> ApiState {
             timeout: Some(REQUEST_TIMEOUT),
             ..ClientOptions::default()
         };
-        let client = client(&opts).await.map_err(|e| format!("{e:#}"))?;
+        let client = client(&opts).await.map_err(|e| one_line(e.as_ref()))?;
         let info = client
             .apiserver_version()
             .await
-            .map_err(|e| format!("GET /version: {e}"))?;
+            .map_err(|e| format!("GET /version: {}", describe(&e)))?;
         let minor = info.minor.trim_end_matches('+').parse().ok();
         Ok::<_, String>(ApiState::Up {
             client,
@@ -85,7 +86,7 @@ fn skipped(id: &'static str, title: &'static str, api: &ApiState) -> Option<Chec
             id,
             title,
             Status::Skip,
-            "the API server is not reachable (see api-server)",
+            "no working API server (see api-server)",
         )),
         ApiState::Up { .. } => None,
     }
@@ -347,8 +348,8 @@ pub enum ApiError {
     /// The API is down or the call was not made (no node name, `--no-cluster`).
     #[error("not asked")]
     NotAsked,
-    /// The API answered with an error.
-    #[error("{0}")]
+    /// The API call failed (said in words: [`describe`]).
+    #[error("{}", describe(.0))]
     Kube(kube::Error),
     /// No answer within the check's deadline.
     #[error("no answer in time")]

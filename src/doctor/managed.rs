@@ -8,7 +8,6 @@
 //! Only reads. Where neither the dedicated scheduler nor the webhook configurations exist
 //! (`scheduler.mode: extender`), every check here is skipped.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{
@@ -17,15 +16,16 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
-use tokio_rustls::rustls;
-use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
 
 use super::cluster::{ApiState, REQUEST_TIMEOUT};
 use super::report::{Check, Status};
 use super::scheduler::{get_ci, manages_gpu_mem};
 use crate::config::WebhookConfig;
 use crate::core::wire;
+use crate::outbound::{self, Identity, TlsOptions, Trust};
+
+/// Deadline of the webhook probe.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Key of the KubeSchedulerConfiguration in the dedicated scheduler's ConfigMap.
 pub(crate) const CONFIG_KEY: &str = "scheduler-config.yaml";
@@ -147,7 +147,7 @@ impl Found {
 /// `webhook_url` overrides `https://<service>.<namespace>.svc:443` (e.g. a port-forward).
 pub async fn checks(api: &ApiState, w: &WebhookConfig, webhook_url: Option<&str>) -> Vec<Check> {
     let ApiState::Up { client, .. } = api else {
-        let why = "the API server is not reachable (see api-server)";
+        let why = "no working API server (see api-server)";
         return vec![
             Check::new(SCHED_ID, SCHED_TITLE, Status::Skip, why),
             Check::new(CONFIG_ID, CONFIG_TITLE, Status::Skip, why),
@@ -452,59 +452,33 @@ enum Probe {
 }
 
 async fn probe(url: &str, dns: &str, ca_pem: &str) -> Result<u16, Probe> {
-    let unreachable = |e: String| Probe::Unreachable(e);
-    let authority = url
+    let Some(authority) = url
         .strip_prefix("https://")
-        .ok_or_else(|| unreachable("the webhook URL must start with https://".into()))?
-        .split('/')
-        .next()
-        .unwrap_or_default()
-        .to_string();
-    let authority = if authority.contains(':') {
-        authority
-    } else {
-        format!("{authority}:443")
+        .and_then(|rest| rest.split('/').next())
+        .filter(|a| !a.is_empty())
+    else {
+        return Err(Probe::Unreachable(
+            "the webhook URL must start with https://".into(),
+        ));
     };
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        let cert = cert.map_err(|e| Probe::Untrusted(format!("caBundle is not PEM: {e}")))?;
-        roots
-            .add(cert)
-            .map_err(|e| Probe::Untrusted(format!("caBundle: {e}")))?;
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| unreachable(e.to_string()))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let name = ServerName::try_from(dns.to_string()).map_err(|e| unreachable(e.to_string()))?;
-    let attempt = async {
-        let tcp = tokio::net::TcpStream::connect(&authority)
-            .await
-            .map_err(|e| unreachable(format!("connect {authority}: {e}")))?;
-        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-            .connect(name, tcp)
-            .await
-            .map_err(|e| Probe::Untrusted(e.to_string()))?;
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-                .await
-                .map_err(|e| unreachable(e.to_string()))?;
-        tokio::spawn(conn);
-        let req = http::Request::get("/readyz")
-            .header(http::header::HOST, dns)
-            .body(http_body_util::Empty::<bytes::Bytes>::new())
-            .map_err(|e| unreachable(e.to_string()))?;
-        let resp = sender
-            .send_request(req)
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
-        Ok(resp.status().as_u16())
-    };
-    match tokio::time::timeout(Duration::from_secs(3), attempt).await {
-        Ok(r) => r,
-        Err(_) => Err(unreachable("no answer within 3 s".into())),
+    let client = outbound::Client::new(TlsOptions {
+        trust: Trust::CaPem(ca_pem.to_string()),
+        identity: Identity::None,
+        server_name: Some(dns.to_string()),
+    })
+    .map_err(|e| match e {
+        outbound::SetupError::ServerName { .. } => Probe::Unreachable(e.to_string()),
+        _ => Probe::Untrusted(format!("caBundle: {e}")),
+    })?;
+    let readyz = format!("https://{authority}/readyz");
+    let request = http::Request::get(readyz.as_str())
+        .header(http::header::HOST, dns)
+        .body(bytes::Bytes::new())
+        .map_err(|e| Probe::Unreachable(format!("{readyz}: {e}")))?;
+    match client.send(request, PROBE_TIMEOUT).await {
+        Ok(answer) => Ok(answer.status.as_u16()),
+        Err(e) if e.is_tls() => Err(Probe::Untrusted(e.to_string())),
+        Err(e) => Err(Probe::Unreachable(e.to_string())),
     }
 }
 

@@ -12,7 +12,7 @@
 //! leads); an error says whether the request surely never reached the leader
 //! ([`ForwardError::NotSent`]) or whether its outcome is unknown ([`ForwardError::Lost`]) —
 //! the caller settles a lost bind by reading the pod ([`settle_bind`]), never by assuming it
-//! failed.
+//! failed. The requests go through the one outbound client ([`crate::outbound`]).
 //!
 //! What it does not do: choose the leader (the election does), retry a bind (the scheduler
 //! does, after the settled answer), or pool connections.
@@ -22,19 +22,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode, header};
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
-use tokio_rustls::TlsConnector;
-use tokio_rustls::rustls;
 
 use super::leader::KnownLeader;
 use super::verb_error::VerbError;
 use crate::k8s::retry::{RetryError, Transient, retry_until};
+use crate::outbound::{self, Identity, TlsOptions, Trust};
 use crate::tls::ServingCert;
 
 /// Why a standby has no leader to forward a scheduling verb to (HTTP 503: the scheduler asks
@@ -132,129 +127,49 @@ pub enum ForwardError {
     #[error("the leader's address {0:?} is not an http(s)://HOST:PORT URL")]
     BadAddress(String),
     /// The request never reached the leader (connect or TLS handshake failed).
-    #[error("cannot reach the leader at {url}: {why}")]
-    NotSent {
-        /// Where.
-        url: String,
-        /// Why.
-        why: String,
-    },
+    #[error("cannot reach the leader: {0}")]
+    NotSent(#[source] outbound::Error),
     /// The request may have reached the leader, but no answer came: unknown outcome.
-    #[error("the leader at {url} did not answer: {why}")]
-    Lost {
-        /// Where.
-        url: String,
-        /// Why.
-        why: String,
-    },
+    #[error("the leader did not answer: {0}")]
+    Lost(#[source] outbound::Error),
+}
+
+impl From<outbound::Error> for ForwardError {
+    fn from(e: outbound::Error) -> ForwardError {
+        if e.surely_unsent() {
+            ForwardError::NotSent(e)
+        } else {
+            ForwardError::Lost(e)
+        }
+    }
 }
 
 /// Sends requests to the leader.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Forwarder {
     identity: String,
-    tls: Option<TlsConnector>,
+    client: outbound::Client,
 }
-
-impl std::fmt::Debug for Forwarder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Forwarder")
-            .field("identity", &self.identity)
-            .field("tls", &self.tls.is_some())
-            .finish()
-    }
-}
-
-/// Accepts exactly the certificate this replica serves now (all replicas share one key pair).
-#[derive(Debug)]
-struct PinnedCertificate {
-    ours: Arc<ServingCert>,
-    provider: Arc<rustls::crypto::CryptoProvider>,
-}
-
-impl rustls::client::danger::ServerCertVerifier for PinnedCertificate {
-    fn verify_server_cert(
-        &self,
-        end_entity: &rustls::pki_types::CertificateDer<'_>,
-        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
-        _server_name: &rustls::pki_types::ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        if self.ours.is_ours(end_entity.as_ref()) {
-            Ok(rustls::client::danger::ServerCertVerified::assertion())
-        } else {
-            Err(rustls::Error::General(
-                "the leader presents a certificate other than this replica's".to_string(),
-            ))
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
-trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
-impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 
 impl Forwarder {
     /// A forwarder for replica `identity`; `serving` (none for plain HTTP) is the certificate
     /// this replica serves: the leader must present it, and this replica presents it as its
     /// client certificate.
-    pub fn new(identity: &str, serving: Option<Arc<ServingCert>>) -> anyhow::Result<Forwarder> {
-        use anyhow::Context;
-        let tls = match serving {
-            None => None,
-            Some(serving) => {
-                let provider = Arc::new(rustls::crypto::ring::default_provider());
-                let verifier = Arc::new(PinnedCertificate {
-                    ours: serving.clone(),
-                    provider: provider.clone(),
-                });
-                let mut config = rustls::ClientConfig::builder_with_provider(provider)
-                    .with_safe_default_protocol_versions()
-                    .context("TLS protocol versions")?
-                    .dangerous()
-                    .with_custom_certificate_verifier(verifier)
-                    .with_client_cert_resolver(serving);
-                config.alpn_protocols = vec![b"http/1.1".to_vec()];
-                Some(TlsConnector::from(Arc::new(config)))
-            }
+    pub fn new(
+        identity: &str,
+        serving: Option<Arc<ServingCert>>,
+    ) -> Result<Forwarder, outbound::SetupError> {
+        let client = match serving {
+            None => outbound::Client::plain(),
+            Some(serving) => outbound::Client::new(TlsOptions {
+                trust: Trust::Pinned(serving.clone()),
+                identity: Identity::Serving(serving),
+                server_name: None,
+            })?,
         };
         Ok(Forwarder {
             identity: identity.to_string(),
-            tls,
+            client,
         })
     }
 
@@ -268,98 +183,32 @@ impl Forwarder {
         body: Bytes,
         timeout: Duration,
     ) -> Result<Forwarded, ForwardError> {
+        let bad_address = || ForwardError::BadAddress(base.to_string());
+        let authority = match base.split_once("://") {
+            Some(("http" | "https", a)) => a.trim_end_matches('/'),
+            _ => return Err(bad_address()),
+        };
+        if authority
+            .rsplit_once(':')
+            .is_none_or(|(_, p)| p.parse::<u16>().is_err())
+        {
+            return Err(bad_address());
+        }
         let url = format!("{}{path_and_query}", base.trim_end_matches('/'));
-        let (https, authority) = match base.split_once("://") {
-            Some(("http", a)) => (false, a.trim_end_matches('/')),
-            Some(("https", a)) => (true, a.trim_end_matches('/')),
-            _ => return Err(ForwardError::BadAddress(base.to_string())),
-        };
-        let host = match authority.rsplit_once(':') {
-            Some((h, p)) if p.parse::<u16>().is_ok() => {
-                h.trim_start_matches('[').trim_end_matches(']')
-            }
-            _ => return Err(ForwardError::BadAddress(base.to_string())),
-        };
-        let deadline = Instant::now() + timeout;
-        let not_sent = |why: String| ForwardError::NotSent {
-            url: url.clone(),
-            why,
-        };
-        let lost = |why: String| ForwardError::Lost {
-            url: url.clone(),
-            why,
-        };
-        let connect = async {
-            let tcp = TcpStream::connect(authority)
-                .await
-                .map_err(|e| not_sent(e.to_string()))?;
-            let _ = tcp.set_nodelay(true);
-            let io: Box<dyn Io> = match (https, &self.tls) {
-                (false, _) => Box::new(tcp),
-                (true, None) => {
-                    return Err(not_sent(
-                        "the leader serves HTTPS but this replica has no TLS certificate"
-                            .to_string(),
-                    ));
-                }
-                (true, Some(connector)) => {
-                    let name = rustls::pki_types::ServerName::try_from(host.to_string())
-                        .map_err(|e| not_sent(e.to_string()))?;
-                    Box::new(
-                        connector
-                            .connect(name, tcp)
-                            .await
-                            .map_err(|e| not_sent(format!("TLS: {e}")))?,
-                    )
-                }
-            };
-            hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(io))
-                .await
-                .map_err(|e| not_sent(e.to_string()))
-        };
-        let (mut sender, conn) = match tokio::time::timeout_at(deadline, connect).await {
-            Ok(r) => r?,
-            Err(_) => return Err(not_sent(format!("no connection within {timeout:?}"))),
-        };
-        let driver = tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        let req = Request::builder()
+        let request = Request::builder()
             .method(method)
-            .uri(path_and_query)
-            .header(header::HOST, authority)
+            .uri(url)
             .header(header::CONTENT_TYPE, "application/json")
             .header(FORWARDED_BY, self.identity.as_str())
-            .body(Full::new(body))
-            .map_err(|e| not_sent(e.to_string()))?;
-        // From here on the leader may have the request: every failure is a lost answer.
-        let exchange = async {
-            let resp = sender
-                .send_request(req)
-                .await
-                .map_err(|e| lost(e.to_string()))?;
-            let status = resp.status();
-            let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
-            let view = resp.headers().get(VIEW_OF).cloned();
-            let body = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| lost(e.to_string()))?
-                .to_bytes();
-            Ok(Forwarded {
-                status,
-                content_type,
-                view,
-                body,
-            })
-        };
-        let result = match tokio::time::timeout_at(deadline, exchange).await {
-            Ok(r) => r,
-            Err(_) => Err(lost(format!("no answer within {timeout:?}"))),
-        };
-        driver.abort();
-        result
+            .body(body)
+            .map_err(|_| bad_address())?;
+        let resp = self.client.send(request, timeout).await?;
+        Ok(Forwarded {
+            status: resp.status,
+            content_type: resp.headers.get(header::CONTENT_TYPE).cloned(),
+            view: resp.headers.get(VIEW_OF).cloned(),
+            body: resp.body,
+        })
     }
 }
 

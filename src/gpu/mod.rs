@@ -32,7 +32,7 @@ pub struct GpuArgs {
     pub gpu_backend: Option<crate::config::GpuBackendKind>,
     /// Fake GPUs for `--gpu-backend fake`: `2x16GiB`, `16GiB,24GiB` or `GPU-uuid=16GiB,…`
     /// [config: gpu.fake_gpus]
-    #[arg(long, value_name = "SPEC")]
+    #[arg(long, value_name = "SPEC", value_parser = fake_gpus_flag)]
     pub fake_gpus: Option<String>,
     /// Path of libnvidia-ml.so.1 [config: gpu.nvml_library; default: the loader's search path]
     #[arg(long, value_name = "PATH")]
@@ -196,6 +196,22 @@ pub trait GpuBackend: Send + Sync + fmt::Debug {
     /// Starts watching for health events; events arrive on the returned channel until it is
     /// dropped. Backends without a health source return a channel that never yields.
     fn watch_health(&self) -> Result<tokio::sync::mpsc::Receiver<HealthEvent>, Error>;
+}
+
+/// Checks what configuration alone decides, before anything is opened: with the `fake`
+/// backend, the fake GPUs must be described and the description must parse.
+pub fn check_config(config: &GpuConfig) -> Result<(), Error> {
+    match config.backend {
+        GpuBackendKind::Fake => fake::parse_spec(&config.fake_gpus).map(|_| ()),
+        _ => Ok(()),
+    }
+}
+
+/// `--fake-gpus` as the command line takes it (`device-plugin`, `doctor`, `demo`): a value
+/// that does not parse is a usage error (exit 64), named by clap with the flag.
+pub fn fake_gpus_flag(spec: &str) -> Result<String, Error> {
+    fake::parse_spec(spec)?;
+    Ok(spec.to_string())
 }
 
 /// [`open`] on a blocking thread: opening runs nvidia-smi or initialises NVML, which must

@@ -49,6 +49,9 @@ use tracing::subscriber::NoSubscriber;
 
 use crate::config::{Config, FlagOverrides, LogLevel};
 use crate::core::wire::EXTENDER_URL_PREFIX;
+use crate::failure;
+use crate::k8s::describe;
+use crate::outbound::{self, Identity, TlsOptions, Trust};
 use report::{ExtenderInspect, Report};
 
 /// Timeout of each request to the API server or the extender.
@@ -124,47 +127,26 @@ impl ExtenderTls {
         }
     }
 
-    fn connector(&self) -> anyhow::Result<tokio_rustls::TlsConnector> {
-        use tokio_rustls::rustls;
-        use tokio_rustls::rustls::pki_types::pem::PemObject;
-        use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    /// The outbound client for an https:// extender.
+    fn client(&self) -> anyhow::Result<outbound::Client> {
         let ca = self.ca.as_ref().ok_or_else(|| {
-            anyhow!(
+            failure::usage(anyhow!(
                 "an https:// extender needs --extender-ca (the CA that signed its serving certificate)"
-            )
+            ))
         })?;
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_file_iter(ca)
-            .with_context(|| format!("reading --extender-ca {}", ca.display()))?
-        {
-            let cert = cert.with_context(|| format!("parsing --extender-ca {}", ca.display()))?;
-            roots
-                .add(cert)
-                .with_context(|| format!("--extender-ca {}", ca.display()))?;
-        }
-        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .context("TLS protocol versions")?
-            .with_root_certificates(roots);
-        let mut config = match &self.client {
-            None => builder.with_no_client_auth(),
-            Some((cert, key)) => {
-                let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-                    .with_context(|| format!("reading --extender-cert {}", cert.display()))?
-                    .collect::<Result<_, _>>()
-                    .with_context(|| format!("parsing --extender-cert {}", cert.display()))?;
-                let key = PrivateKeyDer::from_pem_file(key)
-                    .with_context(|| format!("reading --extender-key {}", key.display()))?;
-                builder
-                    .with_client_auth_cert(chain, key)
-                    .context("--extender-cert and --extender-key do not match")?
-            }
+        let identity = match &self.client {
+            None => Identity::None,
+            Some((cert, key)) => Identity::Files {
+                cert: cert.clone(),
+                key: key.clone(),
+            },
         };
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(tokio_rustls::TlsConnector::from(std::sync::Arc::new(
-            config,
-        )))
+        outbound::Client::new(TlsOptions {
+            trust: Trust::CaFile(ca.clone()),
+            identity,
+            server_name: self.server_name.clone(),
+        })
+        .map_err(failure::usage)
     }
 }
 
@@ -209,26 +191,10 @@ pub async fn run(args: Args, config: Config) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
-            eprintln!("gpushare inspect: {}", one_line(&e));
-            Ok(ExitCode::FAILURE)
+            eprintln!("gpushare inspect: {}", failure::one_line(e.as_ref()));
+            Ok(ExitCode::from(failure::status(&e)))
         }
     }
-}
-
-/// An error and its causes on one line, without repeating a cause already in the text.
-fn one_line(e: &anyhow::Error) -> String {
-    let mut text = String::new();
-    for cause in e.chain() {
-        let part = cause.to_string();
-        if part.is_empty() || text.contains(&part) {
-            continue;
-        }
-        if !text.is_empty() {
-            text.push_str(": ");
-        }
-        text.push_str(&part);
-    }
-    text.replace('\n', " ")
 }
 
 /// The kubeconfig to read explicitly; `None` lets kube infer it (`$KUBECONFIG`, several
@@ -283,9 +249,10 @@ async fn from_api(args: &Args, config: &Config) -> anyhow::Result<Report> {
     match listed {
         Ok((nodes, pods)) => Ok(Report::from_cluster(&nodes, &pods, args.node.as_deref())),
         Err(e) => {
-            let api_answered = e
-                .chain()
-                .any(|c| matches!(c.downcast_ref::<kube::Error>(), Some(kube::Error::Api(_))));
+            let api_answered = e.chain().any(|c| {
+                c.downcast_ref::<ApiCall>()
+                    .is_some_and(|call| matches!(call.error, kube::Error::Api(_)))
+            });
             if api_answered {
                 return Err(e);
             }
@@ -297,6 +264,20 @@ async fn from_api(args: &Args, config: &Config) -> anyhow::Result<Report> {
     }
 }
 
+/// A failed read of the API, said in words ([`crate::k8s::describe`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {}", describe(error))]
+struct ApiCall {
+    what: &'static str,
+    error: kube::Error,
+}
+
+impl ApiCall {
+    fn new(what: &'static str, error: kube::Error) -> ApiCall {
+        ApiCall { what, error }
+    }
+}
+
 async fn list_cluster(
     client: kube::Client,
     only: Option<&str>,
@@ -304,7 +285,11 @@ async fn list_cluster(
     let nodes_api: Api<Node> = Api::all(client.clone());
     let pods_api: Api<Pod> = Api::all(client);
     let nodes = match only {
-        Some(name) => match nodes_api.get_opt(name).await.context("reading the node")? {
+        Some(name) => match nodes_api
+            .get_opt(name)
+            .await
+            .map_err(|error| ApiCall::new("reading the node", error))?
+        {
             Some(node) => vec![node],
             None => return Err(anyhow!("node {name:?} not found")),
         },
@@ -312,7 +297,7 @@ async fn list_cluster(
             nodes_api
                 .list(&ListParams::default())
                 .await
-                .context("listing nodes")?
+                .map_err(|error| ApiCall::new("listing nodes", error))?
                 .items
         }
     };
@@ -321,7 +306,11 @@ async fn list_cluster(
         params = params.fields(&format!("spec.nodeName={name}"));
     }
     // Nodes and phases are filtered again in the report, whatever the server did.
-    let pods = pods_api.list(&params).await.context("listing pods")?.items;
+    let pods = pods_api
+        .list(&params)
+        .await
+        .map_err(|error| ApiCall::new("listing pods", error))?
+        .items;
     Ok((nodes, pods))
 }
 
@@ -363,78 +352,31 @@ pub async fn from_extender(base: &str, node: Option<&str>) -> anyhow::Result<Rep
     from_extender_with(base, node, &ExtenderTls::default()).await
 }
 
-/// Sends one GET over a fresh connection, TLS when `tls` is given; the whole answer.
-async fn get_once(
-    url: &http::Uri,
-    tls: Option<(&ExtenderTls, tokio_rustls::TlsConnector)>,
-) -> anyhow::Result<(http::StatusCode, bytes::Bytes)> {
-    use http_body_util::{BodyExt as _, Empty};
-    use hyper_util::rt::TokioIo;
-    use tokio_rustls::rustls::pki_types::ServerName;
-    let host = url.host().context("the URL has no host")?;
-    let port = url
-        .port_u16()
-        .unwrap_or(if tls.is_some() { 443 } else { 80 });
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    let tcp = tokio::net::TcpStream::connect((bare, port)).await?;
-    let authority = url
-        .authority()
-        .map_or_else(|| host.to_string(), |a| a.to_string());
-    let request = http::Request::get(url.path_and_query().map_or("/", |p| p.as_str()))
-        .header(http::header::HOST, authority)
-        .header(http::header::ACCEPT, "application/json")
-        .body(Empty::<bytes::Bytes>::new())
-        .context("building the request")?;
-    macro_rules! exchange {
-        ($io:expr) => {{
-            let (mut sender, conn) =
-                hyper::client::conn::http1::handshake(TokioIo::new($io)).await?;
-            let driver = tokio::spawn(async move {
-                let _ = conn.await;
-            });
-            let response = sender.send_request(request).await?;
-            let status = response.status();
-            let body = response.into_body().collect().await?.to_bytes();
-            driver.abort();
-            (status, body)
-        }};
-    }
-    Ok(match tls {
-        None => exchange!(tcp),
-        Some((opts, connector)) => {
-            let name = opts.server_name.as_deref().unwrap_or(bare).to_string();
-            let name = ServerName::try_from(name.clone())
-                .with_context(|| format!("{name:?} is not a server name"))?;
-            let stream = connector.connect(name, tcp).await.context("TLS")?;
-            exchange!(stream)
-        }
-    })
-}
-
 /// Fetches and decodes the extender's inspect answer, over HTTPS per `tls` for an https:// URL.
 pub async fn from_extender_with(
     base: &str,
     node: Option<&str>,
     tls: &ExtenderTls,
 ) -> anyhow::Result<Report> {
-    let url = extender_inspect_url(base, node)?;
-    let connector = if url.scheme_str() == Some("https") {
-        Some((tls, tls.connector()?))
+    let url = extender_inspect_url(base, node).map_err(failure::usage)?;
+    let client = if url.scheme_str() == Some("https") {
+        tls.client()?
     } else {
-        None
+        outbound::Client::plain()
     };
-    let fetch = get_once(&url, connector);
-    let (status, body) = tokio::time::timeout(REQUEST_TIMEOUT, fetch)
+    let url = url.to_string();
+    let answer = client
+        .get(&url, REQUEST_TIMEOUT)
         .await
-        .map_err(|_| anyhow!("no answer within {}s", REQUEST_TIMEOUT.as_secs()))
-        .and_then(|r| r)
         .with_context(|| format!("cannot reach the extender at {url}"))?;
-    if !status.is_success() {
-        let text = String::from_utf8_lossy(&body);
-        let text: String = text.trim().chars().take(300).collect();
-        return Err(anyhow!("the extender at {url} answered {status}: {text}"));
+    if !answer.status.is_success() {
+        return Err(anyhow!(
+            "the extender at {url} answered {}: {}",
+            answer.status,
+            answer.body_excerpt(300)
+        ));
     }
-    let answer: ExtenderInspect = serde_json::from_slice(&body).with_context(|| {
+    let answer: ExtenderInspect = serde_json::from_slice(&answer.body).with_context(|| {
         format!("the extender at {url} answered something that is not inspect JSON")
     })?;
     if let Some(error) = answer.error.as_deref().filter(|e| !e.is_empty()) {
@@ -472,13 +414,5 @@ mod tests {
         );
         assert!(u("h:1", None).is_err());
         assert!(u("http://h", Some("a/b")).is_err());
-    }
-
-    #[test]
-    fn one_line_joins_causes_without_repeats() {
-        let e = anyhow!("refused")
-            .context("tcp connect")
-            .context("cannot reach x");
-        assert_eq!(one_line(&e), "cannot reach x: tcp connect: refused");
     }
 }

@@ -1,6 +1,9 @@
 //! Building a `kube::Client`: an explicit kubeconfig (flag or `[cluster] kubeconfig`), else
 //! `$KUBECONFIG` (several paths merged) / `~/.kube/config`, else the in-cluster service account.
 //!
+//! A client that cannot be built from the configuration (no kubeconfig, an unreadable one)
+//! is a configuration error ([`crate::failure::config`], exit 78).
+//!
 //! No system CA store is needed: TLS uses rustls with the kubeconfig's or the service
 //! account's CA, falling back to the bundled webpki roots, so the static binary works in an
 //! empty root filesystem.
@@ -10,6 +13,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::failure;
 
 /// How to reach the API server.
 #[derive(Clone, Debug, Default)]
@@ -34,18 +39,20 @@ pub async fn client(opts: &ClientOptions<'_>) -> anyhow::Result<kube::Client> {
     let mut config = match opts.kubeconfig.filter(|p| !p.is_empty()) {
         Some(path) => {
             let kc = Kubeconfig::read_from(Path::new(path))
-                .with_context(|| format!("reading kubeconfig {path}"))?;
+                .with_context(|| format!("reading kubeconfig {path}"))
+                .map_err(failure::config)?;
             kube::Config::from_custom_kubeconfig(kc, &kube_opts)
                 .await
-                .with_context(|| format!("using kubeconfig {path}"))?
+                .with_context(|| format!("using kubeconfig {path}"))
+                .map_err(failure::config)?
         }
         None => match kube::Config::from_kubeconfig(&kube_opts).await {
             Ok(c) => c,
             Err(kc_err) => kube::Config::incluster().map_err(|ic_err| {
-                anyhow::anyhow!(
+                failure::config(anyhow::anyhow!(
                     "no cluster configuration: kubeconfig ({kc_err}); in-cluster ({ic_err}); \
                      pass --kubeconfig or set KUBECONFIG"
-                )
+                ))
             })?,
         },
     };

@@ -71,7 +71,9 @@ impl Events {
         match tokio::time::timeout(PUBLISH_TIMEOUT, self.recorder.publish(&event, regarding)).await
         {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, reason, "could not publish an Event"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %super::describe(&e), reason, "could not publish an Event")
+            }
             Err(_) => tracing::warn!(reason, "publishing an Event timed out"),
         }
     }

@@ -13,7 +13,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::client::{ClientOptions, client};
+use super::error_text::describe;
 use super::retry::{Backoff, RetryError, Transient, retry_until_with};
+use crate::failure::one_line;
 
 /// Deadline of one try (connecting included).
 pub const TRY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -42,9 +44,23 @@ pub enum Unreachable {
     /// It answered, but not as a working set-up would (401, 403, ...): waiting will not help.
     #[error("the API server refused: {0} (check the credentials this role runs with)")]
     Refused(String),
+    /// It answered something else no waiting will change (404: not the API server's
+    /// address, or not an API server at all).
+    #[error("the API server answered, and waiting will not help: {0}")]
+    Unexpected(String),
     /// No client can be built (no kubeconfig, an unreadable one): waiting will not help.
-    #[error("{0:#}")]
-    Config(anyhow::Error),
+    #[error("{}", one_line(.0.as_ref()))]
+    Config(#[source] anyhow::Error),
+}
+
+/// An answer that waiting will not change: a refusal of the credentials, or something else.
+fn answered(err: &kube::Error) -> Unreachable {
+    match err {
+        kube::Error::Api(status) if matches!(status.code, 401 | 403) => {
+            Unreachable::Refused(describe(err))
+        }
+        _ => Unreachable::Unexpected(describe(err)),
+    }
 }
 
 /// Whether `err` is worth waiting out at start-up.
@@ -72,16 +88,16 @@ pub async fn wait_for_api(kubeconfig: &str, wait: Duration, what: &str) -> Resul
             Err(e) if worth_waiting(&e) => Err(Unreachable::GaveUp {
                 waited_secs: 0,
                 tries: 1,
-                last: e.to_string(),
+                last: describe(&e),
             }),
-            Err(e) => Err(Unreachable::Refused(e.to_string())),
+            Err(e) => Err(answered(&e)),
         };
     }
     let mut tries = 1u32;
     let on_retry = |e: &kube::Error, next: Duration| {
         tracing::warn!(
             role = what,
-            error = %e,
+            error = %describe(e),
             tries,
             retry_in = ?next,
             waiting_up_to_secs = wait.as_secs(),
@@ -104,9 +120,9 @@ pub async fn wait_for_api(kubeconfig: &str, wait: Duration, what: &str) -> Resul
         Err(RetryError::Failed(e)) if worth_waiting(&e) => Err(Unreachable::GaveUp {
             waited_secs,
             tries,
-            last: e.to_string(),
+            last: describe(&e),
         }),
-        Err(RetryError::Failed(e)) => Err(Unreachable::Refused(e.to_string())),
+        Err(RetryError::Failed(e)) => Err(answered(&e)),
         Err(RetryError::DeadlineExceeded) => Err(Unreachable::GaveUp {
             waited_secs,
             tries,

@@ -228,10 +228,10 @@ pub async fn start(
         let serving = material.serving();
         (serving, None)
     } else {
-        anyhow::bail!(
+        return Err(crate::failure::config(anyhow::anyhow!(
             "gpushare webhook serves HTTPS only: give --tls-cert and --tls-key (e.g. from \
              cert-manager) or --self-signed"
-        );
+        )));
     };
     let addr = SocketAddr::new(w.bind_address, w.port);
     let listener = tokio::net::TcpListener::bind(addr)

@@ -1,6 +1,9 @@
 //! The binary as an operator meets it: help, version, config errors, the kubectl alias.
 
-use crate::support::{bin, run, run_with_env, stderr, stdout};
+use gpushare_sandbox::apiserver::ApiServer;
+
+use crate::support::canned_http::CannedServer;
+use crate::support::{bin, closed_port, kubeconfig_for, run, run_with_env, stderr, stdout};
 
 #[test]
 fn every_subcommand_has_help() {
@@ -112,6 +115,235 @@ fn the_upstream_device_plugin_command_line_is_accepted() {
         "--memory-unit=GiB",
         "--skip-doctor",
     ]);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    // Accepted: what stops it is the missing node name, a configuration error.
+    assert_eq!(out.status.code(), Some(78), "{}", stderr(&out));
     assert!(stderr(&out).contains("node name"), "{}", stderr(&out));
+}
+
+/// One bad input of a role: the command line, extra environment, the exit status it must
+/// end with and what its stderr must name.
+struct BadInput<'a> {
+    args: Vec<&'a str>,
+    env: Vec<(&'a str, &'a str)>,
+    status: i32,
+    names: &'a [&'a str],
+}
+
+fn bad<'a>(args: &[&'a str], status: i32, names: &'a [&'a str]) -> BadInput<'a> {
+    BadInput {
+        args: args.to_vec(),
+        env: vec![("GPUSHARE_CLUSTER__API_WAIT_SECS", "0")],
+        status,
+        names,
+    }
+}
+
+/// Every role's bad inputs against the built binary: 64 for a bad command-line value, 78 for
+/// missing or invalid configuration, 1 for a run that failed; stderr names the problem (and
+/// the cause of a failed connection), and no client log line per failed request gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_roles_bad_inputs_exit_with_the_documented_status_naming_the_problem() {
+    let api = ApiServer::start().await.expect("sandbox API server");
+    let sandbox = api.kubeconfig_path().to_string_lossy().into_owned();
+    let refused = kubeconfig_for(&format!("http://127.0.0.1:{}", closed_port()));
+    let refused = refused.path().to_string_lossy().into_owned();
+    // Something that is not an API server answers 404 with an HTML page to everything.
+    // (It runs its own runtime, started and dropped outside this one's workers.)
+    let not_api = tokio::task::block_in_place(|| {
+        CannedServer::start(404, "<html><body>404 Not Found</body></html>".into())
+    });
+    let not_api_kc = kubeconfig_for(&not_api.url);
+    let not_api_kc = not_api_kc.path().to_string_lossy().into_owned();
+    let closed_extender = format!("http://127.0.0.1:{}", closed_port());
+    let https_extender = format!("https://127.0.0.1:{}", closed_port());
+
+    let mut cases = vec![
+        // 64: a command-line value that cannot work.
+        bad(&["extender", "--port", "99999"], 64, &["--port", "99999"]),
+        bad(
+            &["extender", "--gpu-policy", "random"],
+            64,
+            &["--gpu-policy"],
+        ),
+        bad(
+            &["device-plugin", "--fake-gpus", "0x16GiB"],
+            64,
+            &["--fake-gpus", "zero GPUs"],
+        ),
+        bad(
+            &["device-plugin", "--memory-unit", "KiB"],
+            64,
+            &["--memory-unit"],
+        ),
+        bad(
+            &["doctor", "--fake-gpus", "lots"],
+            64,
+            &["--fake-gpus", "lots"],
+        ),
+        bad(&["doctor", "--role", "bogus"], 64, &["--role"]),
+        bad(&["inspect", "-o", "html"], 64, &["--output"]),
+        bad(
+            &["inspect", "--from-extender", "ftp://x"],
+            64,
+            &["--from-extender", "ftp://x"],
+        ),
+        bad(
+            &["inspect", "--from-extender", &https_extender],
+            64,
+            &["--extender-ca"],
+        ),
+        bad(
+            &[
+                "inspect",
+                "--from-extender",
+                &https_extender,
+                "--extender-ca",
+                "/nonexistent/ca.crt",
+            ],
+            64,
+            &["/nonexistent/ca.crt", "No such file"],
+        ),
+        bad(&["webhook", "--port", "x"], 64, &["--port"]),
+        bad(&["demo", "--no-such-flag"], 64, &["--no-such-flag"]),
+        bad(
+            &["demo", "--fake-gpus", "lots"],
+            64,
+            &["--fake-gpus", "lots"],
+        ),
+        // 78: configuration missing or invalid.
+        bad(
+            &["device-plugin", "--skip-doctor"],
+            78,
+            &["node name", "NODE_NAME"],
+        ),
+        bad(
+            &[
+                "device-plugin",
+                "--skip-doctor",
+                "--node-name",
+                "n1",
+                "--gpu-backend",
+                "fake",
+            ],
+            78,
+            &["fake_gpus"],
+        ),
+        bad(
+            &["webhook", "--kubeconfig", &sandbox],
+            78,
+            &["--tls-cert", "--self-signed"],
+        ),
+        bad(
+            &[
+                "webhook",
+                "--tls-cert",
+                "/nonexistent/tls.crt",
+                "--tls-key",
+                "/nonexistent/tls.key",
+            ],
+            78,
+            &["/nonexistent/tls.crt"],
+        ),
+        bad(
+            &[
+                "extender",
+                "--skip-doctor",
+                "--kubeconfig",
+                &sandbox,
+                "--tls-cert",
+                "/nonexistent/tls.crt",
+                "--tls-key",
+                "/nonexistent/tls.key",
+            ],
+            78,
+            &["/nonexistent/tls.crt"],
+        ),
+        bad(
+            &[
+                "extender",
+                "--skip-doctor",
+                "--kubeconfig",
+                "/nonexistent/kc",
+            ],
+            78,
+            &["/nonexistent/kc"],
+        ),
+        bad(
+            &["inspect", "--kubeconfig", "/nonexistent/kc"],
+            78,
+            &["/nonexistent/kc"],
+        ),
+        BadInput {
+            env: vec![("GPUSHARE_EXTENDER__GPU_POLICY", "random")],
+            ..bad(
+                &["extender"],
+                78,
+                &["extender.gpu_policy", "GPUSHARE_EXTENDER__GPU_POLICY"],
+            )
+        },
+        // 1: the run failed; the cause is kept.
+        bad(
+            &["inspect", "--kubeconfig", &refused],
+            1,
+            &["Connection refused"],
+        ),
+        bad(
+            &["extender", "--skip-doctor", "--kubeconfig", &refused],
+            1,
+            &["Connection refused"],
+        ),
+        bad(
+            &["inspect", "--from-extender", &closed_extender],
+            1,
+            &["Connection refused"],
+        ),
+        bad(
+            &["inspect", "--kubeconfig", &not_api_kc],
+            1,
+            &["not found (HTTP 404)", "not a Kubernetes status"],
+        ),
+        bad(
+            &["extender", "--skip-doctor", "--kubeconfig", &not_api_kc],
+            1,
+            &["not found (HTTP 404)"],
+        ),
+    ];
+    // The node name must not come from the environment.
+    cases.iter_mut().for_each(|c| c.env.push(("NODE_NAME", "")));
+    // The binary runs while the sandbox API server serves on the other worker.
+    let runs = tokio::task::block_in_place(|| {
+        cases
+            .into_iter()
+            .map(|c| {
+                let out = run_with_env(&c.args, &c.env);
+                (c.args.join(" "), c.status, c.names, out)
+            })
+            .collect::<Vec<_>>()
+    });
+    let mut wrong = Vec::new();
+    for (args, status, names, out) in &runs {
+        let err = stderr(out);
+        let mut problems = Vec::new();
+        if out.status.code() != Some(*status) {
+            problems.push(format!("exit {:?}, want {status}", out.status.code()));
+        }
+        for name in names.iter().filter(|n| !err.contains(*n)) {
+            problems.push(format!("stderr does not name {name:?}"));
+        }
+        if err.contains(" ERROR ") || err.contains("failed with error") {
+            problems.push("a client ERROR log line".to_string());
+        }
+        if err.contains("cannot reach the API server") && err.contains("404") {
+            problems.push("a 404 read as unreachable".to_string());
+        }
+        if !problems.is_empty() {
+            wrong.push(format!(
+                "gpushare {args}: {}\n  stderr: {err}",
+                problems.join("; ")
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    tokio::task::block_in_place(|| drop(not_api));
+    api.shutdown().await;
 }

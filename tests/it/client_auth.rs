@@ -21,10 +21,9 @@ use rcgen::{
 };
 use serde_json::{Value, json};
 
-use crate::support::extender_http::{node, pod};
 use crate::support::https_client::{connector, https_via};
-
-const DEADLINE: Duration = Duration::from_secs(20);
+use crate::support::objects::{gpu_node, pending_pod};
+use crate::support::wait::{DEADLINE, poll, wait_until};
 
 /// A CA: its PEM and what signs with it.
 struct Ca {
@@ -179,9 +178,9 @@ async fn start(api: &ApiServer, config: &Config, refresh: Option<Duration>) -> E
 
 async fn sandbox() -> ApiServer {
     let api = ApiServer::start().await.expect("sandbox API server");
-    api.create_object(node("n1", 2, 16)).expect("node");
-    api.create_object(pod("p1", "4")).expect("pod");
-    api.create_object(pod("p2", "4")).expect("pod");
+    api.create_object(gpu_node("n1", 2, 16)).expect("node");
+    api.create_object(pending_pod("p1", "4")).expect("pod");
+    api.create_object(pending_pod("p2", "4")).expect("pod");
     api
 }
 
@@ -337,18 +336,13 @@ async fn a_changed_client_ca_is_used_without_a_restart() {
     touch_later(&ca_file);
     std::fs::write(&ca_file, &next_ca.pem).expect("write");
     touch_later(&ca_file);
-    let end = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let got = https(&pki, ext.addr, Some(&new), "GET", path, "").await;
-        if got.as_ref().map(|r| r.0) == Ok(200) {
-            break;
+    poll("the rotated CA to be used", DEADLINE, || async {
+        match https(&pki, ext.addr, Some(&new), "GET", path, "").await {
+            Ok((200, _)) => Ok(()),
+            got => Err(got),
         }
-        assert!(
-            tokio::time::Instant::now() < end,
-            "the rotated CA was never used: {got:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     assert!(
         https(&pki, ext.addr, Some(&old), "GET", path, "")
             .await
@@ -365,26 +359,21 @@ async fn a_standby_forwards_to_a_leader_that_checks_client_certificates() {
     let config = pki.config(true);
     let a = start(&api, &config, None).await;
     let b = start(&api, &config, None).await;
-    let end = tokio::time::Instant::now() + DEADLINE;
     // The leader serves once its ledger is synced; the standby then answers /readyz 200
     // only by asking the leader over TLS, with the shared certificate.
-    while !(a.state().is_ready() || b.state().is_ready()) {
-        assert!(tokio::time::Instant::now() < end, "nobody leads");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until("a synced leader", || {
+        a.state().is_ready() || b.state().is_ready()
+    })
+    .await;
     let standby = if a.state().is_serving() { &b } else { &a };
     let scheduler = client(&pki.client_ca, "kube-scheduler");
-    loop {
-        let got = https(&pki, standby.addr, None, "GET", "/readyz", "").await;
-        if got.as_ref().map(|r| r.0) == Ok(200) {
-            break;
+    poll("the standby to become ready", DEADLINE, || async {
+        match https(&pki, standby.addr, None, "GET", "/readyz", "").await {
+            Ok((200, _)) => Ok(()),
+            got => Err(got),
         }
-        assert!(
-            tokio::time::Instant::now() < end,
-            "the standby never became ready: {got:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
 
     // The scheduler's certificate on the standby: forwarded, answered by the leader.
     let (status, text) = https(
@@ -456,6 +445,43 @@ async fn inspect_from_an_https_extender_presents_its_client_certificate() {
     assert!(
         stderr.contains("403") && stderr.contains("--extender-cert"),
         "{stderr}"
+    );
+    ext.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_probes_an_https_extender_and_says_its_certificate_is_not_checked() {
+    let pki = Pki::new();
+    let api = sandbox().await;
+    let ext = start(&api, &pki.config(false), None).await;
+    let url = format!("https://127.0.0.1:{}/gpushare-scheduler", ext.addr.port());
+    let args = [
+        "doctor",
+        "--role",
+        "control-plane",
+        "--no-cluster",
+        "-o",
+        "json",
+        "--extender-url",
+        url.as_str(),
+    ];
+    // The binary runs while the extender serves on the other worker.
+    let out = tokio::task::block_in_place(|| crate::support::run(&args));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("doctor's JSON report");
+    let check = report["checks"]
+        .as_array()
+        .and_then(|checks| {
+            checks
+                .iter()
+                .find(|c| c["id"] == json!("extender-reachable"))
+        })
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert_eq!(check["status"], json!("ok"), "{check:#}");
+    let detail = check["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("ready") && detail.contains("certificate is not checked"),
+        "{check:#}"
     );
     ext.stop().await;
 }

@@ -1,7 +1,7 @@
 //! `gpushare demo`: the newcomer's walkthrough must hold every expectation, in-process and as
 //! the real binary.
 
-use crate::support::{run, stdout};
+use crate::support::{run, stderr, stdout};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_scenario_holds_every_expectation() {
@@ -35,8 +35,10 @@ fn the_demo_binary_exits_zero_and_rejects_bad_gpus() {
     );
     let out = run(&["demo", "--fake-gpus", "1x16GiB"]);
     assert_eq!(out.status.code(), Some(1));
+    // A value that is no GPU description is a bad command line.
     let out = run(&["demo", "--fake-gpus", "lots"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(64));
+    assert!(stderr(&out).contains("--fake-gpus"), "{}", stderr(&out));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

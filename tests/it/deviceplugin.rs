@@ -517,7 +517,7 @@ fn missing_nvml_exits_1_with_a_clear_error_instead_of_hanging() {
 }
 
 #[test]
-fn a_missing_node_name_exits_1_and_upstream_flags_are_accepted() {
+fn a_missing_node_name_exits_78_and_upstream_flags_are_accepted() {
     let out = crate::support::run(&[
         "device-plugin",
         "--logtostderr",
@@ -533,9 +533,10 @@ fn a_missing_node_name_exits_1_and_upstream_flags_are_accepted() {
         "--fake-gpus",
         "1x16GiB",
     ]);
+    // The flags are accepted; the missing node name is missing configuration.
     assert_eq!(
         out.status.code(),
-        Some(1),
+        Some(78),
         "{}",
         crate::support::stderr(&out)
     );

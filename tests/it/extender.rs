@@ -16,7 +16,9 @@ use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
 use http::Method;
 use serde_json::{Value, json};
 
-use crate::support::extender_http::{eventually, get, inspect, node, pod, post, request};
+use crate::support::extender_http::{get, inspect, post, request};
+use crate::support::objects::{bound_pod, gpu_node, pending_pod};
+use crate::support::wait::eventually;
 
 const MIB_GPU: u64 = 16276;
 
@@ -59,18 +61,6 @@ impl Env {
     fn addr(&self) -> SocketAddr {
         self.ext.addr
     }
-}
-
-/// A pod already bound to `node` on `gpu` (as if by an earlier extender).
-fn bound_pod(name: &str, node: &str, gpu: u32, mem: u64) -> Value {
-    let mut p = pod(name, &mem.to_string());
-    p["spec"]["nodeName"] = json!(node);
-    p["metadata"]["annotations"] = json!({
-        "ALIYUN_COM_GPU_MEM_IDX": gpu.to_string(), "ALIYUN_COM_GPU_MEM_POD": mem.to_string(),
-        "ALIYUN_COM_GPU_MEM_DEV": MIB_GPU.to_string(), "ALIYUN_COM_GPU_MEM_ASSIGNED": "true",
-        "ALIYUN_COM_GPU_MEM_ASSUME_TIME": "1"});
-    p["status"] = json!({"phase": "Running"});
-    p
 }
 
 fn create(api: &ApiServer, obj: Value) -> Value {
@@ -126,12 +116,12 @@ fn used(inspect: &Value, node: &str) -> Vec<u64> {
 #[tokio::test]
 async fn demo_a1_a2_binpack_then_no_single_gpu_fits() {
     let env = Env::start_with(config(), |api| {
-        create(api, node("n1", 2, MIB_GPU));
+        create(api, gpu_node("n1", 2, MIB_GPU));
     })
     .await;
     let mut gpus = Vec::new();
     for i in 1..=3 {
-        let p = create(&env.api, pod(&format!("binpack-{i}"), "8138"));
+        let p = create(&env.api, pending_pod(&format!("binpack-{i}"), "8138"));
         let (s, r) = filter(env.addr(), &p, &["n1"]).await;
         assert_eq!(s, 200);
         assert_eq!(r["NodeNames"], json!(["n1"]), "{r}");
@@ -167,7 +157,7 @@ async fn demo_a1_a2_binpack_then_no_single_gpu_fits() {
     assert_eq!(names, ["binpack-1", "binpack-2"]);
 
     // A2: 8138 free on each GPU, 16276 requested.
-    let p4 = create(&env.api, pod("binpack-4", "16276"));
+    let p4 = create(&env.api, pending_pod("binpack-4", "16276"));
     let (s, r) = filter(env.addr(), &p4, &["n1"]).await;
     assert_eq!(s, 200);
     assert_eq!(r["NodeNames"], json!([]));
@@ -217,16 +207,16 @@ async fn demo_a1_a2_binpack_then_no_single_gpu_fits() {
 #[tokio::test]
 async fn demo_a3_filter_by_names_and_by_node_objects() {
     let env = Env::start_with(config(), |api| {
-        create(api, node("n1", 0, 0));
-        create(api, node("n2", 2, MIB_GPU));
-        create(api, node("n3", 2, MIB_GPU));
-        create(api, bound_pod("n2-a", "n2", 0, 12207));
-        create(api, bound_pod("n2-b", "n2", 1, 12207));
-        create(api, bound_pod("n3-a", "n3", 0, 8138));
-        create(api, bound_pod("n3-b", "n3", 1, 16276));
+        create(api, gpu_node("n1", 0, 0));
+        create(api, gpu_node("n2", 2, MIB_GPU));
+        create(api, gpu_node("n3", 2, MIB_GPU));
+        create(api, bound_pod("n2-a", "n2", 0, 12207, MIB_GPU));
+        create(api, bound_pod("n2-b", "n2", 1, 12207, MIB_GPU));
+        create(api, bound_pod("n3-a", "n3", 0, 8138, MIB_GPU));
+        create(api, bound_pod("n3-b", "n3", 1, 16276, MIB_GPU));
     })
     .await;
-    let p = create(&env.api, pod("want", "8138"));
+    let p = create(&env.api, pending_pod("want", "8138"));
     let (s, r) = filter(env.addr(), &p, &["n1", "n2", "n3", "nowhere"]).await;
     assert_eq!(s, 200);
     assert_eq!(r["NodeNames"], json!(["n3"]));
@@ -256,7 +246,7 @@ async fn demo_a3_filter_by_names_and_by_node_objects() {
         "kept"
     );
     // A request larger than any GPU cannot be helped by preemption.
-    let big = create(&env.api, pod("big", "20000"));
+    let big = create(&env.api, pending_pod("big", "20000"));
     let (_, r) = filter(env.addr(), &big, &["n3"]).await;
     assert_eq!(r["FailedNodes"], json!({}));
     assert!(
@@ -266,7 +256,7 @@ async fn demo_a3_filter_by_names_and_by_node_objects() {
             .starts_with("Insufficient GPU Memory in one device")
     );
     // Prioritize: binpack prefers the fuller node among those that fit.
-    create(&env.api, node("n4", 2, MIB_GPU));
+    create(&env.api, gpu_node("n4", 2, MIB_GPU));
     eventually("N4 in the ledger", || async {
         used(&inspect(env.addr()).await, "n4") == [0, 0]
     })
@@ -299,13 +289,13 @@ async fn demo_a3_filter_by_names_and_by_node_objects() {
 #[tokio::test]
 async fn demo_a4_bind_best_fit() {
     let env = Env::start_with(config(), |api| {
-        create(api, node("n1", 4, MIB_GPU));
-        create(api, bound_pod("a", "n1", 0, 4069));
-        create(api, bound_pod("b", "n1", 1, 8138));
-        create(api, bound_pod("c", "n1", 2, 12207));
+        create(api, gpu_node("n1", 4, MIB_GPU));
+        create(api, bound_pod("a", "n1", 0, 4069, MIB_GPU));
+        create(api, bound_pod("b", "n1", 1, 8138, MIB_GPU));
+        create(api, bound_pod("c", "n1", 2, 12207, MIB_GPU));
     })
     .await;
-    let p = create(&env.api, pod("want", "8138"));
+    let p = create(&env.api, pending_pod("want", "8138"));
     let (s, r) = bind(env.addr(), &p, "n1").await;
     assert_eq!((s, r), (200, json!({"Error": ""})));
     let a = annotations(&env.api, "want");
@@ -342,15 +332,15 @@ async fn demo_a4_bind_best_fit() {
 #[tokio::test]
 async fn a_restarted_extender_rebuilds_the_same_ledger_from_annotations() {
     let env = Env::start_with(config(), |api| {
-        create(api, node("n1", 2, 16));
-        create(api, node("n2", 4, 16));
+        create(api, gpu_node("n1", 2, 16));
+        create(api, gpu_node("n2", 4, 16));
     })
     .await;
     for (i, (mem, node)) in [(3, "n1"), (5, "n1"), (16, "n2"), (7, "n2"), (9, "n1")]
         .iter()
         .enumerate()
     {
-        let p = create(&env.api, pod(&format!("p{i}"), &mem.to_string()));
+        let p = create(&env.api, pending_pod(&format!("p{i}"), mem));
         assert_eq!(bind(env.addr(), &p, node).await.0, 200);
     }
     // The device plugin assigned one of them.
@@ -381,10 +371,10 @@ async fn a_restarted_extender_rebuilds_the_same_ledger_from_annotations() {
 #[tokio::test]
 async fn node_capacity_changes_are_picked_up() {
     let env = Env::start_with(config(), |api| {
-        create(api, node("n1", 2, 16));
+        create(api, gpu_node("n1", 2, 16));
     })
     .await;
-    let p = create(&env.api, pod("p", "12"));
+    let p = create(&env.api, pending_pod("p", "12"));
     assert_eq!(bind(env.addr(), &p, "n1").await.0, 200);
     // The cards were swapped for four 24 GiB ones (EXT#191).
     let client = env.api.client();
@@ -405,7 +395,7 @@ async fn node_capacity_changes_are_picked_up() {
     .await;
     let i = inspect(env.addr()).await;
     assert_eq!(i["nodes"][0]["devs"][0]["totalGPU"], 24);
-    let big = create(&env.api, pod("big", "20"));
+    let big = create(&env.api, pending_pod("big", "20"));
     assert_eq!(
         filter(env.addr(), &big, &["n1"]).await.1["NodeNames"],
         json!(["n1"])
@@ -440,13 +430,13 @@ async fn node_capacity_changes_are_picked_up() {
 #[tokio::test]
 async fn a_deleted_node_with_pods_crashes_nothing() {
     let env = Env::start_with(config(), |api| {
-        create(api, node("n1", 2, 16));
-        create(api, node("n2", 2, 16));
+        create(api, gpu_node("n1", 2, 16));
+        create(api, gpu_node("n2", 2, 16));
         // A pod pointing at a node that never existed (upstream crash-looped on this).
-        create(api, bound_pod("ghost", "gone", 0, 4));
+        create(api, bound_pod("ghost", "gone", 0, 4, MIB_GPU));
     })
     .await;
-    let p = create(&env.api, pod("p", "4"));
+    let p = create(&env.api, pending_pod("p", "4"));
     assert_eq!(bind(env.addr(), &p, "n1").await.0, 200);
     env.api.delete_object("nodes", None, "n1").unwrap();
     eventually("n1 gone from inspect", || async {
@@ -458,7 +448,7 @@ async fn a_deleted_node_with_pods_crashes_nothing() {
             .all(|n| n["name"] != "n1")
     })
     .await;
-    let q = create(&env.api, pod("q", "4"));
+    let q = create(&env.api, pending_pod("q", "4"));
     let (_, r) = filter(env.addr(), &q, &["n1", "n2"]).await;
     assert_eq!(r["NodeNames"], json!(["n2"]));
     assert_eq!(
@@ -472,7 +462,7 @@ async fn a_deleted_node_with_pods_crashes_nothing() {
     let (s, b) = get(env.addr(), "/gpushare-scheduler/inspect/n1").await;
     assert_eq!(s, 200, "{b}");
     assert!(b.contains("\"pending\":[{"), "{b}");
-    create(&env.api, node("n1", 2, 16));
+    create(&env.api, gpu_node("n1", 2, 16));
     eventually("n1 back with its pod", || async {
         used(&inspect(env.addr()).await, "n1") == [4, 0]
     })
@@ -484,10 +474,10 @@ async fn a_deleted_node_with_pods_crashes_nothing() {
 #[tokio::test]
 async fn finished_and_deleted_pods_release_memory_terminating_ones_keep_it() {
     let env = Env::start_with(config(), |api| {
-        create(api, node("n1", 1, 16));
-        create(api, bound_pod("done", "n1", 0, 4));
-        create(api, bound_pod("gone", "n1", 0, 4));
-        create(api, bound_pod("stays", "n1", 0, 4));
+        create(api, gpu_node("n1", 1, 16));
+        create(api, bound_pod("done", "n1", 0, 4, MIB_GPU));
+        create(api, bound_pod("gone", "n1", 0, 4, MIB_GPU));
+        create(api, bound_pod("stays", "n1", 0, 4, MIB_GPU));
     })
     .await;
     assert_eq!(used(&inspect(env.addr()).await, "n1"), [12]);
@@ -513,10 +503,10 @@ async fn finished_and_deleted_pods_release_memory_terminating_ones_keep_it() {
 #[tokio::test]
 async fn transient_errors_on_patch_and_binding_are_retried() {
     let env = Env::start_with(config(), |api| {
-        create(api, node("n1", 2, 16));
+        create(api, gpu_node("n1", 2, 16));
     })
     .await;
-    let p = create(&env.api, pod("p", "4"));
+    let p = create(&env.api, pending_pod("p", "4"));
     env.api
         .inject(Fault::new(Some(Method::PATCH), "/pods/p", FaultAction::Status(409)).times(2));
     env.api.inject(
@@ -547,7 +537,7 @@ async fn transient_errors_on_patch_and_binding_are_retried() {
         "n1"
     );
     // A dropped connection is retried too.
-    let q = create(&env.api, pod("q", "4"));
+    let q = create(&env.api, pending_pod("q", "4"));
     env.api.inject(Fault::new(
         Some(Method::POST),
         "/pods/q/binding",
@@ -563,10 +553,10 @@ async fn transient_errors_on_patch_and_binding_are_retried() {
 #[tokio::test]
 async fn a_binding_that_fails_for_good_is_rolled_back() {
     let env = Env::start_with(config(), |api| {
-        create(api, node("n1", 1, 16));
+        create(api, gpu_node("n1", 1, 16));
     })
     .await;
-    let p = create(&env.api, pod("p", "10"));
+    let p = create(&env.api, pending_pod("p", "10"));
     env.api.inject(
         Fault::new(
             Some(Method::POST),
@@ -587,10 +577,10 @@ async fn a_binding_that_fails_for_good_is_rolled_back() {
     env.api.clear_faults();
     assert_eq!(used(&inspect(env.addr()).await, "n1"), [0]);
     // The memory is free for the next pod at once.
-    let q = create(&env.api, pod("q", "10"));
+    let q = create(&env.api, pending_pod("q", "10"));
     assert_eq!(bind(env.addr(), &q, "n1").await.0, 200);
     // A permanent error (403) is not retried.
-    let r2 = create(&env.api, pod("r", "2"));
+    let r2 = create(&env.api, pending_pod("r", "2"));
     env.api
         .inject(Fault::new(Some(Method::PATCH), "/pods/r", FaultAction::Status(403)).times(5));
     assert_eq!(bind(env.addr(), &r2, "n1").await.0, 500);
@@ -618,10 +608,10 @@ async fn a_slow_api_times_out_inside_the_budget_and_the_ledger_converges() {
     let mut c = config();
     c.extender.bind_timeout_ms = 300;
     let env = Env::start_with(c, |api| {
-        create(api, node("n1", 1, 16));
+        create(api, gpu_node("n1", 1, 16));
     })
     .await;
-    let p = create(&env.api, pod("p", "6"));
+    let p = create(&env.api, pending_pod("p", "6"));
     env.api.inject(Fault::new(
         Some(Method::POST),
         "/pods/p/binding",
@@ -656,10 +646,10 @@ async fn a_slow_api_times_out_inside_the_budget_and_the_ledger_converges() {
 #[tokio::test]
 async fn a_pod_deleted_during_bind_gets_a_clean_error_and_no_reservation() {
     let env = Env::start_with(config(), |api| {
-        create(api, node("n1", 1, 16));
+        create(api, gpu_node("n1", 1, 16));
     })
     .await;
-    let p = create(&env.api, pod("p", "6"));
+    let p = create(&env.api, pending_pod("p", "6"));
     env.api.inject(Fault::new(
         Some(Method::PATCH),
         "/pods/p",
@@ -687,7 +677,7 @@ async fn a_pod_deleted_during_bind_gets_a_clean_error_and_no_reservation() {
     })
     .await;
     // A UID mismatch is refused with upstream's words.
-    let q = create(&env.api, pod("q", "6"));
+    let q = create(&env.api, pending_pod("q", "6"));
     let (s, r) = post(
         env.addr(),
         "/gpushare-scheduler/bind",
@@ -714,14 +704,14 @@ async fn two_hundred_concurrent_binds_never_overcommit() {
     c.extender.bind_timeout_ms = 60_000;
     let env = Env::start_with(c, |api| {
         for n in 0..20 {
-            create(api, node(&format!("n{n:02}"), 4, 16));
+            create(api, gpu_node(&format!("n{n:02}"), 4, 16));
         }
     })
     .await;
     let names: Vec<String> = (0..20).map(|n| format!("n{n:02}")).collect();
     let mut tasks = Vec::new();
     for i in 0..200u64 {
-        let p = create(&env.api, pod(&format!("p{i:03}"), &(1 + i % 7).to_string()));
+        let p = create(&env.api, pending_pod(&format!("p{i:03}"), 1 + i % 7));
         let addr = env.addr();
         let names = names.clone();
         tasks.push(tokio::spawn(async move {
@@ -800,7 +790,7 @@ async fn hostile_and_malformed_input_gets_clear_4xx_answers() {
     let mut c = config();
     c.extender.max_body_bytes = 64 * 1024;
     let env = Env::start_with(c, |api| {
-        create(api, node("n1", 1, 16));
+        create(api, gpu_node("n1", 1, 16));
     })
     .await;
     let addr = env.addr();
@@ -836,7 +826,7 @@ async fn hostile_and_malformed_input_gets_clear_4xx_answers() {
     assert!(r["Error"].as_str().unwrap().contains("PodName"));
     // Absurd or malformed quantities.
     for q in ["10T", "-3", "1.5", "lots"] {
-        let (s, r) = filter(addr, &pod("x", q), &["n1"]).await;
+        let (s, r) = filter(addr, &pending_pod("x", q), &["n1"]).await;
         assert_eq!(s, 400, "{q}");
         assert!(
             r["Error"].as_str().unwrap().contains("aliyun.com/gpu-mem"),
@@ -844,14 +834,14 @@ async fn hostile_and_malformed_input_gets_clear_4xx_answers() {
         );
     }
     // 10G is ten billion units: valid but it never fits anywhere.
-    let (s, r) = filter(addr, &pod("x", "10G"), &["n1"]).await;
+    let (s, r) = filter(addr, &pending_pod("x", "10G"), &["n1"]).await;
     assert_eq!(s, 200);
     assert!(r["FailedAndUnresolvableNodes"]["n1"].is_string());
     // Lowercase keys (kube-scheduler ≤ 1.15).
     let (s, r) = post(
         addr,
         "/gpushare-scheduler/filter",
-        &json!({"pod": pod("x", "4"), "nodenames": ["n1"]}),
+        &json!({"pod": pending_pod("x", "4"), "nodenames": ["n1"]}),
     )
     .await;
     assert_eq!((s, &r["NodeNames"]), (200, &json!(["n1"])));
@@ -905,7 +895,7 @@ async fn hostile_and_malformed_input_gets_clear_4xx_answers() {
         assert!(b.contains(m), "{m} missing from\n{b}");
     }
     // Still alive and correct after all of it.
-    let p = create(&env.api, pod("ok", "4"));
+    let p = create(&env.api, pending_pod("ok", "4"));
     assert_eq!(bind(addr, &p, "n1").await.0, 200);
     env.ext.stop().await;
 }
@@ -913,7 +903,7 @@ async fn hostile_and_malformed_input_gets_clear_4xx_answers() {
 #[tokio::test]
 async fn scheduling_verbs_answer_503_until_synced_and_while_not_serving() {
     let api = ApiServer::start().await.unwrap();
-    create(&api, node("n1", 1, 16));
+    create(&api, gpu_node("n1", 1, 16));
     // Hold the first pod list back so the ledger cannot be synced yet.
     api.inject(Fault::new(
         Some(Method::GET),
@@ -923,15 +913,21 @@ async fn scheduling_verbs_answer_503_until_synced_and_while_not_serving() {
     let ext = extender::start(&config(), api.client(), Shutdown::never())
         .await
         .unwrap();
-    let (s, r) = filter(ext.addr, &pod("x", "4"), &["n1"]).await;
+    let (s, r) = filter(ext.addr, &pending_pod("x", "4"), &["n1"]).await;
     assert_eq!(s, 503);
     assert!(r["Error"].as_str().unwrap().contains("not synced"));
     assert_eq!(get(ext.addr, "/readyz").await.0, 503);
     assert_eq!(get(ext.addr, "/healthz").await.0, 200);
     ext.wait_ready().await.unwrap();
-    assert_eq!(filter(ext.addr, &pod("x", "4"), &["n1"]).await.0, 200);
+    assert_eq!(
+        filter(ext.addr, &pending_pod("x", "4"), &["n1"]).await.0,
+        200
+    );
     ext.state().set_serving(false);
-    assert_eq!(filter(ext.addr, &pod("x", "4"), &["n1"]).await.0, 503);
+    assert_eq!(
+        filter(ext.addr, &pending_pod("x", "4"), &["n1"]).await.0,
+        503
+    );
     assert_eq!(get(ext.addr, "/readyz").await.0, 503);
     ext.state().set_serving(true);
     assert_eq!(get(ext.addr, "/readyz").await.0, 200);
@@ -948,9 +944,9 @@ async fn scheduling_verbs_answer_503_until_synced_and_while_not_serving() {
 #[tokio::test]
 async fn watch_restarts_neither_lose_nor_double_count_pods() {
     let env = Env::start_with(config(), |api| {
-        create(api, node("n1", 2, 16));
-        create(api, bound_pod("a", "n1", 0, 3));
-        create(api, bound_pod("b", "n1", 1, 5));
+        create(api, gpu_node("n1", 2, 16));
+        create(api, bound_pod("a", "n1", 0, 3, MIB_GPU));
+        create(api, bound_pod("b", "n1", 1, 5, MIB_GPU));
     })
     .await;
     // Cut the pod watch, churn while it is down, and force a 410 on resume.
@@ -961,9 +957,9 @@ async fn watch_restarts_neither_lose_nor_double_count_pods() {
         FaultAction::CutWatch,
     ));
     env.api.delete_object("pods", Some("default"), "a").unwrap();
-    create(&env.api, bound_pod("c", "n1", 0, 7));
+    create(&env.api, bound_pod("c", "n1", 0, 7, MIB_GPU));
     env.api.set_pod_phase("default", "b", "Failed").unwrap();
-    create(&env.api, bound_pod("d", "n1", 1, 2));
+    create(&env.api, bound_pod("d", "n1", 1, 2, MIB_GPU));
     eventually("ledger equals the API", || async {
         used(&inspect(env.addr()).await, "n1") == [7, 2]
     })
@@ -1012,7 +1008,7 @@ async fn tls_serves_https_with_the_given_certificate() {
     c.extender.tls_cert = cert.display().to_string();
     c.extender.tls_key = key.display().to_string();
     let env = Env::start_with(c, |api| {
-        create(api, node("n1", 1, 16));
+        create(api, gpu_node("n1", 1, 16));
     })
     .await;
     let mut roots = rustls::RootCertStore::empty();

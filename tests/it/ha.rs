@@ -12,10 +12,12 @@ use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
 use tokio::sync::watch;
 
 use crate::support::extender_cluster::{
-    DEADLINE, bind_via, extender_config, http, pending_pod, sandbox, start_extender, wait_http_ok,
-    wait_until,
+    bind_via, extender_config, sandbox, start_extender, wait_http_ok,
 };
+use crate::support::extender_http::http;
 use crate::support::ledger_truth::{assert_not_overcommitted, converge, truth};
+use crate::support::objects::pending_pod;
+use crate::support::wait::{DEADLINE, wait_until};
 
 const NS: &str = "kube-system";
 const LEASE: &str = "gpushare-ha-test";

@@ -23,10 +23,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::support::extender_cluster::{
-    DEADLINE, bind_via, binding_args, extender_config, http, pending_pod, sandbox, start_named,
-    wait_http_ok, wait_until,
+    bind_via, binding_args, extender_config, sandbox, start_named, wait_http_ok,
 };
+use crate::support::extender_http::http;
 use crate::support::ledger_truth::{assert_not_overcommitted, converge, truth};
+use crate::support::objects::pending_pod;
+use crate::support::wait::{DEADLINE, poll, wait_until};
 
 const UNITS: u64 = 8;
 
@@ -171,14 +173,13 @@ async fn replicas_answer_as_the_leader(n: usize) {
         replicas.push(start_named(&api, &config, &format!("replica-{i}")).await);
     }
     // One becomes the synced leader ...
-    let end = tokio::time::Instant::now() + DEADLINE;
-    let leader = loop {
-        if let Some(i) = replicas.iter().position(|r| r.state().is_ready()) {
-            break i;
-        }
-        assert!(tokio::time::Instant::now() < end, "nobody leads");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let leader = poll("a synced leader", DEADLINE, || async {
+        replicas
+            .iter()
+            .position(|r| r.state().is_ready())
+            .ok_or("nobody leads")
+    })
+    .await;
     let leader_id = format!("replica-{leader}");
     assert_eq!(holder(&api), leader_id.as_str());
     // ... and every replica is Ready.

@@ -19,6 +19,7 @@ use gpushare_sandbox::kubelet::Kubelet;
 use serde_json::Value;
 
 use crate::support::fixture;
+use crate::support::objects::assumed_pod;
 
 const RESOURCE: &str = wire::RESOURCE_GPU_MEM;
 const NODE: &str = "gpu-node-1";
@@ -94,19 +95,14 @@ async fn node(strategies: &[DeviceListStrategy], tweak: impl FnOnce(&mut Config)
 impl Node {
     fn bound_pod(&self, name: &str, units: u64, idx: u32) {
         self.api
-            .create_object(serde_json::json!({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "namespace": "default", "annotations": {
-                    wire::ANN_GPU_INDEX: idx.to_string(),
-                    wire::ANN_POD_MEM: units.to_string(),
-                    wire::ANN_DEVICE_MEM: "16",
-                    wire::ANN_ASSIGNED: "false",
-                    wire::ANN_ASSUME_TIME: "1",
-                }},
-                "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "cuda",
-                    "resources": {"limits": {RESOURCE: units.to_string()}}}]},
-                "status": {"phase": "Pending"},
-            }))
+            .create_object(assumed_pod(
+                name,
+                NODE,
+                &[],
+                &[("main", units)],
+                Some(idx),
+                1,
+            ))
             .expect("pod created");
     }
 

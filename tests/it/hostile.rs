@@ -13,7 +13,8 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::extender_cluster::{extender_config, http, sandbox, start_extender};
+use crate::support::extender_cluster::{extender_config, sandbox, start_extender};
+use crate::support::extender_http::http;
 
 /// Arbitrary JSON, biased towards the extender's own keys in every letter case.
 fn json_value() -> impl Strategy<Value = Value> {

@@ -5,14 +5,13 @@
 //! Golden files live in `tests/golden/inspect/`; set `GPUSHARE_UPDATE_GOLDEN=1` to rewrite
 //! them (then review the diff).
 
-use std::net::TcpListener as StdListener;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 
 use gpushare::inspect::report::{Report, cluster_from_yaml};
 use gpushare::inspect::{Format, render_report};
 
-use crate::support::{fixture, run, run_with_env, stderr, stdout};
+use crate::support::canned_http::CannedServer;
+use crate::support::{closed_port, fixture, kubeconfig_for, run, run_with_env, stderr, stdout};
 
 const FORMATS: [(&str, Format, bool); 5] = [
     ("table", Format::Table, false),
@@ -180,68 +179,10 @@ fn json_output_has_the_documented_schema() {
     assert_eq!(yaml, value);
 }
 
-/// A one-route HTTP server answering every GET with `body`; records the request paths.
-struct FakeExtender {
-    url: String,
-    paths: Arc<Mutex<Vec<String>>>,
-    /// Serves until the fake is dropped.
-    _runtime: tokio::runtime::Runtime,
-}
-
-impl FakeExtender {
-    fn start(status: u16, body: String) -> FakeExtender {
-        use http_body_util::Full;
-        use hyper::service::service_fn;
-        use hyper_util::rt::TokioIo;
-
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        let paths = Arc::new(Mutex::new(Vec::new()));
-        let seen = paths.clone();
-        runtime.spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let seen = seen.clone();
-                let body = body.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                        seen.lock()
-                            .expect("lock")
-                            .push(req.uri().path().to_string());
-                        let response = hyper::Response::builder()
-                            .status(status)
-                            .header("content-type", "application/json")
-                            .body(Full::new(bytes::Bytes::from(body.clone())));
-                        async move { response }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-        FakeExtender {
-            url,
-            paths,
-            _runtime: runtime,
-        }
-    }
-
-    fn paths(&self) -> Vec<String> {
-        self.paths.lock().expect("lock").clone()
-    }
-}
-
 #[test]
 fn from_extender_renders_the_extenders_view() {
     let body = std::fs::read_to_string(fixture("inspect/extender-inspect.json")).expect("fixture");
-    let extender = FakeExtender::start(200, body);
+    let extender = CannedServer::start(200, body);
     for (suffix, format, details) in FORMATS {
         let mut args = vec!["inspect", "--from-extender", extender.url.as_str()];
         if details {
@@ -280,7 +221,7 @@ fn from_extender_renders_the_extenders_view() {
 
 #[test]
 fn an_extender_error_is_one_line_and_exit_1() {
-    let extender = FakeExtender::start(500, r#"{"error":"cache not ready"}"#.to_string());
+    let extender = CannedServer::start(500, r#"{"error":"cache not ready"}"#.to_string());
     let out = run(&["inspect", "--from-extender", &extender.url]);
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
@@ -288,24 +229,6 @@ fn an_extender_error_is_one_line_and_exit_1() {
     assert!(err.starts_with("gpushare inspect: "), "{err}");
     assert!(err.contains("500"), "{err}");
     assert!(stdout(&out).is_empty());
-}
-
-fn closed_port() -> u16 {
-    let listener = StdListener::bind("127.0.0.1:0").expect("bind");
-    let port = listener.local_addr().expect("addr").port();
-    drop(listener);
-    port
-}
-
-fn kubeconfig_for(server: &str) -> tempfile::NamedTempFile {
-    let file = tempfile::NamedTempFile::new().expect("temp file");
-    let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n\
-         users:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: ctx\n  context:\n    cluster: c\n    user: u\n\
-         current-context: ctx\n"
-    );
-    std::fs::write(file.path(), text).expect("kubeconfig written");
-    file
 }
 
 #[test]

@@ -15,9 +15,11 @@ const INFRA: &[&str] = &[
     "buildinfo",
     "config",
     "exposition",
+    "failure",
     "gpu",
     "http_server",
     "k8s",
+    "outbound",
     "shutdown",
     "telemetry",
     "tls",
@@ -360,7 +362,7 @@ fn the_test_import_rule_allows_support_only() {
         BTreeSet::from(["super::chart".to_string()])
     );
     let support = Path::new("support/ledger_truth.rs");
-    assert!(test_imports_broken(support, "use super::extender_cluster::http;").is_empty());
+    assert!(test_imports_broken(support, "use super::extender_http::http;").is_empty());
     assert_eq!(
         test_imports_broken(support, "use crate::deviceplugin::cluster;"),
         BTreeSet::from(["crate::deviceplugin".to_string()])

@@ -34,3 +34,4 @@ mod support;
 mod verb_errors;
 mod watch_churn;
 mod webhook;
+mod workspace;

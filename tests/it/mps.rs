@@ -128,7 +128,7 @@ async fn adopts_a_daemon_already_running_and_leaves_it_running() {
         fake.sent("set_default_active_thread_percentage").is_empty(),
         "0 leaves the percentage alone"
     );
-    assert_eq!(readyz(&c), 200);
+    c.wait_for("ready", |c| readyz(c) == 200).await;
     c.bound_pod("p", &[("main", 2)], Some(0), 1);
     c.allocate("p", "main", 2).await.expect("allocated");
     c.stop().await;
@@ -191,7 +191,7 @@ async fn while_the_daemon_is_down_allocate_refuses_and_the_plugin_is_not_ready()
         with_admin(cfg);
     })
     .await;
-    assert_eq!(readyz(&c), 200);
+    c.wait_for("ready", |c| readyz(c) == 200).await;
     fake.refuse_starts(true);
     fake.kill();
     c.wait_for("not ready", |c| readyz(c) == 503).await;

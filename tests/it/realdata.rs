@@ -27,7 +27,9 @@ use gpushare::gpu::nvidia_smi::{NvidiaSmiBackend, NvidiaSmiOptions, parse_xml};
 use gpushare::gpu::{ExclusionReason, GpuBackend, HealthEvent, Inventory};
 use serde_json::Value;
 
+use crate::support::extender_http::request;
 use crate::support::fixture;
+use crate::support::wait::wait_until_within;
 
 /// Hang guard for one awaited event; never a timing assertion.
 const EVENT_DEADLINE: Duration = Duration::from_secs(30);
@@ -777,22 +779,14 @@ fn every_scheduler_configuration_is_judged_like_kube_scheduler() {
 
 // ------------------------------------------------------------------ extender bodies
 
+/// A POST of `body` (a GET when it is empty) to the extender at `addr`.
 async fn post_raw(addr: std::net::SocketAddr, path: &str, body: Vec<u8>) -> (u16, String) {
-    use bytes::Bytes;
-    use http_body_util::{BodyExt, Full};
-    use hyper_util::client::legacy::Client;
-    use hyper_util::rt::TokioExecutor;
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let req = http::Request::builder()
-        .method(if body.is_empty() { "GET" } else { "POST" })
-        .uri(format!("http://{addr}{path}"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .expect("request");
-    let resp = client.request(req).await.expect("the extender answers");
-    let status = resp.status().as_u16();
-    let body = resp.into_body().collect().await.expect("body").to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
+    let method = if body.is_empty() {
+        http::Method::GET
+    } else {
+        http::Method::POST
+    };
+    request(addr, method, path, body).await
 }
 
 /// The response files describe themselves: a check of the check's reading of them.
@@ -1066,11 +1060,10 @@ async fn the_device_plugin_counts_an_unattributed_xid_and_marks_no_gpu() {
         .await
         .expect("lists devices");
     // A bounded poll on a condition (the health task subscribing), not a timing assumption.
-    let deadline = tokio::time::Instant::now() + EVENT_DEADLINE;
-    while health.subscribers() == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "no health watcher");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until_within("a health watcher", EVENT_DEADLINE, || {
+        health.subscribers() > 0
+    })
+    .await;
     // The GB200 NVLink Xid of the corpus, then a fatal Xid on GPU 1: events are handled in
     // order, so once GPU 1 is down the first has been handled.
     health.inject(HealthEvent::Unattributed {

@@ -17,7 +17,9 @@ use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
 use http::Method;
 use serde_json::{Value, json};
 
-use crate::support::extender_http::{eventually, get, inspect, node, pod, post};
+use crate::support::extender_http::{get, inspect, post};
+use crate::support::objects::{gpu_node, pending_pod};
+use crate::support::wait::eventually;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -144,10 +146,10 @@ async fn a_binding_that_lands_after_the_bind_timeout_keeps_its_memory() {
     let mut c = config();
     c.extender.bind_timeout_ms = 300;
     let env = Env::start_with(c, |api| {
-        create(api, node("n1", 1, 16));
+        create(api, gpu_node("n1", 1, 16));
     })
     .await;
-    let p = create(&env.api, pod("p", "10"));
+    let p = create(&env.api, pending_pod("p", "10"));
     env.api.inject(
         Fault::new(
             Some(Method::POST),
@@ -163,7 +165,7 @@ async fn a_binding_that_lands_after_the_bind_timeout_keeps_its_memory() {
         "{r}"
     );
     // While the slow Binding is still on its way, nobody else gets that memory.
-    let q = create(&env.api, pod("q", "10"));
+    let q = create(&env.api, pending_pod("q", "10"));
     let (s, r) = filter(env.addr(), &q, &["n1"]).await;
     assert_eq!(s, 200);
     assert_eq!(r["NodeNames"], json!([]), "{r}");
@@ -196,10 +198,10 @@ async fn a_binding_that_lands_after_the_bind_timeout_keeps_its_memory() {
 #[tokio::test]
 async fn a_scheduler_hanging_up_mid_bind_cancels_nothing_and_retries_attach() {
     let env = Env::start_with(config(), |api| {
-        create(api, node("n1", 1, 16));
+        create(api, gpu_node("n1", 1, 16));
     })
     .await;
-    let p = create(&env.api, pod("p", "6"));
+    let p = create(&env.api, pending_pod("p", "6"));
     env.api.inject(Fault::new(
         Some(Method::POST),
         "/pods/p/binding",
@@ -218,7 +220,7 @@ async fn a_scheduler_hanging_up_mid_bind_cancels_nothing_and_retries_attach() {
     })
     .await;
     // A Binding applied whose answer is lost: settled as bound, not rolled back.
-    let q = create(&env.api, pod("q", "6"));
+    let q = create(&env.api, pending_pod("q", "6"));
     env.api.inject(Fault::new(
         Some(Method::POST),
         "/pods/q/binding",
@@ -232,7 +234,7 @@ async fn a_scheduler_hanging_up_mid_bind_cancels_nothing_and_retries_attach() {
     })
     .await;
     // The hung-up bind of a pod deleted meanwhile does not leak its reservation.
-    let d = create(&env.api, pod("d", "4"));
+    let d = create(&env.api, pending_pod("d", "4"));
     env.api.inject(Fault::new(
         Some(Method::PATCH),
         "/pods/d",
@@ -255,7 +257,7 @@ async fn a_scheduler_hanging_up_mid_bind_cancels_nothing_and_retries_attach() {
 #[tokio::test]
 async fn a_relist_keeps_reservations_newer_than_its_snapshot() {
     let env = Env::start_with(config(), |api| {
-        create(api, node("n1", 1, 16));
+        create(api, gpu_node("n1", 1, 16));
     })
     .await;
     env.api.set_history_limit(1);
@@ -274,8 +276,8 @@ async fn a_relist_keeps_reservations_newer_than_its_snapshot() {
         .times(3),
     );
     let lists_before = pod_lists(&env.api);
-    create(&env.api, pod("filler-1", "0"));
-    create(&env.api, pod("filler-2", "0"));
+    create(&env.api, pending_pod("filler-1", "0"));
+    create(&env.api, pending_pod("filler-2", "0"));
     env.api.inject(Fault::new(
         Some(Method::GET),
         "/api/v1/pods?",
@@ -285,7 +287,7 @@ async fn a_relist_keeps_reservations_newer_than_its_snapshot() {
         pod_lists(&env.api) > lists_before
     })
     .await;
-    let p = create(&env.api, pod("p", "10"));
+    let p = create(&env.api, pending_pod("p", "10"));
     let (s, r) = bind(env.addr(), &p, "n1").await;
     assert_eq!(s, 200, "{r}");
     let watches_before = pod_watches(&env.api);
@@ -297,7 +299,7 @@ async fn a_relist_keeps_reservations_newer_than_its_snapshot() {
     .await;
     // The watch has not shown p yet; its reservation must still count.
     assert_eq!(used(&inspect(env.addr()).await, "n1"), [10]);
-    let q = create(&env.api, pod("q", "10"));
+    let q = create(&env.api, pending_pod("q", "10"));
     let (s, r) = bind(env.addr(), &q, "n1").await;
     assert_eq!(s, 500, "{r}");
     eventually("ledger equals the annotations", || async {
@@ -328,11 +330,11 @@ fn pod_watches(api: &ApiServer) -> usize {
 #[tokio::test]
 async fn native_sidecars_are_counted() {
     let env = Env::start_with(config(), |api| {
-        create(api, node("small", 1, 16));
-        create(api, node("big", 1, 24));
+        create(api, gpu_node("small", 1, 16));
+        create(api, gpu_node("big", 1, 24));
     })
     .await;
-    let mut s = pod("s", "16");
+    let mut s = pending_pod("s", "16");
     s["spec"]["initContainers"] = json!([{"name": "proxy", "image": "envoy",
         "restartPolicy": "Always", "resources": {"limits": {"aliyun.com/gpu-mem": "4"}}}]);
     let s = create(&env.api, s);
@@ -346,7 +348,7 @@ async fn native_sidecars_are_counted() {
         used(&inspect(env.addr()).await, "big") == [20]
     })
     .await;
-    let t = create(&env.api, pod("t", "5"));
+    let t = create(&env.api, pending_pod("t", "5"));
     let (_, r) = filter(env.addr(), &t, &["big"]).await;
     assert_eq!(r["NodeNames"], json!([]), "{r}");
     env.ext.stop().await;
@@ -358,10 +360,10 @@ async fn native_sidecars_are_counted() {
 #[tokio::test]
 async fn bind_writes_a_clean_slate() {
     let env = Env::start_with(config(), |api| {
-        create(api, node("n1", 1, 16));
+        create(api, gpu_node("n1", 1, 16));
     })
     .await;
-    let mut p = pod("copy", "4");
+    let mut p = pending_pod("copy", "4");
     p["metadata"]["annotations"] = json!({
         "gpushare.io/allocated-containers": "main",
         "scheduler.framework.gpushare.allocation": "{\"0\":{\"0\":9}}",
@@ -397,7 +399,7 @@ async fn three_hundred_slow_clients_do_not_stop_healthz_or_filter() {
     c.http.header_read_timeout_ms = 5_000;
     c.http.body_read_timeout_ms = 300;
     let env = Env::start_with(c, |api| {
-        create(api, node("n1", 1, 16));
+        create(api, gpu_node("n1", 1, 16));
     })
     .await;
     let mut slow = Vec::new();
@@ -417,7 +419,7 @@ async fn three_hundred_slow_clients_do_not_stop_healthz_or_filter() {
     }
     let (s, b) = get(env.addr(), "/healthz").await;
     assert_eq!((s, b.as_str()), (200, "ok\n"));
-    let p = create(&env.api, pod("p", "4"));
+    let p = create(&env.api, pending_pod("p", "4"));
     let (s, r) = filter(env.addr(), &p, &["n1"]).await;
     assert_eq!(s, 200);
     assert_eq!(r["NodeNames"], json!(["n1"]), "{r}");
@@ -439,8 +441,8 @@ async fn three_hundred_slow_clients_do_not_stop_healthz_or_filter() {
 #[tokio::test]
 async fn absurd_annotation_values_are_bounded_and_counted() {
     let env = Env::start_with(config(), |api| {
-        create(api, node("n1", 1, 16));
-        let mut p = pod("foreign", "4");
+        create(api, gpu_node("n1", 1, 16));
+        let mut p = pending_pod("foreign", "4");
         p["spec"]["nodeName"] = json!("n1");
         p["metadata"]["annotations"] = json!({
             "ALIYUN_COM_GPU_MEM_IDX": "0",
@@ -479,10 +481,10 @@ async fn a_watch_that_keeps_failing_makes_the_extender_unready() {
     let mut c = config();
     c.extender.watch_stale_after_ms = 300;
     let env = Env::start_with(c, |api| {
-        create(api, node("n1", 1, 16));
+        create(api, gpu_node("n1", 1, 16));
     })
     .await;
-    let p = create(&env.api, pod("p", "4"));
+    let p = create(&env.api, pending_pod("p", "4"));
     env.api.inject(
         Fault::new(Some(Method::GET), "/api/v1/pods?", FaultAction::Status(403)).times(100_000),
     );
@@ -506,7 +508,7 @@ async fn a_watch_that_keeps_failing_makes_the_extender_unready() {
     assert!(metric(env.addr(), "gpushare_extender_watch_errors_total").await >= 1.0);
     // RBAC fixed: the watch resumes, the ledger is fresh again.
     env.api.clear_faults();
-    create(&env.api, pod("wake", "1"));
+    create(&env.api, pending_pod("wake", "1"));
     eventually("/readyz answers 200 again", || async {
         get(env.addr(), "/readyz").await.0 == 200
     })
@@ -522,9 +524,9 @@ async fn a_late_annotation_patch_never_lands_over_a_later_bind() {
     let mut c = config();
     c.extender.bind_timeout_ms = 300;
     let env = Env::start_with(c, |api| {
-        create(api, node("n1", 2, 16));
-        create(api, node("n2", 1, 16));
-        let mut filler = pod("filler", "8");
+        create(api, gpu_node("n1", 2, 16));
+        create(api, gpu_node("n2", 1, 16));
+        let mut filler = pending_pod("filler", "8");
         filler["spec"]["nodeName"] = json!("n1");
         filler["metadata"]["annotations"] = json!({"ALIYUN_COM_GPU_MEM_IDX": "0",
             "ALIYUN_COM_GPU_MEM_POD": "8", "ALIYUN_COM_GPU_MEM_ASSIGNED": "true"});
@@ -532,7 +534,7 @@ async fn a_late_annotation_patch_never_lands_over_a_later_bind() {
         create(api, filler);
     })
     .await;
-    let p = create(&env.api, pod("p", "10"));
+    let p = create(&env.api, pending_pod("p", "10"));
     env.api.inject(Fault::new(
         Some(Method::PATCH),
         "/pods/p",

@@ -15,16 +15,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use bytes::Bytes;
 use gpushare::config::Config;
 use gpushare::extender::{self, ExtenderHandle};
 use gpushare::shutdown::Shutdown;
 use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
 use http::Method;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
+
+use crate::support::extender_http::http;
+use crate::support::objects::{gpu_node, pending_pod};
+use crate::support::wait::poll;
 
 const GPUS_PER_NODE: u64 = 4;
 const GPU_UNITS: u64 = 16;
@@ -100,21 +100,14 @@ async fn post(
     body: &Value,
     patience: Duration,
 ) -> Option<(u16, Value)> {
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let req = http::Request::builder()
-        .method(Method::POST)
-        .uri(format!("http://{addr}{path}"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .ok()?;
-    let answer = tokio::time::timeout(patience, async {
-        let resp = client.request(req).await.ok()?;
-        let status = resp.status().as_u16();
-        let body = resp.into_body().collect().await.ok()?.to_bytes();
-        Some((status, serde_json::from_slice(&body).unwrap_or(Value::Null)))
-    })
+    let url = format!("http://{addr}{path}");
+    let answer = tokio::time::timeout(
+        patience,
+        http(Method::POST, &url, Some(body.to_string().into_bytes())),
+    )
     .await;
-    answer.ok().flatten()
+    let (status, body) = answer.ok().flatten()?;
+    Some((status, serde_json::from_slice(&body).unwrap_or(Value::Null)))
 }
 
 /// Memory per (node, GPU) from the annotations of bound, running pods.
@@ -142,13 +135,8 @@ fn annotated(api: &ApiServer) -> BTreeMap<(String, u64), u64> {
 }
 
 async fn ledger(addr: SocketAddr) -> Option<BTreeMap<(String, u64), u64>> {
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let req = http::Request::builder()
-        .uri(format!("http://{addr}/gpushare-scheduler/inspect"))
-        .body(Full::new(Bytes::new()))
-        .ok()?;
-    let resp = client.request(req).await.ok()?;
-    let body = resp.into_body().collect().await.ok()?.to_bytes();
+    let url = format!("http://{addr}/gpushare-scheduler/inspect");
+    let (_, body) = http(Method::GET, &url, None).await?;
     let v: Value = serde_json::from_slice(&body).ok()?;
     let mut per_gpu = BTreeMap::new();
     for n in v["nodes"].as_array()? {
@@ -183,13 +171,8 @@ async fn soak_no_overcommit_under_random_faults() {
     api.set_history_limit(200);
     let names: Vec<String> = (0..nodes).map(|n| format!("n{n:03}")).collect();
     for n in &names {
-        let res = json!({"aliyun.com/gpu-mem": (GPUS_PER_NODE * GPU_UNITS).to_string(),
-                         "aliyun.com/gpu-count": GPUS_PER_NODE.to_string()});
-        api.create_object(
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n},
-            "status": {"capacity": res, "allocatable": res}}),
-        )
-        .expect("node created");
+        api.create_object(gpu_node(n, GPUS_PER_NODE, GPU_UNITS))
+            .expect("node created");
     }
     let first = start(&api).await;
     let addr = Arc::new(RwLock::new(first.addr));
@@ -261,10 +244,7 @@ async fn soak_no_overcommit_under_random_faults() {
                 let name = format!("p{i:05}");
                 let mem = 1 + rng.below(8);
                 let pod = api
-                    .create_object(json!({"apiVersion": "v1", "kind": "Pod",
-                        "metadata": {"name": name, "namespace": "default"},
-                        "spec": {"containers": [{"name": "main", "image": "cuda",
-                            "resources": {"limits": {"aliyun.com/gpu-mem": mem.to_string()}}}]}}))
+                    .create_object(pending_pod(&name, mem))
                     .expect("pod created");
                 counts.created.fetch_add(1, Ordering::Relaxed);
                 // Faults for this pod.
@@ -386,20 +366,23 @@ async fn soak_no_overcommit_under_random_faults() {
     // The ledger converges to the annotations and no reservation is left.
     let handle = ext.lock().await.take().expect("an extender runs");
     let a = handle.addr;
-    let end = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let l = ledger(a).await;
-        let want = annotated(&api);
-        if l.as_ref() == Some(&want) && handle.state().binds().is_empty() {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < end,
-            "ledger never converged:\nledger {l:?}\nannotations {want:?}\nowners left {}",
-            handle.state().binds().len()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    poll(
+        "the ledger to converge with no reservation left",
+        Duration::from_secs(60),
+        || async {
+            let l = ledger(a).await;
+            let want = annotated(&api);
+            let owners = handle.state().binds().len();
+            if l.as_ref() == Some(&want) && owners == 0 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "ledger {l:?}, annotations {want:?}, owners left {owners}"
+                ))
+            }
+        },
+    )
+    .await;
     let unknown = unknown_before_restart.load(Ordering::SeqCst) + unknown_of(a).await;
     let held: u64 = annotated(&api).values().sum();
     let c = &counts;
@@ -430,20 +413,10 @@ async fn soak_no_overcommit_under_random_faults() {
 
 /// `gpushare_extender_bind_unknown_outcomes_total` of the extender at `addr` (0 if unreachable).
 async fn unknown_of(addr: SocketAddr) -> u64 {
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let Ok(req) = http::Request::builder()
-        .uri(format!("http://{addr}/metrics"))
-        .body(Full::new(Bytes::new()))
-    else {
+    let Some((_, body)) = http(Method::GET, &format!("http://{addr}/metrics"), None).await else {
         return 0;
     };
-    let Ok(resp) = client.request(req).await else {
-        return 0;
-    };
-    let Ok(body) = resp.into_body().collect().await else {
-        return 0;
-    };
-    String::from_utf8_lossy(&body.to_bytes())
+    String::from_utf8_lossy(&body)
         .lines()
         .find(|l| l.starts_with("gpushare_extender_bind_unknown_outcomes_total"))
         .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())

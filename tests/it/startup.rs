@@ -16,7 +16,8 @@ use gpushare::shutdown::Shutdown;
 use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
 
 use crate::support::doctor_node::{NODE, node_root, preflight_config};
-use crate::support::extender_cluster::wait_until_within;
+use crate::support::extender_http::http;
+use crate::support::wait::{poll, wait_until_within};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -189,19 +190,25 @@ async fn the_extender_process_waits_for_the_api_server_and_then_serves() {
     );
     api.clear_faults();
     let url = format!("http://127.0.0.1:{port}/readyz");
-    let end = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let got = crate::support::extender_cluster::http(http::Method::GET, &url, None).await;
-        if got.as_ref().map(|r| r.0) == Some(200) {
-            break;
+    let served = poll("the extender to serve", DEADLINE, || {
+        let exited = child.try_wait();
+        let url = url.clone();
+        async move {
+            if let Ok(Some(status)) = exited {
+                return Ok(Err(format!("the extender exited: {status}")));
+            }
+            match http(http::Method::GET, &url, None).await {
+                Some((200, _)) => Ok(Ok(())),
+                got => Err(got.map(|(s, _)| s)),
+            }
         }
-        assert!(
-            tokio::time::Instant::now() < end && matches!(child.try_wait(), Ok(None)),
-            "the extender never served: {got:?} {:?}",
-            lines.lock().unwrap_or_else(|e| e.into_inner())
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
+    assert!(
+        served.is_ok(),
+        "the extender never served: {served:?} {:?}",
+        lines.lock().unwrap_or_else(|e| e.into_inner())
+    );
     let _ = child.kill();
     let _ = child.wait();
     let _ = reader.join();

@@ -6,9 +6,8 @@
 use http::Method;
 use serde_json::{Value, json};
 
-use crate::support::extender_cluster::{
-    extender_config, http, sandbox, start_extender, wait_http_ok,
-};
+use crate::support::extender_cluster::{extender_config, sandbox, start_extender, wait_http_ok};
+use crate::support::extender_http::http;
 
 /// The value of the `gpushare_extender_errors_total` series for `verb` and `kind` (0 when the
 /// series is absent).

@@ -5,10 +5,9 @@
 
 use gpushare_sandbox::apiserver::{Fault, FaultAction};
 
-use crate::support::extender_cluster::{
-    bind_via, bound_pod, extender_config, pending_pod, sandbox, start_extender,
-};
+use crate::support::extender_cluster::{bind_via, extender_config, sandbox, start_extender};
 use crate::support::ledger_truth::{converge, truth};
+use crate::support::objects::{bound_pod, pending_pod};
 
 const NODES: usize = 10;
 const GPUS: u64 = 4;

@@ -4,18 +4,12 @@
 //! conflicts and lost answers), and the sandbox calling the webhook on pod create as
 //! kube-apiserver does.
 
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
-use bytes::Bytes;
-use http_body_util::{BodyExt as _, Full};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
-use tokio_rustls::rustls;
-use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
 
 use gpushare::config::Config;
 use gpushare::shutdown::Shutdown;
@@ -23,6 +17,8 @@ use gpushare::webhook::bootstrap::{self, KEY_CA_CRT, KEY_TLS_CRT};
 use gpushare::webhook::certs::{self, PemPair};
 use gpushare::webhook::{self, WebhookHandle};
 use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
+
+use crate::support::https_client::{connector, https_exchange};
 
 const DNS: &str = "gpushare-webhook.kube-system.svc";
 
@@ -34,47 +30,12 @@ async fn post(
     path: &str,
     body: &[u8],
 ) -> (u16, Value, String) {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(cert.expect("CA PEM")).expect("CA added");
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from(DNS).expect("name"), tcp)
+    let answer = https_exchange(connector(ca_pem, None), DNS, addr, method, path, body)
         .await
-        .expect("TLS handshake with the webhook");
-    let presented = tls
-        .get_ref()
-        .1
-        .peer_certificates()
-        .and_then(|c| c.first())
-        .map(|c| c.to_vec())
-        .unwrap_or_default();
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-            .await
-            .expect("HTTP handshake");
-    tokio::spawn(conn);
-    let req = http::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", DNS)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::copy_from_slice(body)))
-        .expect("request");
-    let resp = sender.send_request(req).await.expect("response");
-    let status = resp.status().as_u16();
-    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-    let json = serde_json::from_slice(&bytes)
-        .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-    let presented = base64::engine::general_purpose::STANDARD.encode(presented);
-    (status, json, presented)
+        .expect("an HTTPS answer from the webhook");
+    let json = serde_json::from_str(&answer.body).unwrap_or(Value::String(answer.body));
+    let presented = base64::engine::general_purpose::STANDARD.encode(answer.presented);
+    (answer.status, json, presented)
 }
 
 fn review(kind: &str, object: Value) -> Vec<u8> {
@@ -538,9 +499,10 @@ async fn the_sandbox_api_server_calls_the_webhooks_on_pod_create() {
 #[test]
 fn the_binary_refuses_to_serve_without_tls() {
     let out = crate::support::run(&["webhook", "--port", "0"]);
+    // Missing configuration: exit 78.
     assert_eq!(
         out.status.code(),
-        Some(1),
+        Some(78),
         "{}",
         crate::support::stderr(&out)
     );

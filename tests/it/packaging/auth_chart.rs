@@ -17,11 +17,11 @@ use yaml_serde::Value;
 
 use crate::support::assert_cli_accepts;
 use crate::support::clients;
-use crate::support::extender_http::{node, pod};
 use crate::support::helm_chart::{
     all_documents, check_typed, default_values, merged, render_by_path, strings,
 };
 use crate::support::https_client::{connector, https_via};
+use crate::support::objects::{gpu_node, pending_pod};
 
 fn values(overlay: &str) -> Value {
     merged(
@@ -184,8 +184,8 @@ async fn the_charts_certificates_authenticate_the_scheduler_to_the_extender() {
         &tmp.path().join("client"),
     );
     let api = ApiServer::start().await.expect("sandbox API server");
-    api.create_object(node("n1", 1, 16)).expect("node");
-    api.create_object(pod("p1", "4")).expect("pod");
+    api.create_object(gpu_node("n1", 1, 16)).expect("node");
+    api.create_object(pending_pod("p1", "4")).expect("pod");
     let mut config = gpushare::config::Config::default();
     config.doctor.skip = true;
     config.extender.bind_address = [127, 0, 0, 1].into();

@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use gpushare::config::Config;
 use gpushare::core::wire;
@@ -17,12 +16,12 @@ use gpushare_sandbox::kubelet::Kubelet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::Value;
 
+use super::objects::assumed_pod;
 use super::socket_dir::short_tempdir;
+use super::wait::wait_until;
 
 pub(crate) const RESOURCE: &str = wire::RESOURCE_GPU_MEM;
 pub(crate) const NODE: &str = "gpu-node-1";
-/// How long [`Cluster::wait_for`] waits before it fails the test.
-const DEADLINE: Duration = Duration::from_secs(20);
 
 /// A sandbox cluster with the device plugin running on it.
 pub(crate) struct Cluster {
@@ -155,15 +154,9 @@ impl Cluster {
             .await
     }
 
+    /// Waits until `check` holds of the cluster ([`super::wait::wait_until`]).
     pub(crate) async fn wait_for(&self, what: &str, check: impl Fn(&Cluster) -> bool) {
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        while !check(self) {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out waiting for {what}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_until(what, || check(self)).await;
     }
 
     pub(crate) fn warning_events(&self, reason: &str) -> Vec<Value> {
@@ -175,9 +168,7 @@ impl Cluster {
     }
 }
 
-/// A pod on the node in `default` with these GPU init and app containers; with `idx`, the
-/// annotations the extender's bind writes (GPU `idx`, ASSIGNED=false, ASSUME_TIME
-/// `assume_time`).
+/// A pod on the node: [`super::objects::assumed_pod`] on [`NODE`].
 pub(crate) fn pod_json(
     name: &str,
     init: &[(&str, u64)],
@@ -185,38 +176,7 @@ pub(crate) fn pod_json(
     idx: Option<u32>,
     assume_time: u64,
 ) -> Value {
-    let c = |list: &[(&str, u64)]| -> Vec<Value> {
-        list.iter()
-            .map(|(n, m)| {
-                serde_json::json!({"name": n, "image": "cuda",
-                        "resources": {"limits": {RESOURCE: m.to_string()}}})
-            })
-            .collect()
-    };
-    let total = init
-        .iter()
-        .map(|x| x.1)
-        .max()
-        .unwrap_or(0)
-        .max(containers.iter().map(|x| x.1).sum());
-    let mut annotations = serde_json::Map::new();
-    if let Some(idx) = idx {
-        annotations.insert(wire::ANN_GPU_INDEX.into(), idx.to_string().into());
-        annotations.insert(wire::ANN_POD_MEM.into(), total.to_string().into());
-        annotations.insert(wire::ANN_DEVICE_MEM.into(), "16".into());
-        annotations.insert(wire::ANN_ASSIGNED.into(), "false".into());
-        annotations.insert(wire::ANN_ASSUME_TIME.into(), assume_time.to_string().into());
-    }
-    let mut spec = serde_json::json!({"nodeName": NODE, "containers": c(containers)});
-    if !init.is_empty() {
-        spec["initContainers"] = Value::Array(c(init));
-    }
-    serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "annotations": annotations},
-        "spec": spec,
-        "status": {"phase": "Pending"},
-    })
+    assumed_pod(name, NODE, init, containers, idx, assume_time)
 }
 
 pub(crate) fn env<'a>(resp: &'a ContainerAllocateResponse, key: &str) -> &'a str {

@@ -1,42 +1,53 @@
-//! The extender's HTTP side as the integration tests drive it: one request helper, the
-//! scheduling verbs' JSON, `/inspect`, a bounded wait on a condition, and the Node and Pod
-//! objects the extender tests seed.
+//! The extender's HTTP side as the integration tests drive it: the one plain HTTP client of
+//! the tests ([`http`]: `None` when nothing answers), the scheduling verbs' JSON and
+//! `/inspect`. The objects they send come from
+//! [`super::objects`].
 
-use std::future::Future;
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::Method;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-/// How long [`eventually`] waits before it fails the test.
-const DEADLINE: Duration = Duration::from_secs(30);
+use super::wait::DEADLINE;
 
+/// One HTTP/1.1 request; `(status, body)`, or `None` when the connection failed or no
+/// answer came within [`DEADLINE`] (a stopped replica).
+pub(crate) async fn http(
+    method: http::Method,
+    url: &str,
+    body: Option<Vec<u8>>,
+) -> Option<(u16, Vec<u8>)> {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let req = http::Request::builder()
+        .method(method)
+        .uri(url)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body.unwrap_or_default())))
+        .ok()?;
+    let resp = tokio::time::timeout(DEADLINE, client.request(req))
+        .await
+        .ok()?
+        .ok()?;
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.ok()?.to_bytes().to_vec();
+    Some((status, body))
+}
+
+/// One request to the extender at `addr`, which must answer: `(status, body text)`.
 pub(crate) async fn request(
     addr: SocketAddr,
     method: Method,
     path: &str,
     body: Vec<u8>,
 ) -> (u16, String) {
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let req = http::Request::builder()
-        .method(method)
-        .uri(format!("http://{addr}{path}"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .expect("request builds");
-    let resp = client.request(req).await.expect("extender answers");
-    let status = resp.status().as_u16();
-    let body = resp
-        .into_body()
-        .collect()
+    let url = format!("http://{addr}{path}");
+    let (status, body) = http(method, &url, Some(body))
         .await
-        .expect("body reads")
-        .to_bytes();
+        .unwrap_or_else(|| panic!("the extender at {addr} does not answer {path}"));
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
@@ -53,36 +64,4 @@ pub(crate) async fn inspect(addr: SocketAddr) -> Value {
     let (s, b) = get(addr, "/gpushare-scheduler/inspect").await;
     assert_eq!(s, 200, "{b}");
     serde_json::from_str(&b).expect("inspect is JSON")
-}
-
-pub(crate) async fn eventually<F, Fut>(what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let end = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        if cond().await {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < end,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-pub(crate) fn node(name: &str, gpus: u64, per_gpu: u64) -> Value {
-    let res = json!({"aliyun.com/gpu-mem": (gpus * per_gpu).to_string(),
-                     "aliyun.com/gpu-count": gpus.to_string(), "cpu": "8"});
-    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
-           "status": {"capacity": res, "allocatable": res}})
-}
-
-pub(crate) fn pod(name: &str, mem: &str) -> Value {
-    json!({"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": name, "namespace": "default"},
-           "spec": {"containers": [{"name": "main", "image": "cuda",
-               "resources": {"limits": {"aliyun.com/gpu-mem": mem}}}]}})
 }

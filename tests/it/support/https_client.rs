@@ -1,11 +1,14 @@
-//! HTTPS clients for the tests of TLS servers (the extender with client-certificate auth):
-//! a rustls connector trusting a CA and presenting a client certificate or none, and one
-//! request over a fresh connection. Not a general HTTP client: `extender_http` is that.
+//! HTTPS clients for the tests of TLS servers (the extender with client-certificate auth, the
+//! webhook): a rustls connector trusting a CA and presenting a client certificate or none, and one
+//! request over a fresh connection (with the certificate the server presented). Not a general
+//! HTTP client: `extender_http` is that.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use hyper_util::rt::TokioIo;
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject as _;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -36,8 +39,73 @@ pub(crate) fn connector(ca_pem: &str, client: Option<(&str, &str)>) -> tokio_rus
     tokio_rustls::TlsConnector::from(Arc::new(config))
 }
 
-/// One HTTPS request on a fresh connection through `connector`: the status and body, or
-/// `Err` when the TLS handshake or the connection failed (a refused certificate). Checks the server's certificate against `server_name`.
+/// What one HTTPS exchange brought back.
+#[derive(Debug)]
+pub(crate) struct HttpsAnswer {
+    /// The status.
+    pub(crate) status: u16,
+    /// The body, as text.
+    pub(crate) body: String,
+    /// The DER certificate the server presented.
+    pub(crate) presented: Vec<u8>,
+}
+
+/// One HTTPS request on a fresh connection through `connector`, checking the server's
+/// certificate against `server_name` (also the `Host`): the answer, or `Err` when the TLS
+/// handshake or the connection failed (a refused certificate).
+pub(crate) async fn https_exchange(
+    connector: tokio_rustls::TlsConnector,
+    server_name: &str,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> Result<HttpsAnswer, String> {
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = ServerName::try_from(server_name.to_string()).map_err(|e| e.to_string())?;
+    let tls = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let presented = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.to_vec())
+        .unwrap_or_default();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .map_err(|e| format!("HTTP handshake: {e}"))?;
+    tokio::spawn(conn);
+    let request = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(http::header::HOST, server_name)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::copy_from_slice(body)))
+        .map_err(|e| e.to_string())?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| format!("exchange: {e}"))?;
+    let status = response.status().as_u16();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("read: {e}"))?
+        .to_bytes();
+    Ok(HttpsAnswer {
+        status,
+        body: String::from_utf8_lossy(&body).into_owned(),
+        presented,
+    })
+}
+
+/// [`https_exchange`] with a text body: the status and body.
 pub(crate) async fn https_via(
     connector: tokio_rustls::TlsConnector,
     server_name: &str,
@@ -46,35 +114,7 @@ pub(crate) async fn https_via(
     path: &str,
     body: &str,
 ) -> Result<(u16, String), String> {
-    let tcp = tokio::net::TcpStream::connect(addr)
+    https_exchange(connector, server_name, addr, method, path, body.as_bytes())
         .await
-        .map_err(|e| e.to_string())?;
-    let name = ServerName::try_from(server_name.to_string()).map_err(|e| e.to_string())?;
-    let mut tls = connector
-        .connect(name, tcp)
-        .await
-        .map_err(|e| format!("handshake: {e}"))?;
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    tls.write_all(request.as_bytes())
-        .await
-        .map_err(|e| format!("write: {e}"))?;
-    let mut answer = Vec::new();
-    tls.read_to_end(&mut answer)
-        .await
-        .map_err(|e| format!("read: {e}"))?;
-    let text = String::from_utf8_lossy(&answer).into_owned();
-    let status = text
-        .strip_prefix("HTTP/1.1 ")
-        .and_then(|s| s.get(..3))
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("no HTTP answer: {text:?}"))?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
+        .map(|a| (a.status, a.body))
 }

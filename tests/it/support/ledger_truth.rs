@@ -3,13 +3,13 @@
 //! difference when they do not converge; and the over-commit check on the annotations.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use gpushare::core::wire::{ANN_GPU_INDEX, ANN_POD_MEM};
 use gpushare_sandbox::apiserver::ApiServer;
 use serde_json::Value;
 
-use super::extender_cluster::{DEADLINE, http};
+use super::extender_http::http;
+use super::wait::{DEADLINE, poll};
 
 /// Per (node, GPU index): pod UID → memory units held.
 pub(crate) type Holdings = BTreeMap<(String, u32), BTreeMap<String, u64>>;
@@ -68,19 +68,28 @@ pub(crate) async fn ledger(addr: std::net::SocketAddr) -> Option<Holdings> {
 
 /// Polls `/inspect` until the ledger equals the API's truth (or fails with both).
 pub(crate) async fn converge(api: &ApiServer, addr: std::net::SocketAddr) {
-    let end = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let want = truth(api);
-        let got = ledger(addr).await;
-        if got.as_ref() == Some(&want) {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < end,
-            "the ledger never converged with the API's pods:\n{}",
-            describe_difference(api, got.as_ref(), &want)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    poll(
+        "the ledger to converge with the API's pods",
+        DEADLINE,
+        || async {
+            let want = truth(api);
+            let got = ledger(addr).await;
+            if got.as_ref() == Some(&want) {
+                Ok(())
+            } else {
+                Err(Difference(describe_difference(api, got.as_ref(), &want)))
+            }
+        },
+    )
+    .await;
+}
+
+/// A difference, shown as the text it is (not escaped) when a wait fails.
+struct Difference(String);
+
+impl std::fmt::Debug for Difference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "\n{}", self.0)
     }
 }
 

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+pub mod canned_http;
 pub mod clients;
 pub mod deviceplugin_cluster;
 pub mod doctor_node;
@@ -16,8 +17,10 @@ pub mod helm_chart;
 pub mod https_client;
 pub mod ledger_truth;
 pub mod mps;
+pub mod objects;
 pub mod socket_dir;
 pub mod source_tree;
+pub mod wait;
 
 /// Path of the built `gpushare` binary.
 pub fn bin() -> PathBuf {
@@ -72,4 +75,24 @@ pub fn assert_cli_accepts(args: &[String], what: &str) {
         "{what}: gpushare rejects {args:?}:\n{}",
         stderr(&out)
     );
+}
+
+/// A loopback port nothing listens on (bound, then let go).
+pub fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    drop(listener);
+    port
+}
+
+/// A kubeconfig file whose one context talks to `server` with a token.
+pub fn kubeconfig_for(server: &str) -> tempfile::NamedTempFile {
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n\
+         users:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: ctx\n  context:\n    cluster: c\n    user: u\n\
+         current-context: ctx\n"
+    );
+    std::fs::write(file.path(), text).expect("kubeconfig written");
+    file
 }
