@@ -35,7 +35,8 @@ DIST_BASE_URL ?= https://github.com/gpushare/gpushare/releases/download/v$(VERSI
 
 .PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup \
   tools license-check lint-packaging static-arm64 glibc-arm64 qemu-arm64 plugin-windows plugin-macos \
-  build-no-demo dist dist-built dist-check check-macos check-windows qemu-arm64-static layers manifests clients
+  build-no-demo dist dist-built dist-check check-macos check-windows qemu-arm64-static layers manifests clients \
+  test-clients fresh-clone chart-schema
 .PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup soak
 
 help: ## list the targets
@@ -48,15 +49,14 @@ demo: ## run the self-contained demo (sandbox cluster, extender, device plugin, 
 	$(CARGO) run $(CI_FLAGS) --quiet -- demo
 
 VENV ?= .venv
-clients: ## the outside clients the tests drive: grpcio, grpcio-tools, helm-python-sdk into $(VENV), checkov into .venv-checkov (promtool: apt-get install prometheus)
-	@[ -x $(VENV)/bin/python3 ] || python3 -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/clients/requirements.txt
-	@[ -x .venv-checkov/bin/python3 ] || python3 -m venv .venv-checkov
-	.venv-checkov/bin/pip install --quiet --disable-pip-version-check -r tests/clients/requirements-checkov.txt
-	@command -v promtool >/dev/null || echo "clients: promtool missing: apt-get install prometheus (or set GPUSHARE_TEST_PROMTOOL)"
+clients: ## the outside clients the tests drive, pinned: grpcio, grpcio-tools, helm-python-sdk into $(VENV), checkov into .venv-checkov (promtool: apt-get install prometheus); any failure fails
+	@VENV=$(VENV) tests/clients/install.sh
 
-test: ## unit + integration tests (no cluster, no GPU needed)
-	$(CARGO) test $(CI_FLAGS) --workspace --all-targets
+test-clients: ## what `make test` installs first: as `make clients`, but a client that cannot be installed only makes its tests print SKIPPED (strict under CI)
+	@VENV=$(VENV) tests/clients/install.sh --best-effort
+
+test: test-clients ## unit + integration tests (no cluster, no GPU needed); installs the Python clients (PyPI) first, then counts the SKIPPED tests
+	@CARGO="$(CARGO)" tests/suite.sh $(CI_FLAGS) --workspace --all-targets $(TEST_ARGS)
 
 manifests: ## regenerate packaging/manifests/ from the Helm chart (real Helm engine, helm-python-sdk in .venv)
 	GPUSHARE_UPDATE_GOLDEN=1 $(CARGO) test $(CI_FLAGS) --test it -- --exact packaging::chart::rendered_chart_equals_the_plain_manifests
@@ -65,11 +65,15 @@ SOAK_NODES ?= 50
 soak: ## 2,000 pods bound and deleted over 50 nodes under random API faults, a re-list every ~500 events and one extender restart; prints the counts (SOAK_PODS, SOAK_NODES, SOAK_SEED)
 	SOAK_PODS=$(SOAK_PODS) SOAK_NODES=$(SOAK_NODES) $(CARGO) test $(CI_FLAGS) --test it soak:: -- --ignored --nocapture
 
-test-cluster: ## tests against a real cluster (needs KUBECONFIG)
-	$(CARGO) test $(CI_FLAGS) --test it -- --ignored cluster_
+test-cluster: ## the #[ignore]d cluster_* tests against the cluster $KUBECONFIG names; fails when it is unset or when no test ran (a skip fails)
+	@[ -n "$$KUBECONFIG" ] || { echo "test-cluster: KUBECONFIG is not set: there is no cluster to test against (kind create cluster --config tests/cluster/kind.yaml)" >&2; exit 1; }
+	@GPUSHARE_TEST_NO_SKIP=1 CARGO="$(CARGO)" tests/suite.sh --require-tests $(CI_FLAGS) --test it -- --ignored cluster_
 
-test-gpu: ## tests against a real GPU
-	$(CARGO) test $(CI_FLAGS) --test it -- --ignored gpu_
+test-gpu: ## the #[ignore]d gpu_* tests on a machine with NVIDIA GPUs; fails when no test ran (a skip fails)
+	@GPUSHARE_TEST_NO_SKIP=1 CARGO="$(CARGO)" tests/suite.sh --require-tests $(CI_FLAGS) --test it -- --ignored gpu_
+
+fresh-clone: ## a fresh `git clone` of HEAD walked through `make test` (install step, SKIPPED lines) by tests/it/packaging/fresh_clone.rs
+	$(CARGO) test $(CI_FLAGS) --test it -- --ignored --nocapture fresh_clone_
 
 layers: ## the house rules: roles never import each other, core links nothing outside, no sandbox without `demo`, typed errors, tests share through support only
 	$(CARGO) test $(CI_FLAGS) --test it -- layers::
