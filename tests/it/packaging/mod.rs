@@ -11,6 +11,7 @@ mod chart_dedicated;
 mod chart_mps;
 mod chart_production;
 mod checkov;
+mod fresh_clone;
 mod ha_chart;
 mod image;
 mod kubeadm;
