@@ -36,7 +36,7 @@ DIST_BASE_URL ?= https://github.com/gpushare/gpushare/releases/download/v$(VERSI
 .PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup \
   tools license-check lint-packaging static-arm64 glibc-arm64 qemu-arm64 plugin-windows plugin-macos \
   build-no-demo dist dist-built dist-check check-macos check-windows qemu-arm64-static layers manifests clients \
-  test-clients fresh-clone chart-schema
+  test-clients fresh-clone chart
 .PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup soak
 
 help: ## list the targets
@@ -60,6 +60,8 @@ test: test-clients ## unit + integration tests (no cluster, no GPU needed); inst
 
 manifests: ## regenerate packaging/manifests/ from the Helm chart (real Helm engine, helm-python-sdk in .venv)
 	GPUSHARE_UPDATE_GOLDEN=1 $(CARGO) test $(CI_FLAGS) --test it -- --exact packaging::chart::rendered_chart_equals_the_plain_manifests
+chart: ## regenerate the chart's generated files: values.schema.json's config part (from the binary's configuration) and README.md's values table (from values.yaml)
+	GPUSHARE_UPDATE_GOLDEN=1 $(CARGO) test $(CI_FLAGS) --test it -- packaging::chart_schema::the_schema_config_part packaging::chart_readme::the_chart_readme
 SOAK_PODS ?= 2000
 SOAK_NODES ?= 50
 soak: ## 2,000 pods bound and deleted over 50 nodes under random API faults, a re-list every ~500 events and one extender restart; prints the counts (SOAK_PODS, SOAK_NODES, SOAK_SEED)

@@ -132,7 +132,7 @@ fn extender_mode_renders_no_managed_object() {
     let err = helm_render(json!({ "scheduler": { "mode": "sideways" } }), NAMESPACE)
         .expect_err("an unknown mode is refused");
     assert!(
-        err.contains("scheduler.mode must be extender or dedicated"),
+        err.contains("at '/scheduler/mode': value must be one of 'extender', 'dedicated'"),
         "{err}"
     );
 }
