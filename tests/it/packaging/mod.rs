@@ -10,6 +10,7 @@ mod chart;
 mod chart_dedicated;
 mod chart_mps;
 mod chart_production;
+mod chart_readme;
 mod chart_schema;
 mod checkov;
 mod fresh_clone;
