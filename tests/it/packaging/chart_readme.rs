@@ -13,7 +13,8 @@ use crate::support::helm_chart::CHART;
 use crate::support::source_tree::{assert_generated, read};
 
 const README: &str = "packaging/helm/gpushare/README.md";
-const BEGIN: &str = "<!-- values table: generated from values.yaml by `make chart`; do not edit -->";
+const BEGIN: &str =
+    "<!-- values table: generated from values.yaml by `make chart`; do not edit -->";
 const END: &str = "<!-- end of the values table -->";
 
 /// One row: the value's dotted path, its default (compact JSON), its comment.

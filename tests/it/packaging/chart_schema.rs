@@ -227,7 +227,10 @@ fn the_schema_refuses_what_cannot_work_and_names_the_value() {
         ),
         (
             json!({"logLevel": "verbose"}),
-            &["at '/logLevel'", "'trace', 'debug', 'info', 'warn', 'error'"],
+            &[
+                "at '/logLevel'",
+                "'trace', 'debug', 'info', 'warn', 'error'",
+            ],
         ),
         (
             json!({"scheduler": {"mode": "sideways"}}),
@@ -257,7 +260,10 @@ fn the_schema_refuses_what_cannot_work_and_names_the_value() {
             json!({"devicePlugin": {"deviceListStrategy": "envvar,cdi"}}),
             &["at '/devicePlugin/deviceListStrategy'"],
         ),
-        (json!({"imagePulSecrets": []}), &["'imagePulSecrets' not allowed"]),
+        (
+            json!({"imagePulSecrets": []}),
+            &["'imagePulSecrets' not allowed"],
+        ),
     ];
     // And what must still pass: the defaults, the earlier forms, the documented examples.
     let good = vec![

@@ -9,6 +9,7 @@ mod auth_chart;
 mod chart;
 mod chart_dedicated;
 mod chart_mps;
+mod chart_operator;
 mod chart_production;
 mod chart_readme;
 mod chart_schema;

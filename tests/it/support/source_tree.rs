@@ -31,8 +31,7 @@ pub(crate) fn yaml_documents(name: &str, text: &str) -> Vec<yaml_serde::Value> {
 pub(crate) fn assert_generated(rel: &str, expected: &str, regenerate: &str) {
     let path = repo_path(rel);
     if std::env::var_os("GPUSHARE_UPDATE_GOLDEN").is_some_and(|v| v == "1") {
-        std::fs::write(&path, expected)
-            .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        std::fs::write(&path, expected).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
     }
     let actual = std::fs::read_to_string(&path).unwrap_or_default();
     if actual != expected {
