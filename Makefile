@@ -29,6 +29,11 @@ EXTRA_ENV = CARGO_PROFILE_RELEASE_LTO=$(EXTRA_LTO) CARGO_PROFILE_RELEASE_CODEGEN
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 PYTHON := $(CURDIR)/.venv/bin/python
 
+# NO_DEMO=1: `make static` and `make static-arm64` build the roles without the demo sandbox
+# (--no-default-features), as the container image carries them (packaging/Dockerfile).
+NO_DEMO ?=
+NO_DEMO_FLAGS = $(if $(NO_DEMO),--no-default-features --bin gpushare,)
+
 # `make dist`: where the archives will be downloadable (the krew manifest's URLs).
 DIST_DIR ?= dist
 DIST_BASE_URL ?= https://github.com/gpushare/gpushare/releases/download/v$(VERSION)
@@ -36,7 +41,7 @@ DIST_BASE_URL ?= https://github.com/gpushare/gpushare/releases/download/v$(VERSI
 .PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup \
   tools license-check lint-packaging static-arm64 glibc-arm64 qemu-arm64 plugin-windows plugin-macos \
   build-no-demo dist dist-built dist-check check-macos check-windows qemu-arm64-static layers manifests clients \
-  test-clients fresh-clone chart
+  test-clients fresh-clone chart checkov
 .PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup soak
 
 help: ## list the targets
@@ -90,7 +95,7 @@ fmt: ## format the code
 static: ## fully static musl release binary (LTO, stripped); checks it is static and prints its size
 	@command -v x86_64-linux-musl-gcc >/dev/null || command -v musl-gcc >/dev/null || { echo "static: needs musl-tools (apt-get install -y musl-tools)"; exit 1; }
 	CC_x86_64_unknown_linux_musl=$$(command -v x86_64-linux-musl-gcc || command -v musl-gcc) \
-	  $(CARGO) build $(CI_FLAGS) --release --target $(MUSL_TARGET)
+	  $(CARGO) build $(CI_FLAGS) --release --target $(MUSL_TARGET) $(NO_DEMO_FLAGS)
 	@$(MAKE) --no-print-directory check-static
 
 BIN_RUNNER ?=
@@ -114,7 +119,7 @@ tools: ## the pinned PyPI build/release tools into .venv (packaging/requirements
 
 static-arm64: tools ## aarch64-unknown-linux-musl fully static (cargo-zigbuild, zig from PyPI); proves it static
 	@rustup target list --installed | grep -qx $(ARM64_MUSL_TARGET) || rustup target add $(ARM64_MUSL_TARGET)
-	$(EXTRA_ENV) $(CARGO) zigbuild $(CI_FLAGS) --release --target $(ARM64_MUSL_TARGET)
+	$(EXTRA_ENV) $(CARGO) zigbuild $(CI_FLAGS) --release --target $(ARM64_MUSL_TARGET) $(NO_DEMO_FLAGS)
 	@$(MAKE) --no-print-directory check-static STATIC_BIN=$(ARM64_STATIC_BIN) \
 	  BIN_RUNNER="$$(command -v qemu-aarch64-static || command -v qemu-aarch64 || echo skip)"
 
@@ -160,6 +165,9 @@ license-check: tools ## every dependency's licence is on deny.toml's allow list 
 
 lint-packaging: tools ## hadolint on packaging/Dockerfile
 	hadolint packaging/Dockerfile
+
+checkov: ## a plain `checkov -d .` (checkov in .venv-checkov, make clients): every finding fixed or skipped next to its object with the reason
+	.venv-checkov/bin/checkov -d . --skip-download --compact --quiet
 
 dist: tools static glibc static-arm64 glibc-arm64 plugin-windows ## release archives, SHA256SUMS, Helm chart, krew manifest, SBOM in dist/ (VERSION=x.y.z)
 	@$(MAKE) --no-print-directory dist-built
