@@ -32,7 +32,7 @@ PYTHON := $(CURDIR)/.venv/bin/python
 # NO_DEMO=1: `make static` and `make static-arm64` build the roles without the demo sandbox
 # (--no-default-features), as the container image carries them (packaging/Dockerfile).
 NO_DEMO ?=
-NO_DEMO_FLAGS = $(if $(NO_DEMO),--no-default-features --bin gpushare,)
+NO_DEMO_FLAGS := $(if $(NO_DEMO),--no-default-features --bin gpushare,)
 
 # `make dist`: where the archives will be downloadable (the krew manifest's URLs).
 DIST_DIR ?= dist
