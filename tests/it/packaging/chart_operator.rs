@@ -46,7 +46,7 @@ fn render_all(values: &[Value]) -> Option<Vec<Result<Render, String>>> {
 }
 
 fn render(values: Value) -> Option<Render> {
-    let mut all = render_all(&[values.clone()])?;
+    let mut all = render_all(std::slice::from_ref(&values))?;
     Some(
         all.remove(0)
             .unwrap_or_else(|e| panic!("{values} does not render: {e}")),
@@ -239,7 +239,7 @@ fn combinations_that_cannot_work_are_refused_with_the_reason() {
             "webhook.tls.existingSecret needs webhook.tls.injectCaFrom",
         ),
     ];
-    let fine = vec![
+    let fine = [
         json!({"extender": {"networkPolicy": {"enabled": true, "schedulerCIDRs": ["10.0.0.0/24"]}}}),
         json!({"scheduler": {"mode": "dedicated"}, "extender": {"networkPolicy": {"enabled": true}}}),
         json!({"extender": {"leaderElect": false, "replicas": 1}}),

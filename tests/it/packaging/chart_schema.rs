@@ -266,7 +266,7 @@ fn the_schema_refuses_what_cannot_work_and_names_the_value() {
         ),
     ];
     // And what must still pass: the defaults, the earlier forms, the documented examples.
-    let good = vec![
+    let good = [
         json!({}),
         json!({"devicePlugin": {"memoryUnit": "256MiB", "deviceListStrategy": "envvar,cdi-cri"}}),
         json!({"devicePlugin": {"deviceListStrategy": ["cdi-cri", "envvar"], "admissionPolicy": {"enabled": true}}}),
