@@ -125,10 +125,18 @@ fn a_test_whose_client_is_missing_prints_skipped_and_fails_under_ci() {
 #[ignore = "builds the whole workspace in a fresh clone and fetches the clients from PyPI: make fresh-clone"]
 fn fresh_clone_make_test_installs_its_clients_and_passes() {
     let (_dir, clone) = fresh_clone();
-    let target = repo_path("target/fresh-clone");
+    // Knobs for a quicker walk (the default is the whole of both commands):
+    // GPUSHARE_FRESH_CLONE_TARGET, the build directory (default target/fresh-clone: kept
+    // between runs, so a rerun builds only what changed); GPUSHARE_FRESH_CLONE_TEST_ARGS, what
+    // `make test` passes on to cargo test (e.g. `-- packaging::`).
+    let target = std::env::var_os("GPUSHARE_FRESH_CLONE_TARGET")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_path("target/fresh-clone"));
+    let test_args = std::env::var("GPUSHARE_FRESH_CLONE_TEST_ARGS").unwrap_or_default();
     let make = |goal: &str| {
         let out = Command::new("make")
             .arg(goal)
+            .arg(format!("TEST_ARGS={test_args}"))
             .current_dir(&clone)
             .env("CARGO_TARGET_DIR", &target)
             .env_remove("CI")
@@ -136,6 +144,8 @@ fn fresh_clone_make_test_installs_its_clients_and_passes() {
             .env_remove("GPUSHARE_TEST_CHECKOV")
             .env_remove("GPUSHARE_TEST_NO_SKIP")
             .env_remove("VIRTUAL_ENV")
+            .env_remove("GPUSHARE_TEST_PROMTOOL")
+            .env_remove("GPUSHARE_TEST_KUBECTL")
             .output()
             .expect("make runs");
         let said = text(&out);
