@@ -5,6 +5,7 @@
 //! - Python with `grpcio`, `grpcio-tools` and `helm-python-sdk`: `$GPUSHARE_TEST_PYTHON`, else
 //!   `<repo>/.venv/bin/python3`.
 //! - promtool (Debian package `prometheus`): `$GPUSHARE_TEST_PROMTOOL`, else `promtool` on PATH.
+//! - systemd-analyze (Debian package `systemd`): on PATH.
 //! - kubectl: `$GPUSHARE_TEST_KUBECTL` (one binary), else every `kubectl` / `kubectl.1.*` on
 //!   PATH, under `/usr/local/bin` and under `/usr/lib/google-cloud-sdk/bin` (where the Google
 //!   Cloud SDK puts kubectl 1.27-1.33).
@@ -104,6 +105,19 @@ pub fn promtool() -> Option<PathBuf> {
             "promtool",
             "apt-get install prometheus, or set GPUSHARE_TEST_PROMTOOL",
         )
+    }
+}
+
+/// systemd-analyze (Debian package `systemd`), or `None` after the SKIPPED line.
+pub fn systemd_analyze() -> Option<()> {
+    let ok = Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        Some(())
+    } else {
+        missing("systemd-analyze", "apt-get install systemd")
     }
 }
 
