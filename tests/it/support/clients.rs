@@ -53,9 +53,7 @@ pub fn skip(why: &str) {
 
 /// Skips (returns `None`, after [`skip`]'s line) or, under CI, panics.
 pub fn missing<T>(tool: &str, how: &str) -> Option<T> {
-    skip(&format!(
-        "client `{tool}` not found: {how} (`make test` installs the Python clients; see README, Development)"
-    ));
+    skip(&format!("client `{tool}` not found: {how}"));
     None
 }
 
@@ -81,7 +79,7 @@ pub fn python_with(modules: &[&str]) -> Option<PathBuf> {
         missing(
             &format!("python with {}", modules.join(", ")),
             &format!(
-                "`{} -c '{import}'` failed (set GPUSHARE_TEST_PYTHON or create .venv)",
+                "`{} -c '{import}'` failed (`make test` or `make clients` installs it into .venv; or set GPUSHARE_TEST_PYTHON)",
                 python.display()
             ),
         )
