@@ -29,13 +29,19 @@ EXTRA_ENV = CARGO_PROFILE_RELEASE_LTO=$(EXTRA_LTO) CARGO_PROFILE_RELEASE_CODEGEN
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 PYTHON := $(CURDIR)/.venv/bin/python
 
+# NO_DEMO=1: `make static` and `make static-arm64` build the roles without the demo sandbox
+# (--no-default-features), as the container image carries them (packaging/Dockerfile).
+NO_DEMO ?=
+NO_DEMO_FLAGS := $(if $(NO_DEMO),--no-default-features --bin gpushare,)
+
 # `make dist`: where the archives will be downloadable (the krew manifest's URLs).
 DIST_DIR ?= dist
 DIST_BASE_URL ?= https://github.com/gpushare/gpushare/releases/download/v$(VERSION)
 
 .PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup \
   tools license-check lint-packaging static-arm64 glibc-arm64 qemu-arm64 plugin-windows plugin-macos \
-  build-no-demo dist dist-built dist-check check-macos check-windows qemu-arm64-static layers manifests clients docs
+  build-no-demo dist dist-built dist-check check-macos check-windows qemu-arm64-static layers manifests clients docs \
+  test-clients fresh-clone chart checkov
 .PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup soak
 
 help: ## list the targets
@@ -58,28 +64,33 @@ docs: ## the documentation site into target/site (MkDocs pinned in docs/requirem
 	@echo "docs: target/site/index.html"
 
 VENV ?= .venv
-clients: ## the outside clients the tests drive: grpcio, grpcio-tools, helm-python-sdk into $(VENV), checkov into .venv-checkov (promtool: apt-get install prometheus)
-	@[ -x $(VENV)/bin/python3 ] || python3 -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/clients/requirements.txt
-	@[ -x .venv-checkov/bin/python3 ] || python3 -m venv .venv-checkov
-	.venv-checkov/bin/pip install --quiet --disable-pip-version-check -r tests/clients/requirements-checkov.txt
-	@command -v promtool >/dev/null || echo "clients: promtool missing: apt-get install prometheus (or set GPUSHARE_TEST_PROMTOOL)"
+clients: ## the outside clients the tests drive, pinned: grpcio, grpcio-tools, helm-python-sdk into $(VENV), checkov into .venv-checkov (promtool: apt-get install prometheus); any failure fails
+	@VENV=$(VENV) tests/clients/install.sh
 
-test: ## unit + integration tests (no cluster, no GPU needed)
-	$(CARGO) test $(CI_FLAGS) --workspace --all-targets
+test-clients: ## what `make test` installs first: as `make clients`, but a client that cannot be installed only makes its tests print SKIPPED (strict under CI)
+	@VENV=$(VENV) tests/clients/install.sh --best-effort
+
+test: test-clients ## unit + integration tests (no cluster, no GPU needed); installs the Python clients (PyPI) first, then counts the SKIPPED tests
+	@CARGO="$(CARGO)" tests/suite.sh $(CI_FLAGS) --workspace --all-targets $(TEST_ARGS)
 
 manifests: ## regenerate packaging/manifests/ from the Helm chart (real Helm engine, helm-python-sdk in .venv)
 	GPUSHARE_UPDATE_GOLDEN=1 $(CARGO) test $(CI_FLAGS) --test it -- --exact packaging::chart::rendered_chart_equals_the_plain_manifests
+chart: ## regenerate the chart's generated files: values.schema.json's config part (from the binary's configuration) and README.md's values table (from values.yaml)
+	GPUSHARE_UPDATE_GOLDEN=1 $(CARGO) test $(CI_FLAGS) --test it -- packaging::chart_schema::the_schema_config_part packaging::chart_readme::the_chart_readme
 SOAK_PODS ?= 2000
 SOAK_NODES ?= 50
 soak: ## 2,000 pods bound and deleted over 50 nodes under random API faults, a re-list every ~500 events and one extender restart; prints the counts (SOAK_PODS, SOAK_NODES, SOAK_SEED)
 	SOAK_PODS=$(SOAK_PODS) SOAK_NODES=$(SOAK_NODES) $(CARGO) test $(CI_FLAGS) --test it soak:: -- --ignored --nocapture
 
-test-cluster: ## tests against a real cluster (needs KUBECONFIG)
-	$(CARGO) test $(CI_FLAGS) --test it -- --ignored cluster_
+test-cluster: ## the #[ignore]d cluster_* tests against the cluster $KUBECONFIG names; fails when it is unset or when no test ran (a skip fails)
+	@[ -n "$$KUBECONFIG" ] || { echo "test-cluster: KUBECONFIG is not set: there is no cluster to test against (kind create cluster --config tests/cluster/kind.yaml)" >&2; exit 1; }
+	@GPUSHARE_TEST_NO_SKIP=1 CARGO="$(CARGO)" tests/suite.sh --require-tests $(CI_FLAGS) --test it -- --ignored cluster_
 
-test-gpu: ## tests against a real GPU
-	$(CARGO) test $(CI_FLAGS) --test it -- --ignored gpu_
+test-gpu: ## the #[ignore]d gpu_* tests on a machine with NVIDIA GPUs; fails when no test ran (a skip fails)
+	@GPUSHARE_TEST_NO_SKIP=1 CARGO="$(CARGO)" tests/suite.sh --require-tests $(CI_FLAGS) --test it -- --ignored gpu_
+
+fresh-clone: ## a fresh `git clone` of HEAD walked through `make test` (install step, SKIPPED lines) by tests/it/packaging/fresh_clone.rs
+	$(CARGO) test $(CI_FLAGS) --test it -- --ignored --nocapture fresh_clone_
 
 layers: ## the house rules: roles never import each other, core links nothing outside, no sandbox without `demo`, typed errors, tests share through support only, tests/README.md lists every test module, unsafe code forbidden
 	$(CARGO) test $(CI_FLAGS) --test it -- layers:: workspace::
@@ -94,7 +105,7 @@ fmt: ## format the code
 static: ## fully static musl release binary (LTO, stripped); checks it is static and prints its size
 	@command -v x86_64-linux-musl-gcc >/dev/null || command -v musl-gcc >/dev/null || { echo "static: needs musl-tools (apt-get install -y musl-tools)"; exit 1; }
 	CC_x86_64_unknown_linux_musl=$$(command -v x86_64-linux-musl-gcc || command -v musl-gcc) \
-	  $(CARGO) build $(CI_FLAGS) --release --target $(MUSL_TARGET)
+	  $(CARGO) build $(CI_FLAGS) --release --target $(MUSL_TARGET) $(NO_DEMO_FLAGS)
 	@$(MAKE) --no-print-directory check-static
 
 BIN_RUNNER ?=
@@ -118,7 +129,7 @@ tools: ## the pinned PyPI build/release tools into .venv (packaging/requirements
 
 static-arm64: tools ## aarch64-unknown-linux-musl fully static (cargo-zigbuild, zig from PyPI); proves it static
 	@rustup target list --installed | grep -qx $(ARM64_MUSL_TARGET) || rustup target add $(ARM64_MUSL_TARGET)
-	$(EXTRA_ENV) $(CARGO) zigbuild $(CI_FLAGS) --release --target $(ARM64_MUSL_TARGET)
+	$(EXTRA_ENV) $(CARGO) zigbuild $(CI_FLAGS) --release --target $(ARM64_MUSL_TARGET) $(NO_DEMO_FLAGS)
 	@$(MAKE) --no-print-directory check-static STATIC_BIN=$(ARM64_STATIC_BIN) \
 	  BIN_RUNNER="$$(command -v qemu-aarch64-static || command -v qemu-aarch64 || echo skip)"
 
@@ -164,6 +175,9 @@ license-check: tools ## every dependency's licence is on deny.toml's allow list 
 
 lint-packaging: tools ## hadolint on packaging/Dockerfile
 	hadolint packaging/Dockerfile
+
+checkov: ## a plain `checkov -d .` (checkov in .venv-checkov, make clients): every finding fixed or skipped next to its object with the reason
+	.venv-checkov/bin/checkov -d . --skip-download --compact --quiet
 
 dist: tools static glibc static-arm64 glibc-arm64 plugin-windows ## release archives, SHA256SUMS, Helm chart, krew manifest, SBOM in dist/ (VERSION=x.y.z)
 	@$(MAKE) --no-print-directory dist-built

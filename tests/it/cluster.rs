@@ -1,7 +1,8 @@
 //! `make test-cluster`: the whole path on the real cluster `KUBECONFIG` points at (kind or
 //! k3d with the fake GPU backend is enough; `tests/cluster/kind.yaml` makes one whose
 //! kube-scheduler calls the extender). `#[ignore]`d, so `make test` and CI never run them;
-//! without `KUBECONFIG` they skip with a message.
+//! without `KUBECONFIG` they print `SKIPPED` (and `make test-cluster`, which sets
+//! `GPUSHARE_TEST_NO_SKIP=1`, fails).
 //!
 //! What runs: the chart rendered by the real Helm engine (image `$GPUSHARE_CLUSTER_IMAGE`,
 //! fake GPUs `2x16GiB`, no preflight) applied with kubectl; one node labelled `gpushare=true`;
@@ -104,13 +105,15 @@ fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
 /// The cluster under test, or `None` (with a message) without KUBECONFIG.
 fn cluster_kubectl() -> Option<Kubectl> {
     let Some(kubeconfig) = std::env::var("KUBECONFIG").ok().filter(|k| !k.is_empty()) else {
-        eprintln!(
-            "\n!!!!! SKIPPED: cluster tests need KUBECONFIG pointing at a disposable cluster \
-             (kind create cluster --config tests/cluster/kind.yaml); see tests/it/cluster.rs\n"
+        clients::skip(
+            "cluster tests need KUBECONFIG pointing at a disposable cluster \
+             (kind create cluster --config tests/cluster/kind.yaml); see tests/it/cluster.rs",
         );
         return None;
     };
-    let (bin, _) = clients::kubectls().into_iter().next_back()?;
+    let Some((bin, _)) = clients::kubectls().into_iter().next_back() else {
+        return clients::missing("kubectl", "none on PATH (or set GPUSHARE_TEST_KUBECTL)");
+    };
     Some(Kubectl {
         bin,
         kubeconfig,

@@ -386,7 +386,10 @@ fn every_config_key_reaches_the_binary_through_the_configmap() {
     }))
     .expect("engine present");
     let error = answer["renders"][0]["error"].as_str().unwrap_or_default();
-    assert!(error.contains("config.extender must be a map"), "{answer}");
+    assert!(
+        error.contains("at '/config/extender': got number, want object"),
+        "{answer}"
+    );
 }
 
 #[test]

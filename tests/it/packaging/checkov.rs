@@ -1,36 +1,22 @@
 //! checkov (PyPI; a scanner someone else wrote) over the chart as the real Helm engine renders
-//! it, once with the defaults and once with every option on: every finding must be listed,
-//! with its reason, in `packaging/helm/checkov-skips.yaml` for that rendering.
+//! it (the defaults, every option on, and the dedicated mode without digests) and over the
+//! source tree's `packaging/` (the plain manifests, the Dockerfile, the values): no finding is
+//! left unexplained. What we accept is skipped in checkov's own form, next to the object:
+//! `checkov.io/skipN: CHECK=reason` annotations written by the chart
+//! (`templates/_checkov.tpl`), `# checkov:skip=CHECK: reason` comments in the Dockerfile, and
+//! `.checkov.yaml` at the root for the recorded test fixtures. Every skip must carry a reason.
 //!
 //! checkov comes from `$GPUSHARE_TEST_CHECKOV`, else `.venv-checkov/bin/checkov` (`make
 //! clients`; a venv of its own, see `tests/clients/requirements-checkov.txt`). Missing, the
-//! test skips loudly, and under `CI=true` it fails.
+//! test prints SKIPPED, and under `CI=true` it fails. `make checkov` runs the plain
+//! `checkov -d .` over the whole tree (CI runs it).
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use serde::Deserialize;
-
 use crate::support::clients;
 use crate::support::helm_chart::{EVERY_OPTION_ON, default_values, merged, render_by_path};
-use crate::support::source_tree::{read, repo_path};
-
-#[derive(Deserialize)]
-struct SkipList {
-    skips: Vec<Skip>,
-}
-
-#[derive(Deserialize)]
-struct Skip {
-    check: String,
-    renders: Vec<String>,
-    resources: Vec<String>,
-    reason: String,
-}
-
-/// One failed check: (check id, resource).
-type Finding = (String, String);
+use crate::support::source_tree::repo_path;
 
 fn checkov() -> Option<PathBuf> {
     let candidate = std::env::var_os("GPUSHARE_TEST_CHECKOV")
@@ -69,20 +55,26 @@ fn render_into(values: &yaml_serde::Value, dir: &Path) -> Option<()> {
     Some(())
 }
 
-/// checkov's failed checks over `dir` (one run).
-fn scan(checkov: &Path, dir: &Path) -> BTreeSet<Finding> {
+/// What one checkov run reported.
+#[derive(Default)]
+struct Report {
+    /// (check, resource, file) of every failed check.
+    failed: Vec<String>,
+    /// (check, resource, reason) of every skipped check.
+    skipped: Vec<(String, String, String)>,
+    /// Resources scanned.
+    resources: u64,
+}
+
+/// One plain checkov run (`-d dir`, from `cwd`, so that `.checkov.yaml` there is read), with
+/// `extra` arguments.
+fn scan(checkov: &Path, cwd: &Path, dir: &Path, extra: &[&str]) -> Report {
     let out = Command::new(checkov)
+        .current_dir(cwd)
         .arg("-d")
         .arg(dir)
-        .args([
-            "--framework",
-            "kubernetes",
-            "--skip-download",
-            "--quiet",
-            "--compact",
-            "-o",
-            "json",
-        ])
+        .args(["--skip-download", "--compact", "-o", "json"])
+        .args(extra)
         .env("BC_SKIP_MAPPING", "TRUE")
         .output()
         .expect("checkov runs");
@@ -103,50 +95,49 @@ fn scan(checkov: &Path, dir: &Path) -> BTreeSet<Finding> {
         serde_json::Value::Array(list) => list,
         one => vec![one],
     };
-    let mut findings = BTreeSet::new();
-    let mut resources = 0;
+    let mut seen = Report::default();
     for r in &reports {
-        resources += r["summary"]["resource_count"].as_u64().unwrap_or(0);
-        for f in r["results"]["failed_checks"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            findings.insert((
-                f["check_id"].as_str().expect("check_id").to_string(),
-                f["resource"].as_str().expect("resource").to_string(),
+        seen.resources += r["summary"]["resource_count"].as_u64().unwrap_or(0);
+        let results = &r["results"];
+        for f in results["failed_checks"].as_array().into_iter().flatten() {
+            seen.failed.push(format!(
+                "{} on {} ({})",
+                f["check_id"].as_str().unwrap_or_default(),
+                f["resource"].as_str().unwrap_or_default(),
+                f["file_path"].as_str().unwrap_or_default()
+            ));
+        }
+        for s in results["skipped_checks"].as_array().into_iter().flatten() {
+            seen.skipped.push((
+                s["check_id"].as_str().unwrap_or_default().to_string(),
+                s["resource"].as_str().unwrap_or_default().to_string(),
+                s["check_result"]["suppress_comment"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
             ));
         }
     }
-    assert!(
-        resources >= 10,
-        "checkov saw only {resources} resources in {}: {reports:?}",
-        dir.display()
-    );
-    findings
+    seen
 }
 
-fn listed(skips: &SkipList, render: &str, (check, resource): &Finding) -> Option<usize> {
-    skips.skips.iter().position(|s| {
-        s.check == *check
-            && s.renders.iter().any(|r| r == render)
-            && s.resources
-                .iter()
-                .any(|r| resource == r || resource.starts_with(&format!("{r}.")))
-    })
+fn assert_explained(what: &str, report: &Report) {
+    assert!(
+        report.failed.is_empty(),
+        "checkov findings over {what} (fix them, or skip them next to the object with the \
+         reason):\n{}",
+        report.failed.join("\n")
+    );
+    for (check, resource, reason) in &report.skipped {
+        assert!(
+            reason.trim().len() > 20,
+            "{what}: {check} on {resource} is skipped without a reason ({reason:?})"
+        );
+    }
 }
 
 #[test]
-fn checkov_finds_nothing_that_is_not_listed_with_a_reason() {
-    let skips: SkipList = yaml_serde::from_str(&read("packaging/helm/checkov-skips.yaml"))
-        .expect("checkov-skips.yaml parses");
-    for s in &skips.skips {
-        assert!(
-            s.reason.trim().len() > 20 && !s.resources.is_empty() && !s.renders.is_empty(),
-            "{}: every skip names its renders, resources and reason",
-            s.check
-        );
-    }
+fn checkov_finds_nothing_unexplained_in_the_rendered_chart() {
     let Some(checkov) = checkov() else {
         return;
     };
@@ -154,9 +145,15 @@ fn checkov_finds_nothing_that_is_not_listed_with_a_reason() {
         &default_values(),
         &yaml_serde::from_str(EVERY_OPTION_ON).expect("values parse"),
     );
-    let mut unlisted = Vec::new();
-    let mut used = BTreeSet::new();
-    for (render, values) in [("defaults", default_values()), ("everything", everything)] {
+    let dedicated = merged(
+        &default_values(),
+        &yaml_serde::from_str("scheduler: {mode: dedicated}").expect("values parse"),
+    );
+    for (render, values) in [
+        ("defaults", default_values()),
+        ("everything", everything),
+        ("dedicated", dedicated),
+    ] {
         // Not tempdir()'s `.tmp…`: checkov skips hidden directories.
         let dir = tempfile::Builder::new()
             .prefix("gpushare-checkov-")
@@ -165,31 +162,42 @@ fn checkov_finds_nothing_that_is_not_listed_with_a_reason() {
         if render_into(&values, dir.path()).is_none() {
             return;
         }
-        for finding in scan(&checkov, dir.path()) {
-            match listed(&skips, render, &finding) {
-                Some(i) => {
-                    used.insert((i, render));
-                }
-                None => unlisted.push(format!("{render}: {} on {}", finding.0, finding.1)),
-            }
-        }
+        let report = scan(
+            &checkov,
+            dir.path(),
+            dir.path(),
+            &["--framework", "kubernetes"],
+        );
+        assert!(
+            report.resources >= 10,
+            "checkov saw only {} resources in the `{render}` rendering",
+            report.resources
+        );
+        assert_explained(&format!("the `{render}` rendering"), &report);
+        // The skips are the chart's annotations: each is reported, with its reason.
+        assert!(
+            report
+                .skipped
+                .iter()
+                .any(|(c, r, _)| c == "CKV_K8S_11" && r.contains("gpushare-schd-extender")),
+            "{render}: the extender's CKV_K8S_11 skip is not seen"
+        );
     }
-    assert!(
-        unlisted.is_empty(),
-        "checkov findings not in packaging/helm/checkov-skips.yaml (fix the chart, or list \
-         them there with the reason):\n{}",
-        unlisted.join("\n")
-    );
-    // An entry no finding needs any more is reported (not failed: a change elsewhere, such as
-    // a NetworkPolicy, may settle a finding; then delete the entry).
-    for (i, s) in skips.skips.iter().enumerate() {
-        for r in &s.renders {
-            if !used.contains(&(i, r.as_str())) {
-                eprintln!(
-                    "checkov-skips.yaml: {} is no longer reported for `{r}`: delete it",
-                    s.check
-                );
-            }
-        }
+}
+
+#[test]
+fn a_plain_checkov_over_packaging_finds_nothing_unexplained() {
+    let Some(checkov) = checkov() else {
+        return;
+    };
+    // What `checkov -d .` at the root reads of packaging/: the plain manifests, the
+    // Dockerfile, the chart's values and templates, every framework checkov has.
+    let report = scan(&checkov, &repo_path("."), Path::new("packaging"), &[]);
+    assert_explained("packaging/", &report);
+    for check in ["CKV_DOCKER_2", "CKV_K8S_11", "CKV_K8S_23"] {
+        assert!(
+            report.skipped.iter().any(|(c, _, _)| c == check),
+            "{check} is not among the skips checkov reports over packaging/"
+        );
     }
 }

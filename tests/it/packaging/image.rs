@@ -149,6 +149,34 @@ fn dockerfile_builds_the_static_binary_from_source_then_wraps_it_on_a_glibc_base
             build_run.1
         );
     }
+    // The roles, not the demo sandbox: NO_DEMO=1, which the release targets turn into
+    // --no-default-features (the `demo` feature is the default one).
+    assert!(
+        build_run.1.contains(" NO_DEMO=1 "),
+        "the image is built without the demo: {}",
+        build_run.1
+    );
+    assert_eq!(
+        make_var(&makefile, "NO_DEMO_FLAGS"),
+        "$(if $(NO_DEMO),--no-default-features --bin gpushare,)"
+    );
+    for goal in ["static", "static-arm64"] {
+        let recipe = makefile
+            .split(&format!("\n{goal}: "))
+            .nth(1)
+            .unwrap_or_else(|| panic!("no {goal} target"));
+        let build = recipe
+            .lines()
+            .find(|l| l.contains("build $(CI_FLAGS) --release --target"))
+            .unwrap_or_else(|| panic!("{goal} runs no cargo build"));
+        assert!(build.contains("$(NO_DEMO_FLAGS)"), "{goal}: {build}");
+    }
+    // Not root by default; the chart runs the device plugin (only) as uid 0.
+    let user = ins
+        .iter()
+        .rfind(|(k, _)| k == "USER")
+        .expect("a USER in the runtime stage");
+    assert_eq!(user.1, "65534:65534");
     assert!(
         ins.iter().any(|(k, a)| k == "COPY" && a == ". ."),
         "the build stage copies the source tree"

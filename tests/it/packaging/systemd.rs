@@ -3,7 +3,8 @@
 //! `systemd-analyze verify` insists that every Exec binary exists and is executable, so the
 //! test copies the units into a temporary directory with `/usr/local/bin/gpushare` rewritten
 //! to the binary cargo built (`CARGO_BIN_EXE_gpushare`). Any warning counts as a failure.
-//! Without `systemd-analyze` (package `systemd`; `.ci/run` installs it) the test FAILS.
+//! Without `systemd-analyze` (package `systemd`; `.ci/run` installs it) the test prints SKIPPED
+//! (and fails under CI).
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -43,12 +44,9 @@ fn section(unit: &str, name: &str) -> BTreeMap<String, Vec<String>> {
 
 #[test]
 fn units_pass_systemd_analyze_verify() {
-    let probe = Command::new("systemd-analyze").arg("--version").output();
-    assert!(
-        probe.as_ref().is_ok_and(|o| o.status.success()),
-        "systemd-analyze is not installed: the systemd units cannot be verified. \
-         Install it (apt-get install -y systemd; .ci/run does this) and rerun."
-    );
+    if crate::support::clients::systemd_analyze().is_none() {
+        return;
+    }
     let dir = tempfile::tempdir().expect("tempdir");
     let bin = env!("CARGO_BIN_EXE_gpushare");
     let mut paths = Vec::new();

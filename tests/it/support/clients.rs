@@ -5,31 +5,55 @@
 //! - Python with `grpcio`, `grpcio-tools` and `helm-python-sdk`: `$GPUSHARE_TEST_PYTHON`, else
 //!   `<repo>/.venv/bin/python3`.
 //! - promtool (Debian package `prometheus`): `$GPUSHARE_TEST_PROMTOOL`, else `promtool` on PATH.
+//! - systemd-analyze (Debian package `systemd`): on PATH.
 //! - kubectl: `$GPUSHARE_TEST_KUBECTL` (one binary), else every `kubectl` / `kubectl.1.*` on
 //!   PATH, under `/usr/local/bin` and under `/usr/lib/google-cloud-sdk/bin` (where the Google
 //!   Cloud SDK puts kubectl 1.27-1.33).
 //!
-//! A missing tool skips the test with a loud message on stderr, except under `CI` (set and not
-//! `false`/`0`), where it fails the test: CI must never pass by testing nothing.
+//! A missing tool skips the test: [`skip`] prints `SKIPPED: <test>: <why>` on a line of its
+//! own, straight to stderr (past libtest's capture, so `make test` shows it and counts it),
+//! except under `CI` (set and not `false`/`0`) or `GPUSHARE_TEST_NO_SKIP=1` (what `make
+//! test-cluster` and `make test-gpu` set), where the skip fails the test: a run that must
+//! check something never passes by checking nothing.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// True under CI (`CI` set to anything but empty, `0` or `false`).
 pub fn under_ci() -> bool {
-    std::env::var("CI")
+    flag("CI")
+}
+
+fn flag(name: &str) -> bool {
+    std::env::var(name)
         .map(|v| !matches!(v.trim(), "" | "0" | "false"))
         .unwrap_or(false)
 }
 
-/// Skips (returns `None`, after a loud message) or, under CI, panics.
-pub fn missing<T>(tool: &str, how: &str) -> Option<T> {
-    let msg = format!(
-        "client `{tool}` not found: {how}. The test is SKIPPED; under CI=true it fails. \
-         Install it with .ci/run (or see docs/development.md)."
+/// The line a skipped test prints (and `make test` counts): `SKIPPED: <test>: <why>`, the
+/// test's name being libtest's name of the thread running it.
+pub fn skip_line(why: &str) -> String {
+    let current = std::thread::current();
+    let test = current.name().unwrap_or("<unnamed test>");
+    format!("SKIPPED: {test}: {}", why.replace('\n', " "))
+}
+
+/// Skips the calling test (the caller returns at once): prints [`skip_line`] on a line of its
+/// own to stderr, uncaptured. Under CI or `GPUSHARE_TEST_NO_SKIP=1` it panics instead.
+pub fn skip(why: &str) {
+    use std::io::Write;
+    let line = skip_line(why);
+    assert!(
+        !under_ci() && !flag("GPUSHARE_TEST_NO_SKIP"),
+        "{line} (a skip fails under CI=true and GPUSHARE_TEST_NO_SKIP=1)"
     );
-    assert!(!under_ci(), "{msg}");
-    eprintln!("\n!!!!! SKIPPED: {msg}\n");
+    // Not eprintln!: libtest captures that and shows it only for failed tests.
+    let _ = writeln!(std::io::stderr().lock(), "\n{line}");
+}
+
+/// Skips (returns `None`, after [`skip`]'s line) or, under CI, panics.
+pub fn missing<T>(tool: &str, how: &str) -> Option<T> {
+    skip(&format!("client `{tool}` not found: {how}"));
     None
 }
 
@@ -55,7 +79,7 @@ pub fn python_with(modules: &[&str]) -> Option<PathBuf> {
         missing(
             &format!("python with {}", modules.join(", ")),
             &format!(
-                "`{} -c '{import}'` failed (set GPUSHARE_TEST_PYTHON or create .venv)",
+                "`{} -c '{import}'` failed (`make test` or `make clients` installs it into .venv; or set GPUSHARE_TEST_PYTHON)",
                 python.display()
             ),
         )
@@ -79,6 +103,19 @@ pub fn promtool() -> Option<PathBuf> {
             "promtool",
             "apt-get install prometheus, or set GPUSHARE_TEST_PROMTOOL",
         )
+    }
+}
+
+/// systemd-analyze (Debian package `systemd`), or `None` after the SKIPPED line.
+pub fn systemd_analyze() -> Option<()> {
+    let ok = Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        Some(())
+    } else {
+        missing("systemd-analyze", "apt-get install systemd")
     }
 }
 

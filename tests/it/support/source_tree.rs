@@ -24,3 +24,28 @@ pub(crate) fn yaml_documents(name: &str, text: &str) -> Vec<yaml_serde::Value> {
         .filter(|v| !v.is_null())
         .collect()
 }
+
+/// A generated file of the source tree kept equal to `expected`: with
+/// `GPUSHARE_UPDATE_GOLDEN=1` it is rewritten, else a difference fails with the command that
+/// regenerates it (`regenerate`).
+pub(crate) fn assert_generated(rel: &str, expected: &str, regenerate: &str) {
+    let path = repo_path(rel);
+    if std::env::var_os("GPUSHARE_UPDATE_GOLDEN").is_some_and(|v| v == "1") {
+        std::fs::write(&path, expected).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    }
+    let actual = std::fs::read_to_string(&path).unwrap_or_default();
+    if actual != expected {
+        let first = actual
+            .lines()
+            .zip(expected.lines())
+            .position(|(a, e)| a != e)
+            .unwrap_or(actual.lines().count().min(expected.lines().count()));
+        panic!(
+            "{rel} is out of date (first difference at line {}: {:?}, expected {:?}); \
+             regenerate it with `{regenerate}`",
+            first + 1,
+            actual.lines().nth(first).unwrap_or("<end>"),
+            expected.lines().nth(first).unwrap_or("<end>"),
+        );
+    }
+}

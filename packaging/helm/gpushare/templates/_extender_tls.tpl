@@ -44,7 +44,7 @@ chart's CA. The Secrets (kubernetes.io/tls, with ca.crt) come from templates/ext
 {{- if .Values.extender.tls.enabled }}
 - name: tls
   secret:
-    secretName: {{ .Values.extender.tls.serverSecret }}
+    secretName: {{ .Values.extender.tls.serverSecretName }}
 {{- end }}
 {{- end -}}
 

@@ -24,12 +24,13 @@ app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
-{{/* The gpushare image: repository@digest when a digest is given, else repository:tag. */}}
+{{/* The gpushare image: repository@digest when a digest is given, else repository:tag, the
+tag defaulting to the chart's appVersion. */}}
 {{- define "gpushare.image" -}}
 {{- if .Values.image.digest -}}
 {{ .Values.image.repository }}@{{ .Values.image.digest }}
 {{- else -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag }}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 {{- end }}
 
