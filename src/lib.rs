@@ -24,7 +24,9 @@
 //!   generated gRPC code) and `gpushare-sandbox` (a throwaway cluster for tests and
 //!   `gpushare demo`, linked only with the `demo` feature);
 //! - infrastructure every role may use: [`buildinfo`], [`config`], [`telemetry`],
-//!   [`shutdown`], [`admin`], [`exposition`], [`http_server`], [`k8s`], [`gpu`];
+//!   [`shutdown`], [`admin`], [`exposition`], [`http_server`], [`k8s`], [`gpu`], and the
+//!   device kinds beside the GPU: [`pcie`] (topology), [`rdma`] (HCAs), [`devices`]
+//!   (configuration, generic devices, the hand-over to a container);
 //! - the roles, which never import each other: [`extender`], [`deviceplugin`], [`inspect`],
 //!   [`doctor`], [`webhook`] (admission webhook of managed clusters);
 //! - the composers: [`cli`] (the only dispatch to the roles, and the preflight) and `demo`.
@@ -39,6 +41,7 @@ pub mod config;
 #[cfg(feature = "demo")]
 pub mod demo;
 pub mod deviceplugin;
+pub mod devices;
 pub mod doctor;
 pub mod exposition;
 pub mod extender;
@@ -46,6 +49,8 @@ pub mod gpu;
 pub mod http_server;
 pub mod inspect;
 pub mod k8s;
+pub mod pcie;
+pub mod rdma;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tls;
