@@ -507,6 +507,78 @@ pub fn preferred_for<'a>(
     ranked
 }
 
+/// The share ids to prefer for a container asking `size` shares of the RDMA resource
+/// (GetPreferredAllocation): `must_include` first, then the free shares (`available`) of the
+/// HCAs [`preferred_for`] ranks best for the pod's GPU at `gpu`, one share per HCA before a
+/// second share of any; without a GPU place (a pod without a gpushare GPU, a GPU sysfs does
+/// not show), HCAs by ACTIVE port, rate and name.
+///
+/// When no HCA near the GPU has a free share, the nearest HCA that has one is preferred (same
+/// NUMA node, then any): the preference is advice to kubelet, so it never refuses; the
+/// `Proximity` of each pick is returned for the caller to log or expose. Ids that name no
+/// HCA of `inventory` are never returned unless the kubelet listed them in `must_include`.
+pub fn preferred_allocation(
+    inventory: &Inventory,
+    gpu: Option<&PciLocation>,
+    available: &[String],
+    must_include: &[String],
+    size: usize,
+) -> Vec<(String, Proximity)> {
+    let ranked: Vec<(&Hca, Proximity)> = match gpu {
+        Some(loc) => preferred_for(loc, &inventory.hcas),
+        None => {
+            let mut v: Vec<(&Hca, Proximity)> = inventory
+                .hcas
+                .iter()
+                .map(|h| (h, Proximity::Distant))
+                .collect();
+            v.sort_by(|(a, _), (b, _)| {
+                b.any_port_active()
+                    .cmp(&a.any_port_active())
+                    .then(b.best_active_rate_mbps().cmp(&a.best_active_rate_mbps()))
+                    .then(natural_key(&a.name).cmp(&natural_key(&b.name)))
+            });
+            v
+        }
+    };
+    let rank_of = |id: &str| {
+        let name = crate::core::wire::parse_fake_device_id(id).map_or(id, |(n, _)| n);
+        ranked
+            .iter()
+            .position(|(h, _)| h.name == name)
+            .map(|i| (i, ranked[i].1))
+    };
+    let mut out: Vec<(String, Proximity)> = Vec::new();
+    let mut used_hcas = std::collections::BTreeSet::new();
+    for id in must_include {
+        let (rank, p) = rank_of(id).unwrap_or((usize::MAX, Proximity::Distant));
+        used_hcas.insert(rank);
+        out.push((id.clone(), p));
+    }
+    let mut free: Vec<(usize, Proximity, &String)> = available
+        .iter()
+        .filter(|id| !must_include.contains(id))
+        .filter_map(|id| rank_of(id).map(|(r, p)| (r, p, id)))
+        .collect();
+    free.sort_by(|a, b| a.0.cmp(&b.0).then(natural_key(a.2).cmp(&natural_key(b.2))));
+    // First pass: one share per HCA not used yet; second pass: any.
+    let mut taken = std::collections::BTreeSet::new();
+    for pass in 0..2 {
+        for (i, (rank, p, id)) in free.iter().enumerate() {
+            if out.len() >= size {
+                return out;
+            }
+            if taken.contains(&i) || (pass == 0 && used_hcas.contains(rank)) {
+                continue;
+            }
+            taken.insert(i);
+            used_hcas.insert(*rank);
+            out.push(((*id).clone(), *p));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

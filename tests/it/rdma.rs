@@ -650,3 +650,146 @@ fn every_topo_capture_pairs_each_gpu_as_its_index_states() {
         }
     }
 }
+
+// ------------------------------------------------------------------ preferred allocation
+
+fn share_ids(inv: &Inventory, shares: u32) -> Vec<String> {
+    inv.hcas
+        .iter()
+        .flat_map(|h| gpushare::devices::handover::rdma_share_ids(h, shares))
+        .collect()
+}
+
+fn picks(v: &[(String, Proximity)]) -> Vec<(&str, &str)> {
+    v.iter().map(|(id, p)| (id.as_str(), p.name())).collect()
+}
+
+#[test]
+fn the_preferred_hca_is_the_one_behind_the_gpus_switch_then_the_nearest_free_one() {
+    let sys = fixture("rdma/hgx-h100-8gpu-roce/sys");
+    let inv = tree("hgx-h100-8gpu-roce");
+    let gpu = PciLocation::read(&sys, addr("0000:3b:00.0")).expect("GPU 1");
+    let all = share_ids(&inv, 2);
+    let pick = |available: &[String], must: &[String], size| {
+        rdma::preferred_allocation(&inv, Some(&gpu), available, must, size)
+    };
+    assert_eq!(picks(&pick(&all, &[], 1)), [("mlx5_3-_-0", "switch")]);
+    // mlx5_3 fully held: the best free HCA on the GPU's NUMA node (400G before 100G).
+    let busy: Vec<String> = all
+        .iter()
+        .filter(|id| !id.starts_with("mlx5_3-"))
+        .cloned()
+        .collect();
+    assert_eq!(picks(&pick(&busy, &[], 1)), [("mlx5_0-_-0", "numa-node")]);
+    // Only the other socket's HCAs free: still an answer (advice never refuses).
+    let far: Vec<String> = all
+        .iter()
+        .filter(|id| {
+            ["mlx5_6-", "mlx5_9-", "mlx5_10-", "mlx5_11-"]
+                .iter()
+                .any(|p| id.starts_with(p))
+        })
+        .cloned()
+        .collect();
+    assert_eq!(picks(&pick(&far, &[], 1)), [("mlx5_6-_-0", "none")]);
+    // Two shares: one per HCA first; must_include kept first.
+    let gpu0 = PciLocation::read(&sys, addr("0000:19:00.0")).expect("GPU 0");
+    let two = rdma::preferred_allocation(&inv, Some(&gpu0), &all, &[], 2);
+    assert_eq!(
+        picks(&two),
+        [("mlx5_0-_-0", "switch"), ("mlx5_1-_-0", "switch")]
+    );
+    let must = vec!["mlx5_9-_-1".to_string()];
+    let with_must = rdma::preferred_allocation(&inv, Some(&gpu0), &all, &must, 2);
+    assert_eq!(
+        picks(&with_must),
+        [("mlx5_9-_-1", "none"), ("mlx5_0-_-0", "switch")]
+    );
+    // One HCA left with two free shares: both, from the same HCA.
+    let one_hca: Vec<String> = all
+        .iter()
+        .filter(|id| id.starts_with("mlx5_4-"))
+        .cloned()
+        .collect();
+    assert_eq!(
+        picks(&rdma::preferred_allocation(
+            &inv,
+            Some(&gpu0),
+            &one_hca,
+            &[],
+            2
+        )),
+        [("mlx5_4-_-0", "numa-node"), ("mlx5_4-_-1", "numa-node")]
+    );
+    // No GPU place: the fastest ACTIVE HCA by name; ids naming no HCA are never offered.
+    let mut odd = vec!["mlx5_99-_-0".to_string()];
+    odd.extend(all.iter().filter(|id| id.starts_with("mlx5_1-")).cloned());
+    odd.extend(all.iter().filter(|id| id.starts_with("mlx5_11-")).cloned());
+    assert_eq!(
+        picks(&rdma::preferred_allocation(&inv, None, &odd, &[], 1)),
+        [("mlx5_11-_-0", "none")]
+    );
+}
+
+// ------------------------------------------------------------------ the trees' provenance
+
+/// Every entry under `dir`, relative: `path -> target` for links, `path:content` for files,
+/// `path/` for directories.
+fn listing(dir: &Path, rel: &Path, out: &mut Vec<String>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir.join(rel))
+        .expect("read_dir")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    entries.sort();
+    for name in entries {
+        let r = rel.join(&name);
+        let full = dir.join(&r);
+        let meta = std::fs::symlink_metadata(&full).expect("meta");
+        if meta.file_type().is_symlink() {
+            let target = std::fs::read_link(&full).expect("link");
+            out.push(format!("{} -> {}", r.display(), target.display()));
+        } else if meta.is_dir() {
+            out.push(format!("{}/", r.display()));
+            listing(dir, &r, out);
+        } else {
+            let text = std::fs::read_to_string(&full).expect("text");
+            out.push(format!("{}:{text}", r.display()));
+        }
+    }
+}
+
+#[test]
+fn the_recorded_trees_are_what_build_py_makes_of_the_captures() {
+    let Some(python) = crate::support::clients::python_with(&["re", "shutil"]) else {
+        return;
+    };
+    let out = tempfile::tempdir().expect("tempdir");
+    let run = std::process::Command::new(python)
+        .arg(fixture("rdma/build.py"))
+        .arg(out.path())
+        .output()
+        .expect("build.py runs");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let committed = fixture("rdma");
+    let mut trees: Vec<String> = std::fs::read_dir(out.path())
+        .expect("out")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    trees.sort();
+    assert_eq!(trees.len(), 7, "{trees:?}");
+    for t in &trees {
+        let (mut built, mut have) = (Vec::new(), Vec::new());
+        listing(&out.path().join(t), Path::new(""), &mut built);
+        listing(&committed.join(t), Path::new(""), &mut have);
+        assert_eq!(built, have, "{t}: rerun tests/fixtures/rdma/build.py");
+        let provenance =
+            std::fs::read_to_string(committed.join(t).join("PROVENANCE")).expect("PROVENANCE");
+        assert!(provenance.contains("tests/fixtures/realdata/rdma/"), "{t}");
+    }
+}
