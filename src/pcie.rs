@@ -105,6 +105,9 @@ pub enum PcieError {
         /// The path looked at.
         path: PathBuf,
     },
+    /// The bus id is not a PCI address.
+    #[error(transparent)]
+    BadAddress(#[from] BadPciAddress),
     /// The function's device path names no PCI function.
     #[error("{} does not resolve to a PCI device path", path.display())]
     NotAPciPath {
@@ -163,6 +166,12 @@ impl PciLocation {
             .ok_or(PcieError::NotAPciPath { path: link.clone() })?;
         loc.numa_node = read_numa_node(&link);
         Ok(loc)
+    }
+
+    /// The location of the function with bus id `bus_id` as a GPU backend reports it
+    /// (`00000000:19:00.0` from NVML or nvidia-smi, or sysfs's `0000:19:00.0`).
+    pub fn of_bus_id(sysfs: &Path, bus_id: &str) -> Result<PciLocation, PcieError> {
+        PciLocation::read(sysfs, bus_id.trim().parse()?)
     }
 
     /// How near `other` is to this function.

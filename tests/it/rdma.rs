@@ -793,3 +793,49 @@ fn the_recorded_trees_are_what_build_py_makes_of_the_captures() {
         assert!(provenance.contains("tests/fixtures/realdata/rdma/"), "{t}");
     }
 }
+
+#[test]
+fn every_gpu_bus_id_of_the_nvidia_smi_captures_parses_as_a_pci_address() {
+    use gpushare::gpu::nvidia_smi::parse_xml;
+    let dir = fixture("realdata/nvidia-smi-xml");
+    let mut seen = 0;
+    let mut entries: Vec<_> = std::fs::read_dir(&dir)
+        .expect("dir")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.extension().is_none_or(|x| x != "xml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("read");
+        let Ok(inv) = parse_xml(&text) else {
+            continue; // the corpus' NEGATIVE files
+        };
+        for gpu in inv.devices.iter().filter(|g| !g.pci_bus_id.is_empty()) {
+            let a: PciAddress = gpu
+                .pci_bus_id
+                .parse()
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            // NVIDIA's 8-digit domain reads as sysfs's 4-digit name, case folded.
+            let sysfs_form = a.to_string();
+            let want = gpu.pci_bus_id.to_lowercase();
+            let want = want
+                .strip_prefix("0000")
+                .filter(|w| w.len() == 12)
+                .unwrap_or(&want);
+            assert_eq!(sysfs_form, want, "{}", path.display());
+            seen += 1;
+        }
+    }
+    assert!(seen > 50, "only {seen} GPUs");
+    // The HGX tree's GPUs, located from NVIDIA's form.
+    let sys = fixture("rdma/hgx-h100-8gpu-roce/sys");
+    let loc = PciLocation::of_bus_id(&sys, "00000000:9B:00.0").expect("GPU 4");
+    assert_eq!(loc.bridges.last(), Some(&addr("0000:99:01.0")));
+    assert!(matches!(
+        PciLocation::of_bus_id(&sys, "GPU-1234"),
+        Err(pcie::PcieError::BadAddress(_))
+    ));
+}
