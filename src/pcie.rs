@@ -393,4 +393,17 @@ mod tests {
         assert_eq!(n.map(|n| n.keys), Some(vec!["a", "b"]));
         assert_eq!(nearest([("far", Proximity::Distant)]), None);
     }
+
+    proptest::proptest! {
+        #[test]
+        fn addresses_round_trip_and_paths_never_panic(
+            domain in 0u32..=0xffff, bus: u8, device in 0u8..32, function in 0u8..8,
+            junk in "[a-z0-9:./]{0,40}",
+        ) {
+            let a = PciAddress { domain, bus, device, function };
+            proptest::prop_assert_eq!(a.to_string().parse::<PciAddress>(), Ok(a));
+            let _ = PciLocation::from_device_path(Path::new(&junk));
+            let _ = junk.parse::<PciAddress>();
+        }
+    }
 }

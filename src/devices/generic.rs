@@ -404,24 +404,42 @@ fn glob_match(pattern: &[u8], name: &[u8]) -> bool {
     glob_from(pattern, name)
 }
 
+/// Iterative matching with one backtrack point (the last `*`): linear in practice, never
+/// exponential whatever the pattern.
 fn glob_from(pattern: &[u8], name: &[u8]) -> bool {
-    match pattern.split_first() {
-        None => name.is_empty(),
-        Some((b'*', rest)) => (0..=name.len()).any(|i| glob_from(rest, &name[i..])),
-        Some((b'?', rest)) => !name.is_empty() && glob_from(rest, &name[1..]),
-        Some((b'[', rest)) => {
-            let Some((&c, name_rest)) = name.split_first() else {
-                return false;
-            };
-            match class_match(rest, c) {
-                Some((true, after)) => glob_from(after, name_rest),
-                Some((false, _)) => false,
-                // No closing `]`: a literal `[`.
-                None => c == b'[' && glob_from(rest, name_rest),
+    let (mut p, mut n) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while n < name.len() {
+        let step = match pattern.get(p) {
+            Some(b'*') => {
+                star = Some((p + 1, n));
+                p += 1;
+                continue;
             }
+            Some(b'?') => Some(p + 1),
+            Some(b'[') => match class_match(&pattern[p + 1..], name[n]) {
+                Some((true, after)) => Some(pattern.len() - after.len()),
+                Some((false, _)) => None,
+                // No closing `]`: a literal `[`.
+                None => (name[n] == b'[').then_some(p + 1),
+            },
+            Some(&c) => (name[n] == c).then_some(p + 1),
+            None => None,
+        };
+        match (step, star) {
+            (Some(next), _) => {
+                p = next;
+                n += 1;
+            }
+            (None, Some((sp, sn))) => {
+                p = sp;
+                n = sn + 1;
+                star = Some((sp, sn + 1));
+            }
+            (None, None) => return false,
         }
-        Some((&p, rest)) => name.first() == Some(&p) && glob_from(rest, &name[1..]),
     }
+    pattern[p..].iter().all(|&b| b == b'*')
 }
 
 /// Matches `c` against the class starting after `[`; the match and the pattern after `]`.
@@ -468,6 +486,25 @@ mod tests {
         assert!(m("a[b", "a[b"));
         assert!(!m("*", ".hidden"));
         assert!(m(".h*", ".hidden"));
+        assert!(m("a*b*c", "axxbyyc"));
+        assert!(!m("a*b*c", "axxbyy"));
+        assert!(m("*[0-9]", "ttyUSB12"));
+        // A pathological pattern answers at once.
+        let stars = "*a".repeat(40) + "b";
+        assert!(!m(&stars, &"a".repeat(200)));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn glob_never_panics_and_a_literal_matches_only_itself(
+            pattern in "[a-z*?\\[\\]!^-]{0,12}",
+            name in "[a-z\\[\\]]{0,12}",
+        ) {
+            let _ = glob_match(pattern.as_bytes(), name.as_bytes());
+            if !has_glob(&name) {
+                proptest::prop_assert!(glob_match(name.as_bytes(), name.as_bytes()));
+            }
+        }
     }
 
     #[test]

@@ -477,7 +477,7 @@ fn parse_rate_mbps(rate: &str) -> Option<u64> {
         "" => 0,
         f => f.get(..1)?.parse().ok()?,
     };
-    Some(whole * 1000 + tenths * 100)
+    whole.checked_mul(1000)?.checked_add(tenths * 100)
 }
 
 /// The HCAs for a pod whose GPU sits at `gpu`, best first: nearest by [`Proximity`], then
@@ -588,6 +588,8 @@ mod tests {
         assert_eq!(parse_rate_mbps("56 Gb/sec (4X FDR)"), Some(56_000));
         assert_eq!(parse_rate_mbps("2.5 Gb/sec (1X SDR)"), Some(2_500));
         assert_eq!(parse_rate_mbps("fast"), None);
+        assert_eq!(parse_rate_mbps("99999999999999999999 Gb/sec"), None);
+        assert_eq!(parse_rate_mbps("18446744073709552 Gb/sec"), None);
         assert_eq!(PortState::parse("4: ACTIVE"), PortState::Active);
         assert_eq!(PortState::parse("1: DOWN"), PortState::Down);
         assert_eq!(
