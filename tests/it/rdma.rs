@@ -839,3 +839,58 @@ fn every_gpu_bus_id_of_the_nvidia_smi_captures_parses_as_a_pci_address() {
         Err(pcie::PcieError::BadAddress(_))
     ));
 }
+
+#[test]
+fn the_path_and_listing_captures_read_right() {
+    let capture = |name: &str| {
+        std::fs::read_to_string(fixture(&format!("realdata/rdma/sysfs/{name}"))).expect("capture")
+    };
+    // A BlueField-2 sub-function: the RDMA device lives under an mdev of PCI function 03:00.0.
+    let bf2 = capture("issue-lshca-25-bluefield2-mdev-sf-ports-ll.txt");
+    let path = bf2
+        .split_whitespace()
+        .find(|t| t.contains("/infiniband/mlx5_2/"))
+        .expect("the ll path");
+    let cwd = bf2
+        .split_once(":/")
+        .and_then(|(_, rest)| rest.split_once('#'))
+        .map(|(dir, _)| format!("/{dir}"))
+        .expect("the prompt's directory");
+    let full = Path::new(&cwd).join(path);
+    let loc = PciLocation::from_device_path(&full).expect("SF place");
+    assert_eq!(loc.address, addr("0000:03:00.0"));
+    assert_eq!((loc.pcie_root, loc.bridges), (None, vec![]));
+    // Talos CX-4, netdata's strace -y: the function and its root.
+    let talos = capture("mesa-mofed-utils-talos-cx4-single-mlx5_0-ls-class-infiniband.txt");
+    let target = talos.split(" -> ").nth(1).expect("link").trim();
+    let loc = PciLocation::from_device_path(Path::new(target)).expect("talos");
+    assert_eq!(
+        (loc.address, loc.pcie_root.as_deref()),
+        (addr("0000:04:00.0"), Some("pci0000:00"))
+    );
+    let netdata = capture("issue-netdata-9091-strace-resolved-class-infiniband-paths.txt");
+    for line in netdata.lines() {
+        let resolved = line
+            .split('<')
+            .nth(1)
+            .and_then(|r| r.split('>').next())
+            .expect("resolved path");
+        let loc = PciLocation::from_device_path(Path::new(resolved)).expect("netdata");
+        assert_eq!(loc.address, addr("0000:5e:00.0"));
+        assert_eq!(loc.bridges, addrs(&["0000:5d:00.0"]));
+    }
+    // gpud #200: `ls` lists mlx5_10 before mlx5_2; discovery orders by number.
+    let listing = capture("issue-gpud-200-ls-sys-class-infiniband-two-h100-hosts.txt");
+    let line = listing
+        .lines()
+        .find(|l| l.contains("mlx5_11"))
+        .expect("12 devices");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for name in line.split_whitespace() {
+        std::fs::create_dir_all(tmp.path().join("sys/class/infiniband").join(name)).expect("mkdir");
+    }
+    let inv = rdma::discover(&Roots::under(tmp.path())).expect("discover");
+    let got = names(&inv);
+    let want: Vec<String> = (0..12).map(|i| format!("mlx5_{i}")).collect();
+    assert_eq!(got, want.iter().map(String::as_str).collect::<Vec<_>>());
+}
