@@ -480,6 +480,51 @@ fn parse_rate_mbps(rate: &str) -> Option<u64> {
     whole.checked_mul(1000)?.checked_add(tenths * 100)
 }
 
+/// Why an HCA discovery found is not offered to pods.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, thiserror::Error)]
+#[serde(rename_all = "kebab-case", tag = "reason")]
+pub enum NotOffered {
+    /// No `uverbs` device in sysfs: verbs cannot reach it (`ib_uverbs` not loaded for it, or
+    /// not an RDMA device user space can use).
+    #[error("no uverbs device (is ib_uverbs loaded?)")]
+    NoVerbsDevice,
+    /// Its `uverbs` node is missing under the dev root.
+    #[error("{path} does not exist")]
+    VerbsNodeMissing {
+        /// The missing node.
+        path: String,
+    },
+    /// No port is ACTIVE (with `require_active_port`).
+    #[error("no port is ACTIVE")]
+    NoActivePort,
+}
+
+/// The HCAs the RDMA kind offers under `config`, and those it leaves out with the reason.
+pub fn offer<'a>(
+    inventory: &'a Inventory,
+    config: &RdmaConfig,
+) -> (Vec<&'a Hca>, Vec<(&'a Hca, NotOffered)>) {
+    let mut offered = Vec::new();
+    let mut left_out = Vec::new();
+    for h in &inventory.hcas {
+        let reason = match &h.uverbs {
+            None => Some(NotOffered::NoVerbsDevice),
+            Some(u) if !u.present => Some(NotOffered::VerbsNodeMissing {
+                path: u.host_path(),
+            }),
+            Some(_) if config.require_active_port && !h.any_port_active() => {
+                Some(NotOffered::NoActivePort)
+            }
+            Some(_) => None,
+        };
+        match reason {
+            Some(r) => left_out.push((h, r)),
+            None => offered.push(h),
+        }
+    }
+    (offered, left_out)
+}
+
 /// The HCAs for a pod whose GPU sits at `gpu`, best first: nearest by [`Proximity`], then
 /// an ACTIVE port before none, then the faster port, then the name. HCAs without a PCI
 /// place come last (as [`Proximity::Distant`]). The caller filters out what is not free.

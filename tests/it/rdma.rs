@@ -894,3 +894,49 @@ fn the_path_and_listing_captures_read_right() {
     let want: Vec<String> = (0..12).map(|i| format!("mlx5_{i}")).collect();
     assert_eq!(got, want.iter().map(String::as_str).collect::<Vec<_>>());
 }
+
+#[test]
+fn only_hcas_with_a_verbs_node_and_an_active_port_are_offered() {
+    let config = rdma::RdmaConfig::default();
+    let offered_names = |inv: &Inventory, cfg: &rdma::RdmaConfig| {
+        let (offered, left) = rdma::offer(inv, cfg);
+        let o: Vec<String> = offered.iter().map(|h| h.name.clone()).collect();
+        let l: Vec<(String, rdma::NotOffered)> =
+            left.into_iter().map(|(h, r)| (h.name.clone(), r)).collect();
+        (o, l)
+    };
+    let hgx = tree("hgx-h100-8gpu-roce");
+    let (o, l) = offered_names(&hgx, &config);
+    assert_eq!((o.len(), l.len()), (12, 0));
+    let single = tree("single-hca-mlx4");
+    let (o, l) = offered_names(&single, &config);
+    assert_eq!(o, ["mlx4_0"]);
+    assert_eq!(l, [("scif0".to_string(), rdma::NotOffered::NoVerbsDevice)]);
+    // The node gone, a port down: each left out with its reason.
+    let mut changed = hgx.clone();
+    if let Some(u) = changed.hcas[3].uverbs.as_mut() {
+        u.present = false;
+    }
+    for p in &mut changed.hcas[5].ports {
+        p.state = PortState::Down;
+    }
+    let (o, l) = offered_names(&changed, &config);
+    assert_eq!(o.len(), 10);
+    assert_eq!(
+        l,
+        [
+            (
+                "mlx5_3".to_string(),
+                rdma::NotOffered::VerbsNodeMissing {
+                    path: "/dev/infiniband/uverbs3".into()
+                }
+            ),
+            ("mlx5_5".to_string(), rdma::NotOffered::NoActivePort)
+        ]
+    );
+    let lenient = rdma::RdmaConfig {
+        require_active_port: false,
+        ..rdma::RdmaConfig::default()
+    };
+    assert_eq!(offered_names(&changed, &lenient).0.len(), 11);
+}
