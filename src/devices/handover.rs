@@ -7,8 +7,9 @@
 //! [`rdma_share_ids`] advertise them. Every node handed over belongs to a device named by one
 //! of those ids: an id naming no offered device is refused ([`HandOverError::UnknownDevice`]),
 //! never mapped to another, and two shares of one device hand it over once. It does not
-//! answer kubelet itself: [`HandOver::to_allocate_response`] builds the answer the device
-//! plugin sends.
+//! answer kubelet or write CDI specs itself: [`HandOver::to_allocate_response`] builds the
+//! answer the device plugin sends, [`HandOver::to_cdi_container_edits`] the CDI edits a DRA
+//! prepare writes.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -79,6 +80,47 @@ impl HandOver {
                 .collect(),
             ..Default::default()
         }
+    }
+
+    /// The same as the `containerEdits` of a CDI device (`env` as `K=V`, `deviceNodes` with
+    /// `path` / `hostPath` / `permissions`, bind `mounts`), what a DRA prepare writes into the
+    /// CDI spec it hands the runtime.
+    pub fn to_cdi_container_edits(&self) -> serde_json::Value {
+        let env: Vec<String> = self.envs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let nodes: Vec<serde_json::Value> = self
+            .devices
+            .iter()
+            .map(|d| {
+                serde_json::json!({
+                    "path": d.container_path,
+                    "hostPath": d.host_path,
+                    "permissions": d.permissions,
+                })
+            })
+            .collect();
+        let mounts: Vec<serde_json::Value> = self
+            .mounts
+            .iter()
+            .map(|m| {
+                let mode = if m.read_only { "ro" } else { "rw" };
+                serde_json::json!({
+                    "hostPath": m.host_path,
+                    "containerPath": m.container_path,
+                    "options": [mode, "nosuid", "nodev", "bind"],
+                })
+            })
+            .collect();
+        let mut edits = serde_json::Map::new();
+        if !env.is_empty() {
+            edits.insert("env".into(), env.into());
+        }
+        if !nodes.is_empty() {
+            edits.insert("deviceNodes".into(), nodes.into());
+        }
+        if !mounts.is_empty() {
+            edits.insert("mounts".into(), mounts.into());
+        }
+        serde_json::Value::Object(edits)
     }
 
     fn finish(mut self) -> HandOver {

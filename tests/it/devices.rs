@@ -455,3 +455,42 @@ fn rdma_hand_over_adds_umad_nodes_when_asked_and_refuses_an_hca_without_verbs() 
     assert!(none.devices.is_empty() && none.envs.is_empty());
     assert!(Path::new(&fixture("rdma/single-hca-mlx4/dev/infiniband/rdma_cm")).exists());
 }
+
+#[test]
+fn the_hand_over_as_cdi_container_edits() {
+    let inv = rdma_tree("single-hca-mlx4");
+    let h = handover::rdma(&inv, &RdmaConfig::default(), &ids(&["mlx4_0-_-0"])).expect("hand-over");
+    let edits = h.to_cdi_container_edits();
+    assert_eq!(
+        edits,
+        serde_json::json!({
+            "env": ["GPUSHARE_RDMA_DEVICES=mlx4_0", "NCCL_IB_HCA==mlx4_0"],
+            "deviceNodes": [
+                {"path": "/dev/infiniband/rdma_cm", "hostPath": "/dev/infiniband/rdma_cm", "permissions": "rw"},
+                {"path": "/dev/infiniband/umad0", "hostPath": "/dev/infiniband/umad0", "permissions": "rw"},
+                {"path": "/dev/infiniband/uverbs0", "hostPath": "/dev/infiniband/uverbs0", "permissions": "rw"}
+            ]
+        })
+    );
+    let dev = fake_dev();
+    let npu = decl(
+        "[[generic]]\nresource = \"example.com/npu\"\npaths = [{ path = \"/dev/accel/accel0\" }]\n\
+         mounts = [{ host_path = \"/opt/npu\", container_path = \"/opt/npu\", read_only = true }]",
+    );
+    let devices = generic::discover(&npu, dev.path());
+    let edits = handover::generic(&devices, &ids(&["accel_accel0-_-0"]))
+        .expect("hand-over")
+        .to_cdi_container_edits();
+    assert_eq!(
+        edits["mounts"],
+        serde_json::json!([{"hostPath": "/opt/npu", "containerPath": "/opt/npu", "options": ["ro", "nosuid", "nodev", "bind"]}])
+    );
+    assert!(
+        edits.get("env").is_none(),
+        "no env key when there is none: {edits}"
+    );
+    assert_eq!(
+        handover::HandOver::default().to_cdi_container_edits(),
+        serde_json::json!({})
+    );
+}
