@@ -94,6 +94,25 @@ pub struct PciLocation {
     pub numa_node: Option<u32>,
 }
 
+/// DRA's standard attribute of a device's PCIe root complex, valued `pci<domain>:<bus>`
+/// ([`PciLocation::pcie_root`]): a claim's `matchAttribute` on it puts a GPU and an HCA
+/// under one root.
+pub const ATTR_PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+/// DRA's standard attribute of a PCI device's address, `dddd:bb:dd.f`.
+pub const ATTR_PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+/// The NUMA node attribute (no standard name exists: unqualified, so in the driver's
+/// domain), an integer.
+pub const ATTR_NUMA_NODE: &str = "numaNode";
+
+/// A DRA device attribute's value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AttributeValue {
+    /// `string`.
+    String(String),
+    /// `int`.
+    Int(i64),
+}
+
 /// Why a PCI function could not be located.
 #[derive(Debug, thiserror::Error)]
 pub enum PcieError {
@@ -172,6 +191,22 @@ impl PciLocation {
     /// (`00000000:19:00.0` from NVML or nvidia-smi, or sysfs's `0000:19:00.0`).
     pub fn of_bus_id(sysfs: &Path, bus_id: &str) -> Result<PciLocation, PcieError> {
         PciLocation::read(sysfs, bus_id.trim().parse()?)
+    }
+
+    /// The DRA attributes this place gives a device: [`ATTR_PCI_BUS_ID`], and
+    /// [`ATTR_PCIE_ROOT`] / [`ATTR_NUMA_NODE`] where known.
+    pub fn dra_attributes(&self) -> Vec<(&'static str, AttributeValue)> {
+        let mut out = vec![(
+            ATTR_PCI_BUS_ID,
+            AttributeValue::String(self.address.to_string()),
+        )];
+        if let Some(root) = &self.pcie_root {
+            out.push((ATTR_PCIE_ROOT, AttributeValue::String(root.clone())));
+        }
+        if let Some(n) = self.numa_node {
+            out.push((ATTR_NUMA_NODE, AttributeValue::Int(i64::from(n))));
+        }
+        out
     }
 
     /// How near `other` is to this function.

@@ -940,3 +940,45 @@ fn only_hcas_with_a_verbs_node_and_an_active_port_are_offered() {
     };
     assert_eq!(offered_names(&changed, &lenient).0.len(), 11);
 }
+
+#[test]
+fn a_gpu_and_its_hca_carry_the_same_standard_pcie_root_attribute() {
+    use gpushare::pcie::{ATTR_NUMA_NODE, ATTR_PCI_BUS_ID, ATTR_PCIE_ROOT, AttributeValue};
+    let sys = fixture("rdma/hgx-h100-8gpu-roce/sys");
+    let inv = tree("hgx-h100-8gpu-roce");
+    let gpu = PciLocation::read(&sys, addr("0000:5d:00.0")).expect("GPU 3");
+    let hca = hca(&inv, "mlx5_5").pci.as_ref().expect("place");
+    let root = |attrs: Vec<(&str, AttributeValue)>| {
+        attrs
+            .into_iter()
+            .find(|(k, _)| *k == ATTR_PCIE_ROOT)
+            .map(|(_, v)| v)
+    };
+    assert_eq!(
+        root(gpu.dra_attributes()),
+        Some(AttributeValue::String("pci0000:59".into()))
+    );
+    assert_eq!(root(gpu.dra_attributes()), root(hca.dra_attributes()));
+    assert_eq!(
+        hca.dra_attributes(),
+        [
+            (
+                ATTR_PCI_BUS_ID,
+                AttributeValue::String("0000:5e:00.0".into())
+            ),
+            (ATTR_PCIE_ROOT, AttributeValue::String("pci0000:59".into())),
+            (ATTR_NUMA_NODE, AttributeValue::Int(0)),
+        ]
+    );
+    assert_ne!(
+        root(gpu.dra_attributes()),
+        root(hca_place(&inv, "mlx5_4").dra_attributes())
+    );
+    // No root in the path (the two-devices capture): no pcieRoot attribute, never a guess.
+    let two = tree("two-rdma-devices-one-function");
+    assert_eq!(root(hca_place(&two, "smi1").dra_attributes()), None);
+}
+
+fn hca_place(inv: &Inventory, name: &str) -> PciLocation {
+    hca(inv, name).pci.clone().expect("place")
+}
