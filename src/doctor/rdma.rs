@@ -81,7 +81,7 @@ fn describe(h: &Hca) -> String {
                 parts.push(format!("numa {n}"));
             }
         }
-        None => parts.push("not a PCI function".to_string()),
+        None => parts.push("no PCI place in sysfs".to_string()),
     }
     if let Some(t) = &h.hca_type {
         parts.push(t.clone());
@@ -94,11 +94,15 @@ fn describe(h: &Hca) -> String {
             .rate_mbps
             .map(|r| format!(" {} Gb/s", r as f64 / 1000.0))
             .unwrap_or_default();
+        let layer = match p.link_layer {
+            rdma::LinkLayer::InfiniBand => "InfiniBand",
+            rdma::LinkLayer::Ethernet => "Ethernet",
+            rdma::LinkLayer::Unknown => "link layer unknown",
+        };
         parts.push(format!(
-            "port {} {} {:?}{rate}",
+            "port {} {} {layer}{rate}",
             p.number,
-            state_name(&p.state),
-            p.link_layer
+            state_name(&p.state)
         ));
     }
     if let Some(u) = &h.uverbs {

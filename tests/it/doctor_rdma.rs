@@ -83,7 +83,7 @@ fn a_single_hca_host_warns_about_its_non_verbs_device_only() {
     assert!(
         by_id(&c, "rdma-devices")
             .detail
-            .contains("scif0  not a PCI function")
+            .contains("scif0  no PCI place in sysfs")
     );
     let chars = by_id(&c, "rdma-char-devices");
     assert_eq!(chars.status, Status::Warn, "{}", chars.detail);
