@@ -25,7 +25,9 @@
 //!   `gpushare demo`, linked only with the `demo` feature);
 //! - infrastructure every role may use: [`buildinfo`], [`config`], [`telemetry`],
 //!   [`shutdown`], [`failure`] (exit statuses, error text), [`admin`], [`exposition`],
-//!   [`http_server`], [`outbound`] (the one HTTP client), [`k8s`], [`gpu`];
+//!   [`http_server`], [`outbound`] (the one HTTP client), [`k8s`], [`gpu`], and the
+//!   device kinds beside the GPU: [`pcie`] (topology), [`rdma`] (HCAs), [`devices`]
+//!   (configuration, generic devices, the hand-over to a container);
 //! - the roles, which never import each other: [`extender`], [`deviceplugin`], [`inspect`],
 //!   [`doctor`], [`webhook`] (admission webhook of managed clusters);
 //! - the composers: [`cli`] (the only dispatch to the roles, and the preflight) and `demo`.
@@ -40,6 +42,7 @@ pub mod config;
 #[cfg(feature = "demo")]
 pub mod demo;
 pub mod deviceplugin;
+pub mod devices;
 pub mod doctor;
 pub mod exposition;
 pub mod extender;
@@ -49,6 +52,8 @@ pub mod http_server;
 pub mod inspect;
 pub mod k8s;
 pub mod outbound;
+pub mod pcie;
+pub mod rdma;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tls;

@@ -9,7 +9,8 @@
 //! the GPU backend ([`gpus`]); control-plane checks ask the API server ([`cluster`]), read
 //! the kube-scheduler configuration ([`scheduler`]) and, on managed clusters, check the
 //! dedicated scheduler and the webhook ([`managed`]), and name what an Aliyun installation
-//! left in the chart's way ([`migration`]); with `--mps`, the MPS set-up ([`mps`]).
+//! left in the chart's way ([`migration`]); with `--mps`, the MPS set-up ([`mps`]); with
+//! `--rdma`, the RDMA stack ([`rdma`]).
 //! `extender` and `device-plugin` run [`preflight`] before they start. Doctor only reads: it
 //! changes nothing on the host or in the cluster, and every probe has a short deadline (the
 //! MPS probe runs the control program as a client; it never starts or stops the daemon).
@@ -21,6 +22,7 @@ pub mod host;
 pub mod managed;
 pub mod migration;
 pub mod mps;
+pub mod rdma;
 pub mod report;
 pub mod runtime;
 pub mod scheduler;
@@ -112,6 +114,9 @@ pub struct Args {
     /// The same GPU access as the device plugin.
     #[command(flatten)]
     pub gpu: crate::gpu::GpuArgs,
+    /// The RDMA checks ([`rdma`]).
+    #[command(flatten)]
+    pub rdma: rdma::RdmaArgs,
 }
 
 impl Args {
@@ -388,7 +393,13 @@ pub async fn run(args: Args, config: Config) -> anyhow::Result<ExitCode> {
         extender_url: args.extender_url.clone(),
         webhook_url: args.webhook_url.clone(),
     };
-    let report = diagnose(&opts, &config).await;
+    let mut report = diagnose(&opts, &config).await;
+    if args.rdma.rdma {
+        let mut checks = report.checks;
+        let modules = HostRoot::new(&args.root).path("/proc/modules");
+        checks.extend(rdma::checks(&args.rdma.roots(&args.root), &modules));
+        report = Report::new(args.role.name(), checks);
+    }
     let text = match args.output {
         OutputFormat::Text => {
             report.to_text(crate::telemetry::colour(std::io::stdout().is_terminal()))
