@@ -24,6 +24,7 @@ mod mps;
 mod packaging;
 mod realdata;
 mod sandbox_apiserver;
+mod sandbox_dra;
 mod sandbox_kubelet;
 mod settle;
 mod soak;

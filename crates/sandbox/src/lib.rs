@@ -4,9 +4,13 @@
 //!   in-memory store, a kubeconfig file, and fault injection.
 //! - [`kubelet::Kubelet`]: a fake kubelet serving the device-plugin Registration service on a
 //!   unix socket and driving a plugin as kubelet does (and, optionally, PodResources).
+//! - [`dra_allocator::DraAllocator`]: what kube-scheduler and the resourceclaim controller do
+//!   for DRA pods (claims from templates, first-fit allocation with consumable capacity,
+//!   binding, release).
 //! - [`nvml_stub`]: builds a stub `libnvidia-ml.so.1` whose GPUs and XID events come from a
 //!   file, for testing the NVML backend through nvml-wrapper.
 
 pub mod apiserver;
+pub mod dra_allocator;
 pub mod kubelet;
 pub mod nvml_stub;
