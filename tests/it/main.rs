@@ -25,6 +25,7 @@ mod packaging;
 mod realdata;
 mod sandbox_apiserver;
 mod sandbox_dra;
+mod sandbox_dra_kubelet;
 mod sandbox_kubelet;
 mod settle;
 mod soak;
