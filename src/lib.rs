@@ -26,7 +26,8 @@
 //! - infrastructure every role may use: [`buildinfo`], [`config`], [`telemetry`],
 //!   [`shutdown`], [`admin`], [`exposition`], [`http_server`], [`k8s`], [`gpu`];
 //! - the roles, which never import each other: [`extender`], [`deviceplugin`], [`inspect`],
-//!   [`doctor`], [`webhook`] (admission webhook of managed clusters);
+//!   [`doctor`], [`webhook`] (admission webhook of managed clusters), [`dra`] (the DRA
+//!   path's pure pieces; its `dra-plugin` subcommand is not wired yet);
 //! - the composers: [`cli`] (the only dispatch to the roles, and the preflight) and `demo`.
 
 pub use gpushare_core as core;
@@ -40,6 +41,7 @@ pub mod config;
 pub mod demo;
 pub mod deviceplugin;
 pub mod doctor;
+pub mod dra;
 pub mod exposition;
 pub mod extender;
 pub mod gpu;
