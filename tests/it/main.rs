@@ -12,6 +12,7 @@ mod doctor;
 mod doctor_cdi;
 mod doctor_managed;
 mod doctor_migration;
+mod dra;
 mod extender;
 mod gpu;
 mod ha;
