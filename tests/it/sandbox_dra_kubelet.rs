@@ -419,7 +419,7 @@ async fn the_dra_kubelet_registers_prepares_reads_health_and_unprepares_after_th
             .is_none()
     );
     let report = kubelet.sync().await.expect("a sync");
-    assert_eq!(report.unprepared, [uid.clone()]);
+    assert_eq!(report.unprepared, std::slice::from_ref(&uid));
     assert_eq!(running.plugin.seen().unprepared, [claims[0].uid.clone()]);
     assert!(kubelet.prepared(&uid).is_none());
 
