@@ -24,6 +24,16 @@ use super::claims::ClaimShare;
 /// The format version this build writes and reads.
 pub const VERSION: u32 = 1;
 
+/// One share of a prepared claim and the CDI devices answered for it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedShare {
+    /// The share.
+    #[serde(flatten)]
+    pub share: ClaimShare,
+    /// The CDI device ids answered to kubelet for it.
+    pub cdi_device_ids: Vec<String>,
+}
+
 /// One prepared claim.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreparedClaim {
@@ -31,10 +41,8 @@ pub struct PreparedClaim {
     pub namespace: String,
     /// The claim's name.
     pub name: String,
-    /// Its shares of this node's GPUs.
-    pub shares: Vec<ClaimShare>,
-    /// The CDI device ids answered to kubelet.
-    pub cdi_device_ids: Vec<String>,
+    /// Its shares of this node's GPUs, in the order of the allocation results.
+    pub shares: Vec<PreparedShare>,
     /// The transient CDI spec file written for it, removed on unprepare.
     pub cdi_spec: Option<PathBuf>,
 }
@@ -158,7 +166,7 @@ impl Checkpoint {
                 continue;
             }
             for s in &c.shares {
-                *out.entry(s.device.clone()).or_default() += s.memory_bytes;
+                *out.entry(s.share.device.clone()).or_default() += s.share.memory_bytes;
             }
         }
         out
@@ -174,16 +182,18 @@ mod tests {
         PreparedClaim {
             namespace: "ns".into(),
             name: "c".into(),
-            shares: vec![ClaimShare {
-                request: "main".into(),
-                device: device.into(),
-                uuid: "GPU-A".into(),
-                index: 0,
-                share_id: Some("s".into()),
-                memory_bytes: bytes,
-                units: GpuMem::new(bytes >> 30),
+            shares: vec![PreparedShare {
+                share: ClaimShare {
+                    request: "main".into(),
+                    device: device.into(),
+                    uuid: "GPU-A".into(),
+                    index: 0,
+                    share_id: Some("s".into()),
+                    memory_bytes: bytes,
+                    units: GpuMem::new(bytes >> 30),
+                },
+                cdi_device_ids: vec!["k8s.gpushare.io/claim=u-gpu-a".into()],
             }],
-            cdi_device_ids: vec!["k8s.gpushare.io/claim=u-gpu-a".into()],
             cdi_spec: Some(PathBuf::from("/var/run/cdi/k8s.gpushare.io-claim_u.json")),
         }
     }

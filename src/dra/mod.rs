@@ -8,15 +8,20 @@
 //!   consumed memory), with a typed error per claim;
 //! - [`checkpoint`]: the prepared claims, kept in a JSON file written atomically, so that
 //!   `NodeUnprepareResources` works after a restart and after the claim is gone;
+//! - [`plugin`]: the kubelet plugin's gRPC side (registration, `DRAPlugin` v1/v1beta1,
+//!   `DRAResourceHealth` v1/v1alpha1) with checkpointed, idempotent prepare and unprepare;
+//!   what containers get is left to a [`plugin::Preparer`];
 //! - [`rewrite`]: the webhook's DRA rewrite of an `aliyun.com/gpu-mem` pod into one claim
 //!   from a ResourceClaimTemplate, one request per GPU container, all on one GPU.
 //!
-//! What is not here yet: the kubelet plugin server (registration, `DRAPlugin`,
-//! `DRAResourceHealth`), publishing slices through the API, the CDI specs of prepared claims
-//! (the node agent's container contract and CDI writer), and the flags of the role. Nothing
-//! here performs network I/O; [`checkpoint`] and [`slices::pcie_root`] touch local files.
+//! What is not here yet: the `dra-plugin` subcommand and its flags, publishing slices through
+//! the API, and the [`plugin::Preparer`] that writes the CDI specs of prepared claims (the node
+//! agent's container contract and CDI writer). Only [`plugin`] performs network I/O (it
+//! serves kubelet and reads claims); [`checkpoint`] and [`slices::pcie_root`] touch local
+//! files.
 
 pub mod checkpoint;
 pub mod claims;
+pub mod plugin;
 pub mod rewrite;
 pub mod slices;

@@ -13,6 +13,7 @@ mod doctor_cdi;
 mod doctor_managed;
 mod doctor_migration;
 mod dra;
+mod dra_plugin;
 mod extender;
 mod gpu;
 mod ha;
