@@ -1,5 +1,5 @@
-//! The DRA path (`resource.k8s.io/v1`): the pure pieces of the `gpushare dra-plugin` role
-//! and of the webhook's DRA mode.
+//! The DRA path (`resource.k8s.io/v1`): the pieces of the `gpushare dra-plugin` role and of
+//! the webhook's DRA mode.
 //!
 //! - [`slices`]: the ResourceSlice of a node (one device per served GPU, consumable `memory`,
 //!   attributes, taints of unhealthy GPUs, device order by the GPU policy) and the pool
@@ -11,17 +11,19 @@
 //! - [`plugin`]: the kubelet plugin's gRPC side (registration, `DRAPlugin` v1/v1beta1,
 //!   `DRAResourceHealth` v1/v1alpha1) with checkpointed, idempotent prepare and unprepare;
 //!   what containers get is left to a [`plugin::Preparer`];
+//! - [`publish`]: one reconciling pass that makes the API hold exactly the node's slices;
 //! - [`rewrite`]: the webhook's DRA rewrite of an `aliyun.com/gpu-mem` pod into one claim
 //!   from a ResourceClaimTemplate, one request per GPU container, all on one GPU.
 //!
-//! What is not here yet: the `dra-plugin` subcommand and its flags, publishing slices through
-//! the API, and the [`plugin::Preparer`] that writes the CDI specs of prepared claims (the node
-//! agent's container contract and CDI writer). Only [`plugin`] performs network I/O (it
-//! serves kubelet and reads claims); [`checkpoint`] and [`slices::pcie_root`] touch local
-//! files.
+//! What is not here yet: the `dra-plugin` subcommand and its flags (and the loop that
+//! republishes slices on GPU, health and allocation changes), and the [`plugin::Preparer`]
+//! that writes the CDI specs of prepared claims (the node agent's container contract and CDI
+//! writer). Only [`plugin`] and [`publish`] perform network I/O (serving kubelet, reading
+//! claims, writing slices); [`checkpoint`] and [`slices::pcie_root`] touch local files.
 
 pub mod checkpoint;
 pub mod claims;
 pub mod plugin;
+pub mod publish;
 pub mod rewrite;
 pub mod slices;

@@ -444,3 +444,85 @@ async fn grpcio_kubelet_drives_the_plugin_with_per_claim_errors() {
     assert_eq!(node.preparer.prepared.load(Ordering::SeqCst), 2);
     assert_eq!(files(&node.dir.path().join("cdi")), 0);
 }
+
+/// The slices of a node reach the API and follow its changes; slices of other nodes and
+/// drivers are left alone; a pass whose create answer was lost is settled by reading.
+#[tokio::test]
+async fn slices_are_published_updated_and_deleted_by_one_reconciling_pass() {
+    use gpushare::dra::publish::{Published, sync_slices};
+    use gpushare_sandbox::apiserver::{Fault, FaultAction};
+    use k8s_openapi::api::resource::v1::ResourceSlice;
+
+    let server = ApiServer::start().await.expect("starts");
+    let client = server.client();
+    let other = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": { "name": "node-b-gpushare-io-0" },
+        "spec": { "driver": DRA_DRIVER_NAME, "nodeName": "node-b",
+                  "pool": { "name": "node-b", "generation": 1, "resourceSliceCount": 1 }, "devices": [] },
+    });
+    server.create_object(other).expect("another node's slice");
+    let slices = |generation, gpus: &[SliceGpu]| {
+        build_slices(
+            "node-a",
+            DRA_DRIVER_NAME,
+            None,
+            MemoryUnit::GIB,
+            GpuPolicy::Binpack,
+            gpus,
+            generation,
+        )
+    };
+    // The create lands but its answer is lost: the retried pass finds the slice.
+    server.inject(Fault::new(
+        Some(http::Method::POST),
+        "/resourceslices",
+        FaultAction::ApplyThenDrop,
+    ));
+    let first = sync_slices(&client, "node-a", DRA_DRIVER_NAME, &slices(1, &gpus()))
+        .await
+        .expect("published");
+    assert_eq!(first, Published::default(), "the retried pass read what had landed");
+    let posts = server
+        .requests()
+        .iter()
+        .filter(|r| r.method == http::Method::POST && r.path.ends_with("/resourceslices"))
+        .count();
+    assert_eq!(posts, 1, "one create, never a second");
+    let stored: ResourceSlice = server
+        .get_as("resourceslices", None, "node-a-gpushare-io-0")
+        .expect("stored");
+    assert_eq!(stored.spec.devices.as_ref().map(Vec::len), Some(2));
+    let again = sync_slices(&client, "node-a", DRA_DRIVER_NAME, &slices(1, &gpus()))
+        .await
+        .expect("published");
+    assert_eq!(
+        again,
+        Published::default(),
+        "nothing changed, nothing written"
+    );
+    let mut sick = gpus();
+    sick[1].unhealthy = Some("xid".into());
+    let changed = sync_slices(&client, "node-a", DRA_DRIVER_NAME, &slices(2, &sick))
+        .await
+        .expect("published");
+    assert_eq!(changed.updated, 1);
+    let stored: ResourceSlice = server
+        .get_as("resourceslices", None, "node-a-gpushare-io-0")
+        .expect("stored");
+    assert_eq!(stored.spec.pool.generation, 2);
+    let gone = sync_slices(&client, "node-a", DRA_DRIVER_NAME, &[])
+        .await
+        .expect("published");
+    assert_eq!(gone.deleted, 1);
+    assert!(
+        server
+            .get_object("resourceslices", None, "node-a-gpushare-io-0")
+            .is_none()
+    );
+    assert!(
+        server
+            .get_object("resourceslices", None, "node-b-gpushare-io-0")
+            .is_some()
+    );
+}
