@@ -189,6 +189,43 @@ pub fn admit(
     Ok(())
 }
 
+/// Memory allocated on each device of `(driver, pool)` by every allocated claim (bytes, by
+/// device name): what orders the slice by the GPU policy. It counts allocations the scheduler
+/// made that no kubelet has prepared yet, which the checkpoint cannot know. A result without
+/// `consumedCapacity` holds the whole device (`whole` gives its memory); an unreadable
+/// quantity counts as the whole device too (the order errs towards "full").
+pub fn allocated_per_device<'a>(
+    claims: impl IntoIterator<Item = &'a ResourceClaim>,
+    driver: &str,
+    pool: &str,
+    whole: impl Fn(&str) -> u64,
+) -> BTreeMap<String, u64> {
+    let mut out: BTreeMap<String, u64> = BTreeMap::new();
+    for claim in claims {
+        let results = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.devices.as_ref())
+            .and_then(|d| d.results.as_ref());
+        for r in results
+            .into_iter()
+            .flatten()
+            .filter(|r| r.driver == driver && r.pool == pool)
+        {
+            let bytes = r
+                .consumed_capacity
+                .as_ref()
+                .and_then(|c| c.get(DRA_CAPACITY_MEMORY))
+                .and_then(|q| parse_whole_quantity(&q.0).ok())
+                .unwrap_or_else(|| whole(&r.device));
+            let held = out.entry(r.device.clone()).or_default();
+            *held = held.saturating_add(bytes);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,6 +341,34 @@ mod tests {
         )
         .expect_err("not allocated");
         assert_eq!(err.to_string(), "claim ns/c is not allocated");
+    }
+
+    #[test]
+    fn allocations_of_every_claim_of_this_pool_add_up_per_device() {
+        let a = claim(json!([
+            { "request": "m", "driver": "gpushare.io", "pool": "node-a", "device": "gpu-a",
+              "shareID": "1", "consumedCapacity": { "memory": "6Gi" } },
+            { "request": "n", "driver": "gpushare.io", "pool": "node-b", "device": "gpu-a",
+              "shareID": "2", "consumedCapacity": { "memory": "1Gi" } },
+        ]));
+        let b = claim(json!([
+            { "request": "m", "driver": "gpushare.io", "pool": "node-a", "device": "gpu-a",
+              "shareID": "3", "consumedCapacity": { "memory": "2Gi" } },
+            { "request": "w", "driver": "gpushare.io", "pool": "node-a", "device": "gpu-b" },
+            { "request": "x", "driver": "other", "pool": "node-a", "device": "gpu-b" },
+        ]));
+        let mut pending = claim(json!([]));
+        pending.status = None;
+        let got = allocated_per_device([&a, &b, &pending], "gpushare.io", "node-a", |d| {
+            devices().get(d).map_or(0, |x| x.memory_bytes)
+        });
+        assert_eq!(
+            got,
+            BTreeMap::from([
+                ("gpu-a".to_string(), 8 * GIB),
+                ("gpu-b".to_string(), 8 * GIB)
+            ])
+        );
     }
 
     #[test]
