@@ -482,7 +482,11 @@ async fn slices_are_published_updated_and_deleted_by_one_reconciling_pass() {
     let first = sync_slices(&client, "node-a", DRA_DRIVER_NAME, &slices(1, &gpus()))
         .await
         .expect("published");
-    assert_eq!(first, Published::default(), "the retried pass read what had landed");
+    assert_eq!(
+        first,
+        Published::default(),
+        "the retried pass read what had landed"
+    );
     let posts = server
         .requests()
         .iter()
