@@ -13,7 +13,6 @@
 //!
 //! Figures depend on the machine; FAIL lines are reported, not fatal.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,11 +21,11 @@ use anyhow::{Context, bail};
 use gpushare::core::wire::{DRA_DEVICE_CLASS, DRA_DRIVER_NAME};
 use gpushare::core::{GpuPolicy, MemoryUnit};
 use gpushare::dra::checkpoint::PreparedClaim;
-use gpushare::dra::claims::{ClaimShare, NodeDevice};
+use gpushare::dra::claims::ClaimShare;
 use gpushare::dra::plugin::{PluginConfig, PrepareError, Prepared, Preparer, Served, start};
 use gpushare::dra::publish::sync_slices;
 use gpushare::dra::rewrite::rewrite;
-use gpushare::dra::slices::{Pool, SliceGpu, device_name};
+use gpushare::dra::slices::{Pool, SliceGpu};
 use gpushare::kubelet_api::dra::v1;
 use gpushare::shutdown::Shutdown;
 use gpushare_sandbox::apiserver::ApiServer;
@@ -165,22 +164,7 @@ async fn run(pods: usize) -> anyhow::Result<Vec<(String, String, String)>> {
         checkpoint: dir.path().join("checkpoint.json"),
         unit: MemoryUnit::GIB,
     };
-    let served = Served {
-        devices: gpus(None)
-            .iter()
-            .map(|g| {
-                (
-                    device_name(g),
-                    NodeDevice {
-                        uuid: g.uuid.clone(),
-                        index: g.index,
-                        memory_bytes: g.memory_bytes,
-                    },
-                )
-            })
-            .collect(),
-        unhealthy: BTreeMap::new(),
-    };
+    let served = Served::from_gpus(&gpus(None), MemoryUnit::GIB);
     let (_served_tx, served_rx) = watch::channel(served);
     let _plugin = start(
         config.clone(),

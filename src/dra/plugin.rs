@@ -38,6 +38,7 @@ use tonic::{Request, Response, Status};
 
 use super::checkpoint::{Checkpoint, CheckpointError, PreparedClaim, PreparedShare};
 use super::claims::{ClaimError, ClaimShare, NodeDevice, admit, read_claim};
+use super::slices::{SliceGpu, device_name, published_memory};
 use crate::core::MemoryUnit;
 use crate::kubelet_api::dra::{health_v1, health_v1alpha1, v1, v1beta1};
 use crate::kubelet_api::pluginregistration::registration_server::{
@@ -95,6 +96,29 @@ pub struct Served {
     pub devices: BTreeMap<String, NodeDevice>,
     /// Device name -> why it is unhealthy.
     pub unhealthy: BTreeMap<String, String>,
+}
+
+impl Served {
+    /// What the slice built from `gpus` publishes ([`super::slices::build_slices`]): the same
+    /// device names, the memory in whole units, the unhealthy GPUs with their reason.
+    pub fn from_gpus(gpus: &[SliceGpu], unit: MemoryUnit) -> Served {
+        let mut served = Served::default();
+        for g in gpus {
+            let name = device_name(g);
+            if let Some(why) = &g.unhealthy {
+                served.unhealthy.insert(name.clone(), why.clone());
+            }
+            served.devices.insert(
+                name,
+                NodeDevice {
+                    uuid: g.uuid.clone(),
+                    index: g.index,
+                    memory_bytes: published_memory(g.memory_bytes, unit),
+                },
+            );
+        }
+        served
+    }
 }
 
 /// What the [`Preparer`] did for one claim.
@@ -702,4 +726,38 @@ pub fn start(
         registration: registration_rx,
         tasks: vec![t1, t2],
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::GpuPolicy;
+
+    /// The plugin checks claims against exactly what the slice publishes.
+    #[test]
+    fn served_devices_match_the_published_slice() {
+        let gpus: Vec<SliceGpu> = (0..3)
+            .map(|i| SliceGpu {
+                index: i,
+                uuid: format!("GPU-{i}"),
+                product_name: "x".into(),
+                memory_bytes: (15 << 30) + (900 << 20),
+                pcie_root: None,
+                unhealthy: (i == 2).then(|| "xid 48".to_string()),
+                allocated_bytes: u64::from(i) << 30,
+            })
+            .collect();
+        let unit = MemoryUnit::GIB;
+        let served = Served::from_gpus(&gpus, unit);
+        let slices =
+            super::super::slices::build_slices("n", "d", None, unit, GpuPolicy::Spread, &gpus, 1);
+        for d in slices[0].spec.devices.iter().flatten() {
+            let s = &served.devices[&d.name];
+            let cap = &d.capacity.as_ref().expect("capacity")["memory"];
+            assert_eq!(cap.value.0, s.memory_bytes.to_string(), "{}", d.name);
+            assert_eq!(d.taints.is_some(), served.unhealthy.contains_key(&d.name));
+        }
+        assert_eq!(served.devices.len(), 3);
+        assert_eq!(served.devices["gpu-0"].memory_bytes, 15 << 30);
+    }
 }

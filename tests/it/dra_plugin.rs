@@ -4,7 +4,6 @@
 //! `gpushare::dra::slices`; what containers get is written by a preparer of this test (the
 //! node agent's CDI writer takes its place in the role).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,7 +12,7 @@ use std::time::Duration;
 use gpushare::core::wire::{DRA_DEVICE_CLASS, DRA_DRIVER_NAME};
 use gpushare::core::{GpuPolicy, MemoryUnit};
 use gpushare::dra::checkpoint::{Checkpoint, PreparedClaim};
-use gpushare::dra::claims::{ClaimShare, NodeDevice};
+use gpushare::dra::claims::ClaimShare;
 use gpushare::dra::plugin::{
     PluginConfig, PrepareError, Prepared, Preparer, RunningPlugin, SERVICES, Served, start,
 };
@@ -92,22 +91,7 @@ fn gpus() -> Vec<SliceGpu> {
 }
 
 fn served() -> Served {
-    Served {
-        devices: gpus()
-            .iter()
-            .map(|g| {
-                (
-                    device_name(g),
-                    NodeDevice {
-                        uuid: g.uuid.clone(),
-                        index: g.index,
-                        memory_bytes: g.memory_bytes,
-                    },
-                )
-            })
-            .collect(),
-        unhealthy: BTreeMap::new(),
-    }
+    Served::from_gpus(&gpus(), MemoryUnit::GIB)
 }
 
 struct Node {
