@@ -514,3 +514,77 @@ async fn slices_are_published_updated_and_deleted_by_one_reconciling_pass() {
             .is_some()
     );
 }
+
+/// Python grpcio prepares, the plugin restarts, the claim is deleted, grpcio unprepares: the
+/// new plugin process undoes the claim from its checkpoint.
+#[tokio::test]
+async fn grpcio_unprepares_after_a_plugin_restart_and_the_claim_is_gone() {
+    let Some(python) = clients::python_with(&["grpc", "grpc_tools"]) else {
+        return;
+    };
+    let node = node().await;
+    let p: Pod = node
+        .server
+        .get_as("pods", Some("default"), "p")
+        .expect("pod");
+    let name = p
+        .status
+        .and_then(|s| s.resource_claim_statuses)
+        .and_then(|s| s[0].resource_claim_name.clone())
+        .expect("claim name");
+    let uid = node
+        .server
+        .get_object("resourceclaims", Some("default"), &name)
+        .expect("claim")["metadata"]["uid"]
+        .as_str()
+        .expect("uid")
+        .to_string();
+    let script = clients::repo_root().join("tests/clients/dra_kubelet_grpcio.py");
+    let kubelet = |step: &'static str| {
+        let mut cmd = tokio::process::Command::new(&python);
+        cmd.arg(&script)
+            .arg("--socket")
+            .arg(node.config.registration_socket())
+            .arg(step)
+            .arg("--claim")
+            .arg(format!("default/{uid}/{name}"))
+            .kill_on_drop(true);
+        async move {
+            let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+                .await
+                .expect("the python kubelet finishes within a minute")
+                .expect("the python kubelet runs");
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            let report: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+                panic!(
+                    "no JSON ({e}): {stdout}\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            });
+            assert_eq!(out.status.code(), Some(0), "{report}");
+            report
+        }
+    };
+    let plugin = node.start_plugin();
+    let report = kubelet("--prepare").await;
+    assert_eq!(report["prepare"][&uid]["error"], "", "{report}");
+    drop(plugin);
+    node.server
+        .delete_object("resourceclaims", Some("default"), &name)
+        .expect("the claim is deleted");
+    let _plugin = node.start_plugin();
+    let report = kubelet("--unprepare").await;
+    assert_eq!(report["unprepare"][&uid], "", "{report}");
+    assert_eq!(
+        *node.preparer.log.lock().expect("log"),
+        [uid.clone()],
+        "the restarted plugin undid the claim"
+    );
+    assert_eq!(files(&node.dir.path().join("cdi")), 0);
+    assert!(
+        Checkpoint::load(&node.config.checkpoint)
+            .expect("the checkpoint")
+            .claims
+            .is_empty()
+    );
+}
