@@ -577,7 +577,7 @@ async fn grpcio_unprepares_after_a_plugin_restart_and_the_claim_is_gone() {
     assert_eq!(report["unprepare"][&uid], "", "{report}");
     assert_eq!(
         *node.preparer.log.lock().expect("log"),
-        [uid.clone()],
+        std::slice::from_ref(&uid),
         "the restarted plugin undid the claim"
     );
     assert_eq!(files(&node.dir.path().join("cdi")), 0);
