@@ -23,6 +23,9 @@
 
 pub mod checkpoint;
 pub mod claims;
+// Unix sockets only (the kubelet plugin API is served on them); the Windows kubectl plugin
+// build leaves it out.
+#[cfg(unix)]
 pub mod plugin;
 pub mod publish;
 pub mod rewrite;
