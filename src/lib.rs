@@ -29,7 +29,8 @@
 //!   device kinds beside the GPU: [`pcie`] (topology), [`rdma`] (HCAs), [`devices`]
 //!   (configuration, generic devices, the hand-over to a container);
 //! - the roles, which never import each other: [`extender`], [`deviceplugin`], [`inspect`],
-//!   [`doctor`], [`webhook`] (admission webhook of managed clusters);
+//!   [`doctor`], [`webhook`] (admission webhook of managed clusters), [`dra`] (the DRA
+//!   path's pure pieces; its `dra-plugin` subcommand is not wired yet);
 //! - the composers: [`cli`] (the only dispatch to the roles, and the preflight) and `demo`.
 
 pub use gpushare_core as core;
@@ -44,6 +45,7 @@ pub mod demo;
 pub mod deviceplugin;
 pub mod devices;
 pub mod doctor;
+pub mod dra;
 pub mod exposition;
 pub mod extender;
 pub mod failure;

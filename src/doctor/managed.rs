@@ -230,11 +230,7 @@ fn dedicated_scheduler(found: &Found, w: &WebhookConfig) -> Check {
         }
         Ok(Some(d)) => d,
     };
-    let want = deployment
-        .spec
-        .as_ref()
-        .and_then(|s| s.replicas)
-        .unwrap_or(1);
+    let want = deployment.spec.replicas.unwrap_or(1);
     let ready = deployment
         .status
         .as_ref()

@@ -359,7 +359,7 @@ fn quantity_fix(text: &str, e: &QuantityError) -> String {
             "{RESOURCE_GPU_MEM} {text:?} is negative; write a positive whole number of units \
              such as \"1\""
         ),
-        QuantityError::TooLarge(_) => format!(
+        QuantityError::TooLarge(_) | QuantityError::Overflow(_) => format!(
             "{RESOURCE_GPU_MEM} {text:?} is absurdly large; write the number of units as a \
              plain whole number such as \"8\" (suffixes like G or Gi multiply the count, they \
              are not memory sizes)"

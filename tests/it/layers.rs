@@ -28,7 +28,14 @@ const INFRA: &[&str] = &[
     "tls",
 ];
 /// The roles: never import each other.
-const ROLES: &[&str] = &["deviceplugin", "doctor", "extender", "inspect", "webhook"];
+const ROLES: &[&str] = &[
+    "deviceplugin",
+    "doctor",
+    "dra",
+    "extender",
+    "inspect",
+    "webhook",
+];
 /// Re-exported crates, below everything.
 const FOUNDATION: &[&str] = &["core", "kubelet_api"];
 

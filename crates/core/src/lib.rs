@@ -21,4 +21,4 @@ pub use holding::pod_holding;
 pub use ledger::{GpuSpec, LedgerPod, NodeLedger, PodState};
 pub use memory::{GpuMem, MemoryUnit, UnitError};
 pub use placement::{GpuPolicy, NoFit, NodePolicy};
-pub use request::{ContainerGpuRequest, PodGpuRequest, QuantityError};
+pub use request::{ContainerGpuRequest, PodGpuRequest, QuantityError, parse_whole_quantity};

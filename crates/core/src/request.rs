@@ -30,10 +30,29 @@ pub enum QuantityError {
     /// More than 2^40 units.
     #[error("{0:?} is absurdly large (more than 2^40 units)")]
     TooLarge(String),
+    /// More than 2^63 - 1 (Kubernetes' own bound on a quantity's value), for
+    /// [`parse_whole_quantity`].
+    #[error("{0:?} is larger than a Kubernetes quantity can be (2^63 - 1)")]
+    Overflow(String),
 }
 
 /// Parses a Kubernetes quantity (`4`, `4k`, `2Gi`, `1e3`, `2000m`) into a whole number of units.
 pub fn parse_quantity(text: &str) -> Result<GpuMem, QuantityError> {
+    match parse_whole(text, u128::from(GpuMem::MAX_REQUEST.units()))? {
+        Some(v) => Ok(GpuMem::new(v)),
+        None => Err(QuantityError::TooLarge(text.to_string())),
+    }
+}
+
+/// Parses a Kubernetes quantity that must be a whole, non-negative number no larger than
+/// 2^63 - 1 (a DRA device capacity in bytes, `80Gi`, `85899345920`), with the same grammar
+/// as [`parse_quantity`] but without its 2^40 bound on GPU memory units.
+pub fn parse_whole_quantity(text: &str) -> Result<u64, QuantityError> {
+    parse_whole(text, i64::MAX as u128)?.ok_or_else(|| QuantityError::Overflow(text.to_string()))
+}
+
+/// The one quantity parser: `Ok(None)` when the value exceeds `max`.
+fn parse_whole(text: &str, max: u128) -> Result<Option<u64>, QuantityError> {
     let malformed = || QuantityError::Malformed(text.to_string());
     let s = text.trim();
     let (negative, s) = match s.as_bytes().first() {
@@ -86,18 +105,19 @@ pub fn parse_quantity(text: &str) -> Result<GpuMem, QuantityError> {
         _ => return Err(malformed()),
     }
     if mantissa == 0 {
-        return Ok(GpuMem::ZERO);
+        return Ok(Some(0));
     }
     if negative {
         return Err(QuantityError::Negative(text.to_string()));
     }
-    let too_large = || QuantityError::TooLarge(text.to_string());
-    let mut value = mantissa.checked_mul(binary_mult).ok_or_else(too_large)?;
+    let Some(mut value) = mantissa.checked_mul(binary_mult) else {
+        return Ok(None);
+    };
     if decimal_exp >= 0 {
         for _ in 0..decimal_exp {
-            value = value.checked_mul(10).ok_or_else(too_large)?;
-            if value > GpuMem::MAX_REQUEST.units() as u128 {
-                return Err(too_large());
+            match value.checked_mul(10) {
+                Some(v) if v <= max => value = v,
+                _ => return Ok(None),
             }
         }
     } else {
@@ -108,10 +128,11 @@ pub fn parse_quantity(text: &str) -> Result<GpuMem, QuantityError> {
             value /= 10;
         }
     }
-    if value > GpuMem::MAX_REQUEST.units() as u128 {
-        return Err(too_large());
+    if value > max {
+        return Ok(None);
     }
-    Ok(GpuMem::new(value as u64))
+    // value <= max <= u64::MAX.
+    Ok(u64::try_from(value).ok())
 }
 
 /// One container's GPU memory request.
@@ -252,6 +273,32 @@ mod tests {
         ok("0", 0);
         ok("-0", 0);
         ok("1Ti", 1 << 40);
+    }
+
+    #[test]
+    fn whole_quantities_reach_kubernetes_bound_not_the_unit_bound() {
+        assert_eq!(parse_whole_quantity("80Gi"), Ok(80 << 30));
+        assert_eq!(parse_whole_quantity("2Ti"), Ok(2 << 40));
+        assert_eq!(
+            parse_quantity("2Ti"),
+            Err(QuantityError::TooLarge("2Ti".into()))
+        );
+        assert_eq!(
+            parse_whole_quantity("9223372036854775807"),
+            Ok(i64::MAX as u64)
+        );
+        assert_eq!(
+            parse_whole_quantity("9223372036854775808"),
+            Err(QuantityError::Overflow("9223372036854775808".into()))
+        );
+        assert_eq!(
+            parse_whole_quantity("8Ei"),
+            Err(QuantityError::Overflow("8Ei".into()))
+        );
+        assert_eq!(
+            parse_whole_quantity("1.5"),
+            Err(QuantityError::Fractional("1.5".into()))
+        );
     }
 
     #[test]

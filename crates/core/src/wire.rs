@@ -92,6 +92,32 @@ pub const NODE_ANN_MEMORY_UNIT: &str = "gpushare.io/memory-unit";
 /// Pod annotation (ours): names of the pod's GPU containers already allocated, comma-separated.
 pub const POD_ANN_ALLOCATED_CONTAINERS: &str = "gpushare.io/allocated-containers";
 
+// The DRA path (`resource.k8s.io/v1`): names the DRA kubelet plugin publishes and the
+// webhook's DRA rewrite writes; both sides must agree.
+/// Default DRA driver name (`gpushare dra-plugin --driver-name`).
+pub const DRA_DRIVER_NAME: &str = "gpushare.io";
+/// The DeviceClass the chart installs and the webhook's claims name.
+pub const DRA_DEVICE_CLASS: &str = "gpu-mem.gpushare.io";
+/// The consumable capacity of each published GPU, in bytes.
+pub const DRA_CAPACITY_MEMORY: &str = "memory";
+/// Device attribute: the GPU's UUID (`matchAttribute` keeps a pod's requests on one GPU).
+pub const DRA_ATTR_UUID: &str = "uuid";
+/// Device attribute: the GPU's enumeration index.
+pub const DRA_ATTR_INDEX: &str = "index";
+/// Device attribute: the GPU's product name.
+pub const DRA_ATTR_PRODUCT_NAME: &str = "productName";
+/// Device attribute: the NVIDIA driver version.
+pub const DRA_ATTR_DRIVER_VERSION: &str = "driverVersion";
+/// Standard device attribute: the GPU's PCIe root complex (`pci<domain>:<bus>`).
+pub const DRA_ATTR_PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+/// Device taint key of an unhealthy GPU (effect `NoSchedule`).
+pub const DRA_TAINT_UNHEALTHY: &str = "gpushare.io/unhealthy";
+/// The pod's claim entry (`spec.resourceClaims[].name`) the webhook's DRA rewrite adds.
+pub const DRA_POD_CLAIM: &str = "gpushare-gpu-mem";
+/// Pod annotation (ours): what the DRA rewrite replaced, `{"<container>": <units>, …}` with
+/// the memory unit, as JSON (`{"unit":"GiB","containers":{…}}`).
+pub const POD_ANN_DRA_GPU_MEM: &str = "gpushare.io/dra-gpu-mem";
+
 /// Whether a pod annotation key is one gpushare (ours or upstream's) writes and reads:
 /// `ALIYUN_COM_GPU_MEM_*`, `gpushare.io/*` and the scheduler framework's allocation JSON.
 /// Bind removes every such key it does not set (a clean slate).

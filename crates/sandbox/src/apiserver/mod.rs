@@ -39,7 +39,9 @@
 //!   `daemonsets`, batch/v1 `jobs`, core `secrets`, `services` and `serviceaccounts`,
 //!   `rbac.authorization.k8s.io/v1` cluster roles and bindings, and
 //!   `admissionregistration.k8s.io/v1` webhook configurations are stored like any other
-//!   object.
+//!   object, and so are `resource.k8s.io/v1` `resourceslices` and `deviceclasses`
+//!   (cluster-scoped), `resourceclaimtemplates` and `resourceclaims` (namespaced; claims with
+//!   the `status` subresource, written by the sandbox allocator, `crate::dra_allocator`).
 //! - Test controls: [`ApiServer::seed_yaml`], [`ApiServer::get_object`],
 //!   [`ApiServer::set_pod_phase`], fault injection ([`Fault`]: error codes, delays, dropped
 //!   connections, cut watches, requests held at a [`Hold`] until released — a paused
@@ -77,6 +79,7 @@ use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 
 use store::Store;
+pub(crate) use store::new_uid;
 
 /// A fault to inject into matching requests, `times` times, then it expires.
 #[derive(Clone, Debug)]

@@ -864,7 +864,7 @@ fn random_u64() -> u64 {
 }
 
 /// A random (version 4 layout) UUID.
-fn new_uid() -> String {
+pub(crate) fn new_uid() -> String {
     let a = random_u64();
     let b = random_u64();
     format!(

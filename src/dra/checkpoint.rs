@@ -1,0 +1,248 @@
+//! The DRA plugin's checkpoint: every claim prepared on this node, with what prepare gave it,
+//! in one JSON file written atomically.
+//!
+//! kubelet's `NodeUnprepareResources` names a claim by namespace, name and uid only, and the
+//! claim may be gone by then; after a restart the plugin has forgotten everything. So prepare
+//! records each claim here before it answers, and unprepare reads what to undo (the CDI spec
+//! to remove) from here, then drops the claim. [`Checkpoint::held`] is what prepared claims
+//! hold on each GPU, for the over-consumption check.
+//!
+//! The file is replaced atomically (a temporary file in the same directory, `fsync`, rename,
+//! `fsync` of the directory), so a crash leaves the old or the new checkpoint, never half of
+//! one. A missing file is an empty checkpoint; an unreadable one is an error (the caller must
+//! not forget prepared claims silently). What it does not do: locking between processes (one
+//! plugin per node).
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::claims::ClaimShare;
+
+/// The format version this build writes and reads.
+pub const VERSION: u32 = 1;
+
+/// One share of a prepared claim and the CDI devices answered for it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedShare {
+    /// The share.
+    #[serde(flatten)]
+    pub share: ClaimShare,
+    /// The CDI device ids answered to kubelet for it.
+    pub cdi_device_ids: Vec<String>,
+}
+
+/// One prepared claim.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedClaim {
+    /// The claim's namespace.
+    pub namespace: String,
+    /// The claim's name.
+    pub name: String,
+    /// Its shares of this node's GPUs, in the order of the allocation results.
+    pub shares: Vec<PreparedShare>,
+    /// The transient CDI spec file written for it, removed on unprepare.
+    pub cdi_spec: Option<PathBuf>,
+}
+
+/// Every prepared claim, by claim uid.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// The format version.
+    pub version: u32,
+    /// By claim uid.
+    pub claims: BTreeMap<String, PreparedClaim>,
+}
+
+/// Why the checkpoint could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// Reading failed.
+    #[error("reading the DRA checkpoint {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not a checkpoint.
+    #[error("the DRA checkpoint {path} is corrupt: {source}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// Written by another format version.
+    #[error("the DRA checkpoint {path} has version {found}; this build reads version {VERSION}")]
+    Version {
+        /// The file.
+        path: PathBuf,
+        /// Its version.
+        found: u32,
+    },
+    /// Writing failed.
+    #[error("writing the DRA checkpoint {path}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Checkpoint {
+    /// An empty checkpoint.
+    pub fn new() -> Checkpoint {
+        Checkpoint {
+            version: VERSION,
+            claims: BTreeMap::new(),
+        }
+    }
+
+    /// The checkpoint at `path`; empty when the file does not exist.
+    pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
+        let text = match std::fs::read(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Checkpoint::new()),
+            Err(source) => {
+                return Err(CheckpointError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+        };
+        let cp: Checkpoint =
+            serde_json::from_slice(&text).map_err(|source| CheckpointError::Corrupt {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        if cp.version != VERSION {
+            return Err(CheckpointError::Version {
+                path: path.to_path_buf(),
+                found: cp.version,
+            });
+        }
+        Ok(cp)
+    }
+
+    /// Replaces the file at `path` with this checkpoint, atomically.
+    pub fn save(&self, path: &Path) -> Result<(), CheckpointError> {
+        let write = |source| CheckpointError::Write {
+            path: path.to_path_buf(),
+            source,
+        };
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        std::fs::create_dir_all(dir).map_err(write)?;
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".checkpoint-")
+            .tempfile_in(dir)
+            .map_err(write)?;
+        let text = serde_json::to_vec_pretty(self).map_err(|e| write(std::io::Error::other(e)))?;
+        tmp.write_all(&text).map_err(write)?;
+        tmp.as_file().sync_all().map_err(write)?;
+        tmp.persist(path).map_err(|e| write(e.error))?;
+        // The rename itself must reach the disk.
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+
+    /// Bytes held on each device (by device name) by the prepared claims, except `except`
+    /// (the claim being prepared again).
+    pub fn held(&self, except: Option<&str>) -> BTreeMap<String, u64> {
+        let mut out: BTreeMap<String, u64> = BTreeMap::new();
+        for (uid, c) in &self.claims {
+            if Some(uid.as_str()) == except {
+                continue;
+            }
+            for s in &c.shares {
+                *out.entry(s.share.device.clone()).or_default() += s.share.memory_bytes;
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::GpuMem;
+
+    fn prepared(device: &str, bytes: u64) -> PreparedClaim {
+        PreparedClaim {
+            namespace: "ns".into(),
+            name: "c".into(),
+            shares: vec![PreparedShare {
+                share: ClaimShare {
+                    request: "main".into(),
+                    device: device.into(),
+                    uuid: "GPU-A".into(),
+                    index: 0,
+                    share_id: Some("s".into()),
+                    memory_bytes: bytes,
+                    units: GpuMem::new(bytes >> 30),
+                },
+                cdi_device_ids: vec!["k8s.gpushare.io/claim=u-gpu-a".into()],
+            }],
+            cdi_spec: Some(PathBuf::from("/var/run/cdi/k8s.gpushare.io-claim_u.json")),
+        }
+    }
+
+    #[test]
+    fn a_saved_checkpoint_reads_back_and_nothing_temporary_is_left() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("state/checkpoint.json");
+        assert_eq!(
+            Checkpoint::load(&path).expect("missing is empty"),
+            Checkpoint::new()
+        );
+        let mut cp = Checkpoint::new();
+        cp.claims.insert("u-1".into(), prepared("gpu-a", 2 << 30));
+        cp.claims.insert("u-2".into(), prepared("gpu-a", 3 << 30));
+        cp.save(&path).expect("saves");
+        cp.claims.remove("u-2");
+        cp.save(&path).expect("saves again");
+        assert_eq!(Checkpoint::load(&path).expect("loads"), cp);
+        let names: Vec<String> = std::fs::read_dir(path.parent().expect("parent"))
+            .expect("lists")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["checkpoint.json"]);
+    }
+
+    #[test]
+    fn held_memory_counts_every_claim_but_the_one_prepared_again() {
+        let mut cp = Checkpoint::new();
+        cp.claims.insert("u-1".into(), prepared("gpu-a", 2 << 30));
+        cp.claims.insert("u-2".into(), prepared("gpu-a", 3 << 30));
+        assert_eq!(cp.held(None)["gpu-a"], 5 << 30);
+        assert_eq!(cp.held(Some("u-2"))["gpu-a"], 2 << 30);
+    }
+
+    #[test]
+    fn a_corrupt_or_foreign_checkpoint_is_an_error_not_an_empty_one() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("checkpoint.json");
+        std::fs::write(&path, b"{\"version\":1,\"claims\":{").expect("write");
+        assert!(matches!(
+            Checkpoint::load(&path),
+            Err(CheckpointError::Corrupt { .. })
+        ));
+        std::fs::write(&path, b"{\"version\":2,\"claims\":{}}").expect("write");
+        assert!(matches!(
+            Checkpoint::load(&path),
+            Err(CheckpointError::Version { found: 2, .. })
+        ));
+    }
+}

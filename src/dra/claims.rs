@@ -1,0 +1,397 @@
+//! What an allocated ResourceClaim gives this node's DRA driver: for each allocation result
+//! of the driver, the device, the request it serves, the `shareID` and the memory consumed.
+//!
+//! [`read_claim`] checks each result against the devices this node publishes (pool = the node,
+//! device known), and [`admit`] checks a claim against what prepared claims already hold on
+//! each GPU. Both answer a typed [`ClaimError`] that concerns that claim only: kubelet gets it
+//! as the claim's error in `NodePrepareResources`, and nothing else changes. What this does
+//! not do: read the claim from the API, or decide what a container sees (the container
+//! contract does, from the [`ClaimShare`]s).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+
+use crate::core::wire::DRA_CAPACITY_MEMORY;
+use crate::core::{GpuMem, MemoryUnit, QuantityError, parse_whole_quantity};
+
+/// A device this node publishes, as prepare needs to know it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeDevice {
+    /// The GPU's UUID.
+    pub uuid: String,
+    /// Its enumeration index.
+    pub index: u32,
+    /// The memory it publishes (the `memory` capacity), in bytes.
+    pub memory_bytes: u64,
+}
+
+/// One allocation result of this driver: a share of one GPU.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ClaimShare {
+    /// The claim's request this result serves (`<request>` or `<request>/<subrequest>`).
+    pub request: String,
+    /// The device name in the slice.
+    pub device: String,
+    /// The GPU's UUID.
+    pub uuid: String,
+    /// The GPU's index.
+    pub index: u32,
+    /// The `shareID` of the result (absent for whole-device results).
+    pub share_id: Option<String>,
+    /// Memory consumed, in bytes (the whole GPU when the result has no `consumedCapacity`).
+    pub memory_bytes: u64,
+    /// The same in memory units (rounded down).
+    pub units: GpuMem,
+}
+
+/// Why a claim cannot be prepared on this node.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimError {
+    /// The claim has no allocation (kubelet should not have asked).
+    #[error("claim {claim} is not allocated")]
+    NotAllocated {
+        /// `namespace/name`.
+        claim: String,
+    },
+    /// The claim has no allocation result for this driver.
+    #[error("claim {claim} has no device of driver {driver}")]
+    NoResults {
+        /// `namespace/name`.
+        claim: String,
+        /// The driver.
+        driver: String,
+    },
+    /// A result names a pool or device this node does not publish.
+    #[error("claim {claim}: device {pool}/{device} is not on this node")]
+    DeviceNotOnNode {
+        /// `namespace/name`.
+        claim: String,
+        /// The result's pool.
+        pool: String,
+        /// The result's device.
+        device: String,
+    },
+    /// A consumed quantity that cannot be read.
+    #[error("claim {claim}: device {device}: consumed memory {source}")]
+    BadQuantity {
+        /// `namespace/name`.
+        claim: String,
+        /// The device.
+        device: String,
+        /// Why.
+        #[source]
+        source: QuantityError,
+    },
+    /// The claim (with what is prepared already) consumes more memory than the GPU has.
+    #[error(
+        "claim {claim}: device {device} would hold {wanted} bytes of {capacity} (over-consumed)"
+    )]
+    OverConsumption {
+        /// `namespace/name`.
+        claim: String,
+        /// The device.
+        device: String,
+        /// What it would hold with this claim, in bytes.
+        wanted: u64,
+        /// What it has, in bytes.
+        capacity: u64,
+    },
+}
+
+/// The shares this node's `driver` holds in `claim`, checked against `devices` (by device
+/// name) of the pool `pool` (the node's name). Results of other drivers are ignored.
+pub fn read_claim(
+    claim: &ResourceClaim,
+    driver: &str,
+    pool: &str,
+    devices: &BTreeMap<String, NodeDevice>,
+    unit: MemoryUnit,
+) -> Result<Vec<ClaimShare>, ClaimError> {
+    let id = format!(
+        "{}/{}",
+        claim.metadata.namespace.as_deref().unwrap_or_default(),
+        claim.metadata.name.as_deref().unwrap_or_default()
+    );
+    let results = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .ok_or_else(|| ClaimError::NotAllocated { claim: id.clone() })?;
+    let mut out = Vec::new();
+    for r in results.iter().filter(|r| r.driver == driver) {
+        let not_here = || ClaimError::DeviceNotOnNode {
+            claim: id.clone(),
+            pool: r.pool.clone(),
+            device: r.device.clone(),
+        };
+        if r.pool != pool {
+            return Err(not_here());
+        }
+        let dev = devices.get(&r.device).ok_or_else(not_here)?;
+        let memory_bytes = match r
+            .consumed_capacity
+            .as_ref()
+            .and_then(|c| c.get(DRA_CAPACITY_MEMORY))
+        {
+            Some(q) => parse_whole_quantity(&q.0).map_err(|source| ClaimError::BadQuantity {
+                claim: id.clone(),
+                device: r.device.clone(),
+                source,
+            })?,
+            None => dev.memory_bytes,
+        };
+        out.push(ClaimShare {
+            request: r.request.clone(),
+            device: r.device.clone(),
+            uuid: dev.uuid.clone(),
+            index: dev.index,
+            share_id: r.share_id.clone(),
+            memory_bytes,
+            units: unit.units_of_bytes(memory_bytes),
+        });
+    }
+    if out.is_empty() {
+        return Err(ClaimError::NoResults {
+            claim: id,
+            driver: driver.to_string(),
+        });
+    }
+    Ok(out)
+}
+
+/// Checks that `shares` of claim `claim` fit next to `held` (bytes already held on each
+/// device by other prepared claims): no device ends above its memory.
+pub fn admit(
+    claim: &str,
+    shares: &[ClaimShare],
+    held: &BTreeMap<String, u64>,
+    devices: &BTreeMap<String, NodeDevice>,
+) -> Result<(), ClaimError> {
+    let mut mine: BTreeMap<&str, u64> = BTreeMap::new();
+    for s in shares {
+        *mine.entry(s.device.as_str()).or_default() += s.memory_bytes;
+    }
+    for (device, bytes) in mine {
+        let capacity = devices.get(device).map_or(0, |d| d.memory_bytes);
+        let wanted = held.get(device).copied().unwrap_or(0).saturating_add(bytes);
+        if wanted > capacity {
+            return Err(ClaimError::OverConsumption {
+                claim: claim.to_string(),
+                device: device.to_string(),
+                wanted,
+                capacity,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Memory allocated on each device of `(driver, pool)` by every allocated claim (bytes, by
+/// device name): what orders the slice by the GPU policy. It counts allocations the scheduler
+/// made that no kubelet has prepared yet, which the checkpoint cannot know. A result without
+/// `consumedCapacity` holds the whole device (`whole` gives its memory); an unreadable
+/// quantity counts as the whole device too (the order errs towards "full").
+pub fn allocated_per_device<'a>(
+    claims: impl IntoIterator<Item = &'a ResourceClaim>,
+    driver: &str,
+    pool: &str,
+    whole: impl Fn(&str) -> u64,
+) -> BTreeMap<String, u64> {
+    let mut out: BTreeMap<String, u64> = BTreeMap::new();
+    for claim in claims {
+        let results = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.devices.as_ref())
+            .and_then(|d| d.results.as_ref());
+        for r in results
+            .into_iter()
+            .flatten()
+            .filter(|r| r.driver == driver && r.pool == pool)
+        {
+            let bytes = r
+                .consumed_capacity
+                .as_ref()
+                .and_then(|c| c.get(DRA_CAPACITY_MEMORY))
+                .and_then(|q| parse_whole_quantity(&q.0).ok())
+                .unwrap_or_else(|| whole(&r.device));
+            let held = out.entry(r.device.clone()).or_default();
+            *held = held.saturating_add(bytes);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const GIB: u64 = 1 << 30;
+
+    fn devices() -> BTreeMap<String, NodeDevice> {
+        BTreeMap::from([
+            (
+                "gpu-a".to_string(),
+                NodeDevice {
+                    uuid: "GPU-A".into(),
+                    index: 0,
+                    memory_bytes: 16 * GIB,
+                },
+            ),
+            (
+                "gpu-b".to_string(),
+                NodeDevice {
+                    uuid: "GPU-B".into(),
+                    index: 1,
+                    memory_bytes: 8 * GIB,
+                },
+            ),
+        ])
+    }
+
+    fn claim(results: serde_json::Value) -> ResourceClaim {
+        serde_json::from_value(json!({
+            "metadata": { "name": "c", "namespace": "ns", "uid": "u-1" },
+            "spec": { "devices": { "requests": [] } },
+            "status": { "allocation": { "devices": { "results": results } } },
+        }))
+        .expect("a claim")
+    }
+
+    #[test]
+    fn results_of_this_driver_become_shares_in_units() {
+        let c = claim(json!([
+            { "request": "main", "driver": "gpushare.io", "pool": "node-a", "device": "gpu-a",
+              "shareID": "s-1", "consumedCapacity": { "memory": "6Gi" } },
+            { "request": "side", "driver": "gpushare.io", "pool": "node-a", "device": "gpu-a",
+              "shareID": "s-2", "consumedCapacity": { "memory": "2Gi" } },
+            { "request": "nic", "driver": "other.example.com", "pool": "x", "device": "eth0" },
+        ]));
+        let shares =
+            read_claim(&c, "gpushare.io", "node-a", &devices(), MemoryUnit::GIB).expect("reads");
+        assert_eq!(shares.len(), 2);
+        assert_eq!(shares[0].uuid, "GPU-A");
+        assert_eq!(shares[0].share_id.as_deref(), Some("s-1"));
+        assert_eq!(shares[0].units, GpuMem::new(6));
+        assert_eq!(shares[1].request, "side");
+        assert_eq!(shares[1].memory_bytes, 2 * GIB);
+    }
+
+    #[test]
+    fn a_whole_device_result_takes_the_whole_gpu() {
+        let c = claim(json!([
+            { "request": "r", "driver": "gpushare.io", "pool": "node-a", "device": "gpu-b" },
+        ]));
+        let shares =
+            read_claim(&c, "gpushare.io", "node-a", &devices(), MemoryUnit::MIB).expect("reads");
+        assert_eq!(shares[0].memory_bytes, 8 * GIB);
+        assert_eq!(shares[0].units, GpuMem::new(8192));
+        assert_eq!(shares[0].share_id, None);
+    }
+
+    #[test]
+    fn each_claim_gets_its_own_typed_error() {
+        let read = |results| {
+            read_claim(
+                &claim(results),
+                "gpushare.io",
+                "node-a",
+                &devices(),
+                MemoryUnit::GIB,
+            )
+        };
+        assert!(matches!(
+            read(
+                json!([{ "request": "r", "driver": "gpushare.io", "pool": "node-b", "device": "gpu-a" }])
+            ),
+            Err(ClaimError::DeviceNotOnNode { .. })
+        ));
+        assert!(matches!(
+            read(
+                json!([{ "request": "r", "driver": "gpushare.io", "pool": "node-a", "device": "gpu-z" }])
+            ),
+            Err(ClaimError::DeviceNotOnNode { .. })
+        ));
+        assert!(matches!(
+            read(
+                json!([{ "request": "r", "driver": "other", "pool": "node-a", "device": "gpu-a" }])
+            ),
+            Err(ClaimError::NoResults { .. })
+        ));
+        assert!(matches!(
+            read(
+                json!([{ "request": "r", "driver": "gpushare.io", "pool": "node-a",
+                          "device": "gpu-a", "consumedCapacity": { "memory": "lots" } }])
+            ),
+            Err(ClaimError::BadQuantity { .. })
+        ));
+        let mut unallocated = claim(json!([]));
+        unallocated.status = None;
+        let err = read_claim(
+            &unallocated,
+            "gpushare.io",
+            "node-a",
+            &devices(),
+            MemoryUnit::GIB,
+        )
+        .expect_err("not allocated");
+        assert_eq!(err.to_string(), "claim ns/c is not allocated");
+    }
+
+    #[test]
+    fn allocations_of_every_claim_of_this_pool_add_up_per_device() {
+        let a = claim(json!([
+            { "request": "m", "driver": "gpushare.io", "pool": "node-a", "device": "gpu-a",
+              "shareID": "1", "consumedCapacity": { "memory": "6Gi" } },
+            { "request": "n", "driver": "gpushare.io", "pool": "node-b", "device": "gpu-a",
+              "shareID": "2", "consumedCapacity": { "memory": "1Gi" } },
+        ]));
+        let b = claim(json!([
+            { "request": "m", "driver": "gpushare.io", "pool": "node-a", "device": "gpu-a",
+              "shareID": "3", "consumedCapacity": { "memory": "2Gi" } },
+            { "request": "w", "driver": "gpushare.io", "pool": "node-a", "device": "gpu-b" },
+            { "request": "x", "driver": "other", "pool": "node-a", "device": "gpu-b" },
+        ]));
+        let mut pending = claim(json!([]));
+        pending.status = None;
+        let got = allocated_per_device([&a, &b, &pending], "gpushare.io", "node-a", |d| {
+            devices().get(d).map_or(0, |x| x.memory_bytes)
+        });
+        assert_eq!(
+            got,
+            BTreeMap::from([
+                ("gpu-a".to_string(), 8 * GIB),
+                ("gpu-b".to_string(), 8 * GIB)
+            ])
+        );
+    }
+
+    #[test]
+    fn over_consumption_is_refused_with_what_is_held() {
+        let c = claim(json!([
+            { "request": "a", "driver": "gpushare.io", "pool": "node-a", "device": "gpu-b",
+              "shareID": "1", "consumedCapacity": { "memory": "3Gi" } },
+            { "request": "b", "driver": "gpushare.io", "pool": "node-a", "device": "gpu-b",
+              "shareID": "2", "consumedCapacity": { "memory": "3Gi" } },
+        ]));
+        let shares =
+            read_claim(&c, "gpushare.io", "node-a", &devices(), MemoryUnit::GIB).expect("reads");
+        let held = BTreeMap::from([("gpu-b".to_string(), 2 * GIB)]);
+        assert_eq!(admit("ns/c", &shares, &held, &devices()), Ok(()));
+        let held = BTreeMap::from([("gpu-b".to_string(), 3 * GIB)]);
+        assert_eq!(
+            admit("ns/c", &shares, &held, &devices()),
+            Err(ClaimError::OverConsumption {
+                claim: "ns/c".into(),
+                device: "gpu-b".into(),
+                wanted: 9 * GIB,
+                capacity: 8 * GIB,
+            })
+        );
+    }
+}

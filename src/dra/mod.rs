@@ -1,0 +1,32 @@
+//! The DRA path (`resource.k8s.io/v1`): the pieces of the `gpushare dra-plugin` role and of
+//! the webhook's DRA mode.
+//!
+//! - [`slices`]: the ResourceSlice of a node (one device per served GPU, consumable `memory`,
+//!   attributes, taints of unhealthy GPUs, device order by the GPU policy) and the pool
+//!   generation that moves on every change;
+//! - [`claims`]: what an allocated ResourceClaim gives this node's driver (device, share id,
+//!   consumed memory), with a typed error per claim;
+//! - [`checkpoint`]: the prepared claims, kept in a JSON file written atomically, so that
+//!   `NodeUnprepareResources` works after a restart and after the claim is gone;
+//! - [`plugin`]: the kubelet plugin's gRPC side (registration, `DRAPlugin` v1/v1beta1,
+//!   `DRAResourceHealth` v1/v1alpha1) with checkpointed, idempotent prepare and unprepare;
+//!   what containers get is left to a [`plugin::Preparer`];
+//! - [`publish`]: one reconciling pass that makes the API hold exactly the node's slices;
+//! - [`rewrite`]: the webhook's DRA rewrite of an `aliyun.com/gpu-mem` pod into one claim
+//!   from a ResourceClaimTemplate, one request per GPU container, all on one GPU.
+//!
+//! What is not here yet: the `dra-plugin` subcommand and its flags (and the loop that
+//! republishes slices on GPU, health and allocation changes), and the [`plugin::Preparer`]
+//! that writes the CDI specs of prepared claims (the node agent's container contract and CDI
+//! writer). Only [`plugin`] and [`publish`] perform network I/O (serving kubelet, reading
+//! claims, writing slices); [`checkpoint`] and [`slices::pcie_root`] touch local files.
+
+pub mod checkpoint;
+pub mod claims;
+// Unix sockets only (the kubelet plugin API is served on them); the Windows kubectl plugin
+// build leaves it out.
+#[cfg(unix)]
+pub mod plugin;
+pub mod publish;
+pub mod rewrite;
+pub mod slices;

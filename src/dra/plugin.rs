@@ -1,0 +1,763 @@
+//! The DRA kubelet plugin's gRPC side: registration, `DRAPlugin` v1 and v1beta1, and
+//! `DRAResourceHealth` v1 and v1alpha1, on unix sockets through the one unix-socket server
+//! (`kubelet_api::unix_server`, which accepts every `:authority` a kubelet or grpcio sends).
+//!
+//! - `<registry_dir>/<driver>-reg.sock` serves `pluginregistration.Registration`: `GetInfo`
+//!   answers type `DRAPlugin`, the driver name, the service socket
+//!   `<plugin_dir>/dra.sock` and the services listed in [`SERVICES`];
+//!   `NotifyRegistrationStatus` is kept ([`RunningPlugin::registration`]).
+//! - `NodePrepareResources` (one call at a time: the checkpoint is locked for the call): a
+//!   claim already in the checkpoint is answered from it (idempotent); else the claim is read
+//!   from the API, its results for this driver checked against the served devices and what
+//!   prepared claims hold ([`super::claims`]), handed to the [`Preparer`] (which writes what
+//!   the containers get, and names the CDI devices), recorded, and the checkpoint saved before
+//!   the answer. Each claim gets its own answer; a claim's failure changes nothing else.
+//! - `NodeUnprepareResources` works from the checkpoint alone (the claim may be gone): the
+//!   [`Preparer`] undoes, the claim leaves the checkpoint. An unknown claim is already
+//!   unprepared.
+//! - `NodeWatchResources` streams the complete device list with `HEALTHY`/`UNHEALTHY` on every
+//!   change of [`Served`].
+//!
+//! What it does not do: decide the container edits or write CDI specs (the [`Preparer`]), build
+//! or publish ResourceSlices ([`super::slices`]), watch GPUs, re-register after a kubelet
+//! restart (kubelet's plugin watcher finds the socket again), or rolling-update sockets.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::{Api, Client};
+use tokio::net::UnixListener;
+use tokio::sync::{Mutex, watch};
+use tokio::task::JoinHandle;
+use tonic::transport::Server;
+use tonic::{Request, Response, Status};
+
+use super::checkpoint::{Checkpoint, CheckpointError, PreparedClaim, PreparedShare};
+use super::claims::{ClaimError, ClaimShare, NodeDevice, admit, read_claim};
+use super::slices::{SliceGpu, device_name, published_memory};
+use crate::core::MemoryUnit;
+use crate::kubelet_api::dra::{health_v1, health_v1alpha1, v1, v1beta1};
+use crate::kubelet_api::pluginregistration::registration_server::{
+    Registration, RegistrationServer,
+};
+use crate::kubelet_api::pluginregistration::{
+    DRA_PLUGIN_TYPE, InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
+};
+use crate::shutdown::Shutdown;
+
+/// The services `GetInfo` lists, newest first.
+pub const SERVICES: [&str; 4] = [
+    v1::SERVICE,
+    v1beta1::SERVICE,
+    health_v1::SERVICE,
+    health_v1alpha1::SERVICE,
+];
+/// `health_check_timeout_seconds` of every device in `NodeWatchResources`.
+const HEALTH_TIMEOUT_SECONDS: i64 = 60;
+
+/// Where and as whom the plugin serves.
+#[derive(Clone, Debug)]
+pub struct PluginConfig {
+    /// The driver name (`gpushare.io`).
+    pub driver: String,
+    /// This node's name (the pool's name).
+    pub node: String,
+    /// kubelet's plugin registry directory (`/var/lib/kubelet/plugins_registry`).
+    pub registry_dir: PathBuf,
+    /// The plugin's own directory (`/var/lib/kubelet/plugins/<driver>`), for `dra.sock`.
+    pub plugin_dir: PathBuf,
+    /// The checkpoint file.
+    pub checkpoint: PathBuf,
+    /// The memory unit of the node.
+    pub unit: MemoryUnit,
+}
+
+impl PluginConfig {
+    /// `<registry_dir>/<driver>-reg.sock`.
+    pub fn registration_socket(&self) -> PathBuf {
+        self.registry_dir.join(format!("{}-reg.sock", self.driver))
+    }
+
+    /// `<plugin_dir>/dra.sock`.
+    pub fn service_socket(&self) -> PathBuf {
+        self.plugin_dir.join("dra.sock")
+    }
+}
+
+/// The devices this node serves on the DRA path, as the slice publishes them, and the
+/// unhealthy ones with the reason.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Served {
+    /// By device name.
+    pub devices: BTreeMap<String, NodeDevice>,
+    /// Device name -> why it is unhealthy.
+    pub unhealthy: BTreeMap<String, String>,
+}
+
+impl Served {
+    /// What the slice built from `gpus` publishes ([`super::slices::build_slices`]): the same
+    /// device names, the memory in whole units, the unhealthy GPUs with their reason.
+    pub fn from_gpus(gpus: &[SliceGpu], unit: MemoryUnit) -> Served {
+        let mut served = Served::default();
+        for g in gpus {
+            let name = device_name(g);
+            if let Some(why) = &g.unhealthy {
+                served.unhealthy.insert(name.clone(), why.clone());
+            }
+            served.devices.insert(
+                name,
+                NodeDevice {
+                    uuid: g.uuid.clone(),
+                    index: g.index,
+                    memory_bytes: published_memory(g.memory_bytes, unit),
+                },
+            );
+        }
+        served
+    }
+}
+
+/// What the [`Preparer`] did for one claim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Prepared {
+    /// The CDI device ids of each share, in the order of the shares.
+    pub cdi_device_ids: Vec<Vec<String>>,
+    /// The transient CDI spec written for the claim, if any.
+    pub cdi_spec: Option<PathBuf>,
+}
+
+/// The preparer's own error.
+pub type PrepareError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What makes a claim's shares reach its containers (the node agent's container contract and
+/// CDI writer). Both calls must be idempotent.
+pub trait Preparer: Send + Sync + 'static {
+    /// Makes the shares of claim `claim_uid` available; names their CDI devices.
+    fn prepare(&self, claim_uid: &str, shares: &[ClaimShare]) -> Result<Prepared, PrepareError>;
+    /// Undoes [`Preparer::prepare`] for a claim recorded in the checkpoint.
+    fn unprepare(&self, claim_uid: &str, claim: &PreparedClaim) -> Result<(), PrepareError>;
+}
+
+/// Why one claim was not prepared (its error in the answer to kubelet).
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimFailure {
+    /// The claim could not be read from the API (unknown outcome: kubelet retries).
+    #[error("reading ResourceClaim {claim}: {source}")]
+    Read {
+        /// `namespace/name`.
+        claim: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
+    /// The claim in the API is another one than kubelet named.
+    #[error("ResourceClaim {claim} has uid {found}, not {wanted}")]
+    Uid {
+        /// `namespace/name`.
+        claim: String,
+        /// The uid kubelet sent.
+        wanted: String,
+        /// The uid in the API.
+        found: String,
+    },
+    /// The claim's allocation does not fit this node.
+    #[error(transparent)]
+    Claim(#[from] ClaimError),
+    /// The preparer failed.
+    #[error("preparing claim {claim}: {source}")]
+    Prepare {
+        /// `namespace/name`.
+        claim: String,
+        /// Why.
+        source: PrepareError,
+    },
+    /// The preparer named CDI devices for a different number of shares.
+    #[error("preparing claim {claim}: CDI devices for {got} shares, the claim has {want}")]
+    Shape {
+        /// `namespace/name`.
+        claim: String,
+        /// What it answered.
+        got: usize,
+        /// The shares.
+        want: usize,
+    },
+    /// The checkpoint could not be saved: the claim is not prepared.
+    #[error(transparent)]
+    Checkpoint(#[from] Arc<CheckpointError>),
+}
+
+/// Why the plugin could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The checkpoint cannot be read: prepared claims would be forgotten.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// A socket could not be bound.
+    #[error("cannot listen on {path}: {source}")]
+    Listen {
+        /// The socket.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+struct Core {
+    config: PluginConfig,
+    client: Client,
+    served: watch::Receiver<Served>,
+    preparer: Arc<dyn Preparer>,
+    checkpoint: Mutex<Checkpoint>,
+    registration: watch::Sender<Option<RegistrationStatus>>,
+}
+
+/// One claim as kubelet names it.
+struct ClaimRef {
+    namespace: String,
+    uid: String,
+    name: String,
+}
+
+impl Core {
+    /// Prepares each claim; the answer per claim uid: the shares with their CDI ids, or why not.
+    async fn prepare(
+        &self,
+        claims: Vec<ClaimRef>,
+    ) -> BTreeMap<String, Result<Vec<PreparedShare>, ClaimFailure>> {
+        let mut cp = self.checkpoint.lock().await;
+        let mut out = BTreeMap::new();
+        let mut fresh = Vec::new();
+        for c in claims {
+            if let Some(p) = cp.claims.get(&c.uid) {
+                out.insert(c.uid, Ok(p.shares.clone()));
+                continue;
+            }
+            match self.prepare_one(&c, &cp).await {
+                Ok(p) => {
+                    out.insert(c.uid.clone(), Ok(p.shares.clone()));
+                    cp.claims.insert(c.uid.clone(), p);
+                    fresh.push(c.uid);
+                }
+                Err(e) => {
+                    out.insert(c.uid, Err(e));
+                }
+            }
+        }
+        if !fresh.is_empty()
+            && let Err(e) = cp.save(&self.config.checkpoint)
+        {
+            // Not recorded means not prepared: undo, and tell kubelet (it retries).
+            let e = Arc::new(e);
+            for uid in fresh {
+                if let Some(p) = cp.claims.remove(&uid) {
+                    let _ = self.preparer.unprepare(&uid, &p);
+                }
+                out.insert(uid, Err(ClaimFailure::Checkpoint(e.clone())));
+            }
+        }
+        out
+    }
+
+    async fn prepare_one(
+        &self,
+        c: &ClaimRef,
+        cp: &Checkpoint,
+    ) -> Result<PreparedClaim, ClaimFailure> {
+        let id = format!("{}/{}", c.namespace, c.name);
+        let claim = Api::<ResourceClaim>::namespaced(self.client.clone(), &c.namespace)
+            .get(&c.name)
+            .await
+            .map_err(|source| ClaimFailure::Read {
+                claim: id.clone(),
+                source,
+            })?;
+        let found = claim.metadata.uid.clone().unwrap_or_default();
+        if found != c.uid {
+            return Err(ClaimFailure::Uid {
+                claim: id,
+                wanted: c.uid.clone(),
+                found,
+            });
+        }
+        let served = self.served.borrow().clone();
+        let shares = read_claim(
+            &claim,
+            &self.config.driver,
+            &self.config.node,
+            &served.devices,
+            self.config.unit,
+        )?;
+        admit(&id, &shares, &cp.held(Some(&c.uid)), &served.devices)?;
+        let prepared =
+            self.preparer
+                .prepare(&c.uid, &shares)
+                .map_err(|source| ClaimFailure::Prepare {
+                    claim: id.clone(),
+                    source,
+                })?;
+        if prepared.cdi_device_ids.len() != shares.len() {
+            return Err(ClaimFailure::Shape {
+                claim: id,
+                got: prepared.cdi_device_ids.len(),
+                want: shares.len(),
+            });
+        }
+        Ok(PreparedClaim {
+            namespace: c.namespace.clone(),
+            name: c.name.clone(),
+            shares: shares
+                .into_iter()
+                .zip(prepared.cdi_device_ids)
+                .map(|(share, cdi_device_ids)| PreparedShare {
+                    share,
+                    cdi_device_ids,
+                })
+                .collect(),
+            cdi_spec: prepared.cdi_spec,
+        })
+    }
+
+    /// Unprepares each claim; the error per claim uid (empty when done).
+    async fn unprepare(&self, uids: Vec<String>) -> BTreeMap<String, String> {
+        let mut cp = self.checkpoint.lock().await;
+        let mut out = BTreeMap::new();
+        let mut changed = false;
+        for uid in uids {
+            let error = match cp.claims.get(&uid) {
+                None => String::new(),
+                Some(p) => match self.preparer.unprepare(&uid, p) {
+                    Ok(()) => {
+                        cp.claims.remove(&uid);
+                        changed = true;
+                        String::new()
+                    }
+                    Err(e) => format!("unpreparing claim {}/{}: {e}", p.namespace, p.name),
+                },
+            };
+            out.insert(uid, error);
+        }
+        if changed && let Err(e) = cp.save(&self.config.checkpoint) {
+            // The claims are undone; a stale record is undone again (idempotently) later.
+            tracing::warn!(error = %e, "the DRA checkpoint could not be saved after unprepare");
+        }
+        out
+    }
+
+    fn health(&self) -> Vec<(String, bool, String)> {
+        let served = self.served.borrow();
+        served
+            .devices
+            .keys()
+            .map(|d| match served.unhealthy.get(d) {
+                Some(why) => (d.clone(), false, why.clone()),
+                None => (d.clone(), true, String::new()),
+            })
+            .collect()
+    }
+}
+
+fn claim_refs<I>(claims: I) -> Vec<ClaimRef>
+where
+    I: IntoIterator<Item = (String, String, String)>,
+{
+    claims
+        .into_iter()
+        .map(|(namespace, uid, name)| ClaimRef {
+            namespace,
+            uid,
+            name,
+        })
+        .collect()
+}
+
+#[derive(Clone)]
+struct Service(Arc<Core>);
+
+#[tonic::async_trait]
+impl Registration for Service {
+    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
+        Ok(Response::new(PluginInfo {
+            r#type: DRA_PLUGIN_TYPE.to_string(),
+            name: self.0.config.driver.clone(),
+            endpoint: self.0.config.service_socket().display().to_string(),
+            supported_versions: SERVICES.iter().map(|s| s.to_string()).collect(),
+        }))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        request: Request<RegistrationStatus>,
+    ) -> Result<Response<RegistrationStatusResponse>, Status> {
+        let status = request.into_inner();
+        if status.plugin_registered {
+            tracing::info!(driver = %self.0.config.driver, "registered with kubelet");
+        } else {
+            tracing::warn!(driver = %self.0.config.driver, error = %status.error, "kubelet refused the registration");
+        }
+        self.0.registration.send_replace(Some(status));
+        Ok(Response::new(RegistrationStatusResponse {}))
+    }
+}
+
+#[tonic::async_trait]
+impl v1::dra_plugin_server::DraPlugin for Service {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<v1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
+        let claims = claim_refs(
+            request
+                .into_inner()
+                .claims
+                .into_iter()
+                .map(|c| (c.namespace, c.uid, c.name)),
+        );
+        let node = self.0.config.node.clone();
+        let claims = self
+            .0
+            .prepare(claims)
+            .await
+            .into_iter()
+            .map(|(uid, r)| {
+                let answer = match r {
+                    Ok(shares) => v1::NodePrepareResourceResponse {
+                        devices: shares
+                            .into_iter()
+                            .map(|s| v1::Device {
+                                request_names: vec![s.share.request],
+                                pool_name: node.clone(),
+                                device_name: s.share.device,
+                                cdi_device_ids: s.cdi_device_ids,
+                                share_id: s.share.share_id,
+                            })
+                            .collect(),
+                        error: String::new(),
+                    },
+                    Err(e) => v1::NodePrepareResourceResponse {
+                        devices: Vec::new(),
+                        error: e.to_string(),
+                    },
+                };
+                (uid, answer)
+            })
+            .collect();
+        Ok(Response::new(v1::NodePrepareResourcesResponse { claims }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<v1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
+        let uids = request
+            .into_inner()
+            .claims
+            .into_iter()
+            .map(|c| c.uid)
+            .collect();
+        let claims = self
+            .0
+            .unprepare(uids)
+            .await
+            .into_iter()
+            .map(|(uid, error)| (uid, v1::NodeUnprepareResourceResponse { error }))
+            .collect();
+        Ok(Response::new(v1::NodeUnprepareResourcesResponse { claims }))
+    }
+}
+
+#[tonic::async_trait]
+impl v1beta1::dra_plugin_server::DraPlugin for Service {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<v1beta1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
+        let claims = claim_refs(
+            request
+                .into_inner()
+                .claims
+                .into_iter()
+                .map(|c| (c.namespace, c.uid, c.name)),
+        );
+        let node = self.0.config.node.clone();
+        let claims = self
+            .0
+            .prepare(claims)
+            .await
+            .into_iter()
+            .map(|(uid, r)| {
+                let answer = match r {
+                    Ok(shares) => v1beta1::NodePrepareResourceResponse {
+                        devices: shares
+                            .into_iter()
+                            .map(|s| v1beta1::Device {
+                                request_names: vec![s.share.request],
+                                pool_name: node.clone(),
+                                device_name: s.share.device,
+                                cdi_device_ids: s.cdi_device_ids,
+                            })
+                            .collect(),
+                        error: String::new(),
+                    },
+                    Err(e) => v1beta1::NodePrepareResourceResponse {
+                        devices: Vec::new(),
+                        error: e.to_string(),
+                    },
+                };
+                (uid, answer)
+            })
+            .collect();
+        Ok(Response::new(v1beta1::NodePrepareResourcesResponse {
+            claims,
+        }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<v1beta1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
+        let uids = request
+            .into_inner()
+            .claims
+            .into_iter()
+            .map(|c| c.uid)
+            .collect();
+        let claims = self
+            .0
+            .unprepare(uids)
+            .await
+            .into_iter()
+            .map(|(uid, error)| (uid, v1beta1::NodeUnprepareResourceResponse { error }))
+            .collect();
+        Ok(Response::new(v1beta1::NodeUnprepareResourcesResponse {
+            claims,
+        }))
+    }
+}
+
+/// The health list on every change of [`Served`], as `(device, healthy, message)`.
+fn health_stream(core: Arc<Core>) -> impl Stream<Item = Vec<(String, bool, String)>> + Send {
+    let rx = core.served.clone();
+    tokio_stream::wrappers::WatchStream::new(rx).map(move |_| core.health())
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+type HealthV1Stream =
+    Pin<Box<dyn Stream<Item = Result<health_v1::NodeWatchResourcesResponse, Status>> + Send>>;
+type HealthV1alpha1Stream =
+    Pin<Box<dyn Stream<Item = Result<health_v1alpha1::NodeWatchResourcesResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl health_v1::dra_resource_health_server::DraResourceHealth for Service {
+    type NodeWatchResourcesStream = HealthV1Stream;
+
+    async fn node_watch_resources(
+        &self,
+        _: Request<health_v1::NodeWatchResourcesRequest>,
+    ) -> Result<Response<HealthV1Stream>, Status> {
+        let pool = self.0.config.node.clone();
+        let stream = health_stream(self.0.clone()).map(move |list| {
+            let now = unix_now();
+            Ok(health_v1::NodeWatchResourcesResponse {
+                devices: list
+                    .into_iter()
+                    .map(|(device, healthy, message)| health_v1::DeviceHealth {
+                        device: Some(health_v1::DeviceIdentifier {
+                            pool_name: pool.clone(),
+                            device_name: device,
+                        }),
+                        health: if healthy {
+                            health_v1::HealthStatus::Healthy
+                        } else {
+                            health_v1::HealthStatus::Unhealthy
+                        } as i32,
+                        last_updated_time: now,
+                        health_check_timeout_seconds: HEALTH_TIMEOUT_SECONDS,
+                        message: message.chars().take(1024).collect(),
+                    })
+                    .collect(),
+            })
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+#[tonic::async_trait]
+impl health_v1alpha1::dra_resource_health_server::DraResourceHealth for Service {
+    type NodeWatchResourcesStream = HealthV1alpha1Stream;
+
+    async fn node_watch_resources(
+        &self,
+        _: Request<health_v1alpha1::NodeWatchResourcesRequest>,
+    ) -> Result<Response<HealthV1alpha1Stream>, Status> {
+        let pool = self.0.config.node.clone();
+        let stream = health_stream(self.0.clone()).map(move |list| {
+            let now = unix_now();
+            Ok(health_v1alpha1::NodeWatchResourcesResponse {
+                devices: list
+                    .into_iter()
+                    .map(|(device, healthy, message)| health_v1alpha1::DeviceHealth {
+                        device: Some(health_v1alpha1::DeviceIdentifier {
+                            pool_name: pool.clone(),
+                            device_name: device,
+                        }),
+                        health: if healthy {
+                            health_v1alpha1::HealthStatus::Healthy
+                        } else {
+                            health_v1alpha1::HealthStatus::Unhealthy
+                        } as i32,
+                        last_updated_time: now,
+                        health_check_timeout_seconds: HEALTH_TIMEOUT_SECONDS,
+                        message: message.chars().take(1024).collect(),
+                    })
+                    .collect(),
+            })
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// A serving plugin; dropping it stops the servers (their sockets stay until the next start
+/// removes them).
+pub struct RunningPlugin {
+    registration: watch::Receiver<Option<RegistrationStatus>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for RunningPlugin {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl RunningPlugin {
+    /// What kubelet said in `NotifyRegistrationStatus`, as it changes (`None` until it spoke).
+    pub fn registration(&self) -> watch::Receiver<Option<RegistrationStatus>> {
+        self.registration.clone()
+    }
+}
+
+fn listen(path: &Path) -> Result<UnixListener, StartError> {
+    let fail = |source| StartError::Listen {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(fail)?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(fail(e)),
+    }
+    UnixListener::bind(path).map_err(fail)
+}
+
+/// Starts serving: the service socket first (kubelet dials it right after `GetInfo`), then
+/// the registration socket. Reads the checkpoint first: a checkpoint that cannot be read stops
+/// the start rather than forget prepared claims.
+pub fn start(
+    config: PluginConfig,
+    client: Client,
+    served: watch::Receiver<Served>,
+    preparer: Arc<dyn Preparer>,
+    shutdown: Shutdown,
+) -> Result<RunningPlugin, StartError> {
+    let checkpoint = Checkpoint::load(&config.checkpoint)?;
+    let service_listener = listen(&config.service_socket())?;
+    let registration_listener = listen(&config.registration_socket())?;
+    let (registration, registration_rx) = watch::channel(None);
+    let core = Arc::new(Core {
+        config,
+        client,
+        served,
+        preparer,
+        checkpoint: Mutex::new(checkpoint),
+        registration,
+    });
+    let svc = Service(core);
+    let services = Server::builder()
+        .add_service(v1::dra_plugin_server::DraPluginServer::new(svc.clone()))
+        .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(
+            svc.clone(),
+        ))
+        .add_service(
+            health_v1::dra_resource_health_server::DraResourceHealthServer::new(svc.clone()),
+        )
+        .add_service(
+            health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(svc.clone()),
+        );
+    let stop = shutdown.clone();
+    let t1 = tokio::spawn(async move {
+        if let Err(e) = services
+            .serve_with_incoming_shutdown(
+                crate::kubelet_api::unix_server::incoming(service_listener),
+                stop.wait(),
+            )
+            .await
+        {
+            tracing::warn!(error = %e, "DRA plugin gRPC server ended with an error");
+        }
+    });
+    let t2 = tokio::spawn(async move {
+        if let Err(e) = Server::builder()
+            .add_service(RegistrationServer::new(svc))
+            .serve_with_incoming_shutdown(
+                crate::kubelet_api::unix_server::incoming(registration_listener),
+                shutdown.wait(),
+            )
+            .await
+        {
+            tracing::warn!(error = %e, "DRA registration gRPC server ended with an error");
+        }
+    });
+    Ok(RunningPlugin {
+        registration: registration_rx,
+        tasks: vec![t1, t2],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::GpuPolicy;
+
+    /// The plugin checks claims against exactly what the slice publishes.
+    #[test]
+    fn served_devices_match_the_published_slice() {
+        let gpus: Vec<SliceGpu> = (0..3)
+            .map(|i| SliceGpu {
+                index: i,
+                uuid: format!("GPU-{i}"),
+                product_name: "x".into(),
+                memory_bytes: (15 << 30) + (900 << 20),
+                pcie_root: None,
+                unhealthy: (i == 2).then(|| "xid 48".to_string()),
+                allocated_bytes: u64::from(i) << 30,
+            })
+            .collect();
+        let unit = MemoryUnit::GIB;
+        let served = Served::from_gpus(&gpus, unit);
+        let slices =
+            super::super::slices::build_slices("n", "d", None, unit, GpuPolicy::Spread, &gpus, 1);
+        for d in slices[0].spec.devices.iter().flatten() {
+            let s = &served.devices[&d.name];
+            let cap = &d.capacity.as_ref().expect("capacity")["memory"];
+            assert_eq!(cap.value.0, s.memory_bytes.to_string(), "{}", d.name);
+            assert_eq!(d.taints.is_some(), served.unhealthy.contains_key(&d.name));
+        }
+        assert_eq!(served.devices.len(), 3);
+        assert_eq!(served.devices["gpu-0"].memory_bytes, 15 << 30);
+    }
+}

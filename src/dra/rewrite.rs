@@ -1,0 +1,528 @@
+//! The webhook's DRA rewrite: a pod that asks `aliyun.com/gpu-mem: N` in its containers
+//! becomes a pod with one ResourceClaim, made from a ResourceClaimTemplate.
+//!
+//! The template holds one request per GPU container (named after the container) of the
+//! DeviceClass `gpu-mem.gpushare.io` with `capacity.requests.memory = N × unit` in bytes, and,
+//! when there are several, a `matchAttribute` constraint on `<driver>/uuid`: every container of
+//! the pod lands on one GPU, as on the extender path. Each container is bound to its own
+//! request (`resources.claims[{name, request}]`), so it gets its own share and its own limit.
+//! The `aliyun.com/gpu-mem` limits and requests are removed (a DRA node does not advertise
+//! them) and recorded in the annotation `gpushare.io/dra-gpu-mem`. The template's name is
+//! derived from its content (`gpushare-gpu-mem-<hash>`), so pods of the same shape share one.
+//!
+//! Pods that already name claims, and pods without GPU memory, are left alone (`None`). Init
+//! containers (native sidecars included) are rewritten like app containers. What it does not
+//! do: create the template or talk to the API (the webhook does), decide whether a namespace
+//! or a cluster uses the DRA path, or translate `aliyun.com/gpu-count`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Container, Pod, PodResourceClaim, ResourceClaim as ContainerClaim,
+};
+use k8s_openapi::api::resource::v1::{
+    CapacityRequirements, DeviceClaim, DeviceConstraint, DeviceRequest, ExactDeviceRequest,
+    ResourceClaimSpec, ResourceClaimTemplate, ResourceClaimTemplateSpec,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::{Value, json};
+
+use crate::core::request::RequestError;
+use crate::core::wire::{
+    DRA_ATTR_UUID, DRA_CAPACITY_MEMORY, DRA_POD_CLAIM, POD_ANN_DRA_GPU_MEM, RESOURCE_GPU_MEM,
+};
+use crate::core::{GpuMem, MemoryUnit};
+
+/// The rewrite of one pod.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DraRewrite {
+    /// The template the pod's claim is made from (the webhook makes sure it exists).
+    pub template: ResourceClaimTemplate,
+    /// The pod as rewritten.
+    pub pod: Pod,
+    /// The same change as an RFC 6902 JSON patch of the original pod (what an admission
+    /// response carries).
+    pub patch: Vec<Value>,
+}
+
+/// Why a pod cannot be rewritten.
+#[derive(Debug, thiserror::Error)]
+pub enum RewriteError {
+    /// A container's `aliyun.com/gpu-mem` limit cannot be read.
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// The pod could not be handled as JSON (not a pod object).
+    #[error("the pod cannot be read as JSON: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Rewrites `pod` (in `namespace`) onto the DRA path of `driver` with DeviceClass `class`;
+/// `None` when the pod is left as it is.
+pub fn rewrite(
+    pod: &Pod,
+    namespace: &str,
+    unit: MemoryUnit,
+    driver: &str,
+    class: &str,
+) -> Result<Option<DraRewrite>, RewriteError> {
+    let has_claims = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.resource_claims.as_ref())
+        .is_some_and(|c| !c.is_empty());
+    if has_claims {
+        return Ok(None);
+    }
+    let request = crate::k8s::pod_gpu_request(pod)?;
+    if !request.is_gpu_pod() {
+        return Ok(None);
+    }
+    let wanted: BTreeMap<String, GpuMem> = request
+        .all_containers()
+        .map(|c| (c.name.clone(), c.mem))
+        .collect();
+    // Requests in spec order: init containers first, then app containers.
+    let spec = pod.spec.clone().unwrap_or_default();
+    let order: Vec<String> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+        .map(|c| c.name.clone())
+        .filter(|n| wanted.contains_key(n))
+        .collect();
+    let template_spec = claim_spec(&order, &wanted, unit, driver, class);
+    let name = template_name(&template_spec)?;
+    let template = ResourceClaimTemplate {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(namespace.to_string()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/managed-by".to_string(),
+                "gpushare".to_string(),
+            )])),
+            ..Default::default()
+        },
+        spec: Some(ResourceClaimTemplateSpec {
+            metadata: None,
+            spec: Some(template_spec),
+        }),
+    };
+
+    let mut out = pod.clone();
+    let mut patch = Vec::new();
+    let out_spec = out.spec.get_or_insert_with(Default::default);
+    out_spec.resource_claims = Some(vec![PodResourceClaim {
+        name: DRA_POD_CLAIM.to_string(),
+        resource_claim_template_name: Some(name),
+        resource_claim_name: None,
+    }]);
+    patch.push(json!({
+        "op": "add", "path": "/spec/resourceClaims",
+        "value": serde_json::to_value(&out_spec.resource_claims)?,
+    }));
+    for (i, c) in out_spec.containers.iter_mut().enumerate() {
+        if bind(c, &wanted) {
+            patch.push(json!({
+                "op": "add", "path": format!("/spec/containers/{i}/resources"),
+                "value": serde_json::to_value(&c.resources)?,
+            }));
+        }
+    }
+    for (i, c) in out_spec.init_containers.iter_mut().flatten().enumerate() {
+        if bind(c, &wanted) {
+            patch.push(json!({
+                "op": "add", "path": format!("/spec/initContainers/{i}/resources"),
+                "value": serde_json::to_value(&c.resources)?,
+            }));
+        }
+    }
+    let record = json!({
+        "unit": unit.to_string(),
+        "containers": wanted.iter().map(|(n, m)| (n.clone(), m.units())).collect::<BTreeMap<_, _>>(),
+    })
+    .to_string();
+    let annotations = out.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    if annotations.is_empty() {
+        patch.push(json!({ "op": "add", "path": "/metadata/annotations", "value": {} }));
+    }
+    annotations.insert(POD_ANN_DRA_GPU_MEM.to_string(), record.clone());
+    patch.push(json!({
+        "op": "add",
+        "path": format!("/metadata/annotations/{}", pointer_escape(POD_ANN_DRA_GPU_MEM)),
+        "value": record,
+    }));
+    Ok(Some(DraRewrite {
+        template,
+        pod: out,
+        patch,
+    }))
+}
+
+/// Binds `c` to its own request when it asks GPU memory; drops the extended resource from
+/// every container (a zero limit too: a DRA node does not advertise it). Whether it changed.
+fn bind(c: &mut Container, wanted: &BTreeMap<String, GpuMem>) -> bool {
+    let mut changed = false;
+    if let Some(resources) = c.resources.as_mut() {
+        for list in [&mut resources.limits, &mut resources.requests] {
+            if let Some(map) = list.as_mut() {
+                changed |= map.remove(RESOURCE_GPU_MEM).is_some();
+                if map.is_empty() {
+                    *list = None;
+                }
+            }
+        }
+    }
+    if wanted.contains_key(&c.name) {
+        c.resources
+            .get_or_insert_with(Default::default)
+            .claims
+            .get_or_insert_with(Vec::new)
+            .push(ContainerClaim {
+                name: DRA_POD_CLAIM.to_string(),
+                request: Some(c.name.clone()),
+            });
+        changed = true;
+    }
+    changed
+}
+
+fn claim_spec(
+    order: &[String],
+    wanted: &BTreeMap<String, GpuMem>,
+    unit: MemoryUnit,
+    driver: &str,
+    class: &str,
+) -> ResourceClaimSpec {
+    let requests = order
+        .iter()
+        .map(|name| {
+            let bytes = unit.to_bytes(wanted.get(name).copied().unwrap_or_default());
+            DeviceRequest {
+                name: name.clone(),
+                exactly: Some(ExactDeviceRequest {
+                    device_class_name: class.to_string(),
+                    capacity: Some(CapacityRequirements {
+                        requests: Some(BTreeMap::from([(
+                            DRA_CAPACITY_MEMORY.to_string(),
+                            Quantity(bytes.to_string()),
+                        )])),
+                    }),
+                    ..Default::default()
+                }),
+                first_available: None,
+            }
+        })
+        .collect();
+    let constraints = (order.len() > 1).then(|| {
+        vec![DeviceConstraint {
+            requests: Some(order.to_vec()),
+            match_attribute: Some(format!("{driver}/{DRA_ATTR_UUID}")),
+            distinct_attribute: None,
+        }]
+    });
+    ResourceClaimSpec {
+        devices: Some(DeviceClaim {
+            requests: Some(requests),
+            constraints,
+            config: None,
+        }),
+    }
+}
+
+/// `gpushare-gpu-mem-<16 hex digits>`: FNV-1a of the spec's JSON (serde_json writes maps in
+/// key order, so equal specs hash equally).
+fn template_name(spec: &ResourceClaimSpec) -> Result<String, serde_json::Error> {
+    let bytes = serde_json::to_vec(spec)?;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    Ok(format!("gpushare-gpu-mem-{h:016x}"))
+}
+
+/// RFC 6901 escaping of one path segment.
+fn pointer_escape(s: &str) -> String {
+    s.replace('~', "~0").replace('/', "~1")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn pod(value: Value) -> Pod {
+        serde_json::from_value(value).expect("a pod")
+    }
+
+    fn gpu_pod(containers: &[(&str, Option<&str>)]) -> Pod {
+        let containers: Vec<Value> = containers
+            .iter()
+            .map(|(n, mem)| {
+                let mut c = json!({ "name": n, "image": "x",
+                    "resources": { "limits": { "cpu": "1" } } });
+                if let Some(m) = mem {
+                    c["resources"]["limits"][RESOURCE_GPU_MEM] = json!(m);
+                }
+                c
+            })
+            .collect();
+        pod(
+            json!({ "metadata": { "name": "p", "namespace": "ns" }, "spec": { "containers": containers } }),
+        )
+    }
+
+    fn rw(p: &Pod) -> Option<DraRewrite> {
+        rewrite(
+            p,
+            "ns",
+            MemoryUnit::GIB,
+            "gpushare.io",
+            "gpu-mem.gpushare.io",
+        )
+        .expect("rewrites")
+    }
+
+    /// Applies the `add` operations of a patch (all the rewrite emits).
+    fn apply(mut doc: Value, patch: &[Value]) -> Value {
+        for op in patch {
+            assert_eq!(op["op"], "add");
+            let path = op["path"].as_str().expect("path");
+            let mut parts: Vec<String> = path
+                .split('/')
+                .skip(1)
+                .map(|p| p.replace("~1", "/").replace("~0", "~"))
+                .collect();
+            let last = parts.pop().expect("a segment");
+            let mut at = &mut doc;
+            for p in parts {
+                at = match at {
+                    Value::Array(a) => &mut a[p.parse::<usize>().expect("index")],
+                    other => other.get_mut(&p).expect("the parent exists"),
+                };
+            }
+            at.as_object_mut()
+                .expect("an object")
+                .insert(last, op["value"].clone());
+        }
+        doc
+    }
+
+    #[test]
+    fn each_gpu_container_gets_its_own_request_all_on_one_gpu() {
+        let p = gpu_pod(&[("main", Some("6")), ("log", None), ("side", Some("2"))]);
+        let r = rw(&p).expect("rewritten");
+        let spec = r
+            .template
+            .spec
+            .as_ref()
+            .and_then(|s| s.spec.clone())
+            .expect("spec");
+        let devices = spec.devices.expect("devices");
+        let requests = devices.requests.expect("requests");
+        let got: Vec<(String, String)> = requests
+            .iter()
+            .map(|q| {
+                let e = q.exactly.as_ref().expect("exactly");
+                assert_eq!(e.device_class_name, "gpu-mem.gpushare.io");
+                let mem = e
+                    .capacity
+                    .as_ref()
+                    .and_then(|c| c.requests.as_ref())
+                    .expect("c")["memory"]
+                    .0
+                    .clone();
+                (q.name.clone(), mem)
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("main".into(), (6u64 << 30).to_string()),
+                ("side".into(), (2u64 << 30).to_string())
+            ]
+        );
+        let c = &devices.constraints.expect("constraints")[0];
+        assert_eq!(c.match_attribute.as_deref(), Some("gpushare.io/uuid"));
+        let containers = &r.pod.spec.as_ref().expect("spec").containers;
+        let claims = |i: usize| {
+            containers[i]
+                .resources
+                .as_ref()
+                .and_then(|r| r.claims.clone())
+        };
+        assert_eq!(
+            claims(0).expect("bound")[0],
+            ContainerClaim {
+                name: DRA_POD_CLAIM.into(),
+                request: Some("main".into())
+            }
+        );
+        assert_eq!(
+            claims(1),
+            None,
+            "a container without GPU memory is untouched"
+        );
+        let limits = containers[0]
+            .resources
+            .as_ref()
+            .and_then(|r| r.limits.clone())
+            .expect("l");
+        assert!(!limits.contains_key(RESOURCE_GPU_MEM));
+        assert_eq!(limits["cpu"].0, "1");
+        let ann = &r.pod.metadata.annotations.as_ref().expect("ann")[POD_ANN_DRA_GPU_MEM];
+        assert_eq!(ann, r#"{"containers":{"main":6,"side":2},"unit":"GiB"}"#);
+        // The patch, applied to the original, gives the rewritten pod.
+        let patched = apply(serde_json::to_value(&p).expect("json"), &r.patch);
+        assert_eq!(patched, serde_json::to_value(&r.pod).expect("json"));
+    }
+
+    #[test]
+    fn pods_with_claims_or_without_gpu_memory_are_left_alone() {
+        assert!(rw(&gpu_pod(&[("a", None)])).is_none());
+        assert!(rw(&gpu_pod(&[("a", Some("0"))])).is_none());
+        let mut with_claims = gpu_pod(&[("a", Some("2"))]);
+        if let Some(s) = with_claims.spec.as_mut() {
+            s.resource_claims = Some(vec![PodResourceClaim {
+                name: "mine".into(),
+                resource_claim_name: Some("c".into()),
+                resource_claim_template_name: None,
+            }]);
+        }
+        assert!(rw(&with_claims).is_none());
+        let bad = gpu_pod(&[("a", Some("1.5"))]);
+        assert!(matches!(
+            rewrite(&bad, "ns", MemoryUnit::GIB, "gpushare.io", "c"),
+            Err(RewriteError::Request(_))
+        ));
+    }
+
+    #[test]
+    fn one_container_has_no_constraint_and_same_shapes_share_a_template() {
+        let a = rw(&gpu_pod(&[("main", Some("4"))])).expect("rewritten");
+        let spec = a
+            .template
+            .spec
+            .as_ref()
+            .and_then(|s| s.spec.clone())
+            .expect("spec");
+        assert!(spec.devices.expect("d").constraints.is_none());
+        let b = rw(&gpu_pod(&[("main", Some("4"))])).expect("rewritten");
+        assert_eq!(a.template.metadata.name, b.template.metadata.name);
+        let c = rw(&gpu_pod(&[("main", Some("5"))])).expect("rewritten");
+        assert_ne!(a.template.metadata.name, c.template.metadata.name);
+        let name = a.template.metadata.name.expect("name");
+        assert!(
+            name.len() <= 63 && name.starts_with("gpushare-gpu-mem-"),
+            "{name}"
+        );
+    }
+
+    #[test]
+    fn sidecars_are_rewritten_and_the_template_is_a_valid_api_object() {
+        let p = pod(json!({
+            "metadata": { "name": "p", "annotations": { "keep": "me" } },
+            "spec": {
+                "initContainers": [{ "name": "warm", "image": "x", "restartPolicy": "Always",
+                    "resources": { "limits": { RESOURCE_GPU_MEM: "1" }, "requests": { RESOURCE_GPU_MEM: "1" } } }],
+                "containers": [{ "name": "main", "image": "x",
+                    "resources": { "limits": { RESOURCE_GPU_MEM: "3" } } }],
+            },
+        }));
+        let r = rewrite(
+            &p,
+            "ns",
+            MemoryUnit::from_mib(512).expect("u"),
+            "gpushare.io",
+            "k",
+        )
+        .expect("rewrites")
+        .expect("rewritten");
+        let init = &r
+            .pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.init_containers.clone())
+            .expect("i")[0];
+        let res = init.resources.as_ref().expect("res");
+        assert!(res.limits.is_none() && res.requests.is_none(), "{res:?}");
+        assert_eq!(
+            res.claims.as_ref().expect("claims")[0].request.as_deref(),
+            Some("warm")
+        );
+        let json = serde_json::to_value(&r.template).expect("json");
+        assert_eq!(json["apiVersion"], "resource.k8s.io/v1");
+        assert_eq!(json["kind"], "ResourceClaimTemplate");
+        assert_eq!(json["metadata"]["namespace"], "ns");
+        let requests = &json["spec"]["spec"]["devices"]["requests"];
+        assert_eq!(requests[0]["name"], "warm");
+        assert_eq!(
+            requests[0]["exactly"]["capacity"]["requests"]["memory"],
+            (512u64 << 20).to_string()
+        );
+        assert_eq!(
+            requests[1]["exactly"]["capacity"]["requests"]["memory"],
+            (1536u64 << 20).to_string()
+        );
+        let back: ResourceClaimTemplate = serde_json::from_value(json).expect("reads back");
+        assert_eq!(back, r.template);
+        let patched = apply(serde_json::to_value(&p).expect("json"), &r.patch);
+        assert_eq!(patched, serde_json::to_value(&r.pod).expect("json"));
+    }
+
+    proptest! {
+        /// Whatever the containers: every GPU container is bound to exactly its own request
+        /// asking N × unit, no `aliyun.com/gpu-mem` is left, other containers are untouched,
+        /// and the patch reproduces the rewritten pod.
+        #[test]
+        fn every_gpu_container_is_bound_to_its_own_request(
+            mems in proptest::collection::vec(proptest::option::of(0u64..64), 1..6),
+            unit_mib in prop_oneof![Just(1u32), Just(256), Just(1024)],
+        ) {
+            let names: Vec<String> = (0..mems.len()).map(|i| format!("c{i}")).collect();
+            let texts: Vec<Option<String>> = mems.iter().map(|m| m.map(|v| v.to_string())).collect();
+            let spec: Vec<(&str, Option<&str>)> = names
+                .iter()
+                .zip(&texts)
+                .map(|(n, t)| (n.as_str(), t.as_deref()))
+                .collect();
+            let p = gpu_pod(&spec);
+            let unit = MemoryUnit::from_mib(unit_mib).expect("unit");
+            let r = rewrite(&p, "ns", unit, "gpushare.io", "k").expect("rewrites");
+            let gpu: Vec<(usize, u64)> = mems
+                .iter()
+                .enumerate()
+                .filter_map(|(i, m)| m.filter(|v| *v > 0).map(|v| (i, v)))
+                .collect();
+            let Some(r) = r else {
+                prop_assert!(gpu.is_empty());
+                return Ok(());
+            };
+            let requests = r.template.spec.as_ref().and_then(|s| s.spec.clone())
+                .and_then(|s| s.devices).and_then(|d| d.requests).expect("requests");
+            prop_assert_eq!(requests.len(), gpu.len());
+            let containers = &r.pod.spec.as_ref().expect("spec").containers;
+            for (i, c) in containers.iter().enumerate() {
+                let res = c.resources.as_ref();
+                let has_mem = res.and_then(|r| r.limits.as_ref()).is_some_and(|l| l.contains_key(RESOURCE_GPU_MEM));
+                prop_assert!(!has_mem);
+                let claims = res.and_then(|r| r.claims.clone()).unwrap_or_default();
+                match gpu.iter().find(|(j, _)| *j == i) {
+                    Some((_, v)) => {
+                        prop_assert_eq!(claims.len(), 1);
+                        prop_assert_eq!(claims[0].request.as_deref(), Some(c.name.as_str()));
+                        let q = requests.iter().find(|q| q.name == c.name).expect("its request");
+                        let mem = &q.exactly.as_ref().and_then(|e| e.capacity.clone())
+                            .and_then(|c| c.requests).expect("mem")["memory"];
+                        prop_assert_eq!(mem.0.clone(), (v * (u64::from(unit_mib) << 20)).to_string());
+                    }
+                    None => prop_assert!(claims.is_empty()),
+                }
+            }
+            let patched = apply(serde_json::to_value(&p).expect("json"), &r.patch);
+            prop_assert_eq!(patched, serde_json::to_value(&r.pod).expect("json"));
+        }
+    }
+}

@@ -1,0 +1,541 @@
+//! The ResourceSlice a node publishes for its GPUs, built from what the node serves.
+//!
+//! One device per served GPU, named after its UUID (`gpu-8e4c…`, stable across reboots and
+//! index changes; `gpu-<index>` when the UUID is not a DNS label), with
+//! `allowMultipleAllocations: true` and one consumable capacity, `memory`: the GPU's memory
+//! rounded down to whole memory units (the device plugin's rule), with a `requestPolicy` whose
+//! `validRange` has `min` and `step` of one unit and `max` the whole, and whose `default` is the
+//! whole: a claim that asks no memory gets the whole GPU. Attributes: `uuid`, `index`,
+//! `productName`, `driverVersion` (a semantic version, leading zeros dropped) and the standard
+//! `resource.kubernetes.io/pcieRoot` where known. An unhealthy GPU carries the taint
+//! `gpushare.io/unhealthy` (`NoSchedule`), so no new claim lands on it.
+//!
+//! Device order: kube-scheduler takes the first device that fits, in slice order, so the
+//! order carries the GPU policy: `binpack` lists the fullest GPU first, `spread` the emptiest,
+//! from the memory allocated on each GPU (ties by index). It is a hint, not a promise: the
+//! scheduler reads the slice as last published, and several pods scheduled between two
+//! publications see the same order.
+//!
+//! [`Pool`] keeps the published devices and moves the pool generation on every change; slices
+//! hold at most [`MAX_DEVICES_PER_SLICE`] devices each. What it does not do: talk to the API
+//! server, or decide which GPUs are served (MIG-excluded GPUs and GPUs of the device plugin
+//! never reach it).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use k8s_openapi::api::resource::v1::{
+    CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity,
+    DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::core::wire::{
+    DRA_ATTR_DRIVER_VERSION, DRA_ATTR_INDEX, DRA_ATTR_PCIE_ROOT, DRA_ATTR_PRODUCT_NAME,
+    DRA_ATTR_UUID, DRA_CAPACITY_MEMORY, DRA_TAINT_UNHEALTHY,
+};
+use crate::core::{GpuPolicy, MemoryUnit};
+
+/// The API's limit on devices in one ResourceSlice.
+pub const MAX_DEVICES_PER_SLICE: usize = 128;
+
+/// One GPU the node serves on the DRA path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SliceGpu {
+    /// Enumeration index.
+    pub index: u32,
+    /// `GPU-…` UUID.
+    pub uuid: String,
+    /// Product name.
+    pub product_name: String,
+    /// Total memory in bytes.
+    pub memory_bytes: u64,
+    /// `pci<domain>:<bus>` of its PCIe root complex, when known ([`pcie_root`]).
+    pub pcie_root: Option<String>,
+    /// `None` when healthy; else why not (the taint's value, shortened to a label value).
+    pub unhealthy: Option<String>,
+    /// Memory allocated on it now, in bytes (orders the devices by the policy).
+    pub allocated_bytes: u64,
+}
+
+/// The stable device name of a GPU: its UUID in lower case when that is a DNS label
+/// (`gpu-8e4c1c2e-…`), else `gpu-<index>`.
+pub fn device_name(gpu: &SliceGpu) -> String {
+    let lower = gpu.uuid.to_ascii_lowercase();
+    let label = !lower.is_empty()
+        && lower.len() <= 63
+        && lower.starts_with("gpu-")
+        && lower
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !lower.ends_with('-');
+    if label {
+        lower
+    } else {
+        format!("gpu-{}", gpu.index)
+    }
+}
+
+/// The slices of one node's pool, at `generation`: devices ordered by `policy`, split into
+/// slices of at most [`MAX_DEVICES_PER_SLICE`], named `<node>-<driver>-<n>`.
+pub fn build_slices(
+    node: &str,
+    driver: &str,
+    driver_version: Option<&str>,
+    unit: MemoryUnit,
+    policy: GpuPolicy,
+    gpus: &[SliceGpu],
+    generation: i64,
+) -> Vec<ResourceSlice> {
+    let devices = ordered(gpus, policy)
+        .into_iter()
+        .map(|g| device(g, unit, driver_version))
+        .collect::<Vec<_>>();
+    let chunks: Vec<Vec<Device>> = if devices.is_empty() {
+        vec![Vec::new()]
+    } else {
+        devices
+            .chunks(MAX_DEVICES_PER_SLICE)
+            .map(<[Device]>::to_vec)
+            .collect()
+    };
+    let count = chunks.len() as i64;
+    let base = format!("{node}-{}", driver.replace(['.', '/', '_'], "-"));
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(i, devices)| ResourceSlice {
+            metadata: ObjectMeta {
+                name: Some(format!("{base}-{i}")),
+                ..Default::default()
+            },
+            spec: ResourceSliceSpec {
+                driver: driver.to_string(),
+                node_name: Some(node.to_string()),
+                pool: ResourcePool {
+                    name: node.to_string(),
+                    generation,
+                    resource_slice_count: count,
+                },
+                devices: Some(devices),
+                ..Default::default()
+            },
+        })
+        .collect()
+}
+
+/// The GPUs in first-fit order for `policy`.
+pub fn ordered(gpus: &[SliceGpu], policy: GpuPolicy) -> Vec<&SliceGpu> {
+    let mut out: Vec<&SliceGpu> = gpus.iter().collect();
+    out.sort_by(|a, b| {
+        let by_use = match policy {
+            GpuPolicy::Binpack => b.allocated_bytes.cmp(&a.allocated_bytes),
+            GpuPolicy::Spread => a.allocated_bytes.cmp(&b.allocated_bytes),
+        };
+        by_use.then(a.index.cmp(&b.index))
+    });
+    out
+}
+
+/// The GPU's memory as the slice publishes it: whole units, in bytes.
+pub fn published_memory(memory_bytes: u64, unit: MemoryUnit) -> u64 {
+    unit.to_bytes(unit.units_of_bytes(memory_bytes))
+}
+
+fn device(gpu: &SliceGpu, unit: MemoryUnit, driver_version: Option<&str>) -> Device {
+    let total = published_memory(gpu.memory_bytes, unit);
+    let step = unit.to_bytes(crate::core::GpuMem::new(1));
+    let q = |v: u64| Quantity(v.to_string());
+    let mut attributes = BTreeMap::new();
+    attributes.insert(
+        DRA_ATTR_UUID.to_string(),
+        DeviceAttribute {
+            string: Some(gpu.uuid.clone()),
+            ..Default::default()
+        },
+    );
+    attributes.insert(
+        DRA_ATTR_INDEX.to_string(),
+        DeviceAttribute {
+            int: Some(i64::from(gpu.index)),
+            ..Default::default()
+        },
+    );
+    attributes.insert(
+        DRA_ATTR_PRODUCT_NAME.to_string(),
+        DeviceAttribute {
+            string: Some(gpu.product_name.clone()),
+            ..Default::default()
+        },
+    );
+    if let Some(v) = driver_version.and_then(semver) {
+        attributes.insert(
+            DRA_ATTR_DRIVER_VERSION.to_string(),
+            DeviceAttribute {
+                version: Some(v),
+                ..Default::default()
+            },
+        );
+    }
+    if let Some(root) = &gpu.pcie_root {
+        attributes.insert(
+            DRA_ATTR_PCIE_ROOT.to_string(),
+            DeviceAttribute {
+                string: Some(root.clone()),
+                ..Default::default()
+            },
+        );
+    }
+    let capacity = BTreeMap::from([(
+        DRA_CAPACITY_MEMORY.to_string(),
+        DeviceCapacity {
+            value: q(total),
+            request_policy: Some(CapacityRequestPolicy {
+                default: Some(q(total)),
+                valid_range: Some(CapacityRequestPolicyRange {
+                    min: q(step.min(total)),
+                    max: Some(q(total)),
+                    step: Some(q(step)),
+                }),
+                valid_values: None,
+            }),
+        },
+    )]);
+    let taints = gpu.unhealthy.as_ref().map(|why| {
+        vec![DeviceTaint {
+            key: DRA_TAINT_UNHEALTHY.to_string(),
+            value: Some(label_value(why)),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        }]
+    });
+    Device {
+        name: device_name(gpu),
+        allow_multiple_allocations: Some(true),
+        attributes: Some(attributes),
+        capacity: Some(capacity),
+        taints,
+        ..Default::default()
+    }
+}
+
+/// A driver version as a semantic version: `550.54.15` stays, `535.104.05` becomes
+/// `535.104.5`, `470.82` becomes `470.82.0`; `None` when it is not numbers and dots.
+pub fn semver(version: &str) -> Option<String> {
+    let parts: Vec<u64> = version
+        .trim()
+        .split('.')
+        .map(|p| p.parse::<u64>().ok())
+        .collect::<Option<_>>()?;
+    if parts.is_empty() || parts.len() > 3 {
+        return None;
+    }
+    let mut p = parts;
+    p.resize(3, 0);
+    Some(format!("{}.{}.{}", p[0], p[1], p[2]))
+}
+
+/// A taint value: at most 63 characters of `[A-Za-z0-9._-]`, starting and ending with an
+/// alphanumeric (others become `-`).
+fn label_value(text: &str) -> String {
+    let mapped: String = text
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '_' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(63)
+        .collect();
+    mapped
+        .trim_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_string()
+}
+
+/// The PCIe root complex of the GPU at `pci_bus_id` (`00000000:3B:00.0` as NVML writes it):
+/// the `pci<domain>:<bus>` component of its device's path under `<sysfs>/bus/pci/devices`
+/// (`/sys/devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0`), as Kubernetes' `pcieRoot`
+/// attribute defines it; `None` when sysfs does not say.
+pub fn pcie_root(sysfs: &Path, pci_bus_id: &str) -> Option<String> {
+    let (domain, rest) = pci_bus_id.trim().split_once(':')?;
+    let domain = &domain[domain.len().saturating_sub(4)..];
+    let address = format!("{domain}:{rest}").to_ascii_lowercase();
+    let link = sysfs.join("bus/pci/devices").join(&address);
+    let target = std::fs::canonicalize(link).ok()?;
+    target
+        .components()
+        .filter_map(|c| c.as_os_str().to_str())
+        .find(|c| c.starts_with("pci") && c.len() > 3 && c[3..].contains(':'))
+        .map(str::to_string)
+}
+
+/// One node's pool as last published: the generation moves on every change of the devices.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Pool {
+    generation: i64,
+    devices: Option<Vec<Device>>,
+}
+
+impl Pool {
+    /// A pool that has published nothing yet; its first publication is generation 1.
+    pub fn new() -> Pool {
+        Pool::default()
+    }
+
+    /// The generation of the last publication (0 before the first).
+    pub fn generation(&self) -> i64 {
+        self.generation
+    }
+
+    /// The slices to publish for `gpus`: `Some` (with a new generation) when the devices
+    /// differ from the last publication, `None` when nothing changed.
+    pub fn update(
+        &mut self,
+        node: &str,
+        driver: &str,
+        driver_version: Option<&str>,
+        unit: MemoryUnit,
+        policy: GpuPolicy,
+        gpus: &[SliceGpu],
+    ) -> Option<Vec<ResourceSlice>> {
+        let slices = build_slices(
+            node,
+            driver,
+            driver_version,
+            unit,
+            policy,
+            gpus,
+            self.generation + 1,
+        );
+        let devices: Vec<Device> = slices
+            .iter()
+            .flat_map(|s| s.spec.devices.clone().unwrap_or_default())
+            .collect();
+        if self.devices.as_ref() == Some(&devices) {
+            return None;
+        }
+        self.generation += 1;
+        self.devices = Some(devices);
+        Some(slices)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn gpu(index: u32, gib: u64, allocated_gib: u64) -> SliceGpu {
+        SliceGpu {
+            index,
+            uuid: format!("GPU-0000000{index}-1111-2222-3333-444444444444"),
+            product_name: "Tesla V100-SXM2-16GB".into(),
+            memory_bytes: gib * GIB + (123 << 20),
+            pcie_root: (index == 0).then(|| "pci0000:3a".to_string()),
+            unhealthy: None,
+            allocated_bytes: allocated_gib * GIB,
+        }
+    }
+
+    fn names(slices: &[ResourceSlice]) -> Vec<String> {
+        slices
+            .iter()
+            .flat_map(|s| s.spec.devices.clone().unwrap_or_default())
+            .map(|d| d.name)
+            .collect()
+    }
+
+    /// What the API server would store: the JSON field names of `resource.k8s.io/v1`, and the
+    /// object reads back as the typed API object.
+    #[test]
+    fn a_slice_is_a_valid_resource_k8s_io_v1_object() {
+        let slices = build_slices(
+            "node-a",
+            "gpushare.io",
+            Some("535.104.05"),
+            MemoryUnit::GIB,
+            GpuPolicy::Binpack,
+            &[gpu(0, 16, 0)],
+            3,
+        );
+        let json = serde_json::to_value(&slices[0]).expect("serialises");
+        assert_eq!(json["apiVersion"], "resource.k8s.io/v1");
+        assert_eq!(json["kind"], "ResourceSlice");
+        assert_eq!(json["spec"]["pool"]["generation"], 3);
+        assert_eq!(json["spec"]["nodeName"], "node-a");
+        let d = &json["spec"]["devices"][0];
+        assert_eq!(d["name"], "gpu-00000000-1111-2222-3333-444444444444");
+        assert_eq!(d["allowMultipleAllocations"], true);
+        assert_eq!(
+            d["attributes"]["uuid"]["string"],
+            "GPU-00000000-1111-2222-3333-444444444444"
+        );
+        assert_eq!(d["attributes"]["index"]["int"], 0);
+        assert_eq!(d["attributes"]["driverVersion"]["version"], "535.104.5");
+        assert_eq!(
+            d["attributes"]["resource.kubernetes.io/pcieRoot"]["string"],
+            "pci0000:3a"
+        );
+        let mem = &d["capacity"]["memory"];
+        assert_eq!(mem["value"], (16 * GIB).to_string());
+        assert_eq!(mem["requestPolicy"]["default"], (16 * GIB).to_string());
+        assert_eq!(mem["requestPolicy"]["validRange"]["min"], GIB.to_string());
+        assert_eq!(mem["requestPolicy"]["validRange"]["step"], GIB.to_string());
+        let back: ResourceSlice = serde_json::from_value(json).expect("reads back");
+        assert_eq!(back, slices[0]);
+    }
+
+    #[test]
+    fn binpack_lists_the_fullest_gpu_first_and_spread_the_emptiest() {
+        let gpus = [gpu(0, 16, 2), gpu(1, 16, 10), gpu(2, 16, 0), gpu(3, 16, 10)];
+        let order = |p| {
+            ordered(&gpus, p)
+                .iter()
+                .map(|g| g.index)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(order(GpuPolicy::Binpack), [1, 3, 0, 2]);
+        assert_eq!(order(GpuPolicy::Spread), [2, 0, 1, 3]);
+    }
+
+    #[test]
+    fn units_round_memory_down_and_unhealthy_gpus_are_tainted() {
+        let mut sick = gpu(1, 24, 0);
+        sick.unhealthy = Some("XID 79: GPU has fallen off the bus".into());
+        let unit = MemoryUnit::from_mib(256).expect("a unit");
+        let mut odd = gpu(0, 0, 0);
+        odd.memory_bytes = 1000 << 20; // 1000 MiB: three 256 MiB units
+        let slices = build_slices(
+            "n",
+            "gpushare.io",
+            None,
+            unit,
+            GpuPolicy::Binpack,
+            &[odd, sick],
+            1,
+        );
+        let devices = slices[0].spec.devices.clone().expect("devices");
+        let cap = &devices[0].capacity.as_ref().expect("capacity")["memory"];
+        assert_eq!(cap.value.0, (768u64 << 20).to_string());
+        assert!(devices[0].taints.is_none());
+        assert!(
+            devices[0]
+                .attributes
+                .as_ref()
+                .expect("a")
+                .get("driverVersion")
+                .is_none()
+        );
+        let taint = &devices[1].taints.as_ref().expect("tainted")[0];
+        assert_eq!(taint.key, "gpushare.io/unhealthy");
+        assert_eq!(taint.effect, "NoSchedule");
+        assert_eq!(
+            taint.value.as_deref(),
+            Some("XID-79--GPU-has-fallen-off-the-bus")
+        );
+    }
+
+    #[test]
+    fn device_names_are_stable_dns_labels() {
+        let mut g = gpu(5, 16, 0);
+        assert_eq!(device_name(&g), "gpu-00000005-1111-2222-3333-444444444444");
+        g.uuid = "MIG-GPU-weird/uuid".into();
+        assert_eq!(device_name(&g), "gpu-5");
+        g.uuid = String::new();
+        assert_eq!(device_name(&g), "gpu-5");
+    }
+
+    #[test]
+    fn the_generation_moves_on_every_change_and_only_then() {
+        let mut pool = Pool::new();
+        let mut gpus = vec![gpu(0, 16, 0), gpu(1, 16, 0)];
+        let publish = |pool: &mut Pool, gpus: &[SliceGpu]| {
+            pool.update(
+                "n",
+                "gpushare.io",
+                None,
+                MemoryUnit::GIB,
+                GpuPolicy::Binpack,
+                gpus,
+            )
+        };
+        let first = publish(&mut pool, &gpus).expect("first publication");
+        assert_eq!(first[0].spec.pool.generation, 1);
+        assert!(publish(&mut pool, &gpus).is_none(), "nothing changed");
+        gpus[1].allocated_bytes = GIB; // binpack order changes
+        let second = publish(&mut pool, &gpus).expect("reordered");
+        assert_eq!(second[0].spec.pool.generation, 2);
+        assert_eq!(names(&second)[0], device_name(&gpus[1]));
+        gpus[0].unhealthy = Some("xid".into());
+        assert_eq!(
+            publish(&mut pool, &gpus).expect("tainted")[0]
+                .spec
+                .pool
+                .generation,
+            3
+        );
+        assert_eq!(pool.generation(), 3);
+    }
+
+    #[test]
+    fn more_than_128_gpus_split_into_counted_slices() {
+        let gpus: Vec<SliceGpu> = (0..130).map(|i| gpu(i, 1, 0)).collect();
+        let slices = build_slices(
+            "n",
+            "gpushare.io",
+            None,
+            MemoryUnit::GIB,
+            GpuPolicy::Spread,
+            &gpus,
+            1,
+        );
+        assert_eq!(slices.len(), 2);
+        assert!(slices.iter().all(|s| s.spec.pool.resource_slice_count == 2));
+        assert_eq!(names(&slices).len(), 130);
+        let empty = build_slices(
+            "n",
+            "gpushare.io",
+            None,
+            MemoryUnit::GIB,
+            GpuPolicy::Spread,
+            &[],
+            1,
+        );
+        assert_eq!(
+            empty.len(),
+            1,
+            "an empty pool is published as one empty slice"
+        );
+    }
+
+    #[test]
+    fn driver_versions_become_semantic_versions() {
+        assert_eq!(semver("550.54.15").as_deref(), Some("550.54.15"));
+        assert_eq!(semver("535.104.05").as_deref(), Some("535.104.5"));
+        assert_eq!(semver("470.82").as_deref(), Some("470.82.0"));
+        assert_eq!(semver("abc"), None);
+        assert_eq!(semver("1.2.3.4"), None);
+    }
+
+    #[test]
+    fn the_pcie_root_is_read_from_sysfs() {
+        let dir = tempfile::tempdir().expect("dir");
+        let real = dir
+            .path()
+            .join("devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0");
+        std::fs::create_dir_all(&real).expect("mkdir");
+        let links = dir.path().join("bus/pci/devices");
+        std::fs::create_dir_all(&links).expect("mkdir");
+        std::os::unix::fs::symlink(&real, links.join("0000:3b:00.0")).expect("link");
+        assert_eq!(
+            pcie_root(dir.path(), "00000000:3B:00.0").as_deref(),
+            Some("pci0000:3a")
+        );
+        assert_eq!(pcie_root(dir.path(), "00000000:86:00.0"), None);
+        assert_eq!(pcie_root(dir.path(), "garbage"), None);
+    }
+}

@@ -1,0 +1,563 @@
+//! The sandbox DRA kubelet (`gpushare_sandbox::dra_kubelet`) and the Python grpcio DRA
+//! kubelet (`tests/clients/dra_kubelet_grpcio.py`), both against a small tonic DRA plugin
+//! written here: registration, prepare, unprepare after the claim is gone, the v1beta1
+//! fallback, a refused registration, and health.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::Stream;
+use gpushare_kubelet_api::dra::{health_v1, v1, v1beta1};
+use gpushare_kubelet_api::pluginregistration::registration_server::{
+    Registration, RegistrationServer,
+};
+use gpushare_kubelet_api::pluginregistration::{
+    InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
+};
+use gpushare_kubelet_api::unix_server;
+use gpushare_sandbox::apiserver::ApiServer;
+use gpushare_sandbox::dra_allocator::DraAllocator;
+use gpushare_sandbox::dra_kubelet::{ClaimOutcome, DraKubelet};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::Api;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+use crate::support::clients;
+use crate::support::socket_dir::short_tempdir;
+
+const DRIVER: &str = "test.gpushare.io";
+
+const SEED: &str = r#"
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: { name: test }
+spec:
+  selectors:
+  - cel: { expression: 'device.driver == "test.gpushare.io"' }
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: { name: node-a-test }
+spec:
+  driver: test.gpushare.io
+  nodeName: node-a
+  pool: { name: node-a, generation: 1, resourceSliceCount: 1 }
+  devices:
+  - name: gpu-0
+    allowMultipleAllocations: true
+    attributes: { uuid: { string: GPU-0 } }
+    capacity: { memory: { value: 16Gi, requestPolicy: { default: 16Gi, validRange: { min: 1Gi, step: 1Gi } } } }
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: { name: t, namespace: default }
+spec:
+  spec:
+    devices:
+      requests:
+      - { name: a, exactly: { deviceClassName: test, capacity: { requests: { memory: 2Gi } } } }
+"#;
+
+fn pod(name: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": name, "namespace": "default" },
+        "spec": {
+            "containers": [{ "name": "c", "image": "x", "resources": { "claims": [{ "name": "gpu", "request": "a" }] } }],
+            "resourceClaims": [{ "name": "gpu", "resourceClaimTemplateName": "t" }],
+        },
+    })
+}
+
+/// What the test plugin saw.
+#[derive(Default)]
+struct Seen {
+    notified: Vec<RegistrationStatus>,
+    prepared: Vec<String>,
+    unprepared: Vec<String>,
+}
+
+#[derive(Clone)]
+struct TestPlugin {
+    name: String,
+    kind: String,
+    endpoint: PathBuf,
+    versions: Vec<String>,
+    api: kube::Client,
+    seen: Arc<Mutex<Seen>>,
+    health: watch::Receiver<Vec<(String, i32)>>,
+}
+
+impl TestPlugin {
+    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The results for this driver of a claim, read from the API as a real plugin does.
+    async fn devices(&self, ns: &str, name: &str, uid: &str) -> Result<Vec<v1::Device>, String> {
+        let claim = Api::<ResourceClaim>::namespaced(self.api.clone(), ns)
+            .get(name)
+            .await
+            .map_err(|e| format!("reading claim {ns}/{name}: {e}"))?;
+        if claim.metadata.uid.as_deref() != Some(uid) {
+            return Err(format!("claim {ns}/{name} has another uid"));
+        }
+        let results = claim
+            .status
+            .and_then(|s| s.allocation)
+            .and_then(|a| a.devices)
+            .and_then(|d| d.results)
+            .ok_or_else(|| format!("claim {ns}/{name} is not allocated"))?;
+        Ok(results
+            .into_iter()
+            .filter(|r| r.driver == self.name)
+            .map(|r| v1::Device {
+                request_names: vec![r.request.clone()],
+                pool_name: r.pool.clone(),
+                cdi_device_ids: vec![format!("k8s.{}/claim={uid}-{}", self.name, r.device)],
+                device_name: r.device,
+                share_id: r.share_id,
+            })
+            .collect())
+    }
+}
+
+#[tonic::async_trait]
+impl Registration for TestPlugin {
+    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
+        Ok(Response::new(PluginInfo {
+            r#type: self.kind.clone(),
+            name: self.name.clone(),
+            endpoint: self.endpoint.display().to_string(),
+            supported_versions: self.versions.clone(),
+        }))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        request: Request<RegistrationStatus>,
+    ) -> Result<Response<RegistrationStatusResponse>, Status> {
+        self.seen().notified.push(request.into_inner());
+        Ok(Response::new(RegistrationStatusResponse {}))
+    }
+}
+
+#[tonic::async_trait]
+impl v1::dra_plugin_server::DraPlugin for TestPlugin {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<v1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
+        let mut out = v1::NodePrepareResourcesResponse::default();
+        for c in request.into_inner().claims {
+            let answer = match self.devices(&c.namespace, &c.name, &c.uid).await {
+                Ok(devices) => v1::NodePrepareResourceResponse {
+                    devices,
+                    error: String::new(),
+                },
+                Err(error) => v1::NodePrepareResourceResponse {
+                    devices: Vec::new(),
+                    error,
+                },
+            };
+            self.seen().prepared.push(c.uid.clone());
+            out.claims.insert(c.uid, answer);
+        }
+        Ok(Response::new(out))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<v1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
+        let mut out = v1::NodeUnprepareResourcesResponse::default();
+        for c in request.into_inner().claims {
+            self.seen().unprepared.push(c.uid.clone());
+            out.claims
+                .insert(c.uid, v1::NodeUnprepareResourceResponse::default());
+        }
+        Ok(Response::new(out))
+    }
+}
+
+#[tonic::async_trait]
+impl v1beta1::dra_plugin_server::DraPlugin for TestPlugin {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<v1beta1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
+        let mut out = v1beta1::NodePrepareResourcesResponse::default();
+        for c in request.into_inner().claims {
+            let answer = match self.devices(&c.namespace, &c.name, &c.uid).await {
+                Ok(devices) => v1beta1::NodePrepareResourceResponse {
+                    devices: devices
+                        .into_iter()
+                        .map(|d| v1beta1::Device {
+                            request_names: d.request_names,
+                            pool_name: d.pool_name,
+                            device_name: d.device_name,
+                            cdi_device_ids: d.cdi_device_ids,
+                        })
+                        .collect(),
+                    error: String::new(),
+                },
+                Err(error) => v1beta1::NodePrepareResourceResponse {
+                    devices: Vec::new(),
+                    error,
+                },
+            };
+            self.seen().prepared.push(c.uid.clone());
+            out.claims.insert(c.uid, answer);
+        }
+        Ok(Response::new(out))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<v1beta1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
+        let mut out = v1beta1::NodeUnprepareResourcesResponse::default();
+        for c in request.into_inner().claims {
+            self.seen().unprepared.push(c.uid.clone());
+            out.claims
+                .insert(c.uid, v1beta1::NodeUnprepareResourceResponse::default());
+        }
+        Ok(Response::new(out))
+    }
+}
+
+type HealthStream =
+    Pin<Box<dyn Stream<Item = Result<health_v1::NodeWatchResourcesResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl health_v1::dra_resource_health_server::DraResourceHealth for TestPlugin {
+    type NodeWatchResourcesStream = HealthStream;
+
+    async fn node_watch_resources(
+        &self,
+        _: Request<health_v1::NodeWatchResourcesRequest>,
+    ) -> Result<Response<HealthStream>, Status> {
+        use futures::StreamExt;
+        let stream = tokio_stream::wrappers::WatchStream::new(self.health.clone()).map(|list| {
+            Ok(health_v1::NodeWatchResourcesResponse {
+                devices: list
+                    .into_iter()
+                    .map(|(device, health)| health_v1::DeviceHealth {
+                        device: Some(health_v1::DeviceIdentifier {
+                            pool_name: "node-a".into(),
+                            device_name: device,
+                        }),
+                        health,
+                        last_updated_time: 0,
+                        health_check_timeout_seconds: 30,
+                        message: String::new(),
+                    })
+                    .collect(),
+            })
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// A running test plugin: its registration socket under `<dir>/registry`, its service
+/// socket under `<dir>/plugin`.
+struct Running {
+    plugin: TestPlugin,
+    health: watch::Sender<Vec<(String, i32)>>,
+    registration: PathBuf,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+fn serve(
+    listener: tokio::net::UnixListener,
+    router: tonic::transport::server::Router,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let _ = router
+            .serve_with_incoming(unix_server::incoming(listener))
+            .await;
+    })
+}
+
+fn start_plugin(dir: &Path, api: kube::Client, kind: &str, versions: &[&str]) -> Running {
+    let registry = dir.join("registry");
+    let plugin_dir = dir.join("plugin");
+    std::fs::create_dir_all(&registry).expect("registry dir");
+    std::fs::create_dir_all(&plugin_dir).expect("plugin dir");
+    let endpoint = plugin_dir.join("dra.sock");
+    let (health_tx, health) = watch::channel(vec![("gpu-0".to_string(), 1)]);
+    let plugin = TestPlugin {
+        name: DRIVER.into(),
+        kind: kind.into(),
+        endpoint: endpoint.clone(),
+        versions: versions.iter().map(|v| v.to_string()).collect(),
+        api,
+        seen: Arc::default(),
+        health,
+    };
+    // The service socket first: kubelet dials it right after GetInfo.
+    let service = tokio::net::UnixListener::bind(&endpoint).expect("bind dra.sock");
+    let router = tonic::transport::Server::builder()
+        .add_service(v1::dra_plugin_server::DraPluginServer::new(plugin.clone()))
+        .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(
+            plugin.clone(),
+        ))
+        .add_service(
+            health_v1::dra_resource_health_server::DraResourceHealthServer::new(plugin.clone()),
+        );
+    let t1 = serve(service, router);
+    let registration = registry.join(format!("{DRIVER}-reg.sock"));
+    let reg = tokio::net::UnixListener::bind(&registration).expect("bind reg.sock");
+    let t2 = serve(
+        reg,
+        tonic::transport::Server::builder().add_service(RegistrationServer::new(plugin.clone())),
+    );
+    Running {
+        plugin,
+        health: health_tx,
+        registration,
+        tasks: vec![t1, t2],
+    }
+}
+
+async fn cluster() -> ApiServer {
+    let server = ApiServer::start()
+        .await
+        .expect("the sandbox API server starts");
+    server.seed_yaml(SEED).expect("seed");
+    server
+}
+
+#[tokio::test]
+async fn the_dra_kubelet_registers_prepares_reads_health_and_unprepares_after_the_claim_is_gone() {
+    let server = cluster().await;
+    let dir = short_tempdir();
+    let running = start_plugin(
+        dir.path(),
+        server.client(),
+        "DRAPlugin",
+        &[v1::SERVICE, v1beta1::SERVICE, health_v1::SERVICE],
+    );
+    let kubelet =
+        DraKubelet::start(&dir.path().join("registry"), "node-a", server.client()).expect("starts");
+    let info = kubelet.wait_registered(DRIVER).await.expect("registers");
+    assert_eq!(info.endpoint, dir.path().join("plugin/dra.sock"));
+    assert_eq!(info.health_service.as_deref(), Some(health_v1::SERVICE));
+    assert!(
+        running
+            .plugin
+            .seen()
+            .notified
+            .iter()
+            .any(|s| s.plugin_registered),
+        "the plugin is told it is registered"
+    );
+
+    server.create_object(pod("p")).expect("pod");
+    let allocator = DraAllocator::new(server.client());
+    assert_eq!(allocator.reconcile().await.expect("a pass").bound.len(), 1);
+    let report = kubelet.sync().await.expect("a sync");
+    assert_eq!(report.prepared, ["default/p"]);
+    let uid = server
+        .get_object("pods", Some("default"), "p")
+        .expect("pod")["metadata"]["uid"]
+        .as_str()
+        .expect("uid")
+        .to_string();
+    let claims = kubelet.prepared(&uid).expect("recorded");
+    assert_eq!(claims.len(), 1);
+    assert_eq!(claims[0].service, v1::SERVICE);
+    let ClaimOutcome::Prepared(devices) = &claims[0].outcome else {
+        panic!("prepared: {claims:?}");
+    };
+    assert_eq!(devices[0].device, "gpu-0");
+    assert_eq!(devices[0].request_names, ["a"]);
+    assert_eq!(
+        devices[0].cdi_device_ids,
+        [format!("k8s.{DRIVER}/claim={}-gpu-0", claims[0].uid)]
+    );
+    assert!(devices[0].share_id.is_some(), "v1 carries the share id");
+    // A second sync does not prepare again.
+    assert!(kubelet.sync().await.expect("sync").prepared.is_empty());
+
+    running.health.send_replace(vec![("gpu-0".into(), 2)]);
+    kubelet
+        .wait_plugins("gpu-0 unhealthy", |ps| {
+            ps.iter().any(|p| {
+                p.health
+                    .iter()
+                    .any(|h| h.device == "gpu-0" && h.health == "UNHEALTHY")
+            })
+        })
+        .await
+        .expect("the health change arrives");
+
+    // The pod finishes; the allocator deletes its claim; unprepare still works.
+    server
+        .set_pod_phase("default", "p", "Succeeded")
+        .expect("phase");
+    assert_eq!(
+        allocator.reconcile().await.expect("a pass").released.len(),
+        1
+    );
+    assert!(
+        server
+            .get_object("resourceclaims", Some("default"), &claims[0].name)
+            .is_none()
+    );
+    let report = kubelet.sync().await.expect("a sync");
+    assert_eq!(report.unprepared, std::slice::from_ref(&uid));
+    assert_eq!(running.plugin.seen().unprepared, [claims[0].uid.clone()]);
+    assert!(kubelet.prepared(&uid).is_none());
+
+    // The socket goes away: the plugin is forgotten.
+    std::fs::remove_file(&running.registration).expect("remove");
+    kubelet
+        .wait_plugins("the plugin to go", |ps| ps.is_empty())
+        .await
+        .expect("forgotten");
+}
+
+#[tokio::test]
+async fn a_v1beta1_plugin_is_called_through_v1beta1_and_a_wrong_type_is_refused() {
+    let server = cluster().await;
+    let dir = short_tempdir();
+    let running = start_plugin(
+        dir.path(),
+        server.client(),
+        "DRAPlugin",
+        &[v1beta1::SERVICE],
+    );
+    let kubelet =
+        DraKubelet::start(&dir.path().join("registry"), "node-a", server.client()).expect("starts");
+    kubelet.wait_registered(DRIVER).await.expect("registers");
+    server.create_object(pod("p")).expect("pod");
+    DraAllocator::new(server.client())
+        .reconcile()
+        .await
+        .expect("a pass");
+    let claims = kubelet.prepare_pod("default", "p").await.expect("prepares");
+    assert_eq!(claims[0].service, v1beta1::SERVICE);
+    let ClaimOutcome::Prepared(devices) = &claims[0].outcome else {
+        panic!("prepared: {claims:?}");
+    };
+    assert_eq!(devices[0].share_id, None, "v1beta1 has no share id");
+    drop(running);
+
+    let dir = short_tempdir();
+    let wrong = start_plugin(dir.path(), server.client(), "CSIPlugin", &[v1::SERVICE]);
+    let kubelet =
+        DraKubelet::start(&dir.path().join("registry"), "node-a", server.client()).expect("starts");
+    let plugins = kubelet
+        .wait_plugins("a refusal", |ps| ps.iter().any(|p| p.error.is_some()))
+        .await
+        .expect("refused");
+    assert!(!plugins[0].registered);
+    assert!(
+        plugins[0]
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("CSIPlugin"))
+    );
+    let notified = &wrong.plugin.seen().notified;
+    assert!(
+        notified
+            .iter()
+            .any(|s| !s.plugin_registered && s.error.contains("CSIPlugin")),
+        "{notified:?}"
+    );
+}
+
+/// The Python grpcio DRA kubelet against the tonic plugin, with the socket path as
+/// `:authority` (kubelet <= 1.25) and with `localhost`.
+#[tokio::test]
+async fn grpcio_dra_kubelet_registers_prepares_watches_health_and_unprepares() {
+    let Some(python) = clients::python_with(&["grpc", "grpc_tools"]) else {
+        return;
+    };
+    let server = cluster().await;
+    server.create_object(pod("p")).expect("pod");
+    DraAllocator::new(server.client())
+        .reconcile()
+        .await
+        .expect("a pass");
+    let claims: Vec<ResourceClaim> = Api::<ResourceClaim>::namespaced(server.client(), "default")
+        .list(&Default::default())
+        .await
+        .expect("claims")
+        .items;
+    let claim = &claims[0];
+    let uid = claim.metadata.uid.clone().expect("uid");
+    let name = claim.metadata.name.clone().expect("name");
+    let dir = short_tempdir();
+    let running = start_plugin(
+        dir.path(),
+        server.client(),
+        "DRAPlugin",
+        &[v1::SERVICE, v1beta1::SERVICE, health_v1::SERVICE],
+    );
+    let script = clients::repo_root().join("tests/clients/dra_kubelet_grpcio.py");
+    for authority in ["path", "localhost"] {
+        let out = tokio::time::timeout(
+            Duration::from_secs(60),
+            tokio::process::Command::new(&python)
+                .arg(&script)
+                .arg("--socket")
+                .arg(&running.registration)
+                .args([
+                    "--authority",
+                    authority,
+                    "--prepare",
+                    "--health",
+                    "--unprepare",
+                ])
+                .arg("--claim")
+                .arg(format!("default/{uid}/{name}"))
+                .arg("--claim")
+                .arg("default/no-such-uid/gone")
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .expect("the python kubelet finishes within a minute")
+        .expect("the python kubelet runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let report: Value = serde_json::from_str(stdout.trim())
+            .unwrap_or_else(|e| panic!("no JSON ({e}): {stdout}\n{stderr}"));
+        assert_eq!(out.status.code(), Some(0), "{report}\n{stderr}");
+        assert_eq!(report["info"]["type"], "DRAPlugin");
+        assert_eq!(report["info"]["name"], DRIVER);
+        assert_eq!(report["api"], "v1");
+        let prepared = &report["prepare"][&uid];
+        assert_eq!(prepared["error"], "", "{report}");
+        assert_eq!(prepared["devices"][0]["device"], "gpu-0");
+        assert!(prepared["devices"][0]["share_id"].is_string(), "{report}");
+        assert!(
+            report["prepare"]["no-such-uid"]["error"]
+                .as_str()
+                .is_some_and(|e| !e.is_empty()),
+            "a claim that does not exist gets its own error: {report}"
+        );
+        assert_eq!(report["health"][0]["health"], "HEALTHY");
+        assert_eq!(report["health_api"], "health_v1");
+        assert_eq!(report["unprepare"][&uid], "");
+    }
+    let seen = running.plugin.seen();
+    assert!(seen.notified.iter().filter(|s| s.plugin_registered).count() >= 2);
+    let prepared: BTreeSet<&String> = seen.prepared.iter().collect();
+    assert!(prepared.contains(&uid));
+}
