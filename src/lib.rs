@@ -12,7 +12,8 @@
 //!   └────────────────────────────────┘  patch annotations └─────────────┘
 //!                                       + Binding                ▲
 //!                                                                │ watch own pods, patch
-//!   kubelet ──Register/ListAndWatch/Allocate (gRPC, UDS)──► device-plugin ──► GPU backend
+//!   kubelet ──Register/ListAndWatch/Allocate (gRPC, UDS)──► device-plugin ──► node agent
+//!                                     (GPUs, unit, health, MPS, contract) ──► GPU backend
 //!                                                          (nvml | nvidia-smi | fake)
 //!   doctor: checks every box above before the roles start, and on demand.
 //! ```
@@ -24,7 +25,8 @@
 //!   generated gRPC code) and `gpushare-sandbox` (a throwaway cluster for tests and
 //!   `gpushare demo`, linked only with the `demo` feature);
 //! - infrastructure every role may use: [`buildinfo`], [`config`], [`telemetry`],
-//!   [`shutdown`], [`admin`], [`exposition`], [`http_server`], [`k8s`], [`gpu`];
+//!   [`shutdown`], [`admin`], [`exposition`], [`http_server`], [`k8s`], [`gpu`], and
+//!   [`node`] (the GPU node agent the node roles share);
 //! - the roles, which never import each other: [`extender`], [`deviceplugin`], [`inspect`],
 //!   [`doctor`], [`webhook`] (admission webhook of managed clusters);
 //! - the composers: [`cli`] (the only dispatch to the roles, and the preflight) and `demo`.
@@ -46,6 +48,7 @@ pub mod gpu;
 pub mod http_server;
 pub mod inspect;
 pub mod k8s;
+pub mod node;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tls;

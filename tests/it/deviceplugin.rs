@@ -67,7 +67,7 @@ async fn device_lists_count_every_unit_of_every_gpu() {
         ("1x16160MiB", "GiB", 15),
     ] {
         let c = cluster(gpus, |cfg| {
-            cfg.device_plugin.memory_unit = unit.parse().expect("unit");
+            cfg.node.memory_unit = unit.parse().expect("unit");
         })
         .await;
         let devices = c.kubelet.devices(RESOURCE);
@@ -127,10 +127,10 @@ async fn the_4mib_guard_refuses_mib_on_8x80gib_and_names_a_unit() {
     let api = ApiServer::start().await.expect("api");
     api.seed_yaml(&node_yaml("")).expect("node");
     let mut config = Config::default();
-    config.device_plugin.node_name = NODE.to_string();
+    config.node.node_name = NODE.to_string();
     config.device_plugin.device_plugin_dir = dir.path().join("device-plugins");
     config.device_plugin.admin_address = String::new();
-    config.device_plugin.memory_unit = "MiB".parse().expect("unit");
+    config.node.memory_unit = "MiB".parse().expect("unit");
     let backend = FakeBackend::from_spec("8x80GiB").expect("spec");
     let err = deviceplugin::start(
         &config,
@@ -160,7 +160,7 @@ async fn the_4mib_guard_refuses_mib_on_8x80gib_and_names_a_unit() {
 async fn demo_a1_binpack_three_pods_through_allocate() {
     // Demo 1: MiB units, 2 GPUs x 16276 MiB, three pods of 8138 bound by the extender.
     let c = cluster("2x16276MiB", |cfg| {
-        cfg.device_plugin.memory_unit = "MiB".parse().expect("unit");
+        cfg.node.memory_unit = "MiB".parse().expect("unit");
         cfg.device_plugin.admin_address = "127.0.0.1:0".to_string();
     })
     .await;
@@ -364,7 +364,7 @@ fn healthy_per_gpu(devices: &[Device], uuid: &str) -> Option<bool> {
 #[tokio::test]
 async fn health_fatal_stays_down_application_ignored_transient_recovers() {
     let c = cluster("2x16GiB", |cfg| {
-        cfg.device_plugin.health_recovery_secs = 1;
+        cfg.node.health_recovery_secs = 1;
     })
     .await;
     c.wait_for("the health watcher", |c| c.health.subscribers() > 0)

@@ -18,6 +18,7 @@ const INFRA: &[&str] = &[
     "gpu",
     "http_server",
     "k8s",
+    "node",
     "shutdown",
     "telemetry",
     "tls",

@@ -51,9 +51,9 @@ async fn starts_the_daemon_sets_per_gpu_defaults_hands_out_the_pipe_and_stops_it
     let c = cluster("16GiB,24GiB", |cfg| {
         fake.configure(cfg);
         with_admin(cfg);
-        cfg.device_plugin.mps_active_thread_percentage = 40;
-        cfg.device_plugin.mps_pinned_mem_limit_mib = 20480;
-        cfg.device_plugin.mps_shm_dir = fake.shm_dir.clone();
+        cfg.node.mps_active_thread_percentage = 40;
+        cfg.node.mps_pinned_mem_limit_mib = 20480;
+        cfg.node.mps_shm_dir = fake.shm_dir.clone();
     })
     .await;
     assert_eq!(fake.starts(), 1, "{:?}", fake.commands());

@@ -10,7 +10,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::pods::list_node_pods;
+use super::api::list_node_pods;
 use crate::core::MemoryUnit;
 use crate::k8s::retry::retry_attempts;
 use crate::k8s::{pod_annotations, pod_gpu_request, pod_is_terminal};

@@ -1,4 +1,4 @@
-//! What the device plugin writes about its node: `aliyun.com/gpu-count` in the status
+//! What the node agent writes about its node: `aliyun.com/gpu-count` in the status
 //! (upstream contract), the per-GPU memory and health in `gpushare.io/devices` plus the unit in
 //! `gpushare.io/memory-unit` (ours, read by the extender and inspect), and Warning Events.
 //!
@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
 use super::api::bounded;
-use super::devices::ServedGpu;
+use super::gpus::ServedGpu;
 use crate::core::MemoryUnit;
 use crate::core::wire::{
     LABEL_CGPU_DISABLE, NODE_ANN_DEVICES, NODE_ANN_EXCLUDED_GPUS, NODE_ANN_MEMORY_UNIT,
@@ -22,7 +22,7 @@ use crate::k8s::project::PublishedGpu;
 use crate::k8s::retry::retry_attempts;
 use crate::k8s::write::{patch_node_annotations, patch_node_gpu_count};
 
-/// What the plugin read from its Node at start.
+/// What the node agent read from its Node at start.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct NodeFacts {
     /// `metadata.uid`.
@@ -127,22 +127,41 @@ pub(crate) async fn publish_devices(
     Ok(())
 }
 
-/// Raises a Warning Event on this node (best effort; repeats fold into a series).
-pub(crate) async fn warn_event(
-    events: &Events,
-    node: &str,
-    node_uid: &str,
-    action: &str,
-    reason: &str,
-    message: &str,
-) {
-    events
-        .publish(
-            &node_reference(node, node_uid),
-            Severity::Warning,
-            action,
-            reason,
-            message,
-        )
-        .await;
+/// The node's Warning Events (events.k8s.io/v1, repeats folded into a series): the sink the
+/// node agent, its MPS supervisor and the node roles raise them through.
+#[derive(Clone, Debug)]
+pub struct NodeEvents {
+    events: Events,
+    node: String,
+    node_uid: String,
+}
+
+impl NodeEvents {
+    /// Events about `node` (`node_uid`) published by `events`.
+    pub fn new(events: Events, node: &str, node_uid: &str) -> NodeEvents {
+        NodeEvents {
+            events,
+            node: node.to_string(),
+            node_uid: node_uid.to_string(),
+        }
+    }
+
+    /// Raises a Warning Event on this node (best effort: a failure is logged).
+    pub async fn warn(&self, action: &str, reason: &str, message: &str) {
+        self.events
+            .publish(
+                &node_reference(&self.node, &self.node_uid),
+                Severity::Warning,
+                action,
+                reason,
+                message,
+            )
+            .await;
+    }
+
+    /// [`NodeEvents::warn`] in a task of its own, so the caller never waits for the API server.
+    pub fn warn_soon(&self, action: &'static str, reason: &'static str, message: String) {
+        let events = self.clone();
+        tokio::spawn(async move { events.warn(action, reason, &message).await });
+    }
 }
