@@ -632,6 +632,7 @@ async fn follow_mps(
     stop: Shutdown,
 ) {
     let mut restarts_seen = 0;
+    let mut first = true;
     loop {
         let now = *state.borrow_and_update();
         plugin.metrics.mps_daemon_up.set(i64::from(now.serving));
@@ -640,7 +641,12 @@ async fn follow_mps(
             plugin.metrics.mps_daemon_restarts.inc_by(new);
             restarts_seen = now.restarts;
         }
-        plugin.update_ready();
+        // The state at start is read by the registration's own readiness update; only a
+        // change after it is this task's to apply (no stale write over a fresh one).
+        if !first {
+            plugin.update_ready();
+        }
+        first = false;
         tokio::select! {
             _ = stop.clone().wait() => return,
             changed = state.changed() => if changed.is_err() { return },
