@@ -72,7 +72,7 @@ test-gpu: ## tests against a real GPU
 	$(CARGO) test $(CI_FLAGS) --test it -- --ignored gpu_
 
 layers: ## the house rules: roles never import each other, core links nothing outside, no sandbox without `demo`, typed errors, tests share through support only
-	$(CARGO) test $(CI_FLAGS) --test it -- layers::
+	$(CARGO) test $(CI_FLAGS) --test layers
 
 lint: ## cargo fmt --check and clippy with warnings denied
 	$(CARGO) fmt --all -- --check

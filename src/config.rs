@@ -369,6 +369,9 @@ fn comma_paths<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<PathBuf>, D
         .collect())
 }
 
+/// The kernel log the nvidia-smi backend reads `NVRM: Xid` lines from by default.
+pub const DEFAULT_KMSG: &str = "/dev/kmsg";
+
 /// The CDI kind nvidia-ctk and the GPU Operator write for whole GPUs.
 pub const DEFAULT_CDI_KIND: &str = "nvidia.com/gpu";
 /// The CDI annotation prefix containerd and CRI-O read.
@@ -561,7 +564,7 @@ impl Default for GpuConfig {
             fake_gpus: String::new(),
             nvml_library: String::new(),
             nvidia_smi: "nvidia-smi".to_string(),
-            kmsg_path: crate::gpu::nvidia_smi::DEFAULT_KMSG.to_string(),
+            kmsg_path: DEFAULT_KMSG.to_string(),
             kmsg_replay: false,
         }
     }

@@ -19,7 +19,6 @@ mod ha_replicas;
 mod handover;
 mod hostile;
 mod inspect;
-mod layers;
 mod mps;
 mod packaging;
 mod realdata;
