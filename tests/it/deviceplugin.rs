@@ -1,7 +1,8 @@
 //! `gpushare device-plugin` over real unix sockets against the sandbox kubelet and API server,
 //! with fake GPUs: registration and re-registration, device lists, the 4 MiB guard, node
 //! publishing, Allocate matching (demo A1, reverse order, multi-container, init containers),
-//! failures, single-GPU fallback, health and recovery, API errors, and NVML missing.
+//! failures, single-GPU fallback, health and recovery, API errors, NVML missing, and the
+//! node agent's one-path-per-GPU rule.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use gpushare::deviceplugin;
 use gpushare::gpu::HealthEvent;
 use gpushare::gpu::fake::{FakeBackend, fake_uuid};
 use gpushare::kubelet_api::deviceplugin::Device;
+use gpushare::node::paths::ServingPath;
 use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
 
 use crate::support::deviceplugin_cluster::{
@@ -26,6 +28,28 @@ fn ids_per_gpu(devices: &[Device]) -> BTreeMap<String, usize> {
         *per.entry(uuid_of(&d.id)).or_insert(0) += 1;
     }
     per
+}
+
+#[tokio::test]
+async fn a_gpu_the_device_plugin_serves_is_refused_to_another_path_until_it_stops() {
+    let c = cluster("2x16GiB", |_| {}).await;
+    let agent = c.plugin().agent().clone();
+    assert_eq!(agent.path_of(0), Some(ServingPath::DevicePlugin));
+    assert_eq!(agent.path_of(1), Some(ServingPath::DevicePlugin));
+    let err = agent
+        .offer(ServingPath::Dra, [1])
+        .expect_err("the device plugin offers GPU 1");
+    assert_eq!(err.held, ServingPath::DevicePlugin);
+    assert_eq!(err.indices, [1]);
+    c.stop().await;
+    // Stopped, the device plugin gave its GPUs back to the agent.
+    assert_eq!(agent.path_of(1), None);
+    let offered = agent
+        .offer(ServingPath::Dra, [1])
+        .expect("free once the device plugin stopped");
+    assert_eq!(offered.len(), 1);
+    assert_eq!(offered[0].index, 1);
+    assert_eq!(agent.path_of(0), None);
 }
 
 #[tokio::test]
