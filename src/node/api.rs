@@ -18,7 +18,7 @@ pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Why an API call of the node agent or a node role did not succeed.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum ApiCallError {
+pub enum ApiCallError {
     /// The API server (or the connection to it) answered with an error.
     #[error(transparent)]
     Kube(#[from] kube::Error),
@@ -30,7 +30,7 @@ pub(crate) enum ApiCallError {
 impl ApiCallError {
     /// Whether the request may have taken effect although it did not succeed here (no answer,
     /// or the connection broke after the request was sent).
-    pub(crate) fn outcome_unknown(&self) -> bool {
+    pub fn outcome_unknown(&self) -> bool {
         match self {
             ApiCallError::TimedOut(_) => true,
             ApiCallError::Kube(e) => {

@@ -46,6 +46,7 @@ use crate::gpu::{GpuBackend, Inventory};
 use crate::k8s::events::Events;
 use crate::shutdown::Shutdown;
 
+use api::ApiCallError;
 use contract::NodeTraits;
 use gpus::ServedGpu;
 use health::{HealthTracker, HealthView};
@@ -85,6 +86,63 @@ pub async fn connect(
     let wait = Duration::from_secs(config.cluster.api_wait_secs);
     crate::k8s::reachable::wait_for_api(&config.cluster.kubeconfig, wait, role).await?;
     Ok((client, backend))
+}
+
+/// Why the node agent did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// No node name configured.
+    #[error("the node name is required (--node-name or NODE_NAME)")]
+    NoNodeName,
+    /// The GPU backend did not list the GPUs.
+    #[error("reading the GPUs: {0}")]
+    Gpus(crate::gpu::Error),
+    /// The backend found GPUs, but none can be shared (or none at all).
+    #[error("the {backend} backend found no GPU to share on this node{excluded}")]
+    NoGpu {
+        /// The backend.
+        backend: &'static str,
+        /// `; GPU <i> <uuid>: <reason>` for each GPU left out.
+        excluded: String,
+    },
+    /// The Node object could not be read.
+    #[error("cannot read node {node:?} (is --node-name right?): {error}")]
+    ReadNode {
+        /// The node.
+        node: String,
+        /// The API's answer (or its absence).
+        error: ApiCallError,
+    },
+    /// The unit changes, and the pods that would block it could not be listed.
+    #[error(
+        "the node's GPU memory is published in {recorded} and --memory-unit asks for \
+         {configured}: cannot list the node's pods to check that none was placed under \
+         {recorded}: {error}"
+    )]
+    UnitCheck {
+        /// The unit the node published.
+        recorded: MemoryUnit,
+        /// The unit configured.
+        configured: MemoryUnit,
+        /// The API's answer (or its absence).
+        error: ApiCallError,
+    },
+    /// The gpu-count status patch failed.
+    #[error("cannot patch aliyun.com/gpu-count on node {node}: {error}")]
+    PublishGpuCount {
+        /// The node.
+        node: String,
+        /// The API's answer (or its absence).
+        error: ApiCallError,
+    },
+    /// An annotation patch failed.
+    #[error("cannot patch the device annotations of node {node}: {error}")]
+    PublishDevices {
+        /// The node.
+        node: String,
+        /// The API's answer (or its absence).
+        error: ApiCallError,
+    },
 }
 
 /// The node agent, shared by the roles of the process.
@@ -143,29 +201,28 @@ impl NodeAgent {
         config: &NodeConfig,
         client: kube::Client,
         backend: Arc<dyn GpuBackend>,
-    ) -> anyhow::Result<PreparedAgent> {
+    ) -> Result<PreparedAgent, AgentError> {
         let mut config = config.clone();
         let node = config.node_name.trim().to_string();
-        anyhow::ensure!(
-            !node.is_empty(),
-            "the node name is required (--node-name or NODE_NAME)"
-        );
+        if node.is_empty() {
+            return Err(AgentError::NoNodeName);
+        }
         let inventory = crate::gpu::inventory_off_runtime(&backend)
             .await
-            .map_err(|e| anyhow::anyhow!("reading the GPUs: {e}"))?;
+            .map_err(AgentError::Gpus)?;
         for g in &inventory.excluded {
             tracing::warn!(index = g.index, uuid = %g.uuid, reason = %g.reason, "GPU not offered");
         }
-        anyhow::ensure!(
-            !inventory.devices.is_empty(),
-            "the {} backend found no GPU to share on this node{}",
-            inventory.backend,
-            inventory
-                .excluded
-                .iter()
-                .map(|g| format!("; GPU {} {}: {}", g.index, g.uuid, g.reason))
-                .collect::<String>()
-        );
+        if inventory.devices.is_empty() {
+            return Err(AgentError::NoGpu {
+                backend: inventory.backend,
+                excluded: inventory
+                    .excluded
+                    .iter()
+                    .map(|g| format!("; GPU {} {}: {}", g.index, g.uuid, g.reason))
+                    .collect(),
+            });
+        }
         let facts = publish::read_node(&client, &node).await?;
         let unit = unit_change::decide(
             &client,
@@ -299,7 +356,7 @@ impl PreparedAgent {
     /// refusal's Event) and starts the MPS supervisor (the daemon answers, or is known not
     /// to, before this returns) and the health task, until `shutdown` or
     /// [`NodeAgentHandle::stop`].
-    pub async fn start(self, shutdown: Shutdown) -> anyhow::Result<NodeAgentHandle> {
+    pub async fn start(self, shutdown: Shutdown) -> Result<NodeAgentHandle, AgentError> {
         let PreparedAgent {
             config,
             node,

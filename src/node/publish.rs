@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
+use super::AgentError;
 use super::api::bounded;
 use super::gpus::ServedGpu;
 use crate::core::MemoryUnit;
@@ -34,11 +35,14 @@ pub(crate) struct NodeFacts {
 }
 
 /// Reads the node (it must exist).
-pub(crate) async fn read_node(client: &kube::Client, node: &str) -> anyhow::Result<NodeFacts> {
+pub(crate) async fn read_node(client: &kube::Client, node: &str) -> Result<NodeFacts, AgentError> {
     let api: Api<Node> = Api::all(client.clone());
     let n = retry_attempts(4, || bounded(api.get(node)))
         .await
-        .map_err(|e| anyhow::anyhow!("cannot read node {node:?} (is --node-name right?): {e}"))?;
+        .map_err(|error| AgentError::ReadNode {
+            node: node.to_string(),
+            error,
+        })?;
     let cgpu_disable = n
         .metadata
         .labels
@@ -63,10 +67,13 @@ pub(crate) async fn publish_gpu_count(
     client: &kube::Client,
     node: &str,
     count: usize,
-) -> anyhow::Result<()> {
+) -> Result<(), AgentError> {
     retry_attempts(4, || bounded(patch_node_gpu_count(client, node, count)))
         .await
-        .map_err(|e| anyhow::anyhow!("cannot patch aliyun.com/gpu-count on node {node}: {e}"))?;
+        .map_err(|error| AgentError::PublishGpuCount {
+            node: node.to_string(),
+            error,
+        })?;
     Ok(())
 }
 
@@ -118,12 +125,15 @@ pub(crate) async fn publish_devices(
     client: &kube::Client,
     node: &str,
     annotations: &BTreeMap<String, String>,
-) -> anyhow::Result<()> {
+) -> Result<(), AgentError> {
     retry_attempts(4, || {
         bounded(patch_node_annotations(client, node, annotations))
     })
     .await
-    .map_err(|e| anyhow::anyhow!("cannot patch the device annotations of node {node}: {e}"))?;
+    .map_err(|error| AgentError::PublishDevices {
+        node: node.to_string(),
+        error,
+    })?;
     Ok(())
 }
 
