@@ -65,6 +65,7 @@ use crate::gpu::GpuBackend;
 use crate::kubelet_api::deviceplugin::ListAndWatchResponse;
 use crate::node::gpus::ServedGpu;
 use crate::node::health::HealthView;
+use crate::node::mps::MpsState;
 use crate::node::paths::ServingPath;
 use crate::node::{NodeAgent, NodeAgentHandle, PreparedAgent};
 use crate::shutdown::Shutdown;
@@ -391,6 +392,17 @@ impl Plugin {
         self.config.device_plugin_dir.join(PLUGIN_SOCKET)
     }
 
+    /// Puts the MPS daemon's state into the metrics (the restarts after `restarts_seen`);
+    /// returns the restarts seen now.
+    fn mps_metrics(&self, now: MpsState, restarts_seen: u64) -> u64 {
+        self.metrics.mps_daemon_up.set(i64::from(now.serving));
+        let new = now.restarts.saturating_sub(restarts_seen);
+        if new > 0 {
+            self.metrics.mps_daemon_restarts.inc_by(new);
+        }
+        now.restarts.max(restarts_seen)
+    }
+
     /// Ready while registered with kubelet and, with `--mps`, while the MPS daemon serves.
     pub(crate) fn update_ready(&self) {
         let registered = self.metrics.registered.get() == 1;
@@ -549,9 +561,14 @@ pub async fn serve(
         stop.clone(),
     )));
     if let Some(status) = agent.mps() {
+        // The state now is in the metrics before kubelet can ask; the task follows changes.
+        let mut state = status.subscribe();
+        let now = *state.borrow_and_update();
+        plugin.mps_metrics(now, 0);
         tasks.push(tokio::spawn(follow_mps(
             plugin.clone(),
-            status.subscribe(),
+            state,
+            now.restarts,
             stop.clone(),
         )));
     }
@@ -625,31 +642,22 @@ async fn follow_health(
     }
 }
 
-/// Follows the agent's MPS daemon into the readiness and the MPS metrics until `stop`.
+/// Follows the changes of the agent's MPS daemon into the MPS metrics and the readiness until
+/// `stop` (the state at start is in the metrics already, and the registration's own readiness
+/// update reads it).
 async fn follow_mps(
     plugin: Arc<Plugin>,
-    mut state: watch::Receiver<crate::node::mps::MpsState>,
+    mut state: watch::Receiver<MpsState>,
+    mut restarts_seen: u64,
     stop: Shutdown,
 ) {
-    let mut restarts_seen = 0;
-    let mut first = true;
     loop {
-        let now = *state.borrow_and_update();
-        plugin.metrics.mps_daemon_up.set(i64::from(now.serving));
-        let new = now.restarts.saturating_sub(restarts_seen);
-        if new > 0 {
-            plugin.metrics.mps_daemon_restarts.inc_by(new);
-            restarts_seen = now.restarts;
-        }
-        // The state at start is read by the registration's own readiness update; only a
-        // change after it is this task's to apply (no stale write over a fresh one).
-        if !first {
-            plugin.update_ready();
-        }
-        first = false;
         tokio::select! {
             _ = stop.clone().wait() => return,
             changed = state.changed() => if changed.is_err() { return },
         }
+        let now = *state.borrow_and_update();
+        restarts_seen = plugin.mps_metrics(now, restarts_seen);
+        plugin.update_ready();
     }
 }

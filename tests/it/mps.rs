@@ -85,7 +85,9 @@ async fn starts_the_daemon_sets_per_gpu_defaults_hands_out_the_pipe_and_stops_it
             ),
         ]
     );
-    assert_eq!(readyz(&c), 200);
+    // kubelet lists the devices as soon as it answers Register; the plugin marks itself
+    // registered when that answer reaches it.
+    c.wait_for("ready", |c| readyz(c) == 200).await;
     assert_eq!(
         metric(&c, "gpushare_device_plugin_mps_daemon_up"),
         Some(1.0)
@@ -128,7 +130,9 @@ async fn adopts_a_daemon_already_running_and_leaves_it_running() {
         fake.sent("set_default_active_thread_percentage").is_empty(),
         "0 leaves the percentage alone"
     );
-    assert_eq!(readyz(&c), 200);
+    // kubelet lists the devices as soon as it answers Register; the plugin marks itself
+    // registered when that answer reaches it.
+    c.wait_for("ready", |c| readyz(c) == 200).await;
     c.bound_pod("p", &[("main", 2)], Some(0), 1);
     c.allocate("p", "main", 2).await.expect("allocated");
     c.stop().await;
@@ -191,7 +195,9 @@ async fn while_the_daemon_is_down_allocate_refuses_and_the_plugin_is_not_ready()
         with_admin(cfg);
     })
     .await;
-    assert_eq!(readyz(&c), 200);
+    // kubelet lists the devices as soon as it answers Register; the plugin marks itself
+    // registered when that answer reaches it.
+    c.wait_for("ready", |c| readyz(c) == 200).await;
     fake.refuse_starts(true);
     fake.kill();
     c.wait_for("not ready", |c| readyz(c) == 503).await;
