@@ -140,7 +140,7 @@ pub async fn serve(
         .await
         .map_err(|e| anyhow::anyhow!("admin address {address}: {e}"))?;
     let local = listener.local_addr()?;
-    let metrics = ServerMetrics::register(&state);
+    let metrics = state.with_registry(ServerMetrics::register);
     let handler = move |req: http::Request<hyper::body::Incoming>| {
         let accept = req
             .headers()

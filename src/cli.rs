@@ -253,10 +253,10 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<ExitCode> 
         }
         Command::DevicePlugin(args) => {
             crate::buildinfo::ensure_server_platform("device-plugin")?;
-            deviceplugin::check_required(&config).map_err(failure::config)?;
+            crate::node::check_required(&config).map_err(failure::config)?;
             crate::gpu::check_config(&config.gpu).map_err(failure::config)?;
             preflight(doctor::Role::Node, &config).await?;
-            deviceplugin::run(args, config).await
+            run_node(args, config).await
         }
         Command::Inspect(args) => inspect::run(args, config).await,
         Command::Doctor(args) => doctor::run(args, config).await,
@@ -265,6 +265,19 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<ExitCode> 
         Command::Demo(args) => demo::run(args, config).await,
         Command::Version => Ok(ExitCode::SUCCESS),
     }
+}
+
+/// Builds the process's one node agent and hands it to the node role.
+async fn run_node(args: deviceplugin::Args, config: Config) -> anyhow::Result<ExitCode> {
+    let (trigger, _) = crate::shutdown::channel();
+    let shutdown = crate::shutdown::on_signals(trigger);
+    let (client, backend) = crate::node::connect(&config, "device-plugin").await?;
+    let prepared = crate::node::NodeAgent::prepare(&config.node, client, backend).await?;
+    deviceplugin::admit(&prepared)?;
+    let agent = prepared.start(shutdown.clone()).await?;
+    let result = deviceplugin::run(args, &config, agent.agent().clone(), shutdown).await;
+    agent.stop().await;
+    result
 }
 
 /// The doctor preflight of a server role, unless `doctor.skip` (`--skip-doctor`).

@@ -37,8 +37,10 @@ pub struct Config {
     pub cluster: ClusterConfig,
     /// `gpushare extender`.
     pub extender: ExtenderConfig,
-    /// `gpushare device-plugin`.
+    /// `gpushare device-plugin` (the kubelet protocol).
     pub device_plugin: DevicePluginConfig,
+    /// The GPU node agent: node name, memory unit, hand-over, health, MPS.
+    pub node: NodeConfig,
     /// GPU access (device plugin and doctor).
     pub gpu: GpuConfig,
     /// The preflight run before the server roles.
@@ -47,6 +49,9 @@ pub struct Config {
     pub http: HttpConfig,
     /// `gpushare webhook`.
     pub webhook: WebhookConfig,
+    /// Keys this configuration was given under their old names (not a key itself).
+    #[serde(skip)]
+    pub deprecated: Vec<DeprecatedKey>,
 }
 
 /// Log verbosity.
@@ -364,6 +369,9 @@ fn comma_paths<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<PathBuf>, D
         .collect())
 }
 
+/// The kernel log the nvidia-smi backend reads `NVRM: Xid` lines from by default.
+pub const DEFAULT_KMSG: &str = "/dev/kmsg";
+
 /// The CDI kind nvidia-ctk and the GPU Operator write for whole GPUs.
 pub const DEFAULT_CDI_KIND: &str = "nvidia.com/gpu";
 /// The CDI annotation prefix containerd and CRI-O read.
@@ -382,16 +390,39 @@ pub enum AllocateFailure {
     Error,
 }
 
-/// `[device_plugin]`
+/// `[device_plugin]`: the kubelet protocol of `gpushare device-plugin`. The node concerns it
+/// held before (node name, memory unit, hand-over strategies, health, MPS) are in `[node]`;
+/// their old `device_plugin.<key>` spellings still work ([`NODE_KEYS`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DevicePluginConfig {
-    /// This node's name (upstream env `NODE_NAME`); required.
-    pub node_name: String,
     /// kubelet's device-plugin directory.
     pub device_plugin_dir: PathBuf,
     /// kubelet's pod-resources socket (used when it exists).
     pub pod_resources_socket: PathBuf,
+    /// env | error.
+    pub allocate_failure: AllocateFailure,
+    /// Address of /healthz, /readyz and /metrics; empty disables them.
+    pub admin_address: String,
+}
+
+impl Default for DevicePluginConfig {
+    fn default() -> Self {
+        DevicePluginConfig {
+            device_plugin_dir: PathBuf::from(crate::core::wire::DEFAULT_DEVICE_PLUGIN_DIR),
+            pod_resources_socket: PathBuf::from(crate::core::wire::DEFAULT_POD_RESOURCES_SOCKET),
+            allocate_failure: AllocateFailure::Env,
+            admin_address: "0.0.0.0:9101".to_string(),
+        }
+    }
+}
+
+/// `[node]`: what the GPU node agent (`crate::node`) needs, whichever role serves the GPUs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeConfig {
+    /// This node's name (upstream env `NODE_NAME`); required.
+    pub node_name: String,
     /// GiB | MiB | <n>MiB: the size of one unit of aliyun.com/gpu-mem.
     pub memory_unit: MemoryUnit,
     /// index | uuid: the GPU's name in NVIDIA_VISIBLE_DEVICES, mounts and CDI device names.
@@ -410,8 +441,6 @@ pub struct DevicePluginConfig {
     pub cdi_spec_dirs: Vec<PathBuf>,
     /// Also answer DeviceSpecs for /dev/nvidia<minor>, nvidiactl, nvidia-uvm, nvidia-uvm-tools.
     pub pass_device_specs: bool,
-    /// env | error.
-    pub allocate_failure: AllocateFailure,
     /// Watch XID errors and report unhealthy GPUs.
     pub health_check: bool,
     /// Seconds without new errors after which a GPU with a non-fatal XID is healthy again.
@@ -423,10 +452,10 @@ pub struct DevicePluginConfig {
     /// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for MPS clients and the daemon's default
     /// (`set_default_active_thread_percentage`); 0 leaves both unset.
     pub mps_active_thread_percentage: u8,
-    /// The MPS control program the device plugin runs (`-d` to start the daemon, without
+    /// The MPS control program the node agent runs (`-d` to start the daemon, without
     /// arguments as the client of its control pipe): a path, or a name looked up on PATH.
     pub mps_control: String,
-    /// CUDA_MPS_LOG_DIRECTORY of the daemon the device plugin starts.
+    /// CUDA_MPS_LOG_DIRECTORY of the daemon the node agent starts.
     pub mps_log_dir: PathBuf,
     /// Host directory the MPS daemon sees as /dev/shm, mounted at /dev/shm into MPS clients;
     /// empty: none is mounted (the clients share the daemon's /dev/shm some other way).
@@ -435,20 +464,16 @@ pub struct DevicePluginConfig {
     /// (`set_default_device_pinned_mem_limit`), the ceiling of a client that drops its own
     /// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; 0: each GPU's whole memory.
     pub mps_pinned_mem_limit_mib: u64,
-    /// How often the device plugin asks the daemon `get_server_list`, in milliseconds.
+    /// How often the node agent asks the daemon `get_server_list`, in milliseconds.
     pub mps_check_interval_ms: u64,
     /// The longest wait between two restarts of a daemon that keeps failing, in seconds.
     pub mps_restart_backoff_max_secs: u64,
-    /// Address of /healthz, /readyz and /metrics; empty disables them.
-    pub admin_address: String,
 }
 
-impl Default for DevicePluginConfig {
+impl Default for NodeConfig {
     fn default() -> Self {
-        DevicePluginConfig {
+        NodeConfig {
             node_name: String::new(),
-            device_plugin_dir: PathBuf::from(crate::core::wire::DEFAULT_DEVICE_PLUGIN_DIR),
-            pod_resources_socket: PathBuf::from(crate::core::wire::DEFAULT_POD_RESOURCES_SOCKET),
             memory_unit: MemoryUnit::GIB,
             visible_devices: VisibleDevices::Index,
             device_id_strategy: None,
@@ -457,7 +482,6 @@ impl Default for DevicePluginConfig {
             cdi_annotation_prefix: DEFAULT_CDI_ANNOTATION_PREFIX.to_string(),
             cdi_spec_dirs: DEFAULT_CDI_SPEC_DIRS.iter().map(PathBuf::from).collect(),
             pass_device_specs: false,
-            allocate_failure: AllocateFailure::Env,
             health_check: true,
             health_recovery_secs: 300,
             mps: false,
@@ -469,10 +493,34 @@ impl Default for DevicePluginConfig {
             mps_pinned_mem_limit_mib: 0,
             mps_check_interval_ms: 5000,
             mps_restart_backoff_max_secs: 60,
-            admin_address: "0.0.0.0:9101".to_string(),
         }
     }
 }
+
+/// The `[node]` keys that `[device_plugin]` held before; `device_plugin.<key>` (in the file
+/// and as `GPUSHARE_DEVICE_PLUGIN__<KEY>`) still sets `node.<key>`, and doctor names it.
+pub const NODE_KEYS: &[&str] = &[
+    "node_name",
+    "memory_unit",
+    "visible_devices",
+    "device_id_strategy",
+    "device_list_strategy",
+    "cdi_kind",
+    "cdi_annotation_prefix",
+    "cdi_spec_dirs",
+    "pass_device_specs",
+    "health_check",
+    "health_recovery_secs",
+    "mps",
+    "mps_pipe_dir",
+    "mps_active_thread_percentage",
+    "mps_control",
+    "mps_log_dir",
+    "mps_shm_dir",
+    "mps_pinned_mem_limit_mib",
+    "mps_check_interval_ms",
+    "mps_restart_backoff_max_secs",
+];
 
 /// GPU backend selection.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -516,7 +564,7 @@ impl Default for GpuConfig {
             fake_gpus: String::new(),
             nvml_library: String::new(),
             nvidia_smi: "nvidia-smi".to_string(),
-            kmsg_path: crate::gpu::nvidia_smi::DEFAULT_KMSG.to_string(),
+            kmsg_path: DEFAULT_KMSG.to_string(),
             kmsg_replay: false,
         }
     }
@@ -701,6 +749,7 @@ const SECTIONS: &[&str] = &[
     "cluster",
     "extender",
     "device_plugin",
+    "node",
     "gpu",
     "doctor",
     "http",
@@ -714,7 +763,7 @@ fn upstream_env() -> Env {
             let mapped = match key.as_str().to_ascii_uppercase().as_str() {
                 "PORT" => "extender.port",
                 "LOG_LEVEL" => "log.level",
-                "NODE_NAME" => "device_plugin.node_name",
+                "NODE_NAME" => "node.node_name",
                 "KUBECONFIG" => "cluster.kubeconfig",
                 _ => return None,
             };
@@ -723,11 +772,87 @@ fn upstream_env() -> Env {
         .global()
 }
 
-/// The layered figment: defaults, file, upstream env, `GPUSHARE_*` env, flags.
-///
-/// `config_file` is the `--config` value; `None` reads [`DEFAULT_CONFIG_FILE`] if it exists.
-pub fn figment(config_file: Option<&Path>, flags: FlagOverrides) -> Result<Figment, Error> {
-    let mut fig = Figment::from(Serialized::defaults(Config::default()));
+/// A configuration layer whose `device_plugin.<key>` for a [`NODE_KEYS`] key is read as
+/// `node.<key>`; where the same layer sets both, `node.<key>` wins. Layers keep their order
+/// (a flag beats the environment beats the file, whichever name each uses).
+struct NodeAliases<P>(P);
+
+impl<P: Provider> Provider for NodeAliases<P> {
+    fn metadata(&self) -> Metadata {
+        self.0.metadata()
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        let mut data = self.0.data()?;
+        for dict in data.values_mut() {
+            move_node_keys(dict);
+        }
+        Ok(data)
+    }
+
+    fn profile(&self) -> Option<Profile> {
+        self.0.profile()
+    }
+}
+
+/// The [`NODE_KEYS`] this layer's `[device_plugin]` sets.
+fn old_node_keys(dict: &Dict) -> Vec<&'static str> {
+    match dict.get("device_plugin") {
+        Some(Value::Dict(_, dp)) => NODE_KEYS
+            .iter()
+            .copied()
+            .filter(|k| dp.contains_key(*k))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn move_node_keys(dict: &mut Dict) {
+    let mut moved = Vec::new();
+    if let Some(Value::Dict(_, dp)) = dict.get_mut("device_plugin") {
+        for key in NODE_KEYS {
+            if let Some(v) = dp.remove(*key) {
+                moved.push((*key, v));
+            }
+        }
+    }
+    if moved.is_empty() {
+        return;
+    }
+    let node = dict
+        .entry("node".to_string())
+        .or_insert_with(|| Value::from(Dict::new()));
+    if let Value::Dict(_, node) = node {
+        for (key, value) in moved {
+            node.entry(key.to_string()).or_insert(value);
+        }
+    }
+}
+
+/// A key spelled the old way (`device_plugin.<key>` of a [`NODE_KEYS`] key): still applied,
+/// named by `gpushare doctor` with its new name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeprecatedKey {
+    /// The old spelling as written (`device_plugin.mps`, `GPUSHARE_DEVICE_PLUGIN__MPS`).
+    pub old: String,
+    /// The new spelling (`node.mps`, `GPUSHARE_NODE__MPS`).
+    pub new: String,
+    /// Where it was written (`file /etc/gpushare/gpushare.toml`, `the environment`).
+    pub source: String,
+}
+
+impl std::fmt::Display for DeprecatedKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({}) is deprecated: use {}",
+            self.old, self.source, self.new
+        )
+    }
+}
+
+/// The configuration file read: `--config`, else [`DEFAULT_CONFIG_FILE`] if it exists.
+fn file_layer(config_file: Option<&Path>) -> Result<Option<figment::providers::Data<Toml>>, Error> {
     match config_file {
         Some(path) => {
             if !path.is_file() {
@@ -736,41 +861,90 @@ pub fn figment(config_file: Option<&Path>, flags: FlagOverrides) -> Result<Figme
                     reason: "no such file".to_string(),
                 });
             }
-            fig = fig.merge(Toml::file_exact(path));
+            Ok(Some(Toml::file_exact(path)))
         }
-        None => {
-            if Path::new(DEFAULT_CONFIG_FILE).is_file() {
-                fig = fig.merge(Toml::file_exact(DEFAULT_CONFIG_FILE));
-            }
+        None if Path::new(DEFAULT_CONFIG_FILE).is_file() => {
+            Ok(Some(Toml::file_exact(DEFAULT_CONFIG_FILE)))
         }
+        None => Ok(None),
+    }
+}
+
+/// The `GPUSHARE_<SECTION>__<KEY>` layer.
+fn gpushare_env() -> Env {
+    // Only our sections: other GPUSHARE_* variables (a test harness's, an image's
+    // GPUSHARE_VERSION) are not configuration. Unknown keys inside a section still fail.
+    Env::prefixed("GPUSHARE_")
+        .filter(|key| {
+            let key = key.as_str().to_ascii_lowercase();
+            SECTIONS.iter().any(|s| key.starts_with(&format!("{s}__")))
+        })
+        .split("__")
+        .global()
+}
+
+/// The layered figment: defaults, file, upstream env, `GPUSHARE_*` env, flags.
+///
+/// `config_file` is the `--config` value; `None` reads [`DEFAULT_CONFIG_FILE`] if it exists.
+pub fn figment(config_file: Option<&Path>, flags: FlagOverrides) -> Result<Figment, Error> {
+    let mut fig = Figment::from(Serialized::defaults(Config::default()));
+    if let Some(file) = file_layer(config_file)? {
+        fig = fig.merge(NodeAliases(file));
     }
     Ok(fig
         .merge(upstream_env())
-        .merge(
-            // Only our sections: other GPUSHARE_* variables (a test harness's, an image's
-            // GPUSHARE_VERSION) are not configuration. Unknown keys inside a section still fail.
-            Env::prefixed("GPUSHARE_")
-                .filter(|key| {
-                    let key = key.as_str().to_ascii_lowercase();
-                    SECTIONS.iter().any(|s| key.starts_with(&format!("{s}__")))
-                })
-                .split("__")
-                .global(),
-        )
-        .merge(flags))
+        .merge(NodeAliases(gpushare_env()))
+        .merge(NodeAliases(flags)))
+}
+
+/// The old spellings of [`NODE_KEYS`] in the configuration file and the `GPUSHARE_*`
+/// environment (flags keep their names, so they have none).
+pub fn deprecated_keys(config_file: Option<&Path>) -> Vec<DeprecatedKey> {
+    let mut out = Vec::new();
+    let dicts = |data: Result<Map<Profile, Dict>, figment::Error>| -> Vec<Dict> {
+        data.map(|m| m.into_values().collect()).unwrap_or_default()
+    };
+    if let Ok(Some(file)) = file_layer(config_file) {
+        let source = match file.metadata().source {
+            Some(figment::Source::File(p)) => format!("file {}", p.display()),
+            _ => "the configuration file".to_string(),
+        };
+        for dict in dicts(file.data()) {
+            for key in old_node_keys(&dict) {
+                out.push(DeprecatedKey {
+                    old: format!("device_plugin.{key}"),
+                    new: format!("node.{key}"),
+                    source: source.clone(),
+                });
+            }
+        }
+    }
+    for dict in dicts(gpushare_env().data()) {
+        for key in old_node_keys(&dict) {
+            let upper = key.to_ascii_uppercase();
+            out.push(DeprecatedKey {
+                old: format!("GPUSHARE_DEVICE_PLUGIN__{upper}"),
+                new: format!("GPUSHARE_NODE__{upper}"),
+                source: "the environment".to_string(),
+            });
+        }
+    }
+    out
 }
 
 /// Loads the configuration from the process environment, the file and `flags`.
 pub fn load(config_file: Option<&Path>, flags: FlagOverrides) -> Result<Config, Error> {
-    Config::from_figment(&figment(config_file, flags)?)
+    let mut config = Config::from_figment(&figment(config_file, flags)?)?;
+    config.deprecated = deprecated_keys(config_file);
+    Ok(config)
 }
 
 impl Config {
     /// Extracts and validates the configuration from any figment (tests pass their own).
     pub fn from_figment(fig: &Figment) -> Result<Config, Error> {
         let mut config: Config = fig.extract().map_err(|e| describe(fig, e))?;
-        if let Some(id) = config.device_plugin.device_id_strategy {
-            config.device_plugin.visible_devices = id;
+        if let Some(id) = config.node.device_id_strategy {
+            config.node.visible_devices = id;
         }
         config.validate(fig)?;
         Ok(config)
@@ -914,34 +1088,34 @@ impl Config {
                 format!("{:?}: {why}", e.advertise_address),
             ));
         }
-        let d = &self.device_plugin;
+        let d = &self.node;
         if d.mps_active_thread_percentage > 100 {
             return Err(invalid(
-                "device_plugin.mps_active_thread_percentage",
+                "node.mps_active_thread_percentage",
                 "must be 0 (unset) to 100".to_string(),
             ));
         }
         if d.mps_check_interval_ms == 0 {
             return Err(invalid(
-                "device_plugin.mps_check_interval_ms",
+                "node.mps_check_interval_ms",
                 "must be at least 1".to_string(),
             ));
         }
         if d.mps && d.mps_control.trim().is_empty() {
             return Err(invalid(
-                "device_plugin.mps_control",
+                "node.mps_control",
                 "name the nvidia-cuda-mps-control program (a path or a name on PATH)".to_string(),
             ));
         }
         if d.device_list_strategy.as_slice().is_empty() {
             return Err(invalid(
-                "device_plugin.device_list_strategy",
+                "node.device_list_strategy",
                 "name at least one of envvar, volume-mounts, cdi-annotations, cdi-cri".to_string(),
             ));
         }
         if !valid_cdi_kind(&d.cdi_kind) {
             return Err(invalid(
-                "device_plugin.cdi_kind",
+                "node.cdi_kind",
                 format!(
                     "{:?}: expected <vendor>/<class> as in a CDI spec, e.g. nvidia.com/gpu",
                     d.cdi_kind
@@ -950,7 +1124,7 @@ impl Config {
         }
         if !d.cdi_annotation_prefix.ends_with('/') || d.cdi_annotation_prefix.len() < 2 {
             return Err(invalid(
-                "device_plugin.cdi_annotation_prefix",
+                "node.cdi_annotation_prefix",
                 format!(
                     "{:?}: expected a key prefix ending with '/', e.g. cdi.k8s.io/",
                     d.cdi_annotation_prefix
@@ -959,10 +1133,11 @@ impl Config {
         }
         if d.device_list_strategy.any_cdi() && d.cdi_spec_dirs.is_empty() {
             return Err(invalid(
-                "device_plugin.cdi_spec_dirs",
+                "node.cdi_spec_dirs",
                 "a CDI strategy needs at least one CDI spec directory".to_string(),
             ));
         }
+        let d = &self.device_plugin;
         if !d.admin_address.is_empty() && d.admin_address.parse::<std::net::SocketAddr>().is_err() {
             return Err(invalid(
                 "device_plugin.admin_address",
@@ -1060,7 +1235,7 @@ fn describe_metadata(md: &Metadata, key: &str) -> String {
         let var = match key {
             "extender.port" => "PORT",
             "log.level" => "LOG_LEVEL",
-            "device_plugin.node_name" => "NODE_NAME",
+            "node.node_name" => "NODE_NAME",
             "cluster.kubeconfig" => "KUBECONFIG",
             other => other,
         };
@@ -1130,7 +1305,8 @@ mod tests {
 
     fn from_toml(toml: &str) -> Result<Config, Error> {
         Config::from_figment(
-            &Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(toml)),
+            &Figment::from(Serialized::defaults(Config::default()))
+                .merge(NodeAliases(Toml::string(toml))),
         )
     }
 
@@ -1181,7 +1357,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("device_plugin.memory_unit") && err.contains("GiB"),
+            err.contains("node.memory_unit") && err.contains("GiB"),
             "{err}"
         );
         let err = from_toml("[extender]\nurl_prefix = \"x\"\n")
@@ -1294,7 +1470,7 @@ mod tests {
             jail.set_env("NODE_NAME", "gpu-node-1");
             jail.set_env("KUBECONFIG", "/etc/kubernetes/kubelet.conf");
             let cfg = load(None, FlagOverrides::new()).unwrap();
-            assert_eq!(cfg.device_plugin.node_name, "gpu-node-1");
+            assert_eq!(cfg.node.node_name, "gpu-node-1");
             assert_eq!(cfg.cluster.kubeconfig, "/etc/kubernetes/kubelet.conf");
             Ok(())
         });
@@ -1309,7 +1485,7 @@ mod tests {
             );
             jail.set_env("GPUSHARE_DEVICE_PLUGIN__CDI_SPEC_DIRS", "/run/cdi");
             let cfg = load(None, FlagOverrides::new()).unwrap();
-            let d = &cfg.device_plugin;
+            let d = &cfg.node;
             assert_eq!(d.device_list_strategy.to_string(), "envvar,cdi-cri");
             assert!(d.device_list_strategy.any_cdi() && !d.device_list_strategy.only_cdi());
             assert_eq!(d.cdi_spec_dirs, [PathBuf::from("/run/cdi")]);
@@ -1321,8 +1497,8 @@ mod tests {
                 "[device_plugin]\ndevice_list_strategy = [\"cdi-annotations\"]\ndevice_id_strategy = \"uuid\"\n",
             )?;
             let cfg = load(Some(Path::new("g.toml")), FlagOverrides::new()).unwrap();
-            assert!(cfg.device_plugin.device_list_strategy.only_cdi());
-            assert_eq!(cfg.device_plugin.visible_devices, VisibleDevices::Uuid);
+            assert!(cfg.node.device_list_strategy.only_cdi());
+            assert_eq!(cfg.node.visible_devices, VisibleDevices::Uuid);
             for (key, value, what) in [
                 ("device_list_strategy", "cdi", "expected envvar"),
                 ("device_list_strategy", "", "at least one"),
@@ -1334,6 +1510,68 @@ mod tests {
                 let err = load(None, flags).expect_err(key).to_string();
                 assert!(err.contains(what), "{key}={value:?}: {err}");
             }
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn old_device_plugin_keys_are_aliases_of_node_keys_by_layer() {
+        figment::Jail::expect_with(|jail| {
+            // The old name alone, in the file: applied, and named as deprecated.
+            jail.create_file(
+                "old.toml",
+                "[device_plugin]\nmemory_unit = \"MiB\"\nmps = true\nadmin_address = \"\"\n",
+            )?;
+            let cfg = load(Some(Path::new("old.toml")), FlagOverrides::new()).unwrap();
+            assert_eq!(cfg.node.memory_unit, MemoryUnit::MIB);
+            assert!(cfg.node.mps);
+            assert_eq!(cfg.device_plugin.admin_address, "");
+            let old: Vec<&str> = cfg.deprecated.iter().map(|d| d.old.as_str()).collect();
+            assert_eq!(old, ["device_plugin.memory_unit", "device_plugin.mps"]);
+            assert_eq!(cfg.deprecated[0].new, "node.memory_unit");
+            assert!(
+                cfg.deprecated[0].source.contains("old.toml"),
+                "{:?}",
+                cfg.deprecated
+            );
+            // Both names in one layer: the new one wins.
+            jail.create_file(
+                "both.toml",
+                "[device_plugin]\nmemory_unit = \"MiB\"\n[node]\nmemory_unit = \"256MiB\"\n",
+            )?;
+            let cfg = load(Some(Path::new("both.toml")), FlagOverrides::new()).unwrap();
+            assert_eq!(cfg.node.memory_unit.mib(), 256);
+            // A higher layer wins whatever name it uses: the old env name over the new file key.
+            jail.create_file("new.toml", "[node]\nmemory_unit = \"256MiB\"\n")?;
+            jail.set_env("GPUSHARE_DEVICE_PLUGIN__MEMORY_UNIT", "512MiB");
+            let cfg = load(Some(Path::new("new.toml")), FlagOverrides::new()).unwrap();
+            assert_eq!(cfg.node.memory_unit.mib(), 512);
+            assert_eq!(cfg.deprecated.len(), 1);
+            assert_eq!(cfg.deprecated[0].new, "GPUSHARE_NODE__MEMORY_UNIT");
+            // ... and the new env name beats the old one in the same layer.
+            jail.set_env("GPUSHARE_NODE__MEMORY_UNIT", "2GiB");
+            let cfg = load(Some(Path::new("new.toml")), FlagOverrides::new()).unwrap();
+            assert_eq!(cfg.node.memory_unit.mib(), 2048);
+            // A flag, under either name, beats both.
+            let mut flags = FlagOverrides::new();
+            flags.set("device_plugin.memory_unit", Some("GiB"));
+            let cfg = load(Some(Path::new("new.toml")), flags).unwrap();
+            assert_eq!(cfg.node.memory_unit, MemoryUnit::GIB);
+            // The new names name no deprecation; NODE_NAME still sets the node's name.
+            jail.clear_env();
+            jail.set_env("NODE_NAME", "n1");
+            let cfg = load(Some(Path::new("new.toml")), FlagOverrides::new()).unwrap();
+            assert!(cfg.deprecated.is_empty(), "{:?}", cfg.deprecated);
+            assert_eq!(cfg.node.node_name, "n1");
+            // An invalid value under the old name is reported under the new key.
+            jail.create_file("bad.toml", "[device_plugin]\ncdi_kind = \"nvidia\"\n")?;
+            let err = load(Some(Path::new("bad.toml")), FlagOverrides::new())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("node.cdi_kind") && err.contains("bad.toml"),
+                "{err}"
+            );
             Ok(())
         });
     }

@@ -28,7 +28,6 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
-use crate::admin::AdminState;
 use crate::config::HttpConfig;
 use crate::shutdown::Shutdown;
 
@@ -92,21 +91,19 @@ struct DeadlineLabel {
 }
 
 impl ServerMetrics {
-    /// New counters, registered with `admin`'s registry.
-    pub fn register(admin: &AdminState) -> ServerMetrics {
+    /// New counters, registered with `registry` (a role's `AdminState` registry).
+    pub fn register(registry: &mut prometheus_client::registry::Registry) -> ServerMetrics {
         let m = ServerMetrics::default();
-        admin.with_registry(|r| {
-            r.register(
-                "gpushare_http_connections_rejected",
-                "Connections closed at once because max_connections were open",
-                m.rejected.clone(),
-            );
-            r.register(
-                "gpushare_http_deadline_exceeded",
-                "Requests that ran past a deadline (body: reading the body; request: the whole request)",
-                m.deadlines.clone(),
-            );
-        });
+        registry.register(
+            "gpushare_http_connections_rejected",
+            "Connections closed at once because max_connections were open",
+            m.rejected.clone(),
+        );
+        registry.register(
+            "gpushare_http_deadline_exceeded",
+            "Requests that ran past a deadline (body: reading the body; request: the whole request)",
+            m.deadlines.clone(),
+        );
         m
     }
 

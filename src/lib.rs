@@ -12,7 +12,8 @@
 //!   └────────────────────────────────┘  patch annotations └─────────────┘
 //!                                       + Binding                ▲
 //!                                                                │ watch own pods, patch
-//!   kubelet ──Register/ListAndWatch/Allocate (gRPC, UDS)──► device-plugin ──► GPU backend
+//!   kubelet ──Register/ListAndWatch/Allocate (gRPC, UDS)──► device-plugin ──► node agent
+//!                                     (GPUs, unit, health, MPS, contract) ──► GPU backend
 //!                                                          (nvml | nvidia-smi | fake)
 //!   doctor: checks every box above before the roles start, and on demand.
 //! ```
@@ -25,9 +26,10 @@
 //!   `gpushare demo`, linked only with the `demo` feature);
 //! - infrastructure every role may use: [`buildinfo`], [`config`], [`telemetry`],
 //!   [`shutdown`], [`failure`] (exit statuses, error text), [`admin`], [`exposition`],
-//!   [`http_server`], [`outbound`] (the one HTTP client), [`k8s`], [`gpu`], and the
-//!   device kinds beside the GPU: [`pcie`] (topology), [`rdma`] (HCAs), [`devices`]
-//!   (configuration, generic devices, the hand-over to a container);
+//!   [`http_server`], [`outbound`] (the one HTTP client), [`k8s`], [`gpu`], [`node`] (the GPU
+//!   node agent the node roles share), and the device kinds beside the GPU: [`pcie`]
+//!   (topology), [`rdma`] (HCAs), [`devices`] (configuration, generic devices, the hand-over
+//!   to a container);
 //! - the roles, which never import each other: [`extender`], [`deviceplugin`], [`inspect`],
 //!   [`doctor`], [`webhook`] (admission webhook of managed clusters), [`dra`] (the DRA
 //!   path's pure pieces; its `dra-plugin` subcommand is not wired yet);
@@ -53,6 +55,7 @@ pub mod gpu;
 pub mod http_server;
 pub mod inspect;
 pub mod k8s;
+pub mod node;
 pub mod outbound;
 pub mod pcie;
 pub mod rdma;

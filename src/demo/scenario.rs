@@ -110,11 +110,11 @@ pub async fn run_scenario(
         .await
         .context("starting the fake kubelet")?;
     let mut config = Config::default();
-    config.device_plugin.node_name = NODE.to_string();
+    config.node.node_name = NODE.to_string();
     config.device_plugin.device_plugin_dir = kubelet.device_plugin_dir();
     config.device_plugin.pod_resources_socket = kubelet.pod_resources_socket();
     config.device_plugin.admin_address = String::new();
-    config.device_plugin.memory_unit = unit;
+    config.node.memory_unit = unit;
     config.extender.bind_address = std::net::IpAddr::from([127, 0, 0, 1]);
     config.extender.port = 0;
 

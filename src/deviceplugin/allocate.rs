@@ -2,14 +2,11 @@
 //! ([`matching`](super::matching)), answer with its GPU's envs, and record the progress on the
 //! pod.
 //!
-//! Success envs (spec §2.3): `NVIDIA_VISIBLE_DEVICES` (NVML index, or UUID with
-//! `--visible-devices uuid`), `ALIYUN_COM_GPU_MEM_IDX`, `_POD` (the pod's total), `_CONTAINER`,
-//! `_DEV` (that GPU's units), `CGPU_DISABLE=true` when the node label asks for it; with `--mps`
-//! also `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>M` (the container sees its one GPU as device
-//! 0), `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` and `CUDA_MPS_PIPE_DIRECTORY` with the pipe
-//! directory mounted, and the daemon's shared-memory directory at `/dev/shm` when
-//! `mps_shm_dir` is set. While the MPS daemon does not serve, every Allocate is refused with a
-//! gRPC error that says why and what to do: no container starts without its limit.
+//! What a container is handed (the `ALIYUN_COM_GPU_MEM_*` envs, `NVIDIA_VISIBLE_DEVICES`, the
+//! MPS envs and mounts, the strategy's mounts, device specs and CDI names) is the node's
+//! container contract ([`crate::node::contract`]); this module turns it into the Allocate
+//! answer. While the MPS daemon does not serve, every Allocate is refused with a gRPC error
+//! that says why and what to do: no container starts without its limit.
 //!
 //! A container is claimed in the [`Records`](super::records::Records) (keyed by pod UID) the
 //! moment it is matched, under a mutex held for that in-memory step only; then the pod is
@@ -27,40 +24,38 @@
 //! latest served container of that size that kubelet's PodResources shows no devices for
 //! ([`matching::find_repeat`]). Either way the same GPU is answered.
 //!
-//! The answer is then shaped by the `--device-list-strategy` ([`handover`](super::handover):
-//! env, volume mounts, CDI annotations or CDI devices, device specs), before the pod is
-//! patched, so a GPU without its CDI device never marks the pod.
+//! The answer is shaped by the `--device-list-strategy` (the contract's
+//! [`hand_over`](crate::node::contract::hand_over): env, volume mounts, CDI annotations or CDI
+//! devices, device specs) before the pod is patched, so a GPU without its CDI device never
+//! marks the pod; with a CDI strategy the node's CDI specs are read at every Allocate.
 //!
 //! No match: on a one-GPU node the upstream fallback (that GPU, no patch); otherwise the
 //! upstream failure envs or, with `--allocate-failure error`, a gRPC error that names the pods
 //! considered; either way a Warning Event on the node.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tonic::Status;
 
-use super::api::bounded;
 use super::matching::{self, Match, NotMatched};
-use super::node;
 use super::records::PodId;
 use super::{Plugin, reconcile};
 use crate::config::{AllocateFailure, VisibleDevices};
-use crate::core::wire::{
-    ENV_CGPU_DISABLE, ENV_CONTAINER_MEM, ENV_DEVICE_MEM, ENV_GPU_INDEX,
-    ENV_MPS_ACTIVE_THREAD_PERCENTAGE, ENV_MPS_PINNED_MEM_LIMIT, ENV_MPS_PIPE_DIRECTORY,
-    ENV_POD_MEM, ENV_VISIBLE_DEVICES,
-};
 use crate::core::{GpuMem, PodGpuAnnotations};
+use crate::gpu::cdi::Registry;
 use crate::k8s::retry::{RetryError, retry_until};
 use crate::k8s::write::now_ns;
 use crate::kubelet_api::deviceplugin::{
-    AllocateRequest, AllocateResponse, ContainerAllocateResponse,
-    ContainerPreferredAllocationResponse, Mount, PreferredAllocationRequest,
+    AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
+    ContainerPreferredAllocationResponse, DeviceSpec, Mount, PreferredAllocationRequest,
     PreferredAllocationResponse,
 };
+use crate::node::api::bounded;
+use crate::node::contract::{self, ContainerEdits, Target};
 
 /// How long one Allocate may take in all (waiting for the pod list, the PATCH and its
 /// retries); kubelet turns a failed Allocate into a Failed pod, so this is generous.
@@ -68,8 +63,6 @@ pub(crate) const ALLOCATE_DEADLINE: Duration = Duration::from_secs(8);
 /// How long Allocate waits for the watch's first pod list before it reads the API itself
 /// (registration waits for that list, so this is for the unexpected).
 const SYNC_WAIT: Duration = Duration::from_secs(2);
-/// Where an MPS client expects the shared memory it shares with the MPS server.
-const MPS_CLIENT_SHM: &str = "/dev/shm";
 
 /// How a container's request was matched.
 enum Choice {
@@ -85,87 +78,98 @@ struct NotRecorded {
     unknown: bool,
 }
 
-impl Plugin {
-    fn base_envs(
-        &self,
-        visible: String,
-        index: String,
-        pod: GpuMem,
-        container: GpuMem,
-        dev: GpuMem,
-    ) -> HashMap<String, String> {
-        let mut envs = HashMap::from([
-            (ENV_VISIBLE_DEVICES.to_string(), visible),
-            (ENV_GPU_INDEX.to_string(), index),
-            (ENV_POD_MEM.to_string(), pod.to_string()),
-            (ENV_CONTAINER_MEM.to_string(), container.to_string()),
-            (ENV_DEVICE_MEM.to_string(), dev.to_string()),
-        ]);
-        if self.cgpu_disable {
-            envs.insert(ENV_CGPU_DISABLE.to_string(), "true".to_string());
-        }
-        envs
+/// The contract's container edits as a device plugin container answer.
+fn allocate_response(edits: ContainerEdits) -> ContainerAllocateResponse {
+    ContainerAllocateResponse {
+        envs: edits.envs,
+        mounts: edits
+            .mounts
+            .into_iter()
+            .map(|m| Mount {
+                container_path: m.container_path,
+                host_path: m.host_path,
+                read_only: m.read_only,
+            })
+            .collect(),
+        devices: edits
+            .device_nodes
+            .into_iter()
+            .map(|path| DeviceSpec {
+                container_path: path.clone(),
+                host_path: path,
+                permissions: "rw".to_string(),
+            })
+            .collect(),
+        annotations: edits.annotations,
+        cdi_devices: edits
+            .cdi_devices
+            .into_iter()
+            .map(|name| CdiDevice { name })
+            .collect(),
     }
+}
 
-    /// The response that gives a container `units` of GPU `index`.
+impl Plugin {
+    /// The envvar answer that gives a container `units` of GPU `index`.
     fn grant(
         &self,
         index: u32,
         visible_uuid: bool,
         pod_total: GpuMem,
         units: GpuMem,
-    ) -> ContainerAllocateResponse {
+    ) -> ContainerEdits {
         let Some(gpu) = self.gpu_by_index(index) else {
-            return ContainerAllocateResponse::default();
+            return ContainerEdits::default();
         };
-        let visible = if visible_uuid {
-            gpu.uuid.clone()
-        } else {
-            index.to_string()
-        };
-        let mut envs = self.base_envs(visible, index.to_string(), pod_total, units, gpu.units);
-        let mut mounts = Vec::new();
-        if self.config.mps {
-            let mib = self.config.memory_unit.to_mib(units);
-            envs.insert(ENV_MPS_PINNED_MEM_LIMIT.to_string(), format!("0={mib}M"));
-            if self.config.mps_active_thread_percentage > 0 {
-                envs.insert(
-                    ENV_MPS_ACTIVE_THREAD_PERCENTAGE.to_string(),
-                    self.config.mps_active_thread_percentage.to_string(),
-                );
-            }
-            let dir = self.config.mps_pipe_dir.display().to_string();
-            envs.insert(ENV_MPS_PIPE_DIRECTORY.to_string(), dir.clone());
-            mounts.push(Mount {
-                container_path: dir.clone(),
-                host_path: dir,
-                read_only: false,
-            });
-            if !self.config.mps_shm_dir.as_os_str().is_empty() {
-                mounts.push(Mount {
-                    container_path: MPS_CLIENT_SHM.to_string(),
-                    host_path: self.config.mps_shm_dir.display().to_string(),
-                    read_only: false,
-                });
-            }
-        }
-        ContainerAllocateResponse {
-            envs,
-            mounts,
-            ..ContainerAllocateResponse::default()
-        }
+        contract::grant(
+            self.agent.config(),
+            self.agent.traits(),
+            gpu,
+            visible_uuid,
+            pod_total,
+            units,
+        )
     }
 
     /// The upstream failure answer: `no-gpu-has-<N><unit>-to-run`, IDX -1.
-    fn failure_envs(&self, units: GpuMem) -> ContainerAllocateResponse {
+    fn failure_envs(&self, units: GpuMem) -> ContainerEdits {
         let dev = self.gpus.first().map(|g| g.units).unwrap_or_default();
-        let visible = format!(
-            "no-gpu-has-{}-to-run",
-            self.config.memory_unit.format_amount(units)
-        );
-        ContainerAllocateResponse {
-            envs: self.base_envs(visible, "-1".to_string(), units, units, dev),
-            ..ContainerAllocateResponse::default()
+        contract::refusal(self.agent.config(), self.agent.traits(), dev, units)
+    }
+
+    /// The strategy's answer for one container (the contract's hand-over): reads the CDI
+    /// specs off the runtime when a CDI strategy is on; a failure is logged, announced as a
+    /// Warning Event on the node and returned as FailedPrecondition.
+    pub(crate) async fn hand_over(
+        &self,
+        gpu_index: Option<u32>,
+        base: ContainerEdits,
+    ) -> Result<ContainerAllocateResponse, Status> {
+        let node = self.agent.config();
+        let specs = if node.device_list_strategy.any_cdi() && gpu_index.is_some() {
+            let dirs: Vec<PathBuf> = node.cdi_spec_dirs.clone();
+            let read = tokio::task::spawn_blocking(move || Registry::read(Path::new("/"), &dirs));
+            Some(read.await.map_err(|e| {
+                Status::internal(format!("reading the CDI specs did not finish: {e}"))
+            })?)
+        } else {
+            None
+        };
+        let target = match gpu_index.and_then(|i| self.gpu_by_index(i)) {
+            Some(gpu) => Target::Gpu(gpu),
+            None => Target::Refusal,
+        };
+        match contract::hand_over(node, specs.as_ref(), target, base) {
+            Ok(edits) => Ok(allocate_response(edits)),
+            Err(e) => {
+                let msg = e.to_string();
+                tracing::error!("Allocate: {msg}");
+                self.metrics.allocation("handover_failed");
+                self.agent
+                    .events()
+                    .warn_soon("Allocate", "GpuShareNoCdiDevice", msg.clone());
+                Err(Status::failed_precondition(msg))
+            }
         }
     }
 
@@ -208,7 +212,7 @@ impl Plugin {
             return None;
         }
         let truth = match tokio::time::timeout(
-            super::api::REQUEST_TIMEOUT,
+            crate::node::api::REQUEST_TIMEOUT,
             reconcile::list_assignments(socket),
         )
         .await
@@ -260,7 +264,11 @@ impl Plugin {
                 repeat: recorded,
             };
         }
-        if let Err(e) = self.pods.refresh(&self.client, &self.node).await {
+        if let Err(e) = self
+            .pods
+            .refresh(self.agent.client(), self.agent.node_name())
+            .await
+        {
             tracing::debug!(error = %e, "pod refresh after a miss failed");
         }
         let rejected = match self.claim(ids, units) {
@@ -290,7 +298,7 @@ impl Plugin {
             |e| tracing::debug!(error = %e, pod = m.name, "pod patch failed, retrying"),
             || {
                 bounded(crate::k8s::write::patch_pod_annotations(
-                    &self.client,
+                    self.agent.client(),
                     &m.namespace,
                     &m.name,
                     &patch,
@@ -337,7 +345,10 @@ impl Plugin {
         retry_until(
             deadline,
             |_| {},
-            || self.pods.refresh(&self.client, &self.node),
+            || {
+                self.pods
+                    .refresh(self.agent.client(), self.agent.node_name())
+            },
         )
         .await
         .map_err(|e| {
@@ -369,7 +380,7 @@ impl Plugin {
     ) -> Result<AllocateResponse, Status> {
         self.refuse_without_mps(request.container_requests.len())?;
         self.ensure_pods(deadline).await?;
-        let visible_uuid = self.config.visible_devices == VisibleDevices::Uuid;
+        let visible_uuid = self.agent.config().visible_devices == VisibleDevices::Uuid;
         let mut responses = Vec::with_capacity(request.container_requests.len());
         for creq in &request.container_requests {
             let units = GpuMem::new(creq.devices_ids.len() as u64);
@@ -417,7 +428,7 @@ impl Plugin {
                 }
                 Choice::Unmatched(rejected) => {
                     self.metrics.allocation("no_candidate");
-                    let amount = self.config.memory_unit.format_amount(units);
+                    let amount = self.agent.unit().format_amount(units);
                     let why = matching::explain(&amount, &rejected);
                     tracing::warn!("Allocate: {why}");
                     self.allocate_failed_event(format!("Allocate of {amount} failed: {why}"));
@@ -439,7 +450,7 @@ impl Plugin {
     /// now would run without its memory limit (or not reach the daemon at all). Nothing is
     /// claimed; kubelet fails the pod with this message.
     fn refuse_without_mps(self: &Arc<Self>, containers: usize) -> Result<(), Status> {
-        let Some(mps) = &self.mps else {
+        let Some(mps) = self.agent.mps() else {
             return Ok(());
         };
         if mps.serving() {
@@ -462,18 +473,9 @@ impl Plugin {
     /// The node's Warning Event `GpuShareAllocateFailed` with `message`, sent in a task of its
     /// own so that Allocate never waits for the API server.
     fn allocate_failed_event(self: &Arc<Self>, message: String) {
-        let plugin = self.clone();
-        tokio::spawn(async move {
-            node::warn_event(
-                &plugin.events,
-                &plugin.node,
-                &plugin.node_uid,
-                "Allocate",
-                "GpuShareAllocateFailed",
-                &message,
-            )
-            .await;
-        });
+        self.agent
+            .events()
+            .warn_soon("Allocate", "GpuShareAllocateFailed", message);
     }
 
     /// Prefers device IDs of the GPU of the pod the next Allocate of this size will match, so
@@ -499,7 +501,11 @@ impl Plugin {
             };
             let mut gpu = target();
             if gpu.is_none() {
-                if let Err(e) = self.pods.refresh(&self.client, &self.node).await {
+                if let Err(e) = self
+                    .pods
+                    .refresh(self.agent.client(), self.agent.node_name())
+                    .await
+                {
                     tracing::debug!(error = %e, "pod refresh after a miss failed");
                 }
                 gpu = target();

@@ -8,40 +8,12 @@ use std::fmt;
 
 use prost::encoding::encoded_len_varint;
 
+use crate::core::MemoryUnit;
 use crate::core::wire::{FAKE_ID_SEPARATOR, HEALTHY, UNHEALTHY, fake_device_id};
-use crate::core::{GpuMem, MemoryUnit};
 use crate::gpu::Inventory;
 use crate::kubelet_api::KUBELET_MAX_MESSAGE_BYTES;
 use crate::kubelet_api::deviceplugin::{Device, ListAndWatchResponse};
-
-/// One GPU as the plugin serves it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ServedGpu {
-    /// NVML index (what `NVIDIA_VISIBLE_DEVICES=<n>` and the extender's IDX mean).
-    pub index: u32,
-    /// `GPU-…` UUID.
-    pub uuid: String,
-    /// Memory in units (floor of MiB over the unit size).
-    pub units: GpuMem,
-    /// Minor number (`/dev/nvidia<minor>`), when the backend knows it.
-    pub minor: Option<u32>,
-}
-
-/// The served GPUs of an inventory, in index order, each with its own unit count.
-pub(crate) fn served_gpus(inventory: &Inventory, unit: MemoryUnit) -> Vec<ServedGpu> {
-    let mut gpus: Vec<ServedGpu> = inventory
-        .devices
-        .iter()
-        .map(|d| ServedGpu {
-            index: d.index,
-            uuid: d.uuid.clone(),
-            units: unit.units_of_bytes(d.memory_bytes),
-            minor: d.minor,
-        })
-        .collect();
-    gpus.sort_by_key(|g| g.index);
-    gpus
-}
+use crate::node::gpus::{ServedGpu, served_gpus};
 
 /// The ListAndWatch message: every unit of every GPU, `Unhealthy` where `healthy(uuid)` is false.
 pub(crate) fn list_and_watch_response(
@@ -99,7 +71,7 @@ pub(crate) const CANDIDATE_UNITS_MIB: [u32; 11] = [1, 2, 4, 8, 16, 32, 64, 128, 
 
 /// The ListAndWatch message would not fit kubelet's 4 MiB limit.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct MessageTooLarge {
+pub struct MessageTooLarge {
     /// The unit asked for.
     pub unit: MemoryUnit,
     /// The number of fake devices it gives.
@@ -159,6 +131,7 @@ mod tests {
     use prost::Message;
 
     use super::*;
+    use crate::core::GpuMem;
     use crate::gpu::GpuDevice;
 
     fn inventory(sizes_gib: &[u64]) -> Inventory {

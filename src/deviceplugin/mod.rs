@@ -1,6 +1,10 @@
 //! `gpushare device-plugin`: the kubelet device plugin, a drop-in for Aliyun's
 //! gpushare-device-plugin (reference spec §5) without its known failures.
 //!
+//! It is the kubelet protocol only: what a GPU node does whichever path serves it (the GPUs,
+//! the unit, health, MPS, node annotations and Events, the container contract) is the node
+//! agent's ([`crate::node`]), handed in by `cli` (or built by [`start`]).
+//!
 //! What it does:
 //! - serves the device plugin API v1beta1 on `<dir>/aliyungpushare.sock` and registers
 //!   `aliyun.com/gpu-mem` with `<dir>/kubelet.sock` (GetPreferredAllocation available); when
@@ -11,12 +15,11 @@
 //! - answers Allocate per container with the GPU the extender chose, matched from a watch of
 //!   this node's pods ([`matching`], [`allocate`], [`pods`]), and cross-checks against the
 //!   kubelet PodResources API, correcting swaps ([`reconcile`]);
-//! - tracks GPU health from XID events with recovery ([`health`]) and publishes
-//!   `aliyun.com/gpu-count`, `gpushare.io/devices` and `gpushare.io/memory-unit` on the node
-//!   ([`node`]);
+//! - follows the agent's health view into ListAndWatch (an unhealthy GPU's devices are
+//!   `Unhealthy`) and its metrics;
 //! - serves `/healthz`, `/readyz`, `/metrics` on `device_plugin.admin_address` ([`crate::admin::serve`]);
-//! - with `--mps`, runs and supervises the CUDA MPS control daemon ([`mps`]): ready and
-//!   answering Allocate only while the daemon answers.
+//! - with `--mps`, follows the agent's MPS daemon: ready and answering Allocate only while the
+//!   daemon serves.
 //!
 //! It does not choose GPUs (the extender does) and does not isolate memory unless `--mps`.
 //!
@@ -25,16 +28,11 @@
 #![cfg_attr(not(unix), allow(dead_code))]
 
 pub mod allocate;
-pub mod api;
 pub mod devices;
-pub mod handover;
-pub mod health;
 pub mod matching;
 pub mod metrics;
-mod mps;
 #[cfg(not(unix))]
 mod no_unix_sockets;
-pub mod node;
 pub mod pods;
 #[cfg(not(unix))]
 use no_unix_sockets as reconcile;
@@ -46,7 +44,6 @@ pub mod records;
 #[cfg(unix)]
 pub mod registration;
 mod service;
-mod unit_change;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -63,20 +60,22 @@ use crate::config::{
     FlagOverrides, VisibleDevices,
 };
 use crate::core::MemoryUnit;
-use crate::core::wire::{DEVICE_PLUGIN_COMPONENT, PLUGIN_SOCKET};
+use crate::core::wire::PLUGIN_SOCKET;
 use crate::gpu::GpuBackend;
-use crate::k8s::events::Events;
 use crate::kubelet_api::deviceplugin::ListAndWatchResponse;
+use crate::node::gpus::ServedGpu;
+use crate::node::health::HealthView;
+use crate::node::mps::MpsState;
+use crate::node::paths::ServingPath;
+use crate::node::{NodeAgent, NodeAgentHandle, PreparedAgent};
 use crate::shutdown::Shutdown;
 
-use devices::ServedGpu;
-use health::HealthTracker;
 use metrics::Metrics;
 use pods::PodStore;
 use records::Records;
 
-/// Flags of `gpushare device-plugin` (each overrides its `[device_plugin]`, `[gpu]` or
-/// `[doctor]` key). Upstream's flags are accepted: `--memory-unit`, `--health-check`, `--mps`
+/// Flags of `gpushare device-plugin` (each overrides its `[device_plugin]`, `[node]`, `[gpu]`
+/// or `[doctor]` key). Upstream's flags are accepted: `--memory-unit`, `--health-check`, `--mps`
 /// work; the glog flags (`-logtostderr`, `--v=5`, …) and `--query-kubelet` family are
 /// accepted and ignored, so upstream manifests keep working.
 #[derive(Clone, Debug, Default, clap::Args)]
@@ -196,22 +195,23 @@ impl Args {
     /// The flags as configuration overrides.
     pub fn overrides(&self, flags: &mut FlagOverrides) {
         let dp = |k: &str| format!("device_plugin.{k}");
+        let node = |k: &str| format!("node.{k}");
         let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
-        flags.set(&dp("node_name"), self.node_name.clone());
+        flags.set(&node("node_name"), self.node_name.clone());
         flags.set(&dp("device_plugin_dir"), path(&self.device_plugin_dir));
         flags.set(
             &dp("pod_resources_socket"),
             path(&self.pod_resources_socket),
         );
-        flags.set(&dp("memory_unit"), self.memory_unit);
-        flags.set(&dp("device_id_strategy"), self.visible_devices);
+        flags.set(&node("memory_unit"), self.memory_unit);
+        flags.set(&node("device_id_strategy"), self.visible_devices);
         if !self.device_list_strategy.is_empty() {
             let list = DeviceListStrategies::new(self.device_list_strategy.iter().copied());
-            flags.set(&dp("device_list_strategy"), Some(list.to_string()));
+            flags.set(&node("device_list_strategy"), Some(list.to_string()));
         }
-        flags.set(&dp("cdi_kind"), self.cdi_kind.clone());
+        flags.set(&node("cdi_kind"), self.cdi_kind.clone());
         flags.set(
-            &dp("cdi_annotation_prefix"),
+            &node("cdi_annotation_prefix"),
             self.cdi_annotation_prefix.clone(),
         );
         if !self.cdi_spec_dirs.is_empty() {
@@ -220,28 +220,28 @@ impl Args {
                 .iter()
                 .map(|p| p.display().to_string())
                 .collect();
-            flags.set(&dp("cdi_spec_dirs"), Some(dirs));
+            flags.set(&node("cdi_spec_dirs"), Some(dirs));
         }
-        flags.set(&dp("pass_device_specs"), self.pass_device_specs);
+        flags.set(&node("pass_device_specs"), self.pass_device_specs);
         flags.set(&dp("allocate_failure"), self.allocate_failure);
-        flags.set(&dp("health_check"), self.health_check);
-        flags.set(&dp("health_recovery_secs"), self.health_recovery);
-        flags.set(&dp("mps"), self.mps);
-        flags.set(&dp("mps_pipe_dir"), path(&self.mps_pipe_dir));
+        flags.set(&node("health_check"), self.health_check);
+        flags.set(&node("health_recovery_secs"), self.health_recovery);
+        flags.set(&node("mps"), self.mps);
+        flags.set(&node("mps_pipe_dir"), path(&self.mps_pipe_dir));
         flags.set(
-            &dp("mps_active_thread_percentage"),
+            &node("mps_active_thread_percentage"),
             self.mps_active_thread_percentage,
         );
-        flags.set(&dp("mps_control"), self.mps_control.clone());
-        flags.set(&dp("mps_log_dir"), path(&self.mps_log_dir));
-        flags.set(&dp("mps_shm_dir"), path(&self.mps_shm_dir));
+        flags.set(&node("mps_control"), self.mps_control.clone());
+        flags.set(&node("mps_log_dir"), path(&self.mps_log_dir));
+        flags.set(&node("mps_shm_dir"), path(&self.mps_shm_dir));
         flags.set(
-            &dp("mps_pinned_mem_limit_mib"),
+            &node("mps_pinned_mem_limit_mib"),
             self.mps_pinned_mem_limit_mib,
         );
-        flags.set(&dp("mps_check_interval_ms"), self.mps_check_interval_ms);
+        flags.set(&node("mps_check_interval_ms"), self.mps_check_interval_ms);
         flags.set(
-            &dp("mps_restart_backoff_max_secs"),
+            &node("mps_restart_backoff_max_secs"),
             self.mps_restart_backoff_max_secs,
         );
         flags.set(&dp("admin_address"), self.admin_address.clone());
@@ -250,38 +250,21 @@ impl Args {
     }
 }
 
-/// The settings without which the device plugin cannot start (the node name), checked before
-/// the preflight so the message names the missing setting.
-pub fn check_required(config: &Config) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        !config.device_plugin.node_name.trim().is_empty(),
-        "device-plugin: the node name is required: pass --node-name or set NODE_NAME \
-         (in a DaemonSet: env NODE_NAME from fieldRef spec.nodeName)"
-    );
-    Ok(())
+/// The GPUs the device plugin cannot serve: their fake devices would not fit kubelet's 4 MiB
+/// ListAndWatch message in the unit decided. Checked before the agent publishes anything.
+pub fn admit(prepared: &PreparedAgent) -> Result<(), devices::MessageTooLarge> {
+    devices::check_message_size(prepared.found_gpus(), prepared.unit())
 }
 
-/// Runs the device plugin until SIGTERM/SIGINT. The dispatcher has run the preflight.
-pub async fn run(_args: Args, config: Config) -> anyhow::Result<ExitCode> {
-    check_required(&config)?;
-    let backend = crate::gpu::open_off_runtime(&config.gpu)
-        .await
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "cannot reach the GPUs: {e} (on a GPU node: is the nvidia runtime the default \
-             container runtime and the driver installed? without GPUs: --gpu-backend fake)"
-            )
-        })?;
-    let client = crate::k8s::client(&crate::k8s::ClientOptions {
-        kubeconfig: Some(config.cluster.kubeconfig.as_str()),
-        ..Default::default()
-    })
-    .await?;
-    let wait = std::time::Duration::from_secs(config.cluster.api_wait_secs);
-    crate::k8s::reachable::wait_for_api(&config.cluster.kubeconfig, wait, "device-plugin").await?;
-    let (trigger, _) = crate::shutdown::channel();
-    let shutdown = crate::shutdown::on_signals(trigger);
-    let handle = start(&config, client, backend, shutdown.clone()).await?;
+/// Runs the device plugin on `agent` until `shutdown` (SIGTERM/SIGINT). The dispatcher has run
+/// the preflight and started the agent.
+pub async fn run(
+    _args: Args,
+    config: &Config,
+    agent: Arc<NodeAgent>,
+    shutdown: Shutdown,
+) -> anyhow::Result<ExitCode> {
+    let handle = serve(config, agent, shutdown.clone()).await?;
     tracing::info!(socket = %handle.socket_path().display(), "device plugin serving");
     shutdown.wait().await;
     handle.stop().await;
@@ -306,18 +289,15 @@ pub struct AllocationRecord {
     pub container: String,
 }
 
-/// State shared by the gRPC service, the health task, the reconciler and the serve loop.
+/// State shared by the gRPC service, the followers of the agent, the reconciler and the serve
+/// loop.
 pub(crate) struct Plugin {
+    /// `[device_plugin]`: the kubelet side.
     pub(crate) config: DevicePluginConfig,
-    pub(crate) node: String,
-    pub(crate) node_uid: String,
-    pub(crate) cgpu_disable: bool,
-    pub(crate) client: kube::Client,
-    /// The Event publisher (events.k8s.io/v1, repeats aggregated).
-    pub(crate) events: Events,
-    pub(crate) backend: Arc<dyn GpuBackend>,
+    /// The node agent: the GPUs, the unit, health, MPS, node publishing, the contract.
+    pub(crate) agent: Arc<NodeAgent>,
+    /// The GPUs the agent offers on this path.
     pub(crate) gpus: Vec<ServedGpu>,
-    pub(crate) health: std::sync::Mutex<HealthTracker>,
     pub(crate) devices_tx: watch::Sender<Arc<ListAndWatchResponse>>,
     pub(crate) pods: PodStore,
     /// The allocations answered, by pod UID. Held for in-memory steps only, never across an
@@ -331,14 +311,12 @@ pub(crate) struct Plugin {
     pub(crate) reported: std::sync::Mutex<reconcile::Reported>,
     pub(crate) metrics: Metrics,
     pub(crate) admin: Arc<AdminState>,
-    /// With `--mps`: whether the MPS control daemon serves (kept by [`mps::Supervisor`]).
-    pub(crate) mps: Option<Arc<mps::MpsStatus>>,
 }
 
 impl std::fmt::Debug for Plugin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Plugin")
-            .field("node", &self.node)
+            .field("node", &self.agent.node_name())
             .field("gpus", &self.gpus)
             .field("socket", &self.socket_path())
             .finish_non_exhaustive()
@@ -396,14 +374,17 @@ impl Plugin {
         self.gpus.iter().find(|g| g.uuid == uuid)
     }
 
-    /// Re-sends the device list (after a health change).
-    pub(crate) fn refresh_devices(&self) {
-        let tracker = self.health.lock().unwrap_or_else(|p| p.into_inner());
-        let msg = devices::list_and_watch_response(&self.gpus, |u| tracker.is_healthy(u));
+    /// Re-sends the device list for the health `view`.
+    pub(crate) fn refresh_devices(&self, view: &HealthView) {
+        let msg = devices::list_and_watch_response(&self.gpus, |u| view.is_healthy(u));
+        let unhealthy = self
+            .gpus
+            .iter()
+            .filter(|g| !view.is_healthy(&g.uuid))
+            .count();
         self.metrics
             .unhealthy_gpus
-            .set(i64::try_from(tracker.unhealthy().len()).unwrap_or(i64::MAX));
-        drop(tracker);
+            .set(i64::try_from(unhealthy).unwrap_or(i64::MAX));
         self.devices_tx.send_replace(Arc::new(msg));
     }
 
@@ -411,10 +392,21 @@ impl Plugin {
         self.config.device_plugin_dir.join(PLUGIN_SOCKET)
     }
 
+    /// Puts the MPS daemon's state into the metrics (the restarts after `restarts_seen`);
+    /// returns the restarts seen now.
+    fn mps_metrics(&self, now: MpsState, restarts_seen: u64) -> u64 {
+        self.metrics.mps_daemon_up.set(i64::from(now.serving));
+        let new = now.restarts.saturating_sub(restarts_seen);
+        if new > 0 {
+            self.metrics.mps_daemon_restarts.inc_by(new);
+        }
+        now.restarts.max(restarts_seen)
+    }
+
     /// Ready while registered with kubelet and, with `--mps`, while the MPS daemon serves.
     pub(crate) fn update_ready(&self) {
         let registered = self.metrics.registered.get() == 1;
-        let mps = self.mps.as_ref().is_none_or(|m| m.serving());
+        let mps = self.agent.mps().is_none_or(|m| m.serving());
         self.admin.set_ready(registered && mps);
     }
 }
@@ -426,6 +418,8 @@ pub struct DevicePluginHandle {
     stop: Arc<crate::shutdown::Trigger>,
     tasks: Vec<JoinHandle<()>>,
     admin_addr: Option<std::net::SocketAddr>,
+    /// The agent, when [`start`] built it for this plugin alone (stopped with it).
+    own_agent: Option<NodeAgentHandle>,
 }
 
 impl DevicePluginHandle {
@@ -475,93 +469,73 @@ impl DevicePluginHandle {
         self.plugin.pods.is_synced()
     }
 
-    /// Stops serving, ends the ListAndWatch streams and removes the socket.
+    /// The node agent it serves.
+    pub fn agent(&self) -> &Arc<NodeAgent> {
+        &self.plugin.agent
+    }
+
+    /// Stops serving, ends the ListAndWatch streams, removes the socket and gives the GPUs
+    /// back to the agent (and stops the agent when [`start`] built it).
     pub async fn stop(self) {
         self.stop.trigger();
         for task in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
         }
         let _ = std::fs::remove_file(self.plugin.socket_path());
+        self.plugin.agent.withdraw(ServingPath::DevicePlugin);
+        if let Some(agent) = self.own_agent {
+            agent.stop().await;
+        }
     }
 }
 
-/// Starts the device plugin in-process: reads the node and the GPUs, checks the message size,
-/// publishes the node facts, starts the pod watch, the gRPC server (with kubelet registration
-/// and restart handling), the health task, the reconciler and the admin server. Returns once
-/// the socket is served; registration continues in the background until it succeeds.
+/// Starts the device plugin in-process with a node agent of its own (the integration tests,
+/// `gpushare demo`): prepares the agent, checks the message size, starts the agent, then
+/// [`serve`]s. The agent stops with the plugin.
 pub async fn start(
     config: &Config,
     client: kube::Client,
     backend: Arc<dyn GpuBackend>,
     shutdown: Shutdown,
 ) -> anyhow::Result<DevicePluginHandle> {
-    let mut dp = config.device_plugin.clone();
-    let node = dp.node_name.trim().to_string();
-    anyhow::ensure!(
-        !node.is_empty(),
-        "the node name is required (--node-name or NODE_NAME)"
-    );
-    let inventory = crate::gpu::inventory_off_runtime(&backend)
-        .await
-        .map_err(|e| anyhow::anyhow!("reading the GPUs: {e}"))?;
-    for g in &inventory.excluded {
-        tracing::warn!(index = g.index, uuid = %g.uuid, reason = %g.reason, "GPU not offered");
+    let prepared = NodeAgent::prepare(&config.node, client, backend).await?;
+    admit(&prepared)?;
+    let agent = prepared.start(shutdown.clone()).await?;
+    match serve(config, agent.agent().clone(), shutdown).await {
+        Ok(mut handle) => {
+            handle.own_agent = Some(agent);
+            Ok(handle)
+        }
+        Err(e) => {
+            agent.stop().await;
+            Err(e)
+        }
     }
-    anyhow::ensure!(
-        !inventory.devices.is_empty(),
-        "the {} backend found no GPU to share on this node{}",
-        inventory.backend,
-        inventory
-            .excluded
-            .iter()
-            .map(|g| format!("; GPU {} {}: {}", g.index, g.uuid, g.reason))
-            .collect::<String>()
-    );
-    let facts = node::read_node(&client, &node).await?;
-    let unit =
-        unit_change::decide(&client, &node, facts.memory_unit.as_deref(), dp.memory_unit).await?;
-    dp.memory_unit = unit.unit;
-    devices::check_message_size(&inventory, dp.memory_unit)?;
-    let gpus = devices::served_gpus(&inventory, dp.memory_unit);
-    node::publish_gpu_count(&client, &node, gpus.len()).await?;
-    node::publish_devices(
-        &client,
-        &node,
-        &node::device_annotations(&gpus, dp.memory_unit, |_| true),
-    )
-    .await?;
-    node::publish_devices(
-        &client,
-        &node,
-        &node::excluded_annotation(&inventory.excluded),
-    )
-    .await?;
+}
 
+/// Serves the agent's GPUs as the device plugin: offers them on [`ServingPath::DevicePlugin`]
+/// (refused when another path offers any), starts the pod watch, the gRPC server (with kubelet
+/// registration and restart handling), the followers of the agent's health and MPS state, the
+/// reconciler and the admin server. Returns once the socket is served; registration continues
+/// in the background until it succeeds.
+pub async fn serve(
+    config: &Config,
+    agent: Arc<NodeAgent>,
+    shutdown: Shutdown,
+) -> anyhow::Result<DevicePluginHandle> {
+    let dp = config.device_plugin.clone();
+    let all: Vec<u32> = agent.gpus().iter().map(|g| g.index).collect();
+    let gpus = agent.offer(ServingPath::DevicePlugin, all)?;
     let admin = AdminState::new();
     let metrics = Metrics::new(&admin);
-    let tracker = HealthTracker::new(
-        gpus.iter().map(|g| g.uuid.clone()),
-        Duration::from_secs(dp.health_recovery_secs),
-    );
-    let mps = dp.mps.then(|| {
-        let mut control =
-            crate::gpu::mps::MpsControl::new(&dp.mps_control, &dp.mps_pipe_dir, &dp.mps_log_dir);
-        // The daemon gets the GPUs this plugin serves (not, say, a MIG GPU left out).
-        control.visible_devices = gpus.iter().map(|g| g.uuid.clone()).collect();
-        Arc::new(mps::MpsStatus::new(control))
-    });
-    let first = devices::list_and_watch_response(&gpus, |_| true);
+    let mut health = agent.health();
+    let view = health.borrow_and_update().clone();
+    let first = devices::list_and_watch_response(&gpus, |u| view.is_healthy(u));
     let (devices_tx, _) = watch::channel(Arc::new(first));
     let plugin = Arc::new(Plugin {
         config: dp.clone(),
-        node: node.clone(),
-        node_uid: facts.uid,
-        cgpu_disable: facts.cgpu_disable,
-        client: client.clone(),
-        events: Events::new(client.clone(), DEVICE_PLUGIN_COMPONENT, &node),
-        backend: backend.clone(),
+        agent: agent.clone(),
         gpus,
-        health: std::sync::Mutex::new(tracker),
         devices_tx,
         pods: PodStore::default(),
         records: std::sync::Mutex::default(),
@@ -570,52 +544,48 @@ pub async fn start(
         reported: std::sync::Mutex::default(),
         metrics,
         admin: admin.clone(),
-        mps,
     });
-
-    if let Some(refused) = &unit.refused {
-        tracing::error!("{refused}");
+    plugin.refresh_devices(&view);
+    if agent.unit_refused().is_some() {
         plugin.metrics.memory_unit_change_refused.set(1);
-        node::warn_event(
-            &plugin.events,
-            &node,
-            &plugin.node_uid,
-            "Start",
-            "GpuShareMemoryUnitChangeRefused",
-            refused,
-        )
-        .await;
     }
 
     // One internal stop that fires on the caller's shutdown or on `stop()`.
     let (stop_trigger, stop) = shutdown.child();
     let stop_trigger = Arc::new(stop_trigger);
     let mut tasks = Vec::new();
-    // The MPS daemon answers (or is known not to) before kubelet can call Allocate.
-    if let Some(status) = &plugin.mps {
-        let mut supervisor = mps::Supervisor::new(plugin.clone(), status.clone());
-        supervisor.first_contact().await;
-        tasks.push(tokio::spawn(supervisor.run(stop.clone())));
+    tasks.push(tokio::spawn(follow_health(
+        plugin.clone(),
+        health,
+        view.unattributed_xids,
+        stop.clone(),
+    )));
+    if let Some(status) = agent.mps() {
+        // The state now is in the metrics before kubelet can ask; the task follows changes.
+        let mut state = status.subscribe();
+        let now = *state.borrow_and_update();
+        plugin.mps_metrics(now, 0);
+        tasks.push(tokio::spawn(follow_mps(
+            plugin.clone(),
+            state,
+            now.restarts,
+            stop.clone(),
+        )));
     }
     tasks.push(tokio::spawn(plugin.pods.clone().run(
-        client.clone(),
-        node.clone(),
+        agent.client().clone(),
+        agent.node_name().to_string(),
         stop.clone(),
     )));
     let served = match registration::serve(plugin.clone(), stop.clone()).await {
         Ok(task) => task,
         Err(e) => {
             stop_trigger.trigger();
+            agent.withdraw(ServingPath::DevicePlugin);
             return Err(e);
         }
     };
     tasks.push(served);
-    if dp.health_check {
-        match backend.watch_health() {
-            Ok(rx) => tasks.push(tokio::spawn(health_task(plugin.clone(), rx, stop.clone()))),
-            Err(e) => tracing::warn!(error = %e, "GPU health events unavailable; health check off"),
-        }
-    }
     tasks.push(tokio::spawn(reconcile::run(plugin.clone(), stop.clone())));
     let admin_addr = if dp.admin_address.trim().is_empty() {
         None
@@ -636,6 +606,7 @@ pub async fn start(
             Err(e) => {
                 // Stops the tasks started so far (and removes the plugin socket).
                 stop_trigger.trigger();
+                agent.withdraw(ServingPath::DevicePlugin);
                 return Err(e);
             }
         }
@@ -645,99 +616,48 @@ pub async fn start(
         stop: stop_trigger,
         tasks,
         admin_addr,
+        own_agent: None,
     })
 }
 
-/// Applies health events and recoveries until `stop`.
-async fn health_task(
+/// Follows the agent's health view into ListAndWatch and the health metrics until `stop`.
+async fn follow_health(
     plugin: Arc<Plugin>,
-    mut events: tokio::sync::mpsc::Receiver<crate::gpu::HealthEvent>,
+    mut health: watch::Receiver<Arc<HealthView>>,
+    mut unattributed_seen: u64,
     stop: Shutdown,
 ) {
-    let stop_fut = stop.wait();
-    tokio::pin!(stop_fut);
-    let mut events_open = true;
     loop {
-        let next = plugin
-            .health
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .next_recovery();
-        let wake = async {
-            match next {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
-        let changes = tokio::select! {
-            _ = &mut stop_fut => return,
-            ev = events.recv(), if events_open => match ev {
-                Some(crate::gpu::HealthEvent::Unattributed { pci, xid }) => {
-                    tracing::warn!(pci = %pci, xid, "XID at a PCI address that is none of the served GPUs (NVSwitch/NVLink?): no GPU marked");
-                    plugin.metrics.unattributed_xids.inc();
-                    Vec::new()
-                }
-                Some(ev) => {
-                    tracing::info!(event = ?ev, "GPU health event");
-                    plugin.health.lock().unwrap_or_else(|p| p.into_inner())
-                        .apply(&ev, tokio::time::Instant::now())
-                }
-                None => { events_open = false; Vec::new() }
-            },
-            _ = wake => {
-                let present: Vec<String> = crate::gpu::inventory_off_runtime(&plugin.backend)
-                    .await
-                    .map(|inv| inv.devices.into_iter().map(|d| d.uuid).collect())
-                    .unwrap_or_default();
-                plugin.health.lock().unwrap_or_else(|p| p.into_inner())
-                    .recover(tokio::time::Instant::now(), |u| present.iter().any(|p| p == u))
-            }
-        };
-        if changes.is_empty() {
-            continue;
+        tokio::select! {
+            _ = stop.clone().wait() => return,
+            changed = health.changed() => if changed.is_err() { return },
         }
-        plugin.refresh_devices();
-        let annotations = {
-            let tracker = plugin.health.lock().unwrap_or_else(|p| p.into_inner());
-            node::device_annotations(&plugin.gpus, plugin.config.memory_unit, |u| {
-                tracker.is_healthy(u)
-            })
-        };
-        if let Err(e) = node::publish_devices(&plugin.client, &plugin.node, &annotations).await {
-            tracing::warn!(error = %e, "could not publish GPU health on the node");
+        let view = health.borrow_and_update().clone();
+        let new = view.unattributed_xids.saturating_sub(unattributed_seen);
+        if new > 0 {
+            plugin.metrics.unattributed_xids.inc_by(new);
+            unattributed_seen = view.unattributed_xids;
         }
-        for change in changes {
-            let index = plugin
-                .gpu_by_uuid(&change.uuid)
-                .map(|g| g.index.to_string())
-                .unwrap_or_default();
-            if change.healthy {
-                tracing::info!(
-                    gpu = index,
-                    uuid = change.uuid,
-                    reason = change.reason,
-                    "GPU healthy again"
-                );
-            } else {
-                tracing::warn!(
-                    gpu = index,
-                    uuid = change.uuid,
-                    reason = change.reason,
-                    "GPU unhealthy"
-                );
-                node::warn_event(
-                    &plugin.events,
-                    &plugin.node,
-                    &plugin.node_uid,
-                    "HealthCheck",
-                    "GpuUnhealthy",
-                    &format!(
-                        "GPU {index} ({}) is unhealthy: {}",
-                        change.uuid, change.reason
-                    ),
-                )
-                .await;
-            }
+        plugin.refresh_devices(&view);
+    }
+}
+
+/// Follows the changes of the agent's MPS daemon into the MPS metrics and the readiness until
+/// `stop` (the state at start is in the metrics already, and the registration's own readiness
+/// update reads it).
+async fn follow_mps(
+    plugin: Arc<Plugin>,
+    mut state: watch::Receiver<MpsState>,
+    mut restarts_seen: u64,
+    stop: Shutdown,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.clone().wait() => return,
+            changed = state.changed() => if changed.is_err() { return },
         }
+        let now = *state.borrow_and_update();
+        restarts_seen = plugin.mps_metrics(now, restarts_seen);
+        plugin.update_ready();
     }
 }

@@ -13,9 +13,9 @@ use kube::Api;
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::watch;
 
-use super::api::{ApiCallError, bounded};
 use super::matching::PodSnapshot;
 use crate::k8s::watch::DefaultBackoff;
+use crate::node::api::{ApiCallError, list_node_pods};
 use crate::shutdown::Shutdown;
 
 /// Pods of one node by `namespace/name`.
@@ -169,16 +169,6 @@ impl PodStore {
         )
         .await;
     }
-}
-
-/// One LIST of `node`'s pods, bounded by the request timeout.
-pub(crate) async fn list_node_pods(
-    client: &kube::Client,
-    node: &str,
-) -> Result<Vec<Pod>, ApiCallError> {
-    let api: Api<Pod> = Api::all(client.clone());
-    let params = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
-    Ok(bounded(api.list(&params)).await?.items)
 }
 
 #[cfg(test)]

@@ -44,9 +44,7 @@ use tokio::time::Instant;
 use tonic::transport::{Endpoint, Uri};
 
 use super::Plugin;
-use super::api::bounded;
 use super::matching::PodSnapshot;
-use super::node::warn_event;
 use super::records::{PodId, Records};
 use crate::core::wire::{
     ANN_ASSIGNED, ANN_ASSUME_TIME, ANN_DEVICE_MEM, ANN_GPU_INDEX, POD_ANN_ALLOCATED_CONTAINERS,
@@ -56,6 +54,7 @@ use crate::k8s::retry::retry_attempts;
 use crate::k8s::write::now_ns;
 use crate::kubelet_api::podresources::ListPodResourcesRequest;
 use crate::kubelet_api::podresources::pod_resources_lister_client::PodResourcesListerClient;
+use crate::node::api::bounded;
 use crate::shutdown::Shutdown;
 
 /// Period of the background check.
@@ -199,7 +198,7 @@ pub(crate) async fn reconcile_once(plugin: &Arc<Plugin>) -> anyhow::Result<usize
         );
         match retry_attempts(4, || {
             bounded(crate::k8s::write::patch_pod_annotations(
-                &plugin.client,
+                plugin.agent.client(),
                 &ns,
                 &name,
                 &patch,
@@ -216,28 +215,24 @@ pub(crate) async fn reconcile_once(plugin: &Arc<Plugin>) -> anyhow::Result<usize
     for swap in plan.swaps {
         plugin.metrics.swaps_corrected.inc();
         tracing::warn!("allocation swap corrected: {swap}");
-        warn_event(
-            &plugin.events,
-            &plugin.node,
-            &plugin.node_uid,
-            "Reconcile",
-            "GpuShareAllocationSwapped",
-            &format!("{swap}; annotations corrected"),
-        )
-        .await;
+        plugin
+            .agent
+            .events()
+            .warn(
+                "Reconcile",
+                "GpuShareAllocationSwapped",
+                &format!("{swap}; annotations corrected"),
+            )
+            .await;
     }
     for split in plan.splits {
         plugin.metrics.split_pods.inc();
         tracing::error!("allocation split: {split}");
-        warn_event(
-            &plugin.events,
-            &plugin.node,
-            &plugin.node_uid,
-            "Reconcile",
-            "GpuShareAllocationSplit",
-            &split,
-        )
-        .await;
+        plugin
+            .agent
+            .events()
+            .warn("Reconcile", "GpuShareAllocationSplit", &split)
+            .await;
     }
     Ok(plan.outstanding)
 }

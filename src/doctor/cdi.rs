@@ -1,4 +1,4 @@
-//! The CDI checks, run when `device_plugin.device_list_strategy` names a CDI strategy
+//! The CDI checks, run when `node.device_list_strategy` names a CDI strategy
 //! (`cdi-annotations`, `cdi-cri`):
 //!
 //! - `cdi-specs`: the CDI spec directories hold a spec of the configured kind that names every
@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use super::host::HostRoot;
 use super::report::{Check, Status};
 use super::runtime::{self, Engine};
-use crate::config::{DevicePluginConfig, VisibleDevices};
+use crate::config::{NodeConfig, VisibleDevices};
 use crate::gpu::GpuDevice;
 use crate::gpu::cdi::Registry;
 
@@ -27,7 +27,7 @@ const SPECS_TITLE: &str = "CDI specs name every GPU";
 const RUNTIME_ID: &str = "cdi-runtime";
 const RUNTIME_TITLE: &str = "container runtime hands CDI devices over";
 
-fn generate_hint(dp: &DevicePluginConfig) -> String {
+fn generate_hint(dp: &NodeConfig) -> String {
     let strategy = match dp.visible_devices {
         VisibleDevices::Index => "index",
         VisibleDevices::Uuid => "uuid",
@@ -45,7 +45,7 @@ fn generate_hint(dp: &DevicePluginConfig) -> String {
 /// and Allocate refuses a GPU without one anyway.
 pub fn specs(
     host: &HostRoot,
-    dp: &DevicePluginConfig,
+    dp: &NodeConfig,
     devices: Option<&[GpuDevice]>,
     preflight: bool,
 ) -> Check {
@@ -213,7 +213,7 @@ fn crio_finding(host: &HostRoot) -> Option<CdiFinding> {
 
 /// `cdi-runtime`: CDI is enabled in the runtime the kubelet uses, and it reads the directories
 /// the plugin reads.
-pub fn runtime(host: &HostRoot, dp: &DevicePluginConfig) -> Check {
+pub fn runtime(host: &HostRoot, dp: &NodeConfig) -> Check {
     let mut findings = containerd_findings(host);
     findings.extend(crio_finding(host));
     let kubelet = runtime::kubelet_engine(host);

@@ -314,14 +314,11 @@ pub async fn rbac(api: &ApiState, sets: &[(&str, &[Permission])], leader_elect: 
     }
 }
 
-/// This node's name: `device_plugin.node_name` (`--node-name`, `NODE_NAME`), else the host's
+/// This node's name: `node.node_name` (`--node-name`, `NODE_NAME`), else the host's
 /// `/etc/hostname`. The second value says where it came from.
 pub fn node_name(config: &Config, host: &HostRoot) -> Option<(String, &'static str)> {
-    if !config.device_plugin.node_name.is_empty() {
-        return Some((
-            config.device_plugin.node_name.clone(),
-            "--node-name / NODE_NAME",
-        ));
+    if !config.node.node_name.is_empty() {
+        return Some((config.node.node_name.clone(), "--node-name / NODE_NAME"));
     }
     host.read("/etc/hostname")
         .map(|h| h.trim().to_ascii_lowercase())

@@ -80,35 +80,35 @@ pub struct Args {
     #[arg(long, value_name = "NAME")]
     pub node_name: Option<String>,
     /// Check the CUDA MPS set-up: the control program, its directories and user, and that
-    /// the daemon answers (device_plugin.mps)
+    /// the daemon answers (node.mps)
     #[arg(long)]
     pub mps: bool,
-    /// The MPS control program (device_plugin.mps_control)
+    /// The MPS control program (node.mps_control)
     #[arg(long, value_name = "PATH")]
     pub mps_control: Option<String>,
-    /// MPS pipe directory (device_plugin.mps_pipe_dir)
+    /// MPS pipe directory (node.mps_pipe_dir)
     #[arg(long, value_name = "DIR")]
     pub mps_pipe_dir: Option<PathBuf>,
-    /// MPS log directory (device_plugin.mps_log_dir)
+    /// MPS log directory (node.mps_log_dir)
     #[arg(long, value_name = "DIR")]
     pub mps_log_dir: Option<PathBuf>,
     /// kubelet's device-plugin directory (device_plugin.device_plugin_dir)
     #[arg(long, value_name = "DIR")]
     pub device_plugin_dir: Option<PathBuf>,
-    /// Size of one unit of aliyun.com/gpu-mem: GiB, MiB or e.g. 256MiB (device_plugin.memory_unit)
+    /// Size of one unit of aliyun.com/gpu-mem: GiB, MiB or e.g. 256MiB (node.memory_unit)
     #[arg(long, value_name = "UNIT")]
     pub memory_unit: Option<MemoryUnit>,
-    /// How the plugin hands GPUs over (device_plugin.device_list_strategy); a CDI strategy
+    /// How the plugin hands GPUs over (node.device_list_strategy); a CDI strategy
     /// adds the cdi-specs and cdi-runtime checks
     #[arg(long, value_enum, value_delimiter = ',', value_name = "STRATEGY")]
     pub device_list_strategy: Vec<crate::config::DeviceListStrategy>,
-    /// index | uuid: the GPU names the CDI specs must have (device_plugin.device_id_strategy)
+    /// index | uuid: the GPU names the CDI specs must have (node.device_id_strategy)
     #[arg(long, value_enum)]
     pub device_id_strategy: Option<crate::config::VisibleDevices>,
-    /// CDI kind of the GPUs (device_plugin.cdi_kind)
+    /// CDI kind of the GPUs (node.cdi_kind)
     #[arg(long, value_name = "VENDOR/CLASS")]
     pub cdi_kind: Option<String>,
-    /// CDI spec directories, comma-separated (device_plugin.cdi_spec_dirs)
+    /// CDI spec directories, comma-separated (node.cdi_spec_dirs)
     #[arg(long, value_delimiter = ',', value_name = "DIR")]
     pub cdi_spec_dirs: Vec<PathBuf>,
     /// The same GPU access as the device plugin.
@@ -123,15 +123,15 @@ impl Args {
     /// The flags as configuration overrides.
     pub(crate) fn overrides(&self, flags: &mut FlagOverrides) {
         flags
-            .set("device_plugin.node_name", self.node_name.clone())
-            .set_flag("device_plugin.mps", self.mps)
-            .set("device_plugin.mps_control", self.mps_control.clone())
+            .set("node.node_name", self.node_name.clone())
+            .set_flag("node.mps", self.mps)
+            .set("node.mps_control", self.mps_control.clone())
             .set(
-                "device_plugin.mps_pipe_dir",
+                "node.mps_pipe_dir",
                 self.mps_pipe_dir.as_ref().map(|p| p.display().to_string()),
             )
             .set(
-                "device_plugin.mps_log_dir",
+                "node.mps_log_dir",
                 self.mps_log_dir.as_ref().map(|p| p.display().to_string()),
             )
             .set(
@@ -140,13 +140,13 @@ impl Args {
                     .as_ref()
                     .map(|p| p.display().to_string()),
             )
-            .set("device_plugin.memory_unit", self.memory_unit)
-            .set("device_plugin.device_id_strategy", self.device_id_strategy)
-            .set("device_plugin.cdi_kind", self.cdi_kind.clone());
+            .set("node.memory_unit", self.memory_unit)
+            .set("node.device_id_strategy", self.device_id_strategy)
+            .set("node.cdi_kind", self.cdi_kind.clone());
         if !self.device_list_strategy.is_empty() {
             let list =
                 crate::config::DeviceListStrategies::new(self.device_list_strategy.iter().copied());
-            flags.set("device_plugin.device_list_strategy", Some(list.to_string()));
+            flags.set("node.device_list_strategy", Some(list.to_string()));
         }
         if !self.cdi_spec_dirs.is_empty() {
             let dirs: Vec<String> = self
@@ -154,7 +154,7 @@ impl Args {
                 .iter()
                 .map(|p| p.display().to_string())
                 .collect();
-            flags.set("device_plugin.cdi_spec_dirs", Some(dirs));
+            flags.set("node.cdi_spec_dirs", Some(dirs));
         }
         self.gpu.overrides(flags);
     }
@@ -231,6 +231,7 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
     let role = opts.role;
     let host = HostRoot::new(&opts.root);
     let dp = &config.device_plugin;
+    let node_cfg = &config.node;
     let probe_gpus = async {
         if role.node() {
             Some(gpus::probe(&config.gpu).await)
@@ -244,7 +245,7 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
         let fake = config.gpu.backend == GpuBackendKind::Fake;
         checks.push(gpus::driver_version(&host, probe));
         checks.push(gpus::gpu_access(probe, &config.gpu));
-        let strategies = &dp.device_list_strategy;
+        let strategies = &node_cfg.device_list_strategy;
         if !opts.preflight {
             checks.push(host::nvml_library(&host, &config.gpu.nvml_library, fake));
             // Only CDI: the NVIDIA runtime need not be the default.
@@ -254,9 +255,9 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
             checks.push(host::nvidia_toolkit(&host));
         }
         if strategies.any_cdi() {
-            checks.push(cdi::specs(&host, dp, probe.devices(), opts.preflight));
+            checks.push(cdi::specs(&host, node_cfg, probe.devices(), opts.preflight));
             if !opts.preflight {
-                checks.push(cdi::runtime(&host, dp));
+                checks.push(cdi::runtime(&host, node_cfg));
             }
         }
         checks.push(host::device_plugin_dir(&host, &dp.device_plugin_dir));
@@ -265,8 +266,8 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
             &dp.device_plugin_dir,
             !opts.preflight,
         ));
-        checks.push(gpus::memory_unit(dp.memory_unit, probe.devices()));
-        checks.extend(mps::checks(&host, dp, opts.preflight).await);
+        checks.push(gpus::memory_unit(node_cfg.memory_unit, probe.devices()));
+        checks.extend(mps::checks(&host, node_cfg, opts.preflight).await);
     }
     checks.push(cluster::api_server(&api, config, opts.preflight));
     if role.node() {
@@ -304,7 +305,31 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
         checks.extend(managed::checks(&api, &config.webhook, opts.webhook_url.as_deref()).await);
         checks.push(migration::aliyun_leftovers(&api).await);
     }
+    if let Some(check) = deprecated_keys(&config.deprecated) {
+        checks.insert(0, check);
+    }
     Report::new(role.name(), checks)
+}
+
+/// `config-deprecated-keys`, only when the configuration uses an old key name: each one with
+/// its new name (the old names still work).
+fn deprecated_keys(keys: &[crate::config::DeprecatedKey]) -> Option<Check> {
+    if keys.is_empty() {
+        return None;
+    }
+    let lines: Vec<String> = keys.iter().map(ToString::to_string).collect();
+    Some(
+        Check::new(
+            "config-deprecated-keys",
+            "configuration keys under their current names",
+            Status::Warn,
+            lines.join("\n"),
+        )
+        .hint(
+            "the node settings moved from [device_plugin] to [node]: rename each key as shown \
+             (the old names are still read, but a later release may drop them)",
+        ),
+    )
 }
 
 /// `plugin-conflict`: another plugin serves `aliyun.com/gpu-mem`, or NVIDIA's plugin serves

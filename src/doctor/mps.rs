@@ -1,4 +1,4 @@
-//! The MPS checks (`--mps` / `device_plugin.mps`): the control program, the directories the
+//! The MPS checks (`--mps` / `node.mps`): the control program, the directories the
 //! daemon and its clients share, the user the daemon runs as, and whether a daemon answers
 //! `get_server_list` on the pipe directory. With MPS off, one `mps-daemon` check says so.
 //!
@@ -10,19 +10,19 @@ use std::path::{Path, PathBuf};
 
 use super::host::{BIN_DIRS, HostRoot};
 use super::report::{Check, Status};
-use crate::config::DevicePluginConfig;
+use crate::config::NodeConfig;
 use crate::gpu::mps::{MpsControl, resolve_program};
 
 /// The MPS checks: `mps-binary`, `mps-dirs`, `mps-user`, `mps-daemon` (only `mps-daemon`,
 /// skipped, when MPS is off). In the `preflight` a daemon that does not answer yet is fine: the
 /// device plugin starts it.
-pub async fn checks(host: &HostRoot, dp: &DevicePluginConfig, preflight: bool) -> Vec<Check> {
+pub async fn checks(host: &HostRoot, dp: &NodeConfig, preflight: bool) -> Vec<Check> {
     if !dp.mps {
         return vec![Check::new(
             "mps-daemon",
             "CUDA MPS control daemon",
             Status::Skip,
-            "MPS is off (device_plugin.mps = false; --mps turns it on)",
+            "MPS is off (node.mps = false; --mps turns it on)",
         )];
     }
     let (binary, check_binary) = binary(host, &dp.mps_control);
@@ -34,7 +34,7 @@ pub async fn checks(host: &HostRoot, dp: &DevicePluginConfig, preflight: bool) -
     ]
 }
 
-fn start_by_hand(dp: &DevicePluginConfig) -> String {
+fn start_by_hand(dp: &NodeConfig) -> String {
     format!(
         "CUDA_MPS_PIPE_DIRECTORY={} CUDA_MPS_LOG_DIRECTORY={} nvidia-cuda-mps-control -d",
         dp.mps_pipe_dir.display(),
@@ -75,7 +75,7 @@ fn binary(host: &HostRoot, program: &str) -> (Option<PathBuf>, Check) {
             )
             .hint(
                 "install the driver's compute utilities (nvidia-cuda-mps-control ships with the driver, \
-                 e.g. the nvidia-compute-utils package), or point device_plugin.mps_control / \
+                 e.g. the nvidia-compute-utils package), or point node.mps_control / \
                  --mps-control at it",
             ),
         ),
@@ -83,7 +83,7 @@ fn binary(host: &HostRoot, program: &str) -> (Option<PathBuf>, Check) {
 }
 
 /// `mps-dirs`: the pipe, log (and shm) directories exist as writable directories.
-fn dirs(host: &HostRoot, dp: &DevicePluginConfig) -> Check {
+fn dirs(host: &HostRoot, dp: &NodeConfig) -> Check {
     const ID: &str = "mps-dirs";
     const TITLE: &str = "MPS pipe, log and shm directories";
     let mut list = vec![
@@ -201,12 +201,7 @@ fn user(host: &HostRoot, pipe_dir: &Path) -> Check {
 }
 
 /// `mps-daemon`: a daemon answers `get_server_list` on the pipe directory.
-async fn daemon(
-    host: &HostRoot,
-    dp: &DevicePluginConfig,
-    binary: Option<&Path>,
-    preflight: bool,
-) -> Check {
+async fn daemon(host: &HostRoot, dp: &NodeConfig, binary: Option<&Path>, preflight: bool) -> Check {
     const ID: &str = "mps-daemon";
     const TITLE: &str = "CUDA MPS control daemon";
     let Some(binary) = binary else {

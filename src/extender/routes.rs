@@ -606,7 +606,9 @@ pub async fn serve(
     limits: http_server::Limits,
     shutdown: Shutdown,
 ) {
-    let metrics = http_server::ServerMetrics::register(state.admin());
+    let metrics = state
+        .admin()
+        .with_registry(http_server::ServerMetrics::register);
     let forwarder = Arc::new(forwarder);
     let handler = move |req| {
         let state = state.clone();

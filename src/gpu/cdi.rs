@@ -9,15 +9,21 @@
 //! on it, gpushare only names devices. The device plugin uses this to refuse an Allocate whose
 //! GPU the runtime could not resolve; doctor uses it for its `cdi-specs` check.
 //!
+//! The writer ([`TransientSpec`], [`write_spec`], [`remove_spec`]) writes the transient
+//! per-claim specs a DRA kubelet plugin hands its containers: `cdiVersion`, `kind` and
+//! `devices`, each with `containerEdits` (`env`, `deviceNodes`, `mounts`), as JSON, atomically
+//! (a temporary file in the same directory, synced, then renamed over the name), so a runtime
+//! never reads half a spec. Removing one that is gone is no error.
+//!
 //! Why not the `container-device-interface` crate: it links jsonschema, oci-spec, clap and the
 //! unmaintained serde_yaml into the shipped binary, and builds a runtime-side cache with
-//! file watching, for the few fields read here. This module does no watching and writes
-//! nothing; a file that cannot be read or parsed is reported, and the other files still count.
+//! file watching, for the few fields used here. This module does no watching; a file that
+//! cannot be read or parsed is reported, and the other files still count.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Spec files larger than this are reported and skipped (real ones are tens of KiB).
 const MAX_SPEC_BYTES: u64 = 8 * 1024 * 1024;
@@ -303,6 +309,188 @@ pub(crate) fn qualified_name(kind: &str, name: &str) -> String {
     format!("{kind}={name}")
 }
 
+/// The `cdiVersion` of the specs [`write_spec`] writes: the fields it uses (env, device
+/// nodes, mounts) are all in 0.3.0; 0.5.0 is what nvidia-ctk writes and every CDI-capable
+/// containerd and CRI-O reads.
+pub const WRITE_CDI_VERSION: &str = "0.5.0";
+
+/// A device node of a written spec.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceNodeEdit {
+    /// Path in the container (`/dev/nvidia0`).
+    pub path: String,
+    /// Path on the host, when it differs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<String>,
+    /// cgroup permissions (`rw`, `rwm`), when not the runtime's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permissions: Option<String>,
+}
+
+/// A mount of a written spec.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CdiMount {
+    /// Path on the host.
+    pub host_path: String,
+    /// Path in the container.
+    pub container_path: String,
+    /// Mount options (`bind`, `ro`, …).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
+}
+
+/// The `containerEdits` of one written device.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerEditsSpec {
+    /// `NAME=value` environment entries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    /// Device nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_nodes: Vec<DeviceNodeEdit>,
+    /// Mounts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<CdiMount>,
+}
+
+/// One device of a written spec.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceSpecEdit {
+    /// The device name (what `<kind>=<name>` resolves).
+    pub name: String,
+    /// What the runtime applies to a container that asks for it.
+    pub container_edits: ContainerEditsSpec,
+}
+
+/// A transient spec: one claim's devices, written for the runtime and removed when the claim
+/// is released.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TransientSpec {
+    /// `cdiVersion` ([`WRITE_CDI_VERSION`]).
+    pub cdi_version: String,
+    /// `<vendor>/<class>`.
+    pub kind: String,
+    /// The devices.
+    pub devices: Vec<DeviceSpecEdit>,
+}
+
+impl TransientSpec {
+    /// An empty spec of `kind` at [`WRITE_CDI_VERSION`].
+    pub fn new(kind: &str) -> TransientSpec {
+        TransientSpec {
+            cdi_version: WRITE_CDI_VERSION.to_string(),
+            kind: kind.to_string(),
+            devices: Vec::new(),
+        }
+    }
+}
+
+/// Why a spec was not written or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// The spec or its name breaks a rule of the CDI specification.
+    #[error("not a valid CDI spec to write: {0}")]
+    Invalid(String),
+    /// The file system refused.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// The file name (without directory) of the transient spec `id` of `kind`:
+/// `<vendor>_<class>_<id>.json`, as the CDI tooling names transient specs. `id` (a claim
+/// UID) may hold alphanumerics, `-`, `_` and `.`.
+pub fn transient_spec_file(kind: &str, id: &str) -> Result<String, WriteError> {
+    if !crate::config::valid_cdi_kind(kind) {
+        return Err(WriteError::Invalid(format!(
+            "kind {kind:?}: expected <vendor>/<class>"
+        )));
+    }
+    let id_ok = !id.is_empty()
+        && !id.starts_with('.')
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if !id_ok {
+        return Err(WriteError::Invalid(format!(
+            "spec id {id:?}: expected alphanumerics, '-', '_' or '.'"
+        )));
+    }
+    Ok(format!("{}_{id}.json", kind.replace('/', "_")))
+}
+
+/// Writes `spec` as `<dir>/<transient_spec_file(kind, id)>` atomically (a synced temporary
+/// file in `dir`, renamed over the name); returns the path written. `dir` is created when
+/// missing.
+pub fn write_spec(dir: &Path, id: &str, spec: &TransientSpec) -> Result<PathBuf, WriteError> {
+    let name = transient_spec_file(&spec.kind, id)?;
+    if !known_version(&spec.cdi_version) {
+        return Err(WriteError::Invalid(format!(
+            "cdiVersion {:?}",
+            spec.cdi_version
+        )));
+    }
+    for (i, d) in spec.devices.iter().enumerate() {
+        if !valid_device_name(&d.name) {
+            return Err(WriteError::Invalid(format!(
+                "device name {:?} is not valid",
+                d.name
+            )));
+        }
+        if spec.devices[..i].iter().any(|x| x.name == d.name) {
+            return Err(WriteError::Invalid(format!(
+                "device {:?} is defined twice",
+                d.name
+            )));
+        }
+        if let Some(bad) = d.container_edits.env.iter().find(|e| !e.contains('=')) {
+            return Err(WriteError::Invalid(format!(
+                "env entry {bad:?} of device {:?} is not NAME=value",
+                d.name
+            )));
+        }
+    }
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| WriteError::Io { path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let text = serde_json::to_vec_pretty(spec)
+        .map_err(|e| WriteError::Invalid(format!("cannot encode: {e}")))?;
+    let target = dir.join(&name);
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".tmp")
+        .tempfile_in(dir)
+        .map_err(io(dir))?;
+    std::io::Write::write_all(&mut tmp, &text).map_err(io(tmp.path()))?;
+    tmp.as_file().sync_all().map_err(io(tmp.path()))?;
+    tmp.persist(&target).map_err(|e| WriteError::Io {
+        path: target.clone(),
+        source: e.error,
+    })?;
+    Ok(target)
+}
+
+/// Removes the transient spec `id` of `kind` from `dir`; one already gone is no error.
+pub fn remove_spec(dir: &Path, kind: &str, id: &str) -> Result<(), WriteError> {
+    let path = dir.join(transient_spec_file(kind, id)?);
+    match std::fs::remove_file(&path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(WriteError::Io { path, source }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -390,5 +578,108 @@ mod tests {
         assert!(reg.device("nvidia.com/gpu", "GPU-abc").is_some());
         assert!(reg.device("example.com/gpu", "0").is_none());
         assert_eq!(reg.names_of_kind("nvidia.com/gpu"), ["0", "GPU-abc", "all"]);
+    }
+
+    fn claim_spec() -> TransientSpec {
+        let mut spec = TransientSpec::new("gpushare.io/gpu-mem");
+        spec.devices.push(DeviceSpecEdit {
+            name: "claim-1.gpu-0".to_string(),
+            container_edits: ContainerEditsSpec {
+                env: vec![
+                    "NVIDIA_VISIBLE_DEVICES=void".to_string(),
+                    "ALIYUN_COM_GPU_MEM_IDX=0".to_string(),
+                ],
+                device_nodes: vec![DeviceNodeEdit {
+                    path: "/dev/nvidia0".to_string(),
+                    host_path: None,
+                    permissions: Some("rw".to_string()),
+                }],
+                mounts: vec![CdiMount {
+                    host_path: "/tmp/nvidia-mps".to_string(),
+                    container_path: "/tmp/nvidia-mps".to_string(),
+                    options: vec!["bind".to_string()],
+                }],
+            },
+        });
+        spec
+    }
+
+    #[test]
+    fn a_written_spec_reads_back_and_is_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cdi = dir.path().join("run-cdi");
+        let spec = claim_spec();
+        let path = write_spec(&cdi, "0f6c-uid", &spec).expect("written");
+        assert_eq!(path, cdi.join("gpushare.io_gpu-mem_0f6c-uid.json"));
+        // The reader (what doctor and Allocate use) finds the device and its node.
+        let registry = Registry::read(Path::new("/"), std::slice::from_ref(&cdi));
+        assert!(registry.errors.is_empty(), "{:?}", registry.errors);
+        let (read, device) = registry
+            .device("gpushare.io/gpu-mem", "claim-1.gpu-0")
+            .expect("the device");
+        assert_eq!(read.version, WRITE_CDI_VERSION);
+        assert_eq!(device.device_nodes, ["/dev/nvidia0"]);
+        // Every edit is on disk as the CDI specification spells it.
+        let text = std::fs::read_to_string(&path).expect("readable");
+        let json: serde_json::Value = serde_json::from_str(&text).expect("json");
+        let edits = &json["devices"][0]["containerEdits"];
+        assert_eq!(edits["env"][0], "NVIDIA_VISIBLE_DEVICES=void");
+        assert_eq!(edits["deviceNodes"][0]["permissions"], "rw");
+        assert_eq!(edits["mounts"][0]["hostPath"], "/tmp/nvidia-mps");
+        assert_eq!(edits["mounts"][0]["containerPath"], "/tmp/nvidia-mps");
+        let back: TransientSpec = serde_json::from_str(&text).expect("round trip");
+        assert_eq!(back, spec);
+        // Rewriting replaces it whole, and leaves no temporary file behind.
+        let mut smaller = spec.clone();
+        smaller.devices[0].container_edits.mounts.clear();
+        write_spec(&cdi, "0f6c-uid", &smaller).expect("rewritten");
+        let names: Vec<_> = std::fs::read_dir(&cdi)
+            .expect("dir")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["gpushare.io_gpu-mem_0f6c-uid.json"]);
+        let back: TransientSpec =
+            serde_json::from_str(&std::fs::read_to_string(&path).expect("readable")).expect("json");
+        assert_eq!(back, smaller);
+        remove_spec(&cdi, "gpushare.io/gpu-mem", "0f6c-uid").expect("removed");
+        assert!(!path.exists());
+        remove_spec(&cdi, "gpushare.io/gpu-mem", "0f6c-uid").expect("gone is no error");
+    }
+
+    #[test]
+    fn the_writer_refuses_what_the_spec_forbids() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let spec = claim_spec();
+        for id in ["", "../x", "a/b", ".hidden"] {
+            assert!(
+                matches!(
+                    write_spec(dir.path(), id, &spec),
+                    Err(WriteError::Invalid(_))
+                ),
+                "{id:?}"
+            );
+        }
+        let mut bad = spec.clone();
+        bad.kind = "gpu-mem".to_string();
+        assert!(write_spec(dir.path(), "c", &bad).is_err());
+        let mut bad = spec.clone();
+        bad.devices.push(bad.devices[0].clone());
+        let err = write_spec(dir.path(), "c", &bad).expect_err("twice");
+        assert!(err.to_string().contains("defined twice"), "{err}");
+        let mut bad = spec.clone();
+        bad.devices[0]
+            .container_edits
+            .env
+            .push("NOVALUE".to_string());
+        assert!(write_spec(dir.path(), "c", &bad).is_err());
+        let mut bad = spec;
+        bad.devices[0].name = "-x".to_string();
+        assert!(write_spec(dir.path(), "c", &bad).is_err());
+        assert_eq!(
+            std::fs::read_dir(dir.path()).expect("dir").count(),
+            0,
+            "nothing written"
+        );
     }
 }

@@ -34,7 +34,7 @@ pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default health poll interval.
 pub(crate) const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(30);
 /// Default kernel log.
-pub(crate) const DEFAULT_KMSG: &str = "/dev/kmsg";
+pub(crate) use crate::config::DEFAULT_KMSG;
 /// How often the kmsg reader looks for new lines when none are pending.
 const KMSG_IDLE: Duration = Duration::from_millis(200);
 /// Granularity of the poll thread's sleep, so it notices a dropped receiver soon.

@@ -100,7 +100,7 @@ pub enum RdmaConfigError {
     TooManyShares(u32),
     /// The resource name is not an extended resource name.
     #[error("devices.rdma.resource: {0}")]
-    Resource(#[from] crate::devices::ResourceNameError),
+    Resource(#[from] crate::core::resource_name::ResourceNameError),
 }
 
 /// Most shares of one device (per HCA, per generic device).
@@ -109,7 +109,7 @@ pub const MAX_SHARES: u32 = 1024;
 impl RdmaConfig {
     /// Checks the values.
     pub fn validate(&self) -> Result<(), RdmaConfigError> {
-        crate::devices::check_resource_name(&self.resource)?;
+        crate::core::resource_name::check_resource_name(&self.resource)?;
         match self.shares_per_hca {
             0 => Err(RdmaConfigError::ZeroShares),
             n if n > MAX_SHARES => Err(RdmaConfigError::TooManyShares(n)),

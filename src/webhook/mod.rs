@@ -245,7 +245,7 @@ pub async fn start(
         w.max_gpu_mem,
         Duration::from_millis(config.http.body_read_timeout_ms),
     );
-    let metrics = crate::http_server::ServerMetrics::register(&admin);
+    let metrics = admin.with_registry(crate::http_server::ServerMetrics::register);
     let acceptor = serving.acceptor()?;
     admin.set_ready(true);
     let handler = move |req| routes::handle(state.clone(), req);

@@ -42,7 +42,7 @@ async fn plugin_on(
     }))
     .expect("pod created");
     let mut config = Config::default();
-    config.device_plugin.node_name = NODE.to_string();
+    config.node.node_name = NODE.to_string();
     config.device_plugin.device_plugin_dir = dir.to_path_buf();
     config.device_plugin.pod_resources_socket = dir.join("no-pod-resources.sock");
     config.device_plugin.admin_address = if admin {

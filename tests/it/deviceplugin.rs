@@ -1,7 +1,8 @@
 //! `gpushare device-plugin` over real unix sockets against the sandbox kubelet and API server,
 //! with fake GPUs: registration and re-registration, device lists, the 4 MiB guard, node
 //! publishing, Allocate matching (demo A1, reverse order, multi-container, init containers),
-//! failures, single-GPU fallback, health and recovery, API errors, and NVML missing.
+//! failures, single-GPU fallback, health and recovery, API errors, NVML missing, and the
+//! node agent's one-path-per-GPU rule.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use gpushare::deviceplugin;
 use gpushare::gpu::HealthEvent;
 use gpushare::gpu::fake::{FakeBackend, fake_uuid};
 use gpushare::kubelet_api::deviceplugin::Device;
+use gpushare::node::paths::ServingPath;
 use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
 
 use crate::support::deviceplugin_cluster::{
@@ -26,6 +28,28 @@ fn ids_per_gpu(devices: &[Device]) -> BTreeMap<String, usize> {
         *per.entry(uuid_of(&d.id)).or_insert(0) += 1;
     }
     per
+}
+
+#[tokio::test]
+async fn a_gpu_the_device_plugin_serves_is_refused_to_another_path_until_it_stops() {
+    let c = cluster("2x16GiB", |_| {}).await;
+    let agent = c.plugin().agent().clone();
+    assert_eq!(agent.path_of(0), Some(ServingPath::DevicePlugin));
+    assert_eq!(agent.path_of(1), Some(ServingPath::DevicePlugin));
+    let err = agent
+        .offer(ServingPath::Dra, [1])
+        .expect_err("the device plugin offers GPU 1");
+    assert_eq!(err.held, ServingPath::DevicePlugin);
+    assert_eq!(err.indices, [1]);
+    c.stop().await;
+    // Stopped, the device plugin gave its GPUs back to the agent.
+    assert_eq!(agent.path_of(1), None);
+    let offered = agent
+        .offer(ServingPath::Dra, [1])
+        .expect("free once the device plugin stopped");
+    assert_eq!(offered.len(), 1);
+    assert_eq!(offered[0].index, 1);
+    assert_eq!(agent.path_of(0), None);
 }
 
 #[tokio::test]
@@ -67,7 +91,7 @@ async fn device_lists_count_every_unit_of_every_gpu() {
         ("1x16160MiB", "GiB", 15),
     ] {
         let c = cluster(gpus, |cfg| {
-            cfg.device_plugin.memory_unit = unit.parse().expect("unit");
+            cfg.node.memory_unit = unit.parse().expect("unit");
         })
         .await;
         let devices = c.kubelet.devices(RESOURCE);
@@ -127,10 +151,10 @@ async fn the_4mib_guard_refuses_mib_on_8x80gib_and_names_a_unit() {
     let api = ApiServer::start().await.expect("api");
     api.seed_yaml(&node_yaml("")).expect("node");
     let mut config = Config::default();
-    config.device_plugin.node_name = NODE.to_string();
+    config.node.node_name = NODE.to_string();
     config.device_plugin.device_plugin_dir = dir.path().join("device-plugins");
     config.device_plugin.admin_address = String::new();
-    config.device_plugin.memory_unit = "MiB".parse().expect("unit");
+    config.node.memory_unit = "MiB".parse().expect("unit");
     let backend = FakeBackend::from_spec("8x80GiB").expect("spec");
     let err = deviceplugin::start(
         &config,
@@ -160,7 +184,7 @@ async fn the_4mib_guard_refuses_mib_on_8x80gib_and_names_a_unit() {
 async fn demo_a1_binpack_three_pods_through_allocate() {
     // Demo 1: MiB units, 2 GPUs x 16276 MiB, three pods of 8138 bound by the extender.
     let c = cluster("2x16276MiB", |cfg| {
-        cfg.device_plugin.memory_unit = "MiB".parse().expect("unit");
+        cfg.node.memory_unit = "MiB".parse().expect("unit");
         cfg.device_plugin.admin_address = "127.0.0.1:0".to_string();
     })
     .await;
@@ -364,7 +388,7 @@ fn healthy_per_gpu(devices: &[Device], uuid: &str) -> Option<bool> {
 #[tokio::test]
 async fn health_fatal_stays_down_application_ignored_transient_recovers() {
     let c = cluster("2x16GiB", |cfg| {
-        cfg.device_plugin.health_recovery_secs = 1;
+        cfg.node.health_recovery_secs = 1;
     })
     .await;
     c.wait_for("the health watcher", |c| c.health.subscribers() > 0)

@@ -268,7 +268,7 @@ fn node_with_unit(unit: &str) -> String {
 #[tokio::test]
 async fn a_memory_unit_change_is_refused_while_pods_placed_under_the_old_unit_remain() {
     let mib = |cfg: &mut gpushare::config::Config| {
-        cfg.device_plugin.memory_unit = "MiB".parse().expect("unit");
+        cfg.node.memory_unit = "MiB".parse().expect("unit");
     };
     let c = cluster_seeded(
         "2x16GiB",

@@ -285,6 +285,47 @@ fn fake_gpus_are_listed_and_the_memory_unit_is_sized() {
 }
 
 #[test]
+fn an_old_device_plugin_key_works_and_is_named_with_its_new_name() {
+    let root = node_root("docker-nvidia");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("gpushare.toml");
+    std::fs::write(&file, "[device_plugin]\nmemory_unit = \"MiB\"\n").expect("config");
+    let report = json_of(&node_doctor(
+        root.path(),
+        &["-o", "json", "--config", path(&file)],
+    ));
+    // The old key still applies: the unit check sizes MiB.
+    let unit = check(&report, "memory-unit");
+    assert!(
+        unit["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("32768 device IDs")),
+        "{unit:#}"
+    );
+    let deprecated = check(&report, "config-deprecated-keys");
+    assert_eq!(deprecated["status"], "warn", "{deprecated:#}");
+    let detail = deprecated["detail"].as_str().unwrap_or("");
+    assert!(
+        detail.contains("device_plugin.memory_unit")
+            && detail.contains("use node.memory_unit")
+            && detail.contains("gpushare.toml"),
+        "{detail}"
+    );
+    // Under the new name: no such check.
+    std::fs::write(&file, "[node]\nmemory_unit = \"MiB\"\n").expect("config");
+    let report = json_of(&node_doctor(
+        root.path(),
+        &["-o", "json", "--config", path(&file)],
+    ));
+    assert!(
+        report["checks"]
+            .as_array()
+            .is_some_and(|c| c.iter().all(|c| c["id"] != "config-deprecated-keys")),
+        "{report:#}"
+    );
+}
+
+#[test]
 fn nvml_missing_fails_with_a_clear_detail() {
     let root = node_root("docker-nvidia");
     let out = run(&[

@@ -66,12 +66,13 @@ async fn node(strategies: &[DeviceListStrategy], tweak: impl FnOnce(&mut Config)
     let kubelet = Kubelet::start(dir.path()).await.expect("kubelet");
     let mut config = Config::default();
     let dp = &mut config.device_plugin;
-    dp.node_name = NODE.to_string();
     dp.device_plugin_dir = kubelet.device_plugin_dir();
     dp.pod_resources_socket = kubelet.pod_resources_socket();
     dp.admin_address = String::new();
-    dp.device_list_strategy = DeviceListStrategies::new(strategies.iter().copied());
-    dp.cdi_spec_dirs = vec![PathBuf::from("/nonexistent/etc/cdi"), cdi.clone()];
+    let node = &mut config.node;
+    node.node_name = NODE.to_string();
+    node.device_list_strategy = DeviceListStrategies::new(strategies.iter().copied());
+    node.cdi_spec_dirs = vec![PathBuf::from("/nonexistent/etc/cdi"), cdi.clone()];
     config.doctor.skip = true;
     tweak(&mut config);
     let plugin = deviceplugin::start(
@@ -149,10 +150,7 @@ async fn envvar_is_the_default_and_unchanged() {
     assert!(resp.mounts.is_empty() && resp.devices.is_empty());
     assert!(resp.annotations.is_empty() && resp.cdi_devices.is_empty());
     assert_eq!(
-        Config::default()
-            .device_plugin
-            .device_list_strategy
-            .to_string(),
+        Config::default().node.device_list_strategy.to_string(),
         "envvar"
     );
     n.stop().await;
@@ -161,7 +159,7 @@ async fn envvar_is_the_default_and_unchanged() {
 #[tokio::test]
 async fn volume_mounts_name_the_gpu_in_a_mount_path() {
     let n = node(&[VolumeMounts], |c| {
-        c.device_plugin.visible_devices = VisibleDevices::Uuid;
+        c.node.visible_devices = VisibleDevices::Uuid;
     })
     .await;
     n.bound_pod("p", 4, 1);
@@ -184,7 +182,7 @@ async fn volume_mounts_name_the_gpu_in_a_mount_path() {
 #[tokio::test]
 async fn cdi_annotations_name_the_device_under_the_prefix() {
     let n = node(&[CdiAnnotations], |c| {
-        c.device_plugin.cdi_annotation_prefix = "cdi.example.org/".to_string();
+        c.node.cdi_annotation_prefix = "cdi.example.org/".to_string();
     })
     .await;
     n.bound_pod("p", 4, 1);
@@ -203,8 +201,8 @@ async fn cdi_annotations_name_the_device_under_the_prefix() {
 #[tokio::test]
 async fn cdi_cri_fills_cdi_devices_by_uuid_with_device_specs() {
     let n = node(&[CdiCri], |c| {
-        c.device_plugin.visible_devices = VisibleDevices::Uuid;
-        c.device_plugin.pass_device_specs = true;
+        c.node.visible_devices = VisibleDevices::Uuid;
+        c.node.pass_device_specs = true;
     })
     .await;
     n.bound_pod("p", 4, 1);
@@ -244,8 +242,8 @@ async fn a_combination_answers_every_form_and_keeps_the_mps_envs() {
     let mps = crate::support::mps::FakeMps::new();
     let n = node(&[Envvar, VolumeMounts, CdiAnnotations, CdiCri], |c| {
         mps.configure(c);
-        c.device_plugin.mps_active_thread_percentage = 50;
-        c.device_plugin.pass_device_specs = true;
+        c.node.mps_active_thread_percentage = 50;
+        c.node.pass_device_specs = true;
     })
     .await;
     n.bound_pod("p", 4, 1);
@@ -278,7 +276,7 @@ async fn a_combination_answers_every_form_and_keeps_the_mps_envs() {
 #[tokio::test]
 async fn a_gpu_without_a_cdi_device_fails_allocate_with_the_fix() {
     let n = node(&[CdiCri], |c| {
-        c.device_plugin.cdi_kind = "example.com/gpu".to_string();
+        c.node.cdi_kind = "example.com/gpu".to_string();
     })
     .await;
     n.bound_pod("p", 4, 1);

@@ -24,7 +24,6 @@ mod ha_replicas;
 mod handover;
 mod hostile;
 mod inspect;
-mod layers;
 mod logs;
 mod mps;
 mod packaging;

@@ -51,9 +51,9 @@ async fn starts_the_daemon_sets_per_gpu_defaults_hands_out_the_pipe_and_stops_it
     let c = cluster("16GiB,24GiB", |cfg| {
         fake.configure(cfg);
         with_admin(cfg);
-        cfg.device_plugin.mps_active_thread_percentage = 40;
-        cfg.device_plugin.mps_pinned_mem_limit_mib = 20480;
-        cfg.device_plugin.mps_shm_dir = fake.shm_dir.clone();
+        cfg.node.mps_active_thread_percentage = 40;
+        cfg.node.mps_pinned_mem_limit_mib = 20480;
+        cfg.node.mps_shm_dir = fake.shm_dir.clone();
     })
     .await;
     assert_eq!(fake.starts(), 1, "{:?}", fake.commands());
@@ -85,7 +85,9 @@ async fn starts_the_daemon_sets_per_gpu_defaults_hands_out_the_pipe_and_stops_it
             ),
         ]
     );
-    assert_eq!(readyz(&c), 200);
+    // kubelet lists the devices as soon as it answers Register; the plugin marks itself
+    // registered when that answer reaches it.
+    c.wait_for("ready", |c| readyz(c) == 200).await;
     assert_eq!(
         metric(&c, "gpushare_device_plugin_mps_daemon_up"),
         Some(1.0)
@@ -128,6 +130,8 @@ async fn adopts_a_daemon_already_running_and_leaves_it_running() {
         fake.sent("set_default_active_thread_percentage").is_empty(),
         "0 leaves the percentage alone"
     );
+    // kubelet lists the devices as soon as it answers Register; the plugin marks itself
+    // registered when that answer reaches it.
     c.wait_for("ready", |c| readyz(c) == 200).await;
     c.bound_pod("p", &[("main", 2)], Some(0), 1);
     c.allocate("p", "main", 2).await.expect("allocated");
@@ -191,6 +195,8 @@ async fn while_the_daemon_is_down_allocate_refuses_and_the_plugin_is_not_ready()
         with_admin(cfg);
     })
     .await;
+    // kubelet lists the devices as soon as it answers Register; the plugin marks itself
+    // registered when that answer reaches it.
     c.wait_for("ready", |c| readyz(c) == 200).await;
     fake.refuse_starts(true);
     fake.kill();

@@ -18,13 +18,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gpushare::config::{Config, GpuBackendKind, GpuConfig};
-use gpushare::deviceplugin::health::HealthTracker;
 use gpushare::doctor::gpus::{self, Probe};
 use gpushare::doctor::host::HostRoot;
 use gpushare::doctor::report::{Check, Status};
 use gpushare::doctor::{runtime, scheduler};
 use gpushare::gpu::nvidia_smi::{NvidiaSmiBackend, NvidiaSmiOptions, parse_xml};
 use gpushare::gpu::{ExclusionReason, GpuBackend, HealthEvent, Inventory};
+use gpushare::node::health::HealthTracker;
 use serde_json::Value;
 
 use crate::support::extender_http::request;
@@ -930,11 +930,11 @@ async fn plugin_over_xml(
         gpu: smi_config(&program),
         ..Config::default()
     };
-    config.device_plugin.node_name = "mig-node".to_string();
+    config.node.node_name = "mig-node".to_string();
     config.device_plugin.device_plugin_dir = kubelet.device_plugin_dir();
     config.device_plugin.pod_resources_socket = kubelet.pod_resources_socket();
     config.device_plugin.admin_address = String::new();
-    config.device_plugin.health_check = false;
+    config.node.health_check = false;
     config.doctor.skip = true;
     let backend = gpushare::gpu::open(&config.gpu).expect("the nvidia-smi backend opens");
     let plugin = gpushare::deviceplugin::start(
@@ -1040,7 +1040,7 @@ async fn the_device_plugin_counts_an_unattributed_xid_and_marks_no_gpu() {
         .await
         .expect("sandbox kubelet");
     let mut config = Config::default();
-    config.device_plugin.node_name = "gb200".to_string();
+    config.node.node_name = "gb200".to_string();
     config.device_plugin.device_plugin_dir = kubelet.device_plugin_dir();
     config.device_plugin.pod_resources_socket = kubelet.pod_resources_socket();
     config.device_plugin.admin_address = String::new();

@@ -11,6 +11,7 @@ pub mod ledger;
 pub mod memory;
 pub mod placement;
 pub mod request;
+pub mod resource_name;
 pub mod wire;
 
 #[cfg(test)]

@@ -327,9 +327,10 @@ fn every_config_key_reaches_the_binary_through_the_configmap() {
             "tls_cert": "/etc/gpushare/tls/tls.crt", "tls_key": "/etc/gpushare/tls/tls.key",
             "max_body_bytes": 1048576,
         },
-        "device_plugin": {
+        "device_plugin": { "allocate_failure": "error" },
+        "node": {
             "visible_devices": "uuid", "cdi_spec_dirs": ["/run/cdi"],
-            "allocate_failure": "error", "mps_active_thread_percentage": 50,
+            "mps_active_thread_percentage": 50,
         },
         "gpu": { "kmsg_replay": true, "nvidia_smi": "/usr/bin/nvidia-smi" },
         "http": { "max_connections": 1024, "request_timeout_ms": 20000 },

@@ -60,7 +60,7 @@ pub(crate) async fn cluster_seeded(
     seed(&api);
     let kubelet = Kubelet::start(dir.path()).await?;
     let mut config = Config::default();
-    config.device_plugin.node_name = NODE.to_string();
+    config.node.node_name = NODE.to_string();
     config.device_plugin.device_plugin_dir = kubelet.device_plugin_dir();
     config.device_plugin.pod_resources_socket = kubelet.pod_resources_socket();
     config.device_plugin.admin_address = String::new();

@@ -63,7 +63,7 @@ pub(crate) fn preflight_config(api: &ApiServer, plugin_dir: &Path) -> Config {
         .to_string();
     c.gpu.backend = GpuBackendKind::Fake;
     c.gpu.fake_gpus = "2x16GiB".to_string();
-    c.device_plugin.node_name = "gpu-node-1".to_string();
+    c.node.node_name = "gpu-node-1".to_string();
     c.device_plugin.device_plugin_dir = plugin_dir.to_path_buf();
     c
 }

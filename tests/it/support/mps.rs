@@ -11,7 +11,7 @@ use gpushare::config::Config;
 /// One fake MPS set-up: the program, its pipe, log and shm directories.
 pub struct FakeMps {
     dir: tempfile::TempDir,
-    /// The wrapper to pass as `device_plugin.mps_control`.
+    /// The wrapper to pass as `node.mps_control`.
     pub program: PathBuf,
     /// `CUDA_MPS_PIPE_DIRECTORY`.
     pub pipe_dir: PathBuf,
@@ -57,7 +57,7 @@ impl FakeMps {
 
     /// MPS on with this set-up, checked every 100 ms, restarts backing off to at most 1 s.
     pub fn configure(&self, cfg: &mut Config) {
-        let dp = &mut cfg.device_plugin;
+        let dp = &mut cfg.node;
         dp.mps = true;
         dp.mps_control = self.program.display().to_string();
         dp.mps_pipe_dir = self.pipe_dir.clone();

@@ -10,7 +10,8 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::pods::list_node_pods;
+use super::AgentError;
+use super::api::list_node_pods;
 use crate::core::MemoryUnit;
 use crate::k8s::retry::retry_attempts;
 use crate::k8s::{pod_annotations, pod_gpu_request, pod_is_terminal};
@@ -50,7 +51,7 @@ pub(crate) async fn decide(
     node: &str,
     recorded: Option<&str>,
     configured: MemoryUnit,
-) -> anyhow::Result<UnitDecision> {
+) -> Result<UnitDecision, AgentError> {
     let accept = UnitDecision {
         unit: configured,
         refused: None,
@@ -63,12 +64,10 @@ pub(crate) async fn decide(
     }
     let pods = retry_attempts(4, || list_node_pods(client, node))
         .await
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "the node's GPU memory is published in {recorded} and --memory-unit asks for \
-                 {configured}: cannot list the node's pods to check that none was placed under \
-                 {recorded}: {e}"
-            )
+        .map_err(|error| AgentError::UnitCheck {
+            recorded,
+            configured,
+            error,
         })?;
     let placed = placed(&pods);
     if placed.is_empty() {

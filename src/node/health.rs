@@ -2,8 +2,9 @@
 //! a GPU with a transient error is healthy again.
 //!
 //! Pure state machine: the caller passes the time in (`tokio::time::Instant`), so tests drive
-//! it without waiting. The device plugin's health task feeds it backend events and wakes at
-//! [`HealthTracker::next_recovery`].
+//! it without waiting. The node agent's health task feeds it backend events, wakes at
+//! [`HealthTracker::next_recovery`] and publishes a [`HealthView`] to every role that serves
+//! the GPUs.
 //!
 //! Rules: application XIDs (13, 31, 43, 45, 68, 109: a program's own fault) are ignored; fatal
 //! XIDs (48 double-bit ECC, 79 fallen off the bus, 95 uncontained ECC) keep the GPU down until
@@ -67,6 +68,40 @@ pub struct HealthChange {
     pub healthy: bool,
     /// Why (the XID, loss, or recovery).
     pub reason: String,
+}
+
+/// The health of every served GPU as the node agent publishes it (a `tokio::sync::watch`):
+/// one view for every role of the process.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HealthView {
+    /// Healthy or not, by UUID.
+    pub healthy: BTreeMap<String, bool>,
+    /// XIDs at a PCI address that is none of the served GPUs (NVSwitch/NVLink), since start.
+    pub unattributed_xids: u64,
+}
+
+impl HealthView {
+    /// The view of `tracker`.
+    pub fn of(tracker: &HealthTracker, unattributed_xids: u64) -> HealthView {
+        HealthView {
+            healthy: tracker
+                .gpus
+                .iter()
+                .map(|(u, s)| (u.clone(), matches!(s, State::Healthy)))
+                .collect(),
+            unattributed_xids,
+        }
+    }
+
+    /// Whether `uuid` is healthy (unknown GPUs are not).
+    pub fn is_healthy(&self, uuid: &str) -> bool {
+        self.healthy.get(uuid).copied().unwrap_or(false)
+    }
+
+    /// How many GPUs are down.
+    pub fn unhealthy_count(&self) -> usize {
+        self.healthy.values().filter(|h| !**h).count()
+    }
 }
 
 /// Health of every served GPU.

@@ -1,5 +1,5 @@
-//! The device plugin's calls to the API server, each bounded by a request timeout, and what
-//! their errors mean: a definite answer (the API said no) or an unknown outcome (no answer in
+//! The node side's calls to the API server (the node agent's and the device plugin's), each
+//! bounded by a request timeout, and what their errors mean: a definite answer (the API said no) or an unknown outcome (no answer in
 //! time, a dropped connection), which is never taken for a failure.
 //!
 //! It does not retry (that is [`crate::k8s::retry`]) and does not decide what to do with an
@@ -8,14 +8,17 @@
 use std::future::Future;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+
 use crate::k8s::retry::Transient;
 
 /// How long one API request may take before it is given up (its outcome then unknown).
 pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Why an API call of the plugin did not succeed.
+/// Why an API call of the node agent or a node role did not succeed.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum ApiCallError {
+pub enum ApiCallError {
     /// The API server (or the connection to it) answered with an error.
     #[error(transparent)]
     Kube(#[from] kube::Error),
@@ -27,7 +30,7 @@ pub(crate) enum ApiCallError {
 impl ApiCallError {
     /// Whether the request may have taken effect although it did not succeed here (no answer,
     /// or the connection broke after the request was sent).
-    pub(crate) fn outcome_unknown(&self) -> bool {
+    pub fn outcome_unknown(&self) -> bool {
         match self {
             ApiCallError::TimedOut(_) => true,
             ApiCallError::Kube(e) => {
@@ -54,4 +57,14 @@ pub(crate) async fn bounded<T>(
         Ok(result) => result.map_err(ApiCallError::Kube),
         Err(_) => Err(ApiCallError::TimedOut(REQUEST_TIMEOUT)),
     }
+}
+
+/// One LIST of `node`'s pods, bounded by the request timeout.
+pub(crate) async fn list_node_pods(
+    client: &kube::Client,
+    node: &str,
+) -> Result<Vec<Pod>, ApiCallError> {
+    let api: Api<Pod> = Api::all(client.clone());
+    let params = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
+    Ok(bounded(api.list(&params)).await?.items)
 }

@@ -1,38 +1,190 @@
-//! How a container is handed its GPU: turns the envvar answer Allocate built (the
-//! `ALIYUN_COM_GPU_MEM_*` envs, `NVIDIA_VISIBLE_DEVICES`, the MPS envs and pipe mount) into the
-//! answer of the configured `--device-list-strategy` (NVIDIA's names; combinable):
+//! The container contract: what a container is handed for (GPU, units, strategy), whichever
+//! kubelet path serves it. Pure: no I/O, no clock, no kubelet types. The device plugin turns
+//! [`ContainerEdits`] into an Allocate answer; a DRA plugin turns it into a CDI spec's
+//! `containerEdits`.
 //!
-//! | strategy | what the container response carries |
+//! [`grant`] builds the envvar answer (spec §2.3): `NVIDIA_VISIBLE_DEVICES` (NVML index, or
+//! UUID), `ALIYUN_COM_GPU_MEM_IDX`, `_POD` (the pod's total), `_CONTAINER`, `_DEV` (that GPU's
+//! units), `CGPU_DISABLE=true` when the node label asks for it; with MPS also
+//! `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>M` (the container sees its one GPU as device 0),
+//! `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` and `CUDA_MPS_PIPE_DIRECTORY` with the pipe directory
+//! mounted, and the daemon's shared-memory directory at `/dev/shm` when `mps_shm_dir` is set.
+//! [`refusal`] builds upstream's failure answer (`no-gpu-has-<N><unit>-to-run`, IDX -1).
+//!
+//! [`hand_over`] then shapes that answer for the configured `device_list_strategy` (NVIDIA's
+//! names; combinable):
+//!
+//! | strategy | what the container is handed |
 //! | --- | --- |
 //! | `envvar` (default) | `NVIDIA_VISIBLE_DEVICES=<id>` (the NVIDIA runtime must be the default) |
 //! | `volume-mounts` | `NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices` and a mount `/var/run/nvidia-container-devices/<id>` from `/dev/null` |
 //! | `cdi-annotations` | annotation `<prefix>gpushare_gpu-mem: <kind>=<id>` |
-//! | `cdi-cri` | `cdi_devices: [<kind>=<id>]` (kubelet 1.28+) |
+//! | `cdi-cri` | CDI device `<kind>=<id>` (kubelet 1.28+) |
 //!
-//! `<id>` is the index or the UUID (`--device-id-strategy`). With only CDI strategies,
+//! `<id>` is the index or the UUID (`device_id_strategy`). With only CDI strategies,
 //! `NVIDIA_VISIBLE_DEVICES=void`, so an image's `NVIDIA_VISIBLE_DEVICES=all` cannot make a
-//! legacy NVIDIA hook expose every GPU; CDI injects the one GPU. `--pass-device-specs` adds
-//! DeviceSpecs for `/dev/nvidia<minor>`, `/dev/nvidiactl`, `/dev/nvidia-uvm`,
+//! legacy NVIDIA hook expose every GPU; CDI injects the one GPU. `pass_device_specs` adds
+//! device nodes `/dev/nvidia<minor>`, `/dev/nvidiactl`, `/dev/nvidia-uvm`,
 //! `/dev/nvidia-uvm-tools`. The `ALIYUN_COM_GPU_MEM_*` and MPS envs are kept in every strategy.
 //!
-//! With a CDI strategy the node's CDI specs are read at every Allocate ([`crate::gpu::cdi`]); a
-//! GPU without a matching CDI device fails the Allocate with the fix (never a container that
-//! silently starts without its GPU). The upstream refusal answer (`no-gpu-has-<N>-to-run`)
-//! is carried into every strategy, as a device name that no runtime resolves, so the container
-//! still fails to start.
+//! With a CDI strategy the caller passes the node's CDI specs ([`crate::gpu::cdi`]); a GPU
+//! without a matching CDI device is an error with the fix (never a container that silently
+//! starts without its GPU). The upstream refusal (`no-gpu-has-<N>-to-run`) is carried into
+//! every strategy, as a device name that no runtime resolves, so the container still fails to
+//! start.
 //!
-//! It does not choose the GPU (matching does) and does not record anything on the pod.
+//! It does not choose the GPU (the role's matching does), read the CDI specs, or record
+//! anything on the pod.
 
-use std::path::{Path, PathBuf};
+use std::collections::HashMap;
+use std::path::Path;
 
-use tonic::Status;
-
-use super::Plugin;
-use super::devices::ServedGpu;
-use crate::config::{DeviceListStrategy, DevicePluginConfig, VisibleDevices};
-use crate::core::wire::ENV_VISIBLE_DEVICES;
+use super::gpus::ServedGpu;
+use crate::config::{DeviceListStrategy, NodeConfig, VisibleDevices};
+use crate::core::GpuMem;
+use crate::core::wire::{
+    ENV_CGPU_DISABLE, ENV_CONTAINER_MEM, ENV_DEVICE_MEM, ENV_GPU_INDEX,
+    ENV_MPS_ACTIVE_THREAD_PERCENTAGE, ENV_MPS_PINNED_MEM_LIMIT, ENV_MPS_PIPE_DIRECTORY,
+    ENV_POD_MEM, ENV_VISIBLE_DEVICES,
+};
 use crate::gpu::cdi::{Registry, qualified_name};
-use crate::kubelet_api::deviceplugin::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};
+
+/// Where an MPS client expects the shared memory it shares with the MPS server.
+const MPS_CLIENT_SHM: &str = "/dev/shm";
+
+/// A bind mount into the container.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MountEdit {
+    /// Path inside the container.
+    pub container_path: String,
+    /// Path on the host.
+    pub host_path: String,
+    /// Mounted read-only.
+    pub read_only: bool,
+}
+
+/// What a container is handed: the parts every kubelet path can express.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContainerEdits {
+    /// Environment variables.
+    pub envs: HashMap<String, String>,
+    /// Bind mounts.
+    pub mounts: Vec<MountEdit>,
+    /// Device nodes, the same path on the host and in the container, read-write.
+    pub device_nodes: Vec<String>,
+    /// Fully qualified CDI device names (`<kind>=<name>`) for the runtime to inject.
+    pub cdi_devices: Vec<String>,
+    /// Container annotations (the CDI annotation).
+    pub annotations: HashMap<String, String>,
+}
+
+/// What the node tells every container about itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeTraits {
+    /// The node's label `cgpu.disable.isolation=true`: `CGPU_DISABLE=true` in every answer.
+    pub cgpu_disable: bool,
+}
+
+fn base_envs(
+    node: NodeTraits,
+    visible: String,
+    index: String,
+    pod: GpuMem,
+    container: GpuMem,
+    dev: GpuMem,
+) -> HashMap<String, String> {
+    let mut envs = HashMap::from([
+        (ENV_VISIBLE_DEVICES.to_string(), visible),
+        (ENV_GPU_INDEX.to_string(), index),
+        (ENV_POD_MEM.to_string(), pod.to_string()),
+        (ENV_CONTAINER_MEM.to_string(), container.to_string()),
+        (ENV_DEVICE_MEM.to_string(), dev.to_string()),
+    ]);
+    if node.cgpu_disable {
+        envs.insert(ENV_CGPU_DISABLE.to_string(), "true".to_string());
+    }
+    envs
+}
+
+/// The envvar answer that gives a container `units` of `gpu` (its pod holds `pod_total`);
+/// `visible_uuid` names the GPU by UUID in `NVIDIA_VISIBLE_DEVICES`.
+pub fn grant(
+    config: &NodeConfig,
+    node: NodeTraits,
+    gpu: &ServedGpu,
+    visible_uuid: bool,
+    pod_total: GpuMem,
+    units: GpuMem,
+) -> ContainerEdits {
+    let visible = if visible_uuid {
+        gpu.uuid.clone()
+    } else {
+        gpu.index.to_string()
+    };
+    let mut envs = base_envs(
+        node,
+        visible,
+        gpu.index.to_string(),
+        pod_total,
+        units,
+        gpu.units,
+    );
+    let mut mounts = Vec::new();
+    if config.mps {
+        let mib = config.memory_unit.to_mib(units);
+        envs.insert(ENV_MPS_PINNED_MEM_LIMIT.to_string(), format!("0={mib}M"));
+        if config.mps_active_thread_percentage > 0 {
+            envs.insert(
+                ENV_MPS_ACTIVE_THREAD_PERCENTAGE.to_string(),
+                config.mps_active_thread_percentage.to_string(),
+            );
+        }
+        let dir = config.mps_pipe_dir.display().to_string();
+        envs.insert(ENV_MPS_PIPE_DIRECTORY.to_string(), dir.clone());
+        mounts.push(MountEdit {
+            container_path: dir.clone(),
+            host_path: dir,
+            read_only: false,
+        });
+        if !config.mps_shm_dir.as_os_str().is_empty() {
+            mounts.push(MountEdit {
+                container_path: MPS_CLIENT_SHM.to_string(),
+                host_path: config.mps_shm_dir.display().to_string(),
+                read_only: false,
+            });
+        }
+    }
+    ContainerEdits {
+        envs,
+        mounts,
+        ..ContainerEdits::default()
+    }
+}
+
+/// The upstream failure answer for a request of `units` that no GPU serves:
+/// `NVIDIA_VISIBLE_DEVICES=no-gpu-has-<N><unit>-to-run`, IDX -1, `_DEV` the first GPU's units.
+pub fn refusal(
+    config: &NodeConfig,
+    node: NodeTraits,
+    first_gpu_units: GpuMem,
+    units: GpuMem,
+) -> ContainerEdits {
+    let visible = format!(
+        "no-gpu-has-{}-to-run",
+        config.memory_unit.format_amount(units)
+    );
+    ContainerEdits {
+        envs: base_envs(
+            node,
+            visible,
+            "-1".to_string(),
+            units,
+            units,
+            first_gpu_units,
+        ),
+        ..ContainerEdits::default()
+    }
+}
 
 /// Where the NVIDIA runtime looks for the volume-mount device list.
 pub(crate) const VOLUME_MOUNT_ROOT: &str = "/var/run/nvidia-container-devices";
@@ -58,7 +210,7 @@ pub enum Target<'a> {
 
 /// Why a GPU could not be handed over.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum HandoverError {
+pub enum HandoverError {
     /// The CDI specs do not define the device the runtime would be asked for.
     #[error(transparent)]
     NoCdiDevice(Box<MissingCdiDevice>),
@@ -73,7 +225,7 @@ pub(crate) enum HandoverError {
          (or the GPU Operator with cdi.enabled=true){mount}, or set --device-id-strategy / \
          --cdi-kind to the names the spec has"
 )]
-pub(crate) struct MissingCdiDevice {
+pub struct MissingCdiDevice {
     /// GPU index.
     pub index: u32,
     /// GPU UUID.
@@ -91,7 +243,7 @@ pub(crate) struct MissingCdiDevice {
 }
 
 /// The GPU's name in the container's hand-over (`--device-id-strategy`).
-pub(crate) fn device_id(id: VisibleDevices, gpu: &ServedGpu) -> String {
+pub fn device_id(id: VisibleDevices, gpu: &ServedGpu) -> String {
     match id {
         VisibleDevices::Index => gpu.index.to_string(),
         VisibleDevices::Uuid => gpu.uuid.clone(),
@@ -110,12 +262,12 @@ pub(crate) fn device_node(gpu: &ServedGpu) -> String {
 
 /// Rewrites the envvar answer `base` for the configured strategies. `specs` must be the node's
 /// CDI specs when a CDI strategy is on (else it is not looked at).
-pub(crate) fn hand_over(
-    config: &DevicePluginConfig,
+pub fn hand_over(
+    config: &NodeConfig,
     specs: Option<&Registry>,
     target: Target<'_>,
-    mut base: ContainerAllocateResponse,
-) -> Result<ContainerAllocateResponse, HandoverError> {
+    mut base: ContainerEdits,
+) -> Result<ContainerEdits, HandoverError> {
     let strategies = &config.device_list_strategy;
     let id = match target {
         Target::Gpu(gpu) => device_id(config.visible_devices, gpu),
@@ -137,7 +289,7 @@ pub(crate) fn hand_over(
             );
         }
         if strategies.includes(DeviceListStrategy::CdiCri) {
-            base.cdi_devices.push(CdiDevice { name });
+            base.cdi_devices.push(name);
         }
     }
     if !strategies.includes(DeviceListStrategy::Envvar) {
@@ -150,7 +302,7 @@ pub(crate) fn hand_over(
             .insert(ENV_VISIBLE_DEVICES.to_string(), visible.to_string());
     }
     if strategies.includes(DeviceListStrategy::VolumeMounts) {
-        base.mounts.push(Mount {
+        base.mounts.push(MountEdit {
             container_path: Path::new(VOLUME_MOUNT_ROOT).join(&id).display().to_string(),
             host_path: VOLUME_MOUNT_HOST_PATH.to_string(),
             read_only: false,
@@ -161,18 +313,14 @@ pub(crate) fn hand_over(
     {
         let node = device_node(gpu);
         for path in std::iter::once(node.as_str()).chain(CONTROL_DEVICE_NODES.iter().copied()) {
-            base.devices.push(DeviceSpec {
-                container_path: path.to_string(),
-                host_path: path.to_string(),
-                permissions: "rw".to_string(),
-            });
+            base.device_nodes.push(path.to_string());
         }
     }
     Ok(base)
 }
 
 fn check_cdi_device(
-    config: &DevicePluginConfig,
+    config: &NodeConfig,
     specs: Option<&Registry>,
     gpu: &ServedGpu,
     id: &str,
@@ -229,56 +377,12 @@ fn check_cdi_device(
     })))
 }
 
-impl Plugin {
-    /// The strategy's answer for one container (see the module doc): reads the CDI specs off
-    /// the runtime when a CDI strategy is on; a failure is logged, announced as a Warning Event
-    /// on the node and returned as FailedPrecondition.
-    pub(crate) async fn hand_over(
-        &self,
-        gpu_index: Option<u32>,
-        base: ContainerAllocateResponse,
-    ) -> Result<ContainerAllocateResponse, Status> {
-        let specs = if self.config.device_list_strategy.any_cdi() && gpu_index.is_some() {
-            let dirs: Vec<PathBuf> = self.config.cdi_spec_dirs.clone();
-            let read = tokio::task::spawn_blocking(move || Registry::read(Path::new("/"), &dirs));
-            Some(read.await.map_err(|e| {
-                Status::internal(format!("reading the CDI specs did not finish: {e}"))
-            })?)
-        } else {
-            None
-        };
-        let target = match gpu_index.and_then(|i| self.gpu_by_index(i)) {
-            Some(gpu) => Target::Gpu(gpu),
-            None => Target::Refusal,
-        };
-        hand_over(&self.config, specs.as_ref(), target, base).map_err(|e| {
-            let msg = e.to_string();
-            tracing::error!("Allocate: {msg}");
-            self.metrics.allocation("handover_failed");
-            let events = self.events.clone();
-            let (node, uid, event_msg) = (self.node.clone(), self.node_uid.clone(), msg.clone());
-            tokio::spawn(async move {
-                super::node::warn_event(
-                    &events,
-                    &node,
-                    &uid,
-                    "Allocate",
-                    "GpuShareNoCdiDevice",
-                    &event_msg,
-                )
-                .await;
-            });
-            Status::failed_precondition(msg)
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
     use crate::config::DeviceListStrategies;
-    use crate::core::GpuMem;
-    use std::collections::HashMap;
 
     fn gpu() -> ServedGpu {
         ServedGpu {
@@ -289,8 +393,8 @@ mod tests {
         }
     }
 
-    fn base() -> ContainerAllocateResponse {
-        ContainerAllocateResponse {
+    fn base() -> ContainerEdits {
+        ContainerEdits {
             envs: HashMap::from([
                 (ENV_VISIBLE_DEVICES.to_string(), "1".to_string()),
                 ("ALIYUN_COM_GPU_MEM_IDX".to_string(), "1".to_string()),
@@ -299,10 +403,10 @@ mod tests {
         }
     }
 
-    fn config(list: &[DeviceListStrategy]) -> DevicePluginConfig {
-        DevicePluginConfig {
+    fn config(list: &[DeviceListStrategy]) -> NodeConfig {
+        NodeConfig {
             device_list_strategy: DeviceListStrategies::new(list.iter().copied()),
-            ..DevicePluginConfig::default()
+            ..NodeConfig::default()
         }
     }
 
@@ -349,7 +453,7 @@ mod tests {
         .expect("ok");
         assert_eq!(out.envs[ENV_VISIBLE_DEVICES], "void");
         assert_eq!(out.envs["ALIYUN_COM_GPU_MEM_IDX"], "1");
-        assert_eq!(out.cdi_devices[0].name, "nvidia.com/gpu=1");
+        assert_eq!(out.cdi_devices[0], "nvidia.com/gpu=1");
         assert!(out.annotations.is_empty());
     }
 
@@ -375,14 +479,45 @@ mod tests {
             "no-gpu-has-4GiB-to-run".to_string(),
         );
         let out = hand_over(&cfg, None, Target::Refusal, refused).expect("ok");
-        assert_eq!(
-            out.cdi_devices[0].name,
-            "nvidia.com/gpu=no-gpu-has-4GiB-to-run"
-        );
+        assert_eq!(out.cdi_devices[0], "nvidia.com/gpu=no-gpu-has-4GiB-to-run");
         assert_eq!(
             out.mounts[0].container_path,
             "/var/run/nvidia-container-devices/no-gpu-has-4GiB-to-run"
         );
-        assert!(out.devices.is_empty());
+        assert!(out.device_nodes.is_empty());
+    }
+
+    #[test]
+    fn the_grant_carries_the_mps_limit_and_mounts_and_the_refusal_names_the_amount() {
+        let mut cfg = config(&[DeviceListStrategy::Envvar]);
+        cfg.mps = true;
+        cfg.mps_active_thread_percentage = 30;
+        cfg.mps_shm_dir = PathBuf::from("/run/mps-shm");
+        let traits = NodeTraits { cgpu_disable: true };
+        let out = grant(&cfg, traits, &gpu(), false, GpuMem::new(6), GpuMem::new(4));
+        assert_eq!(out.envs[ENV_VISIBLE_DEVICES], "1");
+        assert_eq!(out.envs[ENV_POD_MEM], "6");
+        assert_eq!(out.envs[ENV_CONTAINER_MEM], "4");
+        assert_eq!(out.envs[ENV_DEVICE_MEM], "16");
+        assert_eq!(out.envs[ENV_CGPU_DISABLE], "true");
+        assert_eq!(out.envs[ENV_MPS_PINNED_MEM_LIMIT], "0=4096M");
+        assert_eq!(out.envs[ENV_MPS_ACTIVE_THREAD_PERCENTAGE], "30");
+        assert_eq!(out.mounts.len(), 2);
+        assert_eq!(out.mounts[1].container_path, "/dev/shm");
+        let by_uuid = grant(
+            &config(&[DeviceListStrategy::Envvar]),
+            NodeTraits::default(),
+            &gpu(),
+            true,
+            GpuMem::new(4),
+            GpuMem::new(4),
+        );
+        assert_eq!(by_uuid.envs[ENV_VISIBLE_DEVICES], "GPU-b");
+        assert!(!by_uuid.envs.contains_key(ENV_CGPU_DISABLE));
+        assert!(by_uuid.mounts.is_empty());
+        let no = refusal(&cfg, NodeTraits::default(), GpuMem::new(16), GpuMem::new(4));
+        assert_eq!(no.envs[ENV_VISIBLE_DEVICES], "no-gpu-has-4GiB-to-run");
+        assert_eq!(no.envs[ENV_GPU_INDEX], "-1");
+        assert_eq!(no.envs[ENV_DEVICE_MEM], "16");
     }
 }

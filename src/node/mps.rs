@@ -1,31 +1,32 @@
-//! With `--mps`, the CUDA MPS control daemon is the device plugin's to run: started with
+//! With `--mps`, the CUDA MPS control daemon is the node agent's to run (one daemon per
+//! node, whichever roles serve the GPUs): started with
 //! `nvidia-cuda-mps-control -d` on `mps_pipe_dir` / `mps_log_dir` (or adopted when one already
 //! answers there), probed with `get_server_list` every `mps_check_interval_ms`, restarted when
 //! it stops answering (at once the first time, then with a doubling wait up to
 //! `mps_restart_backoff_max_secs` while it keeps failing), and told its per-GPU defaults
 //! (`set_default_device_pinned_mem_limit <uuid> <MiB>M`, `set_default_active_thread_percentage`)
-//! each time it is (re)gained. On shutdown it is stopped (`quit`) only if this plugin started it.
+//! each time it is (re)gained. On shutdown it is stopped (`quit`) only if this process started it.
 //!
-//! Why inside the device plugin and not a role or container of its own: the plugin's readiness
-//! and Allocate's refusal both need the daemon's live state, and one process owning the child
-//! needs no second channel to share it. The daemon forks away under `-d`, so it is watched
+//! Why inside the node agent and not a role or container of its own: the roles' readiness
+//! and their refusal to hand out a GPU both need the daemon's live state, and one process
+//! owning the child needs no second channel to share it. The daemon forks away under `-d`, so it is watched
 //! through its control pipe (the same question a client's CUDA runtime asks), not through a
 //! child handle; a daemon someone else started on the same pipe directory is watched the same
 //! way.
 //!
-//! What it publishes: [`MpsStatus`] (serving or not, and why), read by Allocate and by the
-//! readiness; the metrics `gpushare_device_plugin_mps_daemon_up` and
-//! `gpushare_device_plugin_mps_daemon_restarts`; Warning Events on the node
-//! (`GpuShareMpsDaemonRestarted`, `GpuShareMpsDaemonStartFailed`). It does not decide a
-//! container's own limit (Allocate's `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` does).
+//! What it publishes: [`MpsStatus`] (serving or not, and why, and a `watch` of [`MpsState`]:
+//! the readiness hook the roles subscribe to, for their readiness and metrics); Warning Events
+//! through the [`NodeEvents`] sink it is given (`GpuShareMpsDaemonRestarted`,
+//! `GpuShareMpsDaemonStartFailed`). It knows no role: it does not decide a container's own
+//! limit (the container contract's `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` does).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{Plugin, node};
+use super::publish::NodeEvents;
 use crate::gpu::mps::{MpsControl, MpsError, default_commands};
 use crate::shutdown::Shutdown;
 
@@ -34,11 +35,21 @@ const STABLE_AFTER_CHECKS: u32 = 10;
 /// How often a just-started daemon is asked whether it answers yet.
 const START_POLL: Duration = Duration::from_millis(50);
 
-/// The daemon's live state, shared with Allocate and the readiness.
+/// What the roles follow of the daemon: whether it serves, and how often it was restarted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MpsState {
+    /// The daemon answers and has its defaults.
+    pub serving: bool,
+    /// Restarts after it stopped answering, since start.
+    pub restarts: u64,
+}
+
+/// The daemon's live state, shared with the roles (their refusal and readiness).
 #[derive(Debug)]
-pub(crate) struct MpsStatus {
-    pub(crate) control: MpsControl,
-    serving: AtomicBool,
+pub struct MpsStatus {
+    /// The control program and its directories.
+    pub control: MpsControl,
+    state: watch::Sender<MpsState>,
     why: std::sync::Mutex<String>,
 }
 
@@ -46,25 +57,56 @@ impl MpsStatus {
     pub(crate) fn new(control: MpsControl) -> MpsStatus {
         MpsStatus {
             control,
-            serving: AtomicBool::new(false),
+            state: watch::Sender::new(MpsState::default()),
             why: std::sync::Mutex::new("not checked yet".to_string()),
         }
     }
 
     /// Whether the daemon answers and has its defaults.
-    pub(crate) fn serving(&self) -> bool {
-        self.serving.load(Ordering::SeqCst)
+    pub fn serving(&self) -> bool {
+        self.state.borrow().serving
     }
 
     /// Why it is not serving (empty while it is).
-    pub(crate) fn why(&self) -> String {
+    pub fn why(&self) -> String {
         self.why.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The state now, and every change after (the roles' readiness hook).
+    pub fn subscribe(&self) -> watch::Receiver<MpsState> {
+        self.state.subscribe()
     }
 
     fn set(&self, serving: bool, why: String) {
         *self.why.lock().unwrap_or_else(|p| p.into_inner()) = why;
-        self.serving.store(serving, Ordering::SeqCst);
+        self.state.send_if_modified(|s| {
+            let changed = s.serving != serving;
+            s.serving = serving;
+            changed
+        });
     }
+
+    fn restarted(&self) -> u64 {
+        let mut n = 0;
+        self.state.send_modify(|s| {
+            s.restarts = s.restarts.saturating_add(1);
+            n = s.restarts;
+        });
+        n
+    }
+}
+
+/// How the supervisor runs the daemon (from `[node]`).
+#[derive(Clone, Debug)]
+pub(crate) struct MpsSettings {
+    /// How often the daemon is probed.
+    pub interval: Duration,
+    /// The longest wait between restarts.
+    pub backoff_max: Duration,
+    /// The daemon's default active thread percentage (0: unset).
+    pub active_thread_percentage: u8,
+    /// The daemon's default pinned memory limit per GPU in MiB, by UUID.
+    pub limits: Vec<(String, u64)>,
 }
 
 /// The wait before restart attempt `attempt` (0: at once): the check interval doubled per
@@ -78,11 +120,12 @@ pub(crate) fn backoff(attempt: u32, interval: Duration, max: Duration) -> Durati
         .min(max)
 }
 
-/// The supervisor of one daemon; [`Supervisor::first_contact`] runs before the plugin
-/// registers, [`Supervisor::run`] until shutdown.
+/// The supervisor of one daemon; [`Supervisor::first_contact`] runs before the agent is
+/// handed to a role, [`Supervisor::run`] until shutdown.
 pub(crate) struct Supervisor {
-    plugin: Arc<Plugin>,
     status: Arc<MpsStatus>,
+    settings: MpsSettings,
+    events: NodeEvents,
     /// Started by us (stopped on shutdown), as opposed to adopted.
     owned: bool,
     /// Restart attempts since the daemon last stayed up.
@@ -92,10 +135,15 @@ pub(crate) struct Supervisor {
 }
 
 impl Supervisor {
-    pub(crate) fn new(plugin: Arc<Plugin>, status: Arc<MpsStatus>) -> Supervisor {
+    pub(crate) fn new(
+        status: Arc<MpsStatus>,
+        settings: MpsSettings,
+        events: NodeEvents,
+    ) -> Supervisor {
         Supervisor {
-            plugin,
             status,
+            settings,
+            events,
             owned: false,
             attempts: 0,
             answered: 0,
@@ -132,8 +180,8 @@ impl Supervisor {
     /// Probes every check interval and restarts the daemon when it stops answering, until
     /// `stop`; then stops it if it is ours.
     pub(crate) async fn run(mut self, stop: Shutdown) {
-        let interval = Duration::from_millis(self.plugin.config.mps_check_interval_ms);
-        let max = Duration::from_secs(self.plugin.config.mps_restart_backoff_max_secs);
+        let interval = self.settings.interval;
+        let max = self.settings.backoff_max;
         loop {
             tokio::select! {
                 _ = stop.clone().wait() => break,
@@ -187,7 +235,7 @@ impl Supervisor {
             return;
         }
         match self.control().quit().await {
-            Ok(()) => tracing::info!("stopped the MPS control daemon this plugin started"),
+            Ok(()) => tracing::info!("stopped the MPS control daemon this process started"),
             Err(e) => tracing::warn!(error = %e, "could not stop the MPS control daemon"),
         }
     }
@@ -198,8 +246,7 @@ impl Supervisor {
         match started {
             Ok(()) => {
                 if restart {
-                    self.plugin.metrics.mps_daemon_restarts.inc();
-                    let n = self.plugin.metrics.mps_daemon_restarts.get();
+                    let n = self.status.restarted();
                     let msg = format!(
                         "the CUDA MPS control daemon on {} stopped answering ({}); restarted it \
                          (restart {n})",
@@ -241,15 +288,13 @@ impl Supervisor {
     /// The daemon answers: set its defaults; serving once they are set.
     async fn gained(&mut self) {
         let commands = default_commands(
-            self.plugin.config.mps_active_thread_percentage,
-            &self.limits(),
+            self.settings.active_thread_percentage,
+            &self.settings.limits,
         );
         match self.control().send(&commands).await {
             Ok(_) => {
                 tracing::info!(defaults = ?commands, "MPS control daemon serving");
                 self.status.set(true, String::new());
-                self.plugin.metrics.mps_daemon_up.set(1);
-                self.plugin.update_ready();
             }
             Err(e) => {
                 tracing::error!(error = %e, "cannot set the MPS daemon's defaults; retrying");
@@ -258,44 +303,34 @@ impl Supervisor {
         }
     }
 
-    /// Not serving, because `why`: Allocate refuses and the plugin is not ready.
+    /// Not serving, because `why`: the roles refuse GPUs and are not ready.
     fn down(&self, why: String) {
         self.status.set(false, why);
-        self.plugin.metrics.mps_daemon_up.set(0);
-        self.plugin.update_ready();
-    }
-
-    /// Each served GPU's default pinned memory limit in MiB: the configured ceiling, never
-    /// more than the GPU has.
-    fn limits(&self) -> Vec<(String, u64)> {
-        let unit = self.plugin.config.memory_unit;
-        let ceiling = self.plugin.config.mps_pinned_mem_limit_mib;
-        self.plugin
-            .gpus
-            .iter()
-            .map(|g| {
-                let whole = unit.to_mib(g.units);
-                let mib = if ceiling == 0 {
-                    whole
-                } else {
-                    ceiling.min(whole)
-                };
-                (g.uuid.clone(), mib)
-            })
-            .collect()
     }
 
     async fn event(&self, reason: &str, msg: &str) {
-        node::warn_event(
-            &self.plugin.events,
-            &self.plugin.node,
-            &self.plugin.node_uid,
-            "MpsDaemon",
-            reason,
-            msg,
-        )
-        .await;
+        self.events.warn("MpsDaemon", reason, msg).await;
     }
+}
+
+/// Each served GPU's default pinned memory limit in MiB: the configured ceiling (0: none),
+/// never more than the GPU has.
+pub(crate) fn default_limits(
+    gpus: &[super::gpus::ServedGpu],
+    unit: crate::core::MemoryUnit,
+    ceiling: u64,
+) -> Vec<(String, u64)> {
+    gpus.iter()
+        .map(|g| {
+            let whole = unit.to_mib(g.units);
+            let mib = if ceiling == 0 {
+                whole
+            } else {
+                ceiling.min(whole)
+            };
+            (g.uuid.clone(), mib)
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! What the device plugin writes about its node: `aliyun.com/gpu-count` in the status
+//! What the node agent writes about its node: `aliyun.com/gpu-count` in the status
 //! (upstream contract), the per-GPU memory and health in `gpushare.io/devices` plus the unit in
 //! `gpushare.io/memory-unit` (ours, read by the extender and inspect), and Warning Events.
 //!
@@ -10,8 +10,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
+use super::AgentError;
 use super::api::bounded;
-use super::devices::ServedGpu;
+use super::gpus::ServedGpu;
 use crate::core::MemoryUnit;
 use crate::core::wire::{
     LABEL_CGPU_DISABLE, NODE_ANN_DEVICES, NODE_ANN_EXCLUDED_GPUS, NODE_ANN_MEMORY_UNIT,
@@ -22,7 +23,7 @@ use crate::k8s::project::PublishedGpu;
 use crate::k8s::retry::retry_attempts;
 use crate::k8s::write::{patch_node_annotations, patch_node_gpu_count};
 
-/// What the plugin read from its Node at start.
+/// What the node agent read from its Node at start.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct NodeFacts {
     /// `metadata.uid`.
@@ -34,11 +35,14 @@ pub(crate) struct NodeFacts {
 }
 
 /// Reads the node (it must exist).
-pub(crate) async fn read_node(client: &kube::Client, node: &str) -> anyhow::Result<NodeFacts> {
+pub(crate) async fn read_node(client: &kube::Client, node: &str) -> Result<NodeFacts, AgentError> {
     let api: Api<Node> = Api::all(client.clone());
     let n = retry_attempts(4, || bounded(api.get(node)))
         .await
-        .map_err(|e| anyhow::anyhow!("cannot read node {node:?} (is --node-name right?): {e}"))?;
+        .map_err(|error| AgentError::ReadNode {
+            node: node.to_string(),
+            error,
+        })?;
     let cgpu_disable = n
         .metadata
         .labels
@@ -63,10 +67,13 @@ pub(crate) async fn publish_gpu_count(
     client: &kube::Client,
     node: &str,
     count: usize,
-) -> anyhow::Result<()> {
+) -> Result<(), AgentError> {
     retry_attempts(4, || bounded(patch_node_gpu_count(client, node, count)))
         .await
-        .map_err(|e| anyhow::anyhow!("cannot patch aliyun.com/gpu-count on node {node}: {e}"))?;
+        .map_err(|error| AgentError::PublishGpuCount {
+            node: node.to_string(),
+            error,
+        })?;
     Ok(())
 }
 
@@ -118,31 +125,53 @@ pub(crate) async fn publish_devices(
     client: &kube::Client,
     node: &str,
     annotations: &BTreeMap<String, String>,
-) -> anyhow::Result<()> {
+) -> Result<(), AgentError> {
     retry_attempts(4, || {
         bounded(patch_node_annotations(client, node, annotations))
     })
     .await
-    .map_err(|e| anyhow::anyhow!("cannot patch the device annotations of node {node}: {e}"))?;
+    .map_err(|error| AgentError::PublishDevices {
+        node: node.to_string(),
+        error,
+    })?;
     Ok(())
 }
 
-/// Raises a Warning Event on this node (best effort; repeats fold into a series).
-pub(crate) async fn warn_event(
-    events: &Events,
-    node: &str,
-    node_uid: &str,
-    action: &str,
-    reason: &str,
-    message: &str,
-) {
-    events
-        .publish(
-            &node_reference(node, node_uid),
-            Severity::Warning,
-            action,
-            reason,
-            message,
-        )
-        .await;
+/// The node's Warning Events (events.k8s.io/v1, repeats folded into a series): the sink the
+/// node agent, its MPS supervisor and the node roles raise them through.
+#[derive(Clone, Debug)]
+pub struct NodeEvents {
+    events: Events,
+    node: String,
+    node_uid: String,
+}
+
+impl NodeEvents {
+    /// Events about `node` (`node_uid`) published by `events`.
+    pub fn new(events: Events, node: &str, node_uid: &str) -> NodeEvents {
+        NodeEvents {
+            events,
+            node: node.to_string(),
+            node_uid: node_uid.to_string(),
+        }
+    }
+
+    /// Raises a Warning Event on this node (best effort: a failure is logged).
+    pub async fn warn(&self, action: &str, reason: &str, message: &str) {
+        self.events
+            .publish(
+                &node_reference(&self.node, &self.node_uid),
+                Severity::Warning,
+                action,
+                reason,
+                message,
+            )
+            .await;
+    }
+
+    /// [`NodeEvents::warn`] in a task of its own, so the caller never waits for the API server.
+    pub fn warn_soon(&self, action: &'static str, reason: &'static str, message: String) {
+        let events = self.clone();
+        tokio::spawn(async move { events.warn(action, reason, &message).await });
+    }
 }

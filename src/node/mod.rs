@@ -1,0 +1,574 @@
+//! The GPU node agent: what a GPU node does whichever kubelet path offers its GPUs. It is
+//! infrastructure, not a role: `cli` builds ONE agent per process and hands it to the node
+//! role(s) it starts (today the device plugin; a DRA kubelet plugin can take the same agent), so
+//! one process serves every path with one MPS daemon and one health view.
+//!
+//! What it holds:
+//! - the served GPUs ([`gpus`]) and the memory unit they are counted in, decided against the
+//!   unit the node last published ([`unit_change`]);
+//! - which path offers each GPU ([`paths`]): a GPU is offered on one path at a time;
+//! - health: the Xid tracker and its task ([`health`]), published as a watchable per-GPU
+//!   [`health::HealthView`], with the node's device annotations and `GpuUnhealthy` Events;
+//! - with MPS, the daemon's supervisor ([`mps`]), given the node's Event sink and reporting to
+//!   [`mps::MpsStatus`], whose state the roles follow for their readiness;
+//! - node publishing ([`publish`]): `aliyun.com/gpu-count`, `gpushare.io/devices`,
+//!   `gpushare.io/memory-unit`, `gpushare.io/excluded-gpus`, Warning Events;
+//! - the container contract ([`contract`]): (GPU, units, strategy) → envs, mounts, device
+//!   nodes, CDI names. Pure.
+//!
+//! It does not speak any kubelet protocol (registration, ListAndWatch, Allocate, DRA gRPC:
+//! those are the roles'), match pods to containers, or serve metrics of its own (the roles
+//! turn what it publishes into theirs).
+//!
+//! Start-up is two steps so a role can refuse what it cannot serve before anything is
+//! published: [`NodeAgent::prepare`] reads the node, the GPUs and decides the unit;
+//! [`PreparedAgent::start`] publishes and starts the health task and the MPS supervisor.
+
+pub mod api;
+pub mod contract;
+pub mod gpus;
+pub mod health;
+pub mod mps;
+pub mod paths;
+pub mod publish;
+mod unit_change;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::{Config, NodeConfig};
+use crate::core::MemoryUnit;
+use crate::core::wire::DEVICE_PLUGIN_COMPONENT;
+use crate::gpu::{GpuBackend, Inventory};
+use crate::k8s::events::Events;
+use crate::shutdown::Shutdown;
+
+use api::ApiCallError;
+use contract::NodeTraits;
+use gpus::ServedGpu;
+use health::{HealthTracker, HealthView};
+use mps::{MpsSettings, MpsStatus, Supervisor};
+use paths::{Assignments, PathConflict, ServingPath};
+use publish::{NodeEvents, NodeFacts};
+
+/// The settings without which no node role can start (the node name), checked before the
+/// preflight so the message names the missing setting.
+pub fn check_required(config: &Config) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !config.node.node_name.trim().is_empty(),
+        "device-plugin: the node name is required: pass --node-name or set NODE_NAME \
+         (in a DaemonSet: env NODE_NAME from fieldRef spec.nodeName)"
+    );
+    Ok(())
+}
+
+/// Opens the GPU backend and the API client of a node role, and waits for the API server.
+pub async fn connect(
+    config: &Config,
+    role: &str,
+) -> anyhow::Result<(kube::Client, Arc<dyn GpuBackend>)> {
+    let backend = crate::gpu::open_off_runtime(&config.gpu)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot reach the GPUs: {e} (on a GPU node: is the nvidia runtime the default \
+             container runtime and the driver installed? without GPUs: --gpu-backend fake)"
+            )
+        })?;
+    let client = crate::k8s::client(&crate::k8s::ClientOptions {
+        kubeconfig: Some(config.cluster.kubeconfig.as_str()),
+        ..Default::default()
+    })
+    .await?;
+    let wait = Duration::from_secs(config.cluster.api_wait_secs);
+    crate::k8s::reachable::wait_for_api(&config.cluster.kubeconfig, wait, role).await?;
+    Ok((client, backend))
+}
+
+/// Why the node agent did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// No node name configured.
+    #[error("the node name is required (--node-name or NODE_NAME)")]
+    NoNodeName,
+    /// The GPU backend did not list the GPUs.
+    #[error("reading the GPUs: {0}")]
+    Gpus(crate::gpu::Error),
+    /// The backend found GPUs, but none can be shared (or none at all).
+    #[error("the {backend} backend found no GPU to share on this node{excluded}")]
+    NoGpu {
+        /// The backend.
+        backend: &'static str,
+        /// `; GPU <i> <uuid>: <reason>` for each GPU left out.
+        excluded: String,
+    },
+    /// The Node object could not be read.
+    #[error("cannot read node {node:?} (is --node-name right?): {error}")]
+    ReadNode {
+        /// The node.
+        node: String,
+        /// The API's answer (or its absence).
+        error: ApiCallError,
+    },
+    /// The unit changes, and the pods that would block it could not be listed.
+    #[error(
+        "the node's GPU memory is published in {recorded} and --memory-unit asks for \
+         {configured}: cannot list the node's pods to check that none was placed under \
+         {recorded}: {error}"
+    )]
+    UnitCheck {
+        /// The unit the node published.
+        recorded: MemoryUnit,
+        /// The unit configured.
+        configured: MemoryUnit,
+        /// The API's answer (or its absence).
+        error: ApiCallError,
+    },
+    /// The gpu-count status patch failed.
+    #[error("cannot patch aliyun.com/gpu-count on node {node}: {error}")]
+    PublishGpuCount {
+        /// The node.
+        node: String,
+        /// The API's answer (or its absence).
+        error: ApiCallError,
+    },
+    /// An annotation patch failed.
+    #[error("cannot patch the device annotations of node {node}: {error}")]
+    PublishDevices {
+        /// The node.
+        node: String,
+        /// The API's answer (or its absence).
+        error: ApiCallError,
+    },
+}
+
+/// The node agent, shared by the roles of the process.
+pub struct NodeAgent {
+    /// `[node]`, with `memory_unit` the unit served (it may differ from the configured one).
+    config: NodeConfig,
+    node: String,
+    traits: NodeTraits,
+    client: kube::Client,
+    events: NodeEvents,
+    backend: Arc<dyn GpuBackend>,
+    gpus: Vec<ServedGpu>,
+    paths: Mutex<Assignments>,
+    health: watch::Sender<Arc<HealthView>>,
+    mps: Option<Arc<MpsStatus>>,
+    unit_refused: Option<String>,
+}
+
+impl std::fmt::Debug for NodeAgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeAgent")
+            .field("node", &self.node)
+            .field("gpus", &self.gpus)
+            .field("unit", &self.config.memory_unit)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`NodeAgent::prepare`] read: enough for a role to check that it can serve the GPUs
+/// before anything is published.
+pub struct PreparedAgent {
+    config: NodeConfig,
+    node: String,
+    facts: NodeFacts,
+    client: kube::Client,
+    backend: Arc<dyn GpuBackend>,
+    inventory: Inventory,
+    unit_refused: Option<String>,
+}
+
+impl std::fmt::Debug for PreparedAgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedAgent")
+            .field("node", &self.node)
+            .field("inventory", &self.inventory)
+            .field("unit", &self.config.memory_unit)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodeAgent {
+    /// Reads the GPUs (at least one must be offered) and the node (it must exist), and
+    /// decides the memory unit: the configured one, unless pods placed under the unit the
+    /// node published still run.
+    pub async fn prepare(
+        config: &NodeConfig,
+        client: kube::Client,
+        backend: Arc<dyn GpuBackend>,
+    ) -> Result<PreparedAgent, AgentError> {
+        let mut config = config.clone();
+        let node = config.node_name.trim().to_string();
+        if node.is_empty() {
+            return Err(AgentError::NoNodeName);
+        }
+        let inventory = crate::gpu::inventory_off_runtime(&backend)
+            .await
+            .map_err(AgentError::Gpus)?;
+        for g in &inventory.excluded {
+            tracing::warn!(index = g.index, uuid = %g.uuid, reason = %g.reason, "GPU not offered");
+        }
+        if inventory.devices.is_empty() {
+            return Err(AgentError::NoGpu {
+                backend: inventory.backend,
+                excluded: inventory
+                    .excluded
+                    .iter()
+                    .map(|g| format!("; GPU {} {}: {}", g.index, g.uuid, g.reason))
+                    .collect(),
+            });
+        }
+        let facts = publish::read_node(&client, &node).await?;
+        let unit = unit_change::decide(
+            &client,
+            &node,
+            facts.memory_unit.as_deref(),
+            config.memory_unit,
+        )
+        .await?;
+        config.memory_unit = unit.unit;
+        Ok(PreparedAgent {
+            config,
+            node,
+            facts,
+            client,
+            backend,
+            inventory,
+            unit_refused: unit.refused,
+        })
+    }
+
+    /// `[node]` as served: `memory_unit` is the unit the GPUs are counted in.
+    pub fn config(&self) -> &NodeConfig {
+        &self.config
+    }
+
+    /// The unit the GPUs are counted in.
+    pub fn unit(&self) -> MemoryUnit {
+        self.config.memory_unit
+    }
+
+    /// Why the configured unit is not served, when it is not.
+    pub fn unit_refused(&self) -> Option<&str> {
+        self.unit_refused.as_deref()
+    }
+
+    /// This node's name.
+    pub fn node_name(&self) -> &str {
+        &self.node
+    }
+
+    /// What every container on this node is told about it.
+    pub fn traits(&self) -> NodeTraits {
+        self.traits
+    }
+
+    /// The API client.
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    /// The node's Warning Events.
+    pub fn events(&self) -> &NodeEvents {
+        &self.events
+    }
+
+    /// Every GPU served, in index order.
+    pub fn gpus(&self) -> &[ServedGpu] {
+        &self.gpus
+    }
+
+    /// GPU `index`, when served.
+    pub fn gpu_by_index(&self, index: u32) -> Option<&ServedGpu> {
+        self.gpus.iter().find(|g| g.index == index)
+    }
+
+    /// GPU `uuid`, when served.
+    pub fn gpu_by_uuid(&self, uuid: &str) -> Option<&ServedGpu> {
+        self.gpus.iter().find(|g| g.uuid == uuid)
+    }
+
+    /// The health of every GPU now, and every change after.
+    pub fn health(&self) -> watch::Receiver<Arc<HealthView>> {
+        self.health.subscribe()
+    }
+
+    /// With MPS: the daemon's live state.
+    pub fn mps(&self) -> Option<&Arc<MpsStatus>> {
+        self.mps.as_ref()
+    }
+
+    /// Offers GPUs `indices` on `path`; refused (none offered) when another path offers any
+    /// of them. Returns the GPUs offered.
+    pub fn offer(
+        &self,
+        path: ServingPath,
+        indices: impl IntoIterator<Item = u32>,
+    ) -> Result<Vec<ServedGpu>, PathConflict> {
+        let indices: Vec<u32> = indices
+            .into_iter()
+            .filter(|i| self.gpu_by_index(*i).is_some())
+            .collect();
+        let mut paths = self.paths.lock().unwrap_or_else(|p| p.into_inner());
+        paths.offer(path, indices.iter().copied())?;
+        Ok(self
+            .gpus
+            .iter()
+            .filter(|g| indices.contains(&g.index))
+            .cloned()
+            .collect())
+    }
+
+    /// Takes back every GPU `path` offers (its role stopped).
+    pub fn withdraw(&self, path: ServingPath) {
+        self.paths
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .withdraw(path);
+    }
+
+    /// The path that offers GPU `index`, if any.
+    pub fn path_of(&self, index: u32) -> Option<ServingPath> {
+        self.paths
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .path_of(index)
+    }
+}
+
+impl PreparedAgent {
+    /// The GPUs read (those offered and those left out).
+    pub fn found_gpus(&self) -> &Inventory {
+        &self.inventory
+    }
+
+    /// The unit decided.
+    pub fn unit(&self) -> MemoryUnit {
+        self.config.memory_unit
+    }
+
+    /// Publishes the node facts (gpu-count, device annotations, excluded GPUs, the unit
+    /// refusal's Event) and starts the MPS supervisor (the daemon answers, or is known not
+    /// to, before this returns) and the health task, until `shutdown` or
+    /// [`NodeAgentHandle::stop`].
+    pub async fn start(self, shutdown: Shutdown) -> Result<NodeAgentHandle, AgentError> {
+        let PreparedAgent {
+            config,
+            node,
+            facts,
+            client,
+            backend,
+            inventory,
+            unit_refused,
+        } = self;
+        let unit = config.memory_unit;
+        let gpus = gpus::served_gpus(&inventory, unit);
+        publish::publish_gpu_count(&client, &node, gpus.len()).await?;
+        publish::publish_devices(
+            &client,
+            &node,
+            &publish::device_annotations(&gpus, unit, |_| true),
+        )
+        .await?;
+        publish::publish_devices(
+            &client,
+            &node,
+            &publish::excluded_annotation(&inventory.excluded),
+        )
+        .await?;
+        let events = NodeEvents::new(
+            Events::new(client.clone(), DEVICE_PLUGIN_COMPONENT, &node),
+            &node,
+            &facts.uid,
+        );
+        if let Some(refused) = &unit_refused {
+            tracing::error!("{refused}");
+            events
+                .warn("Start", "GpuShareMemoryUnitChangeRefused", refused)
+                .await;
+        }
+        let tracker = HealthTracker::new(
+            gpus.iter().map(|g| g.uuid.clone()),
+            Duration::from_secs(config.health_recovery_secs),
+        );
+        let health = watch::Sender::new(Arc::new(HealthView::of(&tracker, 0)));
+        let mps = config.mps.then(|| {
+            let mut control = crate::gpu::mps::MpsControl::new(
+                &config.mps_control,
+                &config.mps_pipe_dir,
+                &config.mps_log_dir,
+            );
+            // The daemon gets the GPUs this node serves (not, say, a MIG GPU left out).
+            control.visible_devices = gpus.iter().map(|g| g.uuid.clone()).collect();
+            Arc::new(MpsStatus::new(control))
+        });
+        let agent = Arc::new(NodeAgent {
+            traits: NodeTraits {
+                cgpu_disable: facts.cgpu_disable,
+            },
+            node,
+            client,
+            events,
+            backend: backend.clone(),
+            gpus,
+            paths: Mutex::default(),
+            health,
+            mps,
+            unit_refused,
+            config,
+        });
+        let (stop_trigger, stop) = shutdown.child();
+        let mut tasks = Vec::new();
+        // The MPS daemon answers (or is known not to) before a role can hand out a GPU.
+        if let Some(status) = &agent.mps {
+            let settings = MpsSettings {
+                interval: Duration::from_millis(agent.config.mps_check_interval_ms),
+                backoff_max: Duration::from_secs(agent.config.mps_restart_backoff_max_secs),
+                active_thread_percentage: agent.config.mps_active_thread_percentage,
+                limits: mps::default_limits(
+                    &agent.gpus,
+                    unit,
+                    agent.config.mps_pinned_mem_limit_mib,
+                ),
+            };
+            let mut supervisor = Supervisor::new(status.clone(), settings, agent.events.clone());
+            supervisor.first_contact().await;
+            tasks.push(tokio::spawn(supervisor.run(stop.clone())));
+        }
+        if agent.config.health_check {
+            match backend.watch_health() {
+                Ok(rx) => tasks.push(tokio::spawn(health_task(
+                    agent.clone(),
+                    tracker,
+                    rx,
+                    stop.clone(),
+                ))),
+                Err(e) => {
+                    tracing::warn!(error = %e, "GPU health events unavailable; health check off")
+                }
+            }
+        }
+        Ok(NodeAgentHandle {
+            agent,
+            stop: stop_trigger,
+            tasks,
+        })
+    }
+}
+
+/// A running node agent.
+#[derive(Debug)]
+pub struct NodeAgentHandle {
+    agent: Arc<NodeAgent>,
+    stop: crate::shutdown::Trigger,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl NodeAgentHandle {
+    /// The agent, to hand to the roles.
+    pub fn agent(&self) -> &Arc<NodeAgent> {
+        &self.agent
+    }
+
+    /// Stops the health task and the MPS supervisor (which stops a daemon it started).
+    pub async fn stop(self) {
+        self.stop.trigger();
+        for task in self.tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
+    }
+}
+
+/// Applies health events and recoveries until `stop`; publishes each change as the health
+/// view, on the node's annotations and (going down) as a `GpuUnhealthy` Event.
+async fn health_task(
+    agent: Arc<NodeAgent>,
+    mut tracker: HealthTracker,
+    mut events: tokio::sync::mpsc::Receiver<crate::gpu::HealthEvent>,
+    stop: Shutdown,
+) {
+    let stop_fut = stop.wait();
+    tokio::pin!(stop_fut);
+    let mut events_open = true;
+    let mut unattributed: u64 = 0;
+    loop {
+        let next = tracker.next_recovery();
+        let wake = async {
+            match next {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let changes = tokio::select! {
+            _ = &mut stop_fut => return,
+            ev = events.recv(), if events_open => match ev {
+                Some(crate::gpu::HealthEvent::Unattributed { pci, xid }) => {
+                    tracing::warn!(pci = %pci, xid, "XID at a PCI address that is none of the served GPUs (NVSwitch/NVLink?): no GPU marked");
+                    unattributed = unattributed.saturating_add(1);
+                    agent.health.send_replace(Arc::new(HealthView::of(&tracker, unattributed)));
+                    Vec::new()
+                }
+                Some(ev) => {
+                    tracing::info!(event = ?ev, "GPU health event");
+                    tracker.apply(&ev, tokio::time::Instant::now())
+                }
+                None => { events_open = false; Vec::new() }
+            },
+            _ = wake => {
+                let present: Vec<String> = crate::gpu::inventory_off_runtime(&agent.backend)
+                    .await
+                    .map(|inv| inv.devices.into_iter().map(|d| d.uuid).collect())
+                    .unwrap_or_default();
+                tracker.recover(tokio::time::Instant::now(), |u| present.iter().any(|p| p == u))
+            }
+        };
+        if changes.is_empty() {
+            continue;
+        }
+        let view = Arc::new(HealthView::of(&tracker, unattributed));
+        agent.health.send_replace(view.clone());
+        let annotations = publish::device_annotations(&agent.gpus, agent.config.memory_unit, |u| {
+            view.is_healthy(u)
+        });
+        if let Err(e) = publish::publish_devices(&agent.client, &agent.node, &annotations).await {
+            tracing::warn!(error = %e, "could not publish GPU health on the node");
+        }
+        for change in changes {
+            let index = agent
+                .gpu_by_uuid(&change.uuid)
+                .map(|g| g.index.to_string())
+                .unwrap_or_default();
+            if change.healthy {
+                tracing::info!(
+                    gpu = index,
+                    uuid = change.uuid,
+                    reason = change.reason,
+                    "GPU healthy again"
+                );
+            } else {
+                tracing::warn!(
+                    gpu = index,
+                    uuid = change.uuid,
+                    reason = change.reason,
+                    "GPU unhealthy"
+                );
+                agent
+                    .events
+                    .warn(
+                        "HealthCheck",
+                        "GpuUnhealthy",
+                        &format!(
+                            "GPU {index} ({}) is unhealthy: {}",
+                            change.uuid, change.reason
+                        ),
+                    )
+                    .await;
+            }
+        }
+    }
+}
