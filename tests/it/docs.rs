@@ -336,7 +336,11 @@ fn every_doctor_check_has_a_row() {
         "-o",
         "json",
     ];
-    let extra: [&[&str]; 2] = [&[], &["--mps", "--device-list-strategy", "cdi-cri"]];
+    let extra: [&[&str]; 3] = [
+        &[],
+        &["--mps", "--device-list-strategy", "cdi-cri"],
+        &["--rdma"],
+    ];
     for more in extra {
         let args: Vec<&str> = base.iter().chain(more).copied().collect();
         let out = run(&args);
