@@ -103,12 +103,18 @@ def parse_artifacts(text: str | None) -> list[str] | None:
     return keys
 
 
+def doc_pages() -> list[tuple[str, Path, bool]]:
+    """The documentation pages (docs/*.md, not the drafts in docs/incoming/), as archive members."""
+    return [(f"docs/{p.name}", p, False) for p in sorted((ROOT / "docs").glob("*.md"))]
+
+
 # (archive name, [(member name, source path, executable)]) for every artifact chosen.
 def artifacts(
     version: str, require_macos: bool, only: list[str] | None = None
 ) -> list[tuple[str, list[tuple[str, Path, bool]]]]:
     t = ROOT / "target"
-    docs = [("LICENSE", ROOT / "LICENSE", False), ("README.md", ROOT / "README.md", False)]
+    # README.md links into docs/: the pages travel with it, so its links work unpacked.
+    docs = [("LICENSE", ROOT / "LICENSE", False), ("README.md", ROOT / "README.md", False)] + doc_pages()
     sources = {
         "linux-amd64": t / "x86_64-unknown-linux-musl/release/gpushare",
         "linux-arm64": t / "aarch64-unknown-linux-musl/release/gpushare",

@@ -4,7 +4,8 @@
 Each check is independent and reports pass/fail; the last line is `dist: N passed, N failed`.
   - SHA256SUMS lists every file in the directory and every sum matches;
   - every archive unpacks safely (no absolute or `..` paths, no links), holds its binary
-    (executable) and LICENSE, and the binary is of the architecture its name says;
+    (executable) and LICENSE, and the binary is of the architecture its name says; an archive
+    with README.md holds every docs/ page the README links to;
   - the host's binaries (linux-amd64 static and glibc) report the release version, and the
     static one answers as the kubectl plugin under krew's link name;
   - the krew manifest: each platform's uri is the base URL plus an archive here, its sha256 is
@@ -141,6 +142,11 @@ class Checker:
         assert "LICENSE" in members, "no LICENSE"
         assert "Apache License" in members["LICENSE"].read_text()[:200], "LICENSE is not the Apache licence"
         assert os.access(members[binary], os.X_OK), f"{binary} is not executable"
+        if "README.md" in members:
+            # the README's links into the repository that the archive carries (docs/) resolve
+            for target in re.findall(r"\]\(([^)\s#]+)(?:#[^)\s]*)?\)", members["README.md"].read_text()):
+                if target.startswith("docs/"):
+                    assert target in members, f"README.md links to {target}, which the archive lacks"
         got = arch_of(members[binary])
         assert got == platform, f"{binary} is a {got} binary, the archive says {platform}"
 

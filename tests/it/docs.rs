@@ -336,7 +336,11 @@ fn every_doctor_check_has_a_row() {
         "-o",
         "json",
     ];
-    let extra: [&[&str]; 2] = [&[], &["--mps", "--device-list-strategy", "cdi-cri"]];
+    let extra: [&[&str]; 3] = [
+        &[],
+        &["--mps", "--device-list-strategy", "cdi-cri"],
+        &["--rdma"],
+    ];
     for more in extra {
         let args: Vec<&str> = base.iter().chain(more).copied().collect();
         let out = run(&args);
@@ -366,7 +370,7 @@ fn make_demo_shows_the_build_before_the_demo() {
         .current_dir(repo_path(""))
         .output();
     let Ok(out) = out else {
-        eprintln!("!!!!! SKIPPED make demo: no make(1)");
+        crate::support::clients::skip("no make(1)");
         return;
     };
     let plan = String::from_utf8_lossy(&out.stdout).into_owned();

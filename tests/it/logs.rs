@@ -44,7 +44,7 @@ fn on_a_terminal(no_color: Option<&str>) -> Option<String> {
             Some(text)
         }
         Err(e) => {
-            eprintln!("!!!!! SKIPPED logs on a terminal: cannot run script(1): {e}");
+            crate::support::clients::skip(&format!("cannot run script(1): {e}"));
             None
         }
     }

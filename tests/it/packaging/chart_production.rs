@@ -506,7 +506,7 @@ fn aliyun_pod_labels(component: &str, installer: bool) -> BTreeMap<&'static str,
 
 #[test]
 fn the_chart_adopts_the_pods_an_aliyun_installation_left_running() {
-    // The migration (README, "Migrating from Aliyun gpushare") deletes Aliyun's Deployment
+    // The migration (docs/migration.md) deletes Aliyun's Deployment
     // and DaemonSet with --cascade=orphan and installs the chart: the new controllers must
     // select the running pods (so they are replaced one by one, never all at once), whatever
     // extra labels the installer put on them.
