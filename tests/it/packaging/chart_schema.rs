@@ -124,7 +124,7 @@ fn config_schema() -> Value {
     let sections: serde_json::Map<String, Value> = config_sections()
         .into_iter()
         .map(|(section, keys)| {
-            let keys: serde_json::Map<String, Value> = keys
+            let mut keys: serde_json::Map<String, Value> = keys
                 .into_iter()
                 .map(|key| {
                     let schema = match defaults[&section].get(&key) {
@@ -134,6 +134,16 @@ fn config_schema() -> Value {
                     (key, schema)
                 })
                 .collect();
+            // The old spellings of the node keys still work (the binary reads them as
+            // `node.<key>` and doctor names them): the chart accepts them too.
+            if section == "device_plugin" {
+                for key in gpushare::config::NODE_KEYS {
+                    keys.insert(
+                        (*key).to_string(),
+                        json!({ "deprecated": true, "description": format!("old spelling of node.{key}") }),
+                    );
+                }
+            }
             let schema = json!({
                 "type": "object",
                 "additionalProperties": false,
@@ -156,7 +166,7 @@ fn the_schema_config_part_is_the_binary_configuration() {
     let sections = config_sections();
     // The tracer sees what the binary reads: a few well-known keys, and nothing odd.
     assert!(sections["extender"].contains(&"bind_timeout_ms".to_string()));
-    assert!(sections["device_plugin"].contains(&"memory_unit".to_string()));
+    assert!(sections["node"].contains(&"memory_unit".to_string()));
     assert!(sections["http"].contains(&"max_connections".to_string()));
     let mut schema: Value = serde_json::from_str(&read(SCHEMA)).expect("the schema is JSON");
     schema["properties"]["config"] = config_schema();
