@@ -135,6 +135,7 @@ async fn handle(
             FaultAction::CutWatch
             | FaultAction::ApplyThenDrop
             | FaultAction::ApplyLate(_)
+            | FaultAction::ApplyOnRelease { .. }
             | FaultAction::AnswerLate(_) => {}
             FaultAction::Hold(hold) => hold.pass().await,
         }
@@ -194,6 +195,24 @@ async fn handle(
             });
             rx.await
                 .map_err(|_| std::io::Error::other("the late apply task ended without an answer"))?
+        }
+        Some(FaultAction::ApplyOnRelease { hold, answer }) => {
+            // A task of its own: neither a client that hangs up nor one that dies cancels it.
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            shared.controls().late_in_flight += 1;
+            let late = shared.clone();
+            tokio::spawn(async move {
+                hold.pass().await;
+                let response = route(&late, &request);
+                late.controls().late_in_flight -= 1;
+                let _ = tx.send(response);
+            });
+            match answer {
+                Some(code) => error_response(&ApiError::from_code(code)),
+                None => rx.await.map_err(|_| {
+                    std::io::Error::other("the held apply task ended without an answer")
+                })?,
+            }
         }
         Some(FaultAction::AnswerLate(delay)) => {
             let response = route(&shared, &request);
