@@ -1042,6 +1042,8 @@ async fn gate(
             // Rebuild from what the API server holds now: restart the watches, whose first
             // list replaces the ledger; `sync` marks it synced when the lists are applied.
             state.set_synced(false);
+            // Reservations found on pods count a full settle window from this term's start.
+            state.cache().restart_found_clocks();
             for w in watches.drain(..) {
                 w.abort();
             }

@@ -4,7 +4,8 @@
 //! Layout: [`wire`] (the extender API JSON), [`cache`] (the ledger), [`sync`] (watches that
 //! feed it), [`filter`], [`prioritize`], [`bind`], [`inspect`] (the verbs), [`routes`] (HTTP),
 //! [`metrics`], [`state`] (shared state and the readiness gate), [`leader`] (Lease election
-//! and the fence of binds), [`forward`] (standbys hand the verbs to the leader).
+//! and the fence of binds), [`forward`] (standbys hand the verbs to the leader),
+//! `reservations` (a bind's reservation written on the pod, counted by any successor).
 //!
 //! [`start`] is the in-process entry point (tests, `gpushare demo`); [`run`] is the
 //! subcommand.
@@ -19,6 +20,7 @@ pub mod inspect;
 pub mod leader;
 pub mod metrics;
 pub(crate) mod prioritize;
+pub(crate) mod reservations;
 pub mod routes;
 pub mod state;
 pub mod sync;
