@@ -459,3 +459,55 @@ async fn inspect_from_an_https_extender_presents_its_client_certificate() {
     );
     ext.stop().await;
 }
+
+/// Rotates the client CA file to `next` and waits until a certificate of `next` is accepted.
+async fn rotate_client_ca(pki: &Pki, addr: SocketAddr, next: &Ca) {
+    let ca_file = pki.path("client-ca.crt");
+    std::fs::write(&ca_file, &next.pem).expect("write");
+    touch_later(&ca_file);
+    let probe = client(next, "probe");
+    let path = "/gpushare-scheduler/inspect";
+    let end = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let got = https(pki, addr, Some(&probe), "GET", path, "").await;
+        if got.as_ref().map(|r| r.0) == Ok(200) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "the rotated CA was never used: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A client of a replaced CA that resumes its TLS session (one connector: rustls keeps the
+/// session tickets it was given) gets nothing after the rotation: no resumed session outlives
+/// the CA that verified its certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_session_does_not_outlive_a_replaced_client_ca() {
+    let pki = Pki::new();
+    let api = sandbox().await;
+    let ext = start(&api, &pki.config(false), Some(Duration::from_millis(50))).await;
+    let old = client(&pki.client_ca, "old-scheduler");
+    let resuming = pki.connector(Some(&old));
+    let path = "/gpushare-scheduler/inspect";
+    for _ in 0..2 {
+        let got = https_via(resuming.clone(), "127.0.0.1", ext.addr, "GET", path, "").await;
+        assert_eq!(got.map(|r| r.0), Ok(200));
+    }
+    rotate_client_ca(&pki, ext.addr, &ca("rotated-client-ca")).await;
+    for verb in ["GET", "POST"] {
+        let (target, body) = if verb == "GET" {
+            (path, String::new())
+        } else {
+            ("/gpushare-scheduler/filter", filter_args(&api, "p1"))
+        };
+        let got = https_via(resuming.clone(), "127.0.0.1", ext.addr, verb, target, &body).await;
+        assert!(
+            !matches!(got, Ok((200, _))),
+            "{verb} {target}: a session of the replaced CA was resumed: {got:?}"
+        );
+    }
+    ext.stop().await;
+}
