@@ -333,6 +333,25 @@ impl ClientCertVerifier for ClientCa {
     }
 }
 
+/// Issues no stateless session tickets (rustls' default too, stated where it matters).
+#[derive(Debug)]
+struct NoTickets;
+
+impl rustls::server::ProducesTickets for NoTickets {
+    fn enabled(&self) -> bool {
+        false
+    }
+    fn lifetime(&self) -> u32 {
+        0
+    }
+    fn encrypt(&self, _plain: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
+    fn decrypt(&self, _cipher: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
+}
+
 /// An HTTPS server's material from files: the serving certificate and key, and optionally
 /// the CA that signs the client certificates it accepts. [`ServerTls::refresh`] reads the
 /// files again when they changed.
@@ -381,6 +400,14 @@ impl ServerTls {
         };
         let mut config = builder.with_cert_resolver(self.serving.clone());
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        if self.client_ca.is_some() {
+            // A resumed session skips the client certificate check: it would keep a client
+            // of a replaced CA in (each resumption handing out new tickets). Every
+            // connection makes a full handshake against the CA in force instead.
+            config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+            config.send_tls13_tickets = 0;
+            config.ticketer = Arc::new(NoTickets);
+        }
         Ok(TlsAcceptor::from(Arc::new(config)))
     }
 
