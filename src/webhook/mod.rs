@@ -174,10 +174,11 @@ pub async fn start(
     let mut tasks = Vec::new();
     let (serving, ca_bundle) = if w.self_signed {
         let client = client.context("--self-signed needs the API server (kubeconfig)")?;
-        let boot = bootstrap::Bootstrap::new(client, w);
+        let boot =
+            bootstrap::Bootstrap::new(client, w).retaining((3 * refresh).max(3 * DEFAULT_REFRESH));
         let mut attempt = 0u32;
         let (material, missing) = loop {
-            match boot.reconcile().await {
+            match boot.reconcile(None).await {
                 Ok(done) => break done,
                 Err(e) if attempt < 5 => {
                     attempt += 1;
@@ -199,7 +200,7 @@ pub async fn start(
         tasks.push(tokio::spawn(async move {
             let mut last = material;
             while pause(refresh, &stop).await {
-                match boot.reconcile().await {
+                match boot.reconcile(Some(&last)).await {
                     Ok((m, _)) if m != last => {
                         match keep.set(&m.serving) {
                             Ok(()) => tracing::info!("serving the renewed webhook certificate"),

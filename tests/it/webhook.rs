@@ -731,3 +731,32 @@ async fn a_deleted_secret_re_created_under_two_replicas_keeps_every_served_ca_tr
     slow.stop().await;
     fast.stop().await;
 }
+
+/// A replica that starts while the Secret is missing issues a new CA; the caBundle it writes
+/// keeps the CA the running replica still serves with (a union, with a retention), so the
+/// running replica stays trusted until it picks the new Secret up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_replica_re_creating_the_secret_keeps_the_running_replicas_ca() {
+    let api = ApiServer::start().await.expect("sandbox");
+    webhook_configs(&api);
+    let running = self_signed(&api, webhook::DEFAULT_REFRESH).await;
+    let old = text(&secret_of(&api), KEY_CA_CRT);
+    api.delete_object("secrets", Some("kube-system"), "gpushare-webhook-tls")
+        .expect("Secret deleted");
+    let fresh = self_signed(&api, webhook::DEFAULT_REFRESH).await;
+    let new = text(&secret_of(&api), KEY_CA_CRT);
+    assert_ne!(old, new, "the fresh replica issued a CA of its own");
+    for bundle in ca_bundles(&api) {
+        assert!(verifies(fresh.addr, &bundle).await, "the new CA is trusted");
+        assert!(
+            verifies(running.addr, &bundle).await,
+            "the running replica's CA was dropped from the caBundle"
+        );
+        assert!(
+            bundle.starts_with(new.trim_end()),
+            "the Secret's CA comes first"
+        );
+    }
+    running.stop().await;
+    fresh.stop().await;
+}
