@@ -511,3 +511,57 @@ async fn a_resumed_session_does_not_outlive_a_replaced_client_ca() {
     }
     ext.stop().await;
 }
+
+/// Reads one HTTP/1.1 response (headers and a `Content-Length` body) from `conn`: its status.
+async fn read_response<S: tokio::io::AsyncRead + Unpin>(conn: &mut S) -> Option<u16> {
+    use tokio::io::AsyncReadExt as _;
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        if conn.read(&mut byte).await.ok()? == 0 {
+            return None;
+        }
+        buf.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+    let status = head.get(9..12)?.parse().ok()?;
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0u8; length];
+    conn.read_exact(&mut body).await.ok()?;
+    Some(status)
+}
+
+/// A connection kept alive across the rotation gets nothing more on the old CA's certificate:
+/// the check holds for every request after the rotation, not only for new handshakes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_alive_connection_does_not_outlive_a_replaced_client_ca() {
+    use tokio::io::AsyncWriteExt as _;
+    let pki = Pki::new();
+    let api = sandbox().await;
+    let ext = start(&api, &pki.config(false), Some(Duration::from_millis(50))).await;
+    let old = client(&pki.client_ca, "old-scheduler");
+    let tcp = tokio::net::TcpStream::connect(ext.addr)
+        .await
+        .expect("connect");
+    let name = tokio_rustls::rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+    let mut conn = pki
+        .connector(Some(&old))
+        .connect(name, tcp)
+        .await
+        .expect("handshake");
+    let request = b"GET /gpushare-scheduler/inspect HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    conn.write_all(request).await.expect("write");
+    assert_eq!(read_response(&mut conn).await, Some(200));
+    rotate_client_ca(&pki, ext.addr, &ca("rotated-client-ca")).await;
+    conn.write_all(request).await.expect("write");
+    let after = read_response(&mut conn).await;
+    assert!(
+        after.is_none_or(|s| s == 403),
+        "a request on a connection of the replaced CA was served: {after:?}"
+    );
+    ext.stop().await;
+}
