@@ -389,6 +389,17 @@ impl ServerTls {
         self.client_ca.is_some()
     }
 
+    /// Whether a client certificate chain (end entity first) verified at a connection's
+    /// handshake is still trusted by the client CA in force NOW: a connection kept alive
+    /// across a rotation of the CA file gets no request through on the replaced CA.
+    pub fn still_trusts(&self, chain: &[CertificateDer<'_>]) -> bool {
+        let (Some(ca), Some((leaf, intermediates))) = (&self.client_ca, chain.split_first()) else {
+            return false;
+        };
+        ca.verify_client_cert(leaf, intermediates, UnixTime::now())
+            .is_ok()
+    }
+
     /// A TLS acceptor (HTTP/1.1) presenting the serving certificate and, with a client CA,
     /// asking for (not requiring) a client certificate.
     pub fn acceptor(&self) -> Result<TlsAcceptor, TlsError> {

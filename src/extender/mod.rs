@@ -283,7 +283,7 @@ pub async fn start_with(
                 options.tls_refresh.unwrap_or(crate::tls::DEFAULT_REFRESH),
                 combined.clone(),
             ));
-            Some(t.acceptor().context("extender TLS")?)
+            Some((t.acceptor().context("extender TLS")?, t.clone()))
         }
         None => None,
     };
