@@ -674,3 +674,58 @@ async fn a_sigterm_failover_with_a_binding_in_flight_does_not_over_commit() {
 async fn a_sigkill_failover_with_a_binding_in_flight_does_not_over_commit() {
     failover_with_a_binding_held_at_the_api_server(true).await;
 }
+
+/// Suspected (issue: a standby that lost the leader's answer): the leader's owner of a bind of
+/// unknown outcome may still write for `bind_settle_ms`, so a standby whose forward lost the
+/// answer must not say "the bind did not happen" while the pod carries the reservation: it
+/// says the outcome is unknown. Here the Binding does land afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_that_lost_the_answer_does_not_claim_the_bind_did_not_happen() {
+    let api = sandbox(1, 1, UNITS).await;
+    let config = extender_config(true);
+    let a = Isolated::start(&api, &config, "replica-a", None).await;
+    wait_leading(&a.state, "replica-a").await;
+    let b = start_named(&api, &config, "replica-b").await;
+    wait_http_ok(&format!("http://{}/readyz", b.addr)).await;
+    api.create_object(pending_pod("victim", 4)).expect("seed");
+    let hold = Hold::new();
+    api.inject(Fault::new(
+        Some(http::Method::POST),
+        "/namespaces/default/pods/victim/binding",
+        FaultAction::ApplyOnRelease {
+            hold: hold.clone(),
+            answer: None,
+        },
+    ));
+    let answer = {
+        let api = api.clone();
+        let url = format!("http://{}/gpushare-scheduler/bind", b.addr);
+        tokio::spawn(async move {
+            http(
+                http::Method::POST,
+                &url,
+                Some(binding_args(&api, "victim", "node-0")),
+            )
+            .await
+        })
+    };
+    hold.wait_reached(1).await;
+    // The leader stalls with its Binding in flight: B's forward loses the answer.
+    let paused = a.pause().await;
+    let (status, body) = answer.await.expect("forwarded bind").expect("B answers");
+    let body = String::from_utf8_lossy(&body).into_owned();
+    hold.release();
+    wait_until("the held Binding lands", || {
+        node_of(&api, "victim").as_deref() == Some("node-0")
+    })
+    .await;
+    assert_eq!(status, 500, "{body}");
+    assert!(
+        !body.contains("did not happen") && body.contains("unknown"),
+        "the standby claimed a bind that then landed did not happen: {body}"
+    );
+    paused.resume();
+    assert_not_overcommitted(&api, UNITS);
+    a.kill();
+    b.stop().await;
+}
