@@ -584,6 +584,18 @@ async fn forward_verb(
                     ),
                     "error",
                 ),
+                Ok(Settled::Reserved) => (
+                    error(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!(
+                            "{e}; the pod {pod} is not bound yet but holds the leader's \
+                             reservation on {}: the outcome is unknown and the leader settles it \
+                             by reading the API",
+                            args.node
+                        ),
+                    ),
+                    "error",
+                ),
                 Err(why) => (
                     error(
                         StatusCode::INTERNAL_SERVER_ERROR,
