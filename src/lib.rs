@@ -42,6 +42,7 @@ pub mod deviceplugin;
 pub mod doctor;
 pub mod exposition;
 pub mod extender;
+pub mod fd_limit;
 pub mod gpu;
 pub mod http_server;
 pub mod inspect;

@@ -158,6 +158,23 @@ pub fn nvml_library(host: &HostRoot, explicit: &str, fake_backend: bool) -> Chec
 }
 
 /// `nvidia-toolkit`: the NVIDIA container runtime and its hook / `nvidia-ctk`.
+/// Whether the open-file limit leaves room for `http.max_connections` (the serving roles raise
+/// the soft limit to the hard one at start, so the hard one is what counts).
+pub(crate) fn open_files(max_connections: usize) -> Check {
+    const ID: &str = "open-files";
+    const TITLE: &str = "Open-file limit";
+    let Some((soft, hard)) = crate::fd_limit::current() else {
+        return Check::new(ID, TITLE, Status::Skip, "RLIMIT_NOFILE could not be read");
+    };
+    let detail =
+        format!("soft {soft}, hard {hard} (the soft limit is raised to the hard one at start)");
+    match crate::fd_limit::cap_warning(max_connections, hard) {
+        Some(why) => Check::new(ID, TITLE, Status::Warn, format!("{detail}; {why}"))
+            .hint("LimitNOFILE=65536 in the unit (the shipped units set it), or --ulimit nofile=65536 / the runtime's default ulimits"),
+        None => Check::new(ID, TITLE, Status::Ok, detail),
+    }
+}
+
 pub(crate) fn nvidia_toolkit(host: &HostRoot) -> Check {
     const ID: &str = "nvidia-toolkit";
     const TITLE: &str = "NVIDIA container toolkit";

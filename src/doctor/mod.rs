@@ -283,6 +283,9 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
         sets.push(("device plugin", DEVICE_PLUGIN_PERMISSIONS));
     }
     checks.push(cluster::rbac(&api, &sets, config.extender.leader_elect).await);
+    if role.control_plane() {
+        checks.push(host::open_files(config.http.max_connections));
+    }
     if role.control_plane() && !opts.preflight {
         let minor = match &api {
             ApiState::Up { minor, .. } => *minor,

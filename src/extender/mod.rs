@@ -323,6 +323,11 @@ pub async fn run(_args: Args, config: Config) -> anyhow::Result<ExitCode> {
     .await?;
     let wait = Duration::from_secs(config.cluster.api_wait_secs);
     crate::k8s::reachable::wait_for_api(&config.cluster.kubeconfig, wait, "extender").await?;
+    if let Some(soft) = crate::fd_limit::raise_soft_to_hard()
+        && let Some(why) = crate::fd_limit::cap_warning(config.http.max_connections, soft)
+    {
+        tracing::warn!("{why}");
+    }
     let (trigger, _) = shutdown::channel();
     let shutdown = shutdown::on_signals(trigger);
     let handle = start(&config, client, shutdown.clone()).await?;
