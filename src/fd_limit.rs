@@ -13,7 +13,7 @@ pub fn current() -> Option<(u64, u64)> {
     };
     // SAFETY: FFI call with a valid pointer to a local `rlimit` the kernel fills in.
     let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
-    (rc == 0).then_some((lim.rlim_cur as u64, lim.rlim_max as u64))
+    (rc == 0).then_some((lim.rlim_cur, lim.rlim_max))
 }
 
 /// Raises the soft open-file limit to the hard one; returns the soft limit now in force. A
@@ -24,8 +24,8 @@ pub fn raise_soft_to_hard() -> Option<u64> {
         return Some(soft);
     }
     let lim = libc::rlimit {
-        rlim_cur: hard as libc::rlim_t,
-        rlim_max: hard as libc::rlim_t,
+        rlim_cur: hard,
+        rlim_max: hard,
     };
     // SAFETY: FFI call with a valid pointer to a local, initialised `rlimit`.
     let rc = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
