@@ -62,7 +62,7 @@ manifests: ## regenerate packaging/manifests/ from the Helm chart (real Helm eng
 	GPUSHARE_UPDATE_GOLDEN=1 $(CARGO) test $(CI_FLAGS) --test it -- --exact packaging::chart::rendered_chart_equals_the_plain_manifests
 SOAK_PODS ?= 2000
 SOAK_NODES ?= 50
-soak: ## 2,000 pods bound and deleted over 50 nodes under random API faults, a re-list every ~500 events and one extender restart; prints the counts (SOAK_PODS, SOAK_NODES, SOAK_SEED)
+soak: ## 2,000 pods bound and deleted over 50 nodes under random API faults, a re-list every ~500 events and three extender restarts with Bindings in flight; prints the counts (SOAK_PODS, SOAK_NODES, SOAK_SEED)
 	SOAK_PODS=$(SOAK_PODS) SOAK_NODES=$(SOAK_NODES) $(CARGO) test $(CI_FLAGS) --test it soak:: -- --ignored --nocapture
 
 test-cluster: ## tests against a real cluster (needs KUBECONFIG)
