@@ -25,7 +25,6 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 
 use super::state::ExtenderState;
-use super::sync::pod_facts;
 use crate::core::wire::POD_ANN_RESERVATION;
 use crate::k8s::write::patch_pod_annotation_changes;
 use crate::shutdown::Shutdown;
@@ -91,15 +90,11 @@ async fn settle_one(state: &ExtenderState, uid: &str, namespace: &str, name: &st
         }
         return;
     }
-    // Bound, finished or re-reserved since: what the pod shows now replaces the record.
-    match pod_facts(&pod, |_| {}) {
-        Some(f) if f.placement.is_some() || f.settled => {
-            state.cache().observe_pod(f);
-        }
-        _ => {
-            state.cache().expire_found(uid, value);
-        }
+    if crate::k8s::pod_is_terminal(&pod) {
+        state.cache().expire_found(uid, value);
     }
+    // Bound or re-reserved since: the watch shows it (a read applied here could be older than
+    // a deletion the watch has already applied, and would count a pod that is gone).
 }
 
 /// Removes the reservation `value` from the pod `namespace/name` (UID `uid`) if the API still

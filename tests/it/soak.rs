@@ -166,6 +166,53 @@ async fn ledger(addr: SocketAddr) -> Option<BTreeMap<(String, u64), u64>> {
     Some(per_gpu)
 }
 
+/// The pods `/inspect` shows that the API's annotations do not count where it does, with what
+/// the API holds for each (for the failure message).
+async fn ledger_only(api: &ApiServer, addr: SocketAddr) -> String {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let Ok(req) = http::Request::builder()
+        .uri(format!("http://{addr}/gpushare-scheduler/inspect"))
+        .body(Full::new(Bytes::new()))
+    else {
+        return String::new();
+    };
+    let Ok(resp) = client.request(req).await else {
+        return String::new();
+    };
+    let Ok(body) = resp.into_body().collect().await else {
+        return String::new();
+    };
+    let v: Value = serde_json::from_slice(&body.to_bytes()).unwrap_or(Value::Null);
+    let mut out = Vec::new();
+    for n in v["nodes"].as_array().into_iter().flatten() {
+        for d in n["devs"].as_array().into_iter().flatten() {
+            for p in d["pods"].as_array().into_iter().flatten() {
+                let name = p["name"].as_str().unwrap_or_default();
+                let obj = api.get_object("pods", Some("default"), name);
+                let here = obj.as_ref().is_some_and(|o| {
+                    o["spec"]["nodeName"] == n["name"]
+                        && o["metadata"]["annotations"]["ALIYUN_COM_GPU_MEM_IDX"]
+                            .as_str()
+                            .and_then(|i| i.parse::<u64>().ok())
+                            == d["id"].as_u64()
+                });
+                if !here {
+                    out.push(format!(
+                        "{}/{} {name} {p} -> API: {}",
+                        n["name"],
+                        d["id"],
+                        obj.map_or("absent".to_string(), |o| format!(
+                            "nodeName {} annotations {}",
+                            o["spec"]["nodeName"], o["metadata"]["annotations"]
+                        ))
+                    ));
+                }
+            }
+        }
+    }
+    out.join("\n")
+}
+
 fn assert_no_overcommit(api: &ApiServer) {
     for (gpu, used) in annotated(api) {
         assert!(
@@ -397,11 +444,14 @@ async fn soak_no_overcommit_under_random_faults() {
         if l.as_ref() == Some(&want) && handle.state().binds().is_empty() {
             break;
         }
-        assert!(
-            tokio::time::Instant::now() < end,
-            "ledger never converged:\nledger {l:?}\nannotations {want:?}\nowners left {}",
-            handle.state().binds().len()
-        );
+        if tokio::time::Instant::now() >= end {
+            panic!(
+                "ledger never converged:\nledger {l:?}\nannotations {want:?}\nowners left {}\n\
+                 pods the ledger counts that the annotations do not: {}",
+                handle.state().binds().len(),
+                ledger_only(&api, a).await
+            );
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let unknown = unknown_before_restart.load(Ordering::SeqCst) + unknown_of(a).await;
