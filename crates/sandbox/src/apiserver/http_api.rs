@@ -491,12 +491,16 @@ struct ContinueAt {
     name: String,
     /// (returned so far, total at the first page), absent in a token without them.
     counted: Option<(usize, usize)>,
+    /// The resourceVersion of the first page: every page of one list reports it (as the real
+    /// API server's snapshot does), so a watch from the list's version replays every change
+    /// made while the pages were read (a delete of an object already returned included).
+    rv: Option<u64>,
 }
 
-fn encode_continue(ns: &str, name: &str, counted: Option<(usize, usize)>) -> String {
+fn encode_continue(ns: &str, name: &str, counted: Option<(usize, usize)>, rv: u64) -> String {
     let text = match counted {
-        Some((returned, total)) => format!("{ns}/{name}/{returned}/{total}"),
-        None => format!("{ns}/{name}"),
+        Some((returned, total)) => format!("{rv}|{ns}/{name}/{returned}/{total}"),
+        None => format!("{rv}|{ns}/{name}"),
     };
     text.bytes().map(|b| format!("{b:02x}")).collect()
 }
@@ -510,6 +514,10 @@ fn decode_continue(token: &str) -> Option<ContinueAt> {
         .map(|i| u8::from_str_radix(token.get(i..i + 2)?, 16).ok())
         .collect();
     let text = String::from_utf8(bytes?).ok()?;
+    let (rv, text) = match text.split_once('|') {
+        Some((rv, rest)) => (Some(rv.parse().ok()?), rest.to_string()),
+        None => (None, text),
+    };
     let mut parts = text.split('/');
     let ns = parts.next()?.to_string();
     let name = parts.next()?.to_string();
@@ -518,7 +526,12 @@ fn decode_continue(token: &str) -> Option<ContinueAt> {
         (Some(r), Some(t), None) => Some((r.parse().ok()?, t.parse().ok()?)),
         _ => return None,
     };
-    Some(ContinueAt { ns, name, counted })
+    Some(ContinueAt {
+        ns,
+        name,
+        counted,
+        rv,
+    })
 }
 
 fn list(
@@ -558,7 +571,11 @@ fn list(
         let (items, more) = store.list(def, namespace, after.as_ref(), limit, &|obj| {
             selectors.matches(obj)
         });
-        metadata["resourceVersion"] = json!(store.resource_version().to_string());
+        let list_rv = at
+            .as_ref()
+            .and_then(|a| a.rv)
+            .unwrap_or_else(|| store.resource_version());
+        metadata["resourceVersion"] = json!(list_rv.to_string());
         if more && let Some((ns, name, _)) = items.last() {
             // As the real API server: a count only for unfiltered lists.
             let counted = selectors.is_empty().then(|| {
@@ -575,7 +592,7 @@ fn list(
             if let Some((returned, total)) = counted {
                 metadata["remainingItemCount"] = json!(total.saturating_sub(returned));
             }
-            metadata["continue"] = json!(encode_continue(ns, name, counted));
+            metadata["continue"] = json!(encode_continue(ns, name, counted, list_rv));
         }
         items
     };
@@ -1026,14 +1043,15 @@ mod tests {
             ns: "ns".into(),
             name: "pod-1".into(),
             counted,
+            rv: Some(7),
         };
-        let token = encode_continue("ns", "pod-1", None);
+        let token = encode_continue("ns", "pod-1", None, 7);
         assert_eq!(decode_continue(&token), Some(at(None)));
-        let token = encode_continue("ns", "pod-1", Some((500, 150_000)));
+        let token = encode_continue("ns", "pod-1", Some((500, 150_000)), 7);
         assert_eq!(decode_continue(&token), Some(at(Some((500, 150_000)))));
         assert_eq!(decode_continue("zz"), None);
         assert_eq!(decode_continue("abc"), None);
-        let four_parts = encode_continue("ns", "pod-1", None) + "2f78";
+        let four_parts = encode_continue("ns", "pod-1", None, 7) + "2f78";
         assert_eq!(
             decode_continue(&four_parts),
             None,
