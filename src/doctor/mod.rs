@@ -247,6 +247,10 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
                 checks.push(runtime::check(&host));
             }
             checks.push(host::nvidia_toolkit(&host));
+            let envvar = strategies
+                .as_slice()
+                .contains(&crate::config::DeviceListStrategy::Envvar);
+            checks.push(host::nvidia_envvar(&host, envvar));
         }
         if strategies.any_cdi() {
             checks.push(cdi::specs(&host, dp, probe.devices(), opts.preflight));
