@@ -906,6 +906,83 @@ mod tests {
             .collect()
     }
 
+    /// An unbound pod carrying the reservation `value` for (node, gpu).
+    fn found(uid: &str, node: &str, gpu: u32, mem: u64, value: &str) -> PodFacts {
+        let mut f = facts(uid, node, gpu, mem);
+        f.settled = false;
+        f.reservation = Some(value.into());
+        if let Some(p) = f.placement.as_mut() {
+            p.state = PodState::Assumed;
+        }
+        f
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reservation_found_on_a_pod_counts_until_bound_deleted_or_expired() {
+        let c = Cache::new();
+        c.apply_node("a", gpus(&[16]));
+        assert!(c.observe_pod(found("p", "a", 0, 10, "r1")));
+        assert_eq!(used(&c, "a"), [10]);
+        // No second reservation of the pod while it counts, and the GPU is taken.
+        assert!(
+            c.reserve("p", "ns", "p", "a", GpuMem::new(10), GpuPolicy::Binpack)
+                .is_err()
+        );
+        assert!(
+            c.reserve("q", "ns", "q", "a", GpuMem::new(10), GpuPolicy::Binpack)
+                .is_err()
+        );
+        // Not due before the window; due after it; expired only for the same value.
+        let window = Duration::from_secs(60);
+        assert!(c.found_due(window).is_empty());
+        tokio::time::advance(window).await;
+        assert_eq!(c.found_due(window).len(), 1);
+        // A new term counts a full window again.
+        c.restart_found_clocks();
+        assert!(c.found_due(window).is_empty());
+        assert!(!c.expire_found("p", "other"));
+        assert!(c.expire_found("p", "r1"));
+        assert_eq!(used(&c, "a"), [0]);
+        // A late event still showing that reservation counts nothing; a new one counts.
+        c.observe_pod(found("p", "a", 0, 10, "r1"));
+        assert_eq!(used(&c, "a"), [0]);
+        c.observe_pod(found("p", "a", 0, 6, "r2"));
+        assert_eq!(used(&c, "a"), [6]);
+        // Bound: an ordinary pod; an older unbound event changes nothing.
+        c.observe_pod(facts("p", "a", 0, 6));
+        c.observe_pod(found("p", "a", 0, 6, "r2"));
+        assert_eq!(
+            c.pod_placement("p").map(|p| p.state),
+            Some(PodState::Assigned)
+        );
+        c.forget_pod("p");
+        assert_eq!(used(&c, "a"), [0]);
+        // An unbound pod whose reservation was removed holds nothing any more.
+        c.observe_pod(found("s", "a", 0, 4, "r3"));
+        let mut cleared = found("s", "a", 0, 4, "r3");
+        cleared.placement = None;
+        cleared.reservation = None;
+        assert!(!c.observe_pod(cleared));
+        assert_eq!(used(&c, "a"), [0]);
+    }
+
+    #[test]
+    fn our_own_reservation_is_not_taken_over_by_its_annotation() {
+        let c = Cache::new();
+        c.apply_node("a", gpus(&[16]));
+        let r = c
+            .reserve("u", "ns", "p", "a", GpuMem::new(4), GpuPolicy::Binpack)
+            .unwrap();
+        // The watch shows our own patch (unbound, with the reservation): the owner keeps it.
+        c.observe_pod(found("u", "a", 0, 4, "mine"));
+        assert!(c.holds("u", r.token));
+        // Released as not landing: the annotation seen later counts nothing.
+        c.mark_released("u", "mine");
+        assert!(c.release("u", r.token));
+        c.observe_pod(found("u", "a", 0, 4, "mine"));
+        assert_eq!(used(&c, "a"), [0]);
+    }
+
     #[test]
     fn pods_count_once_and_move_between_nodes() {
         let c = Cache::new();
