@@ -15,6 +15,7 @@ const INFRA: &[&str] = &[
     "buildinfo",
     "config",
     "exposition",
+    "fd_limit",
     "gpu",
     "http_server",
     "k8s",
