@@ -391,6 +391,7 @@ fn ledger_only(size: Size) -> (u64, usize) {
                 state: gpushare::core::PodState::Assigned,
             }),
             settled: true,
+            reservation: None,
         });
     }
     let grown = rss_bytes().saturating_sub(before);

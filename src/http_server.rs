@@ -32,9 +32,10 @@ use crate::config::HttpConfig;
 use crate::shutdown::Shutdown;
 
 /// Request extension: the connection's client presented a certificate the TLS acceptor
-/// verified (a connection without one carries nothing).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PeerCertificate;
+/// verified (a connection without one carries nothing): its chain, end entity first, so a
+/// role can check it again against trust that changed since the handshake.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerCertificate(pub Arc<[tokio_rustls::rustls::pki_types::CertificateDer<'static>]>);
 
 /// A finished response: every handler answers with a whole body.
 pub type Reply = Response<Full<Bytes>>;
@@ -258,10 +259,10 @@ pub async fn serve<H, F>(
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read)
                 .keep_alive(true);
-            let service = move |verified: bool| {
+            let service = move |verified: Option<PeerCertificate>| {
                 hyper::service::service_fn(move |mut req: Request<Incoming>| {
-                    if verified {
-                        req.extensions_mut().insert(PeerCertificate);
+                    if let Some(peer) = &verified {
+                        req.extensions_mut().insert(peer.clone());
                     }
                     let handler = handler.clone();
                     let metrics = metrics.clone();
@@ -288,7 +289,7 @@ pub async fn serve<H, F>(
             };
             let result = match tls {
                 None => {
-                    let conn = builder.serve_connection(TokioIo::new(stream), service(false));
+                    let conn = builder.serve_connection(TokioIo::new(stream), service(None));
                     watcher.watch(conn).await
                 }
                 Some(acceptor) => {
@@ -299,7 +300,12 @@ pub async fn serve<H, F>(
                                 .get_ref()
                                 .1
                                 .peer_certificates()
-                                .is_some_and(|c| !c.is_empty());
+                                .filter(|c| !c.is_empty())
+                                .map(|c| {
+                                    PeerCertificate(
+                                        c.iter().map(|d| d.clone().into_owned()).collect(),
+                                    )
+                                });
                             let conn = builder.serve_connection(TokioIo::new(s), service(verified));
                             watcher.watch(conn).await
                         }

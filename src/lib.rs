@@ -51,6 +51,7 @@ pub mod dra;
 pub mod exposition;
 pub mod extender;
 pub mod failure;
+pub mod fd_limit;
 pub mod gpu;
 pub mod http_server;
 pub mod inspect;

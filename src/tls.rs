@@ -333,6 +333,25 @@ impl ClientCertVerifier for ClientCa {
     }
 }
 
+/// Issues no stateless session tickets (rustls' default too, stated where it matters).
+#[derive(Debug)]
+struct NoTickets;
+
+impl rustls::server::ProducesTickets for NoTickets {
+    fn enabled(&self) -> bool {
+        false
+    }
+    fn lifetime(&self) -> u32 {
+        0
+    }
+    fn encrypt(&self, _plain: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
+    fn decrypt(&self, _cipher: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
+}
+
 /// An HTTPS server's material from files: the serving certificate and key, and optionally
 /// the CA that signs the client certificates it accepts. [`ServerTls::refresh`] reads the
 /// files again when they changed.
@@ -370,6 +389,17 @@ impl ServerTls {
         self.client_ca.is_some()
     }
 
+    /// Whether a client certificate chain (end entity first) verified at a connection's
+    /// handshake is still trusted by the client CA in force NOW: a connection kept alive
+    /// across a rotation of the CA file gets no request through on the replaced CA.
+    pub fn still_trusts(&self, chain: &[CertificateDer<'_>]) -> bool {
+        let (Some(ca), Some((leaf, intermediates))) = (&self.client_ca, chain.split_first()) else {
+            return false;
+        };
+        ca.verify_client_cert(leaf, intermediates, UnixTime::now())
+            .is_ok()
+    }
+
     /// A TLS acceptor (HTTP/1.1) presenting the serving certificate and, with a client CA,
     /// asking for (not requiring) a client certificate.
     pub fn acceptor(&self) -> Result<TlsAcceptor, TlsError> {
@@ -381,6 +411,14 @@ impl ServerTls {
         };
         let mut config = builder.with_cert_resolver(self.serving.clone());
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        if self.client_ca.is_some() {
+            // A resumed session skips the client certificate check: it would keep a client
+            // of a replaced CA in (each resumption handing out new tickets). Every
+            // connection makes a full handshake against the CA in force instead.
+            config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+            config.send_tls13_tickets = 0;
+            config.ticketer = Arc::new(NoTickets);
+        }
         Ok(TlsAcceptor::from(Arc::new(config)))
     }
 

@@ -25,6 +25,7 @@ use std::process::Command;
 const INFRA: &[&str] = &[
     "buildinfo",
     "shutdown",
+    "fd_limit",
     "config",
     "telemetry",
     "exposition",

@@ -158,6 +158,75 @@ pub fn nvml_library(host: &HostRoot, explicit: &str, fake_backend: bool) -> Chec
 }
 
 /// `nvidia-toolkit`: the NVIDIA container runtime and its hook / `nvidia-ctk`.
+/// Whether the open-file limit leaves room for `http.max_connections` (the serving roles raise
+/// the soft limit to the hard one at start, so the hard one is what counts).
+pub(crate) fn open_files(max_connections: usize) -> Check {
+    const ID: &str = "open-files";
+    const TITLE: &str = "Open-file limit";
+    let Some((soft, hard)) = crate::fd_limit::current() else {
+        return Check::new(ID, TITLE, Status::Skip, "RLIMIT_NOFILE could not be read");
+    };
+    let detail =
+        format!("soft {soft}, hard {hard} (the soft limit is raised to the hard one at start)");
+    match crate::fd_limit::cap_warning(max_connections, hard) {
+        Some(why) => Check::new(ID, TITLE, Status::Warn, format!("{detail}; {why}"))
+            .hint("LimitNOFILE=65536 in the unit (the shipped units set it), or --ulimit nofile=65536 / the runtime's default ulimits"),
+        None => Check::new(ID, TITLE, Status::Ok, detail),
+    }
+}
+
+/// The NVIDIA container runtime's configuration.
+const NVIDIA_RUNTIME_CONFIG: &str = "/etc/nvidia-container-runtime/config.toml";
+/// Its key that lets unprivileged containers choose their GPUs by `NVIDIA_VISIBLE_DEVICES`
+/// (true when absent).
+const ACCEPT_ENVVAR: &str = "accept-nvidia-visible-devices-envvar-when-unprivileged";
+
+/// Whether the NVIDIA runtime takes `NVIDIA_VISIBLE_DEVICES` from unprivileged containers: then
+/// a pod that sets it itself (`all`) sees GPUs the device plugin never gave it. `envvar`: the
+/// strategy that needs it.
+pub(crate) fn nvidia_envvar(host: &HostRoot, envvar: bool) -> Check {
+    const ID: &str = "nvidia-envvar";
+    const TITLE: &str = "NVIDIA_VISIBLE_DEVICES from pods";
+    let Some(text) = host.read(NVIDIA_RUNTIME_CONFIG) else {
+        return Check::new(
+            ID,
+            TITLE,
+            Status::Skip,
+            format!("no {NVIDIA_RUNTIME_CONFIG}"),
+        );
+    };
+    let accepts = match text.parse::<toml::Table>() {
+        Ok(t) => t
+            .get(ACCEPT_ENVVAR)
+            .and_then(toml::Value::as_bool)
+            .unwrap_or(true),
+        Err(e) => {
+            return Check::new(
+                ID,
+                TITLE,
+                Status::Warn,
+                format!("{NVIDIA_RUNTIME_CONFIG}: {e}"),
+            );
+        }
+    };
+    if !accepts {
+        return Check::new(ID, TITLE, Status::Ok, format!("{ACCEPT_ENVVAR} = false"));
+    }
+    let detail = format!(
+        "{NVIDIA_RUNTIME_CONFIG}: {ACCEPT_ENVVAR} is true (or unset): an unprivileged pod that \
+         sets NVIDIA_VISIBLE_DEVICES=all itself sees every GPU of the node"
+    );
+    let hint = if envvar {
+        "the envvar device-list strategy needs it: install `gpushare webhook` (it refuses gpu-mem \
+         pods that set the variable) or an admission policy for all pods, or switch to \
+         --device-list-strategy volume-mounts / cdi-cri and set it to false"
+    } else {
+        "set it to false (with accept-nvidia-visible-devices-as-volume-mounts = true for the \
+         volume-mounts strategy)"
+    };
+    Check::new(ID, TITLE, Status::Warn, detail).hint(hint)
+}
+
 pub(crate) fn nvidia_toolkit(host: &HostRoot) -> Check {
     const ID: &str = "nvidia-toolkit";
     const TITLE: &str = "NVIDIA container toolkit";
@@ -299,6 +368,33 @@ pub(crate) fn plugin_conflicts(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_runtime_that_takes_the_envvar_from_pods_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        assert_eq!(nvidia_envvar(&host, true).status, Status::Skip);
+        let cfg = dir.path().join("etc/nvidia-container-runtime");
+        fs::create_dir_all(&cfg).unwrap();
+        fs::write(
+            cfg.join("config.toml"),
+            "[nvidia-container-cli]\nldconfig = \"@/sbin/ldconfig\"\n",
+        )
+        .unwrap();
+        let unset = nvidia_envvar(&host, false);
+        assert_eq!(unset.status, Status::Warn);
+        assert!(unset.hint.contains("false"), "{unset:?}");
+        fs::write(
+            cfg.join("config.toml"),
+            format!("{ACCEPT_ENVVAR} = false\n"),
+        )
+        .unwrap();
+        assert_eq!(nvidia_envvar(&host, true).status, Status::Ok);
+        fs::write(cfg.join("config.toml"), format!("{ACCEPT_ENVVAR} = true\n")).unwrap();
+        let envvar = nvidia_envvar(&host, true);
+        assert_eq!(envvar.status, Status::Warn);
+        assert!(envvar.hint.contains("webhook"), "{envvar:?}");
+    }
 
     #[test]
     fn host_paths_are_read_under_the_root() {

@@ -253,6 +253,10 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
                 checks.push(runtime::check(&host));
             }
             checks.push(host::nvidia_toolkit(&host));
+            let envvar = strategies
+                .as_slice()
+                .contains(&crate::config::DeviceListStrategy::Envvar);
+            checks.push(host::nvidia_envvar(&host, envvar));
         }
         if strategies.any_cdi() {
             checks.push(cdi::specs(&host, node_cfg, probe.devices(), opts.preflight));
@@ -289,6 +293,9 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
         sets.push(("device plugin", DEVICE_PLUGIN_PERMISSIONS));
     }
     checks.push(cluster::rbac(&api, &sets, config.extender.leader_elect).await);
+    if role.control_plane() {
+        checks.push(host::open_files(config.http.max_connections));
+    }
     if role.control_plane() && !opts.preflight {
         let minor = match &api {
             ApiState::Up { minor, .. } => *minor,

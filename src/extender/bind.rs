@@ -41,10 +41,11 @@ use super::metrics::SettleLabels;
 use super::state::ExtenderState;
 use super::verb_error::{PodRequestError, VerbError};
 use super::wire::BindingArgs;
-use crate::core::{GpuMem, PodGpuAnnotations};
+use crate::core::wire::POD_ANN_RESERVATION;
+use crate::core::{BindReservation, GpuMem, PodGpuAnnotations};
 use crate::k8s::events::{Severity, pod_reference};
 use crate::k8s::retry::{RetryError, Transient, retry_until};
-use crate::k8s::write::{bind_pod, now_ns, patch_pod_annotation_changes};
+use crate::k8s::write::{bind_pod, now_ns, patch_pod_annotation_changes, refused_for_certain};
 
 /// Event reason of a successful bind.
 pub(crate) const REASON_BOUND: &str = "GpuShareBound";
@@ -220,9 +221,10 @@ impl Transient for CallError {
     }
 }
 
-/// Whether a failed call may nevertheless have reached the API server and been applied.
+/// Whether a failed call may nevertheless have reached the API server and been applied:
+/// everything but an answer that refuses it (a 500 may still be committed).
 fn may_have_landed(e: &kube::Error) -> bool {
-    !matches!(e, kube::Error::Api(_))
+    !refused_for_certain(e)
 }
 
 /// Runs `op` until it succeeds, fails for good, or the deadline passes (the one retry loop,
@@ -335,6 +337,8 @@ struct Job {
     node: String,
     request: GpuMem,
     reservation: Reservation,
+    /// The `gpushare.io/reservation` value every round writes (one per reservation).
+    reserved: String,
 }
 
 impl Job {
@@ -462,6 +466,12 @@ pub async fn bind(
         node: node.clone(),
         request,
         reservation,
+        reserved: BindReservation {
+            node: node.clone(),
+            gpu: reservation.gpu,
+            since: now_ns(),
+        }
+        .encode(),
     };
     tokio::spawn(own(job, deadline, tx));
     wait_for(rx, deadline, |o| *o != Outcome::Running)
@@ -549,6 +559,7 @@ async fn settle(job: &Job, deadline: Instant, tx: &watch::Sender<Outcome>) {
             None
         }
         Attempt::Refused { why, .. } => {
+            forget_reservation(job);
             cache.release(&job.uid, token);
             emit_event(state, &job.pod, REASON_FAILED, &why, Severity::Warning);
             tx.send_replace(Outcome::Failed(why));
@@ -670,6 +681,7 @@ fn release(job: &Job, tx: &watch::Sender<Outcome>, why: &str, gone: bool) {
     let released = if gone {
         cache.release_gone(&job.uid, token)
     } else {
+        forget_reservation(job);
         cache.release(&job.uid, token)
     };
     if released {
@@ -695,6 +707,22 @@ fn release(job: &Job, tx: &watch::Sender<Outcome>, why: &str, gone: bool) {
     }
 }
 
+/// The reservation is settled as not landing: the watch must not count its annotation again,
+/// and a serving replica removes it from the pod (in the background).
+fn forget_reservation(job: &Job) {
+    if !job.state.cache().holds(&job.uid, job.reservation.token) {
+        return;
+    }
+    job.state.cache().mark_released(&job.uid, &job.reserved);
+    if job.state.is_serving() {
+        let (state, reserved) = (job.state.clone(), job.reserved.clone());
+        let (ns, name, uid) = (job.namespace.clone(), job.name.clone(), job.uid.clone());
+        tokio::spawn(async move {
+            super::reservations::clear(&state, &ns, &name, &uid, &reserved).await;
+        });
+    }
+}
+
 /// One round: the clean-slate annotation patch, then the Binding, retried within `deadline`.
 /// FENCE (issue 18): why this bind may not write now, if it may not: the leadership term it
 /// was admitted under has ended, or the last renewal is older than the write window. Time
@@ -716,7 +744,9 @@ async fn attempt(job: &Job, deadline: Instant) -> Attempt {
     let (ns, name, node, uid) = (&job.namespace, &job.name, &job.node, &job.uid);
     let client = state.client();
     let r = job.reservation;
-    let patch = PodGpuAnnotations::bind_patch(r.gpu, job.request, r.device_total, now_ns());
+    let mut patch = PodGpuAnnotations::bind_patch(r.gpu, job.request, r.device_total, now_ns());
+    // Durable: any successor reads what the pod is promised (see `reservations`).
+    patch.insert(POD_ANN_RESERVATION.to_string(), job.reserved.clone());
     // Fenced by the pod's resourceVersion: a slow patch of an earlier round (or of an
     // earlier owner) can never land over this one, nor this one over a later write.
     let seen = Mutex::new((

@@ -25,6 +25,9 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::core::placement::{self, NoFit};
 use crate::core::{
@@ -71,15 +74,27 @@ pub struct PodFacts {
     /// The pod is bound to a node or finished: without a placement it holds nothing, not
     /// even a reservation of ours (it finished, possibly while the watch was down).
     pub settled: bool,
+    /// The pod is not bound, but a bind promised it `placement` (the
+    /// `gpushare.io/reservation` annotation, this value): a Binding of unknown outcome may
+    /// still land, so it is counted until the API settles it.
+    pub reservation: Option<String>,
 }
 
 /// Why a record is in the index.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Hold {
     /// Seen bound with a valid annotation in the watch.
     Observed,
     /// Reserved by the bind with this token; `bound` once the Binding is known to have landed.
     Reserved { token: u64, bound: bool },
+    /// Found on an unbound pod (`gpushare.io/reservation`, this value), written by a bind of
+    /// another process or of an earlier life of this one: counted from `since` (this
+    /// process's clock) until the watch shows the pod bound or deleted, or it has stayed
+    /// unbound for the settle window, read from the API ([`Cache::expire_found`]).
+    Found {
+        reservation: Arc<str>,
+        since: Instant,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -296,6 +311,10 @@ pub struct Cache {
     /// older than that read must not count them again. Cleared by the watch's own delete
     /// (or a re-list begun after them that no longer lists them). Each with its stamp.
     gone: RwLock<HashMap<Uid, u64>>,
+    /// Reservations (annotation values) settled as never landing: a watch event that still
+    /// shows one on the unbound pod must not count it again. Cleared by the pod's deletion,
+    /// a new bind of it, or a re-list that no longer lists it.
+    released: RwLock<HashMap<Uid, Arc<str>>>,
 }
 
 impl Cache {
@@ -366,10 +385,39 @@ impl Cache {
             Some((k, _)) => k.clone(),
             None => Arc::from(facts.uid.as_str()),
         };
+        let mut hold = Hold::Observed;
+        if let (Some(_), Some(value)) = (&facts.placement, &facts.reservation) {
+            // An unbound pod a bind promised a GPU.
+            if read(&self.released)
+                .get(&key)
+                .is_some_and(|v| **v == **value)
+            {
+                return pods.contains_key(&key);
+            }
+            match pods.get(&key).map(|r| &r.hold) {
+                // Ours (its owner settles it), or known bound (never unbound again).
+                Some(Hold::Reserved { .. } | Hold::Observed) => return true,
+                Some(Hold::Found { reservation, .. }) if **reservation == **value => return true,
+                _ => {}
+            }
+            hold = Hold::Found {
+                reservation: Arc::from(value.as_str()),
+                since: Instant::now(),
+            };
+        }
         let Some(p) = facts.placement else {
             // An unbound, unfinished pod: an event older than what we know (a pod is never
-            // unbound again), or one our own bind is about to place. It changes nothing.
+            // unbound again), or one our own bind is about to place. It changes nothing —
+            // but a reservation found earlier that the pod no longer carries is over.
             if !facts.settled {
+                if pods
+                    .get(&key)
+                    .is_some_and(|r| matches!(r.hold, Hold::Found { .. }))
+                    && let Some(rec) = pods.remove(&key)
+                {
+                    Self::unplace(&mut map, &key, &rec);
+                    return false;
+                }
                 return pods.contains_key(&key);
             }
             if let Some(rec) = pods.remove(&key) {
@@ -404,7 +452,7 @@ impl Cache {
                 state: p.state,
                 namespace: facts.namespace.into(),
                 name: facts.name.into(),
-                hold: Hold::Observed,
+                hold,
             },
         );
         true
@@ -414,6 +462,7 @@ impl Cache {
     pub(crate) fn forget_pod(&self, uid: &str) {
         let mut pods = write(&self.pods);
         write(&self.gone).remove(uid);
+        write(&self.released).remove(uid);
         if let Some((key, rec)) = pods.remove_entry(uid) {
             let mut map = write(&self.nodes);
             Self::unplace(&mut map, &key, &rec);
@@ -432,15 +481,18 @@ impl Cache {
             + 1
     }
 
-    /// After a full re-list of pods begun at `mark`: forget every observed pod not in `seen`.
-    /// Reservations stay whatever the list says: one may be newer than the list's snapshot,
-    /// and each has an owner that settles it by reading the API.
+    /// After a full re-list of pods begun at `mark`: forget every observed pod (and every
+    /// reservation found on a pod) not in `seen`. Reservations of our own binds stay whatever
+    /// the list says: one may be newer than the list's snapshot, and each has an owner that
+    /// settles it by reading the API.
     pub(crate) fn retain_pods(&self, seen: &HashSet<String>, mark: u64) -> usize {
         let mut pods = write(&self.pods);
         let mut map = write(&self.nodes);
         let gone: Vec<Uid> = pods
             .iter()
-            .filter(|(uid, rec)| !seen.contains(&***uid) && rec.hold == Hold::Observed)
+            .filter(|(uid, rec)| {
+                !seen.contains(&***uid) && matches!(rec.hold, Hold::Observed | Hold::Found { .. })
+            })
             .map(|(uid, _)| uid.clone())
             .collect();
         for uid in &gone {
@@ -450,6 +502,7 @@ impl Cache {
         }
         // Gone before the list began and not listed: no older event can come any more.
         write(&self.gone).retain(|uid, stamp| *stamp > mark || seen.contains(&**uid));
+        write(&self.released).retain(|uid, _| seen.contains(&**uid));
         gone.len()
     }
 
@@ -530,6 +583,7 @@ impl Cache {
     ) -> Result<Reservation, ReserveError> {
         let mut pods = write(&self.pods);
         if let Some(rec) = pods.get(uid) {
+            // A reservation found on the pod included: until it is settled, no second one.
             return Err(ReserveError::AlreadyPlaced {
                 namespace: namespace.to_string(),
                 name: name.to_string(),
@@ -555,6 +609,7 @@ impl Cache {
             .unwrap_or_default();
         let key: Uid = Arc::from(uid);
         let token = self.tick();
+        write(&self.released).remove(uid);
         e.ledger.apply_pod(
             key.clone(),
             LedgerPod {
@@ -628,6 +683,59 @@ impl Cache {
         let stamp = self.tick();
         write(&self.gone).insert(Arc::from(uid), stamp);
         self.release(uid, token)
+    }
+
+    /// The reservation `value` of `uid` (the pod's `gpushare.io/reservation`) is settled as
+    /// never landing: watch events that still show it on the unbound pod count nothing.
+    pub(crate) fn mark_released(&self, uid: &str, value: &str) {
+        write(&self.released).insert(Arc::from(uid), Arc::from(value));
+    }
+
+    /// Reservations found on pods that have been counted for at least `window`: (UID,
+    /// namespace, name, annotation value) of each, for [`Cache::expire_found`] after a read of
+    /// the pod.
+    pub(crate) fn found_due(&self, window: Duration) -> Vec<(String, String, String, String)> {
+        read(&self.pods)
+            .iter()
+            .filter_map(|(uid, rec)| match &rec.hold {
+                Hold::Found { reservation, since } if since.elapsed() >= window => Some((
+                    uid.to_string(),
+                    rec.namespace.to_string(),
+                    rec.name.to_string(),
+                    reservation.to_string(),
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The API shows the pod still unbound with the found reservation `value` after the
+    /// settle window: it ends (and is not counted again). Returns whether it was dropped.
+    pub(crate) fn expire_found(&self, uid: &str, value: &str) -> bool {
+        let mut pods = write(&self.pods);
+        if !pods.get(uid).is_some_and(
+            |r| matches!(&r.hold, Hold::Found { reservation, .. } if **reservation == *value),
+        ) {
+            return false;
+        }
+        write(&self.released).insert(Arc::from(uid), Arc::from(value));
+        if let Some((key, rec)) = pods.remove_entry(uid) {
+            let mut map = write(&self.nodes);
+            Self::unplace(&mut map, &key, &rec);
+        }
+        true
+    }
+
+    /// This process begins to serve (it won the lease): every reservation found on a pod is
+    /// counted for a full settle window from now, since the Binding of the replica that wrote
+    /// it may have been sent up to the end of that replica's term.
+    pub(crate) fn restart_found_clocks(&self) {
+        let now = Instant::now();
+        for rec in write(&self.pods).values_mut() {
+            if let Hold::Found { since, .. } = &mut rec.hold {
+                *since = now;
+            }
+        }
     }
 
     /// Where the pod `uid` is counted.
@@ -789,6 +897,7 @@ mod tests {
                 state: PodState::Assigned,
             }),
             settled: true,
+            reservation: None,
         }
     }
 
@@ -799,6 +908,83 @@ mod tests {
             .iter()
             .map(|g| g.used.units())
             .collect()
+    }
+
+    /// An unbound pod carrying the reservation `value` for (node, gpu).
+    fn found(uid: &str, node: &str, gpu: u32, mem: u64, value: &str) -> PodFacts {
+        let mut f = facts(uid, node, gpu, mem);
+        f.settled = false;
+        f.reservation = Some(value.into());
+        if let Some(p) = f.placement.as_mut() {
+            p.state = PodState::Assumed;
+        }
+        f
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reservation_found_on_a_pod_counts_until_bound_deleted_or_expired() {
+        let c = Cache::new();
+        c.apply_node("a", gpus(&[16]));
+        assert!(c.observe_pod(found("p", "a", 0, 10, "r1")));
+        assert_eq!(used(&c, "a"), [10]);
+        // No second reservation of the pod while it counts, and the GPU is taken.
+        assert!(
+            c.reserve("p", "ns", "p", "a", GpuMem::new(10), GpuPolicy::Binpack)
+                .is_err()
+        );
+        assert!(
+            c.reserve("q", "ns", "q", "a", GpuMem::new(10), GpuPolicy::Binpack)
+                .is_err()
+        );
+        // Not due before the window; due after it; expired only for the same value.
+        let window = Duration::from_secs(60);
+        assert!(c.found_due(window).is_empty());
+        tokio::time::advance(window).await;
+        assert_eq!(c.found_due(window).len(), 1);
+        // A new term counts a full window again.
+        c.restart_found_clocks();
+        assert!(c.found_due(window).is_empty());
+        assert!(!c.expire_found("p", "other"));
+        assert!(c.expire_found("p", "r1"));
+        assert_eq!(used(&c, "a"), [0]);
+        // A late event still showing that reservation counts nothing; a new one counts.
+        c.observe_pod(found("p", "a", 0, 10, "r1"));
+        assert_eq!(used(&c, "a"), [0]);
+        c.observe_pod(found("p", "a", 0, 6, "r2"));
+        assert_eq!(used(&c, "a"), [6]);
+        // Bound: an ordinary pod; an older unbound event changes nothing.
+        c.observe_pod(facts("p", "a", 0, 6));
+        c.observe_pod(found("p", "a", 0, 6, "r2"));
+        assert_eq!(
+            c.pod_placement("p").map(|p| p.state),
+            Some(PodState::Assigned)
+        );
+        c.forget_pod("p");
+        assert_eq!(used(&c, "a"), [0]);
+        // An unbound pod whose reservation was removed holds nothing any more.
+        c.observe_pod(found("s", "a", 0, 4, "r3"));
+        let mut cleared = found("s", "a", 0, 4, "r3");
+        cleared.placement = None;
+        cleared.reservation = None;
+        assert!(!c.observe_pod(cleared));
+        assert_eq!(used(&c, "a"), [0]);
+    }
+
+    #[test]
+    fn our_own_reservation_is_not_taken_over_by_its_annotation() {
+        let c = Cache::new();
+        c.apply_node("a", gpus(&[16]));
+        let r = c
+            .reserve("u", "ns", "p", "a", GpuMem::new(4), GpuPolicy::Binpack)
+            .unwrap();
+        // The watch shows our own patch (unbound, with the reservation): the owner keeps it.
+        c.observe_pod(found("u", "a", 0, 4, "mine"));
+        assert!(c.holds("u", r.token));
+        // Released as not landing: the annotation seen later counts nothing.
+        c.mark_released("u", "mine");
+        assert!(c.release("u", r.token));
+        c.observe_pod(found("u", "a", 0, 4, "mine"));
+        assert_eq!(used(&c, "a"), [0]);
     }
 
     #[test]
@@ -878,6 +1064,7 @@ mod tests {
         let unbound = PodFacts {
             placement: None,
             settled: false,
+            reservation: None,
             ..facts("u", "a", 0, 10)
         };
         assert!(c.observe_pod(unbound.clone()));
@@ -908,6 +1095,7 @@ mod tests {
         c.observe_pod(PodFacts {
             placement: None,
             settled: true,
+            reservation: None,
             ..facts("u", "a", 0, 10)
         });
         assert_eq!(used(&c, "a"), [0, 0]);

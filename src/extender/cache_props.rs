@@ -135,6 +135,7 @@ fn facts(uid: &str, p: &ApiPod) -> PodFacts {
         name: uid.to_string(),
         placement,
         settled: p.node.is_some() || p.finished,
+        reservation: None,
     }
 }
 

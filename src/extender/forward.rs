@@ -221,6 +221,9 @@ pub(crate) enum Settled {
     Refused(String),
     /// The pod is still unbound after the leader's bind deadline: the bind did not happen.
     NotBound,
+    /// The pod is still unbound but carries a bind's reservation for the node: the leader's
+    /// owner of an unknown outcome may still finish it, so the outcome is unknown.
+    Reserved,
 }
 
 #[derive(Debug)]
@@ -272,7 +275,19 @@ pub(crate) async fn settle_bind(
                 Some(n) if !n.is_empty() => Ok(Settled::Refused(format!(
                     "pod {namespace}/{name} is bound to node {n}"
                 ))),
-                _ if Instant::now() >= settle_at => Ok(Settled::NotBound),
+                _ if Instant::now() >= settle_at => {
+                    let reserved = pod
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| crate::core::BindReservation::decode(a).ok().flatten())
+                        .is_some_and(|r| r.node == node);
+                    Ok(if reserved {
+                        Settled::Reserved
+                    } else {
+                        Settled::NotBound
+                    })
+                }
                 _ => Err(Read::NotYet),
             }
         },

@@ -4,7 +4,8 @@
 //! Layout: [`wire`] (the extender API JSON), [`cache`] (the ledger), [`sync`] (watches that
 //! feed it), [`filter`], [`prioritize`], [`bind`], [`inspect`] (the verbs), [`routes`] (HTTP),
 //! [`metrics`], [`state`] (shared state and the readiness gate), [`leader`] (Lease election
-//! and the fence of binds), [`forward`] (standbys hand the verbs to the leader).
+//! and the fence of binds), [`forward`] (standbys hand the verbs to the leader),
+//! `reservations` (a bind's reservation written on the pod, counted by any successor).
 //!
 //! [`start`] is the in-process entry point (tests, `gpushare demo`); [`run`] is the
 //! subcommand.
@@ -19,6 +20,7 @@ pub mod inspect;
 pub mod leader;
 pub mod metrics;
 pub(crate) mod prioritize;
+pub(crate) mod reservations;
 pub mod routes;
 pub mod state;
 pub mod sync;
@@ -281,7 +283,7 @@ pub async fn start_with(
                 options.tls_refresh.unwrap_or(crate::tls::DEFAULT_REFRESH),
                 combined.clone(),
             ));
-            Some(t.acceptor().context("extender TLS")?)
+            Some((t.acceptor().context("extender TLS")?, t.clone()))
         }
         None => None,
     };
@@ -321,6 +323,11 @@ pub async fn run(_args: Args, config: Config) -> anyhow::Result<ExitCode> {
     .await?;
     let wait = Duration::from_secs(config.cluster.api_wait_secs);
     crate::k8s::reachable::wait_for_api(&config.cluster.kubeconfig, wait, "extender").await?;
+    if let Some(soft) = crate::fd_limit::raise_soft_to_hard()
+        && let Some(why) = crate::fd_limit::cap_warning(config.http.max_connections, soft)
+    {
+        tracing::warn!("{why}");
+    }
     let (trigger, _) = shutdown::channel();
     let shutdown = shutdown::on_signals(trigger);
     let handle = start(&config, client, shutdown.clone()).await?;

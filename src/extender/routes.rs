@@ -584,6 +584,18 @@ async fn forward_verb(
                     ),
                     "error",
                 ),
+                Ok(Settled::Reserved) => (
+                    error(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!(
+                            "{e}; the pod {pod} is not bound yet but holds the leader's \
+                             reservation on {}: the outcome is unknown and the leader settles it \
+                             by reading the API",
+                            args.node
+                        ),
+                    ),
+                    "error",
+                ),
                 Err(why) => (
                     error(
                         StatusCode::INTERNAL_SERVER_ERROR,
@@ -600,7 +612,7 @@ async fn forward_verb(
 /// a standby forwards through `forwarder`.
 pub async fn serve(
     listener: TcpListener,
-    tls: Option<TlsAcceptor>,
+    tls: Option<(TlsAcceptor, Arc<crate::tls::ServerTls>)>,
     forwarder: Forwarder,
     state: Arc<ExtenderState>,
     limits: http_server::Limits,
@@ -610,9 +622,18 @@ pub async fn serve(
         .admin()
         .with_registry(http_server::ServerMetrics::register);
     let forwarder = Arc::new(forwarder);
-    let handler = move |req| {
+    let (acceptor, material) = tls.unzip();
+    let handler = move |mut req: http::Request<hyper::body::Incoming>| {
         let state = state.clone();
         let forwarder = forwarder.clone();
+        // A certificate verified at the handshake counts only while the client CA in force
+        // still trusts it (the CA file may have been replaced since).
+        if let Some(peer) = req.extensions().get::<http_server::PeerCertificate>()
+            && !material.as_ref().is_some_and(|m| m.still_trusts(&peer.0))
+        {
+            req.extensions_mut()
+                .remove::<http_server::PeerCertificate>();
+        }
         async move {
             match handle(state, forwarder, limits, req).await {
                 Ok(r) => r,
@@ -621,7 +642,7 @@ pub async fn serve(
         }
     };
     http_server::serve(
-        "extender", listener, tls, limits, metrics, handler, shutdown,
+        "extender", listener, acceptor, limits, metrics, handler, shutdown,
     )
     .await;
 }

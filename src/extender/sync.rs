@@ -25,9 +25,10 @@ use tokio::time::Instant;
 use super::cache::{Placement, PodFacts};
 use super::state::ExtenderState;
 use crate::core::wire::{
-    UNHEALTHY_CONFIGMAP_KEY, UNHEALTHY_CONFIGMAP_NAMESPACE, UNHEALTHY_CONFIGMAP_PREFIX,
+    POD_ANN_RESERVATION, UNHEALTHY_CONFIGMAP_KEY, UNHEALTHY_CONFIGMAP_NAMESPACE,
+    UNHEALTHY_CONFIGMAP_PREFIX,
 };
-use crate::core::{AnnotationError, PodState, pod_holding};
+use crate::core::{AnnotationError, BindReservation, PodState, pod_holding};
 use crate::k8s::watch::FastBackoff;
 use crate::k8s::{WatchedPod, node_gpus, pod_annotations, pod_gpu_request, pod_is_terminal};
 use crate::shutdown::Shutdown;
@@ -54,6 +55,41 @@ pub(crate) fn pod_facts(pod: &Pod, mut on_bad: impl FnMut(&AnnotationError)) -> 
         .and_then(|s| s.node_name.clone())
         .filter(|n| !n.is_empty());
     let settled = node.is_some() || pod_is_terminal(pod);
+    // An unbound pod a bind promised a GPU (its Binding may still land): counted as reserved.
+    let mut reservation = None;
+    if !settled && let Some(all) = pod.metadata.annotations.as_ref() {
+        match BindReservation::decode(all) {
+            Ok(Some(r)) => {
+                let mem = pod_holding(request.as_ref(), &ann);
+                if !mem.is_zero() {
+                    reservation = Some((
+                        Placement {
+                            node: r.node,
+                            gpu: r.gpu,
+                            mem,
+                            state: PodState::Assumed,
+                        },
+                        all.get(POD_ANN_RESERVATION).cloned().unwrap_or_default(),
+                    ));
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(pod = %format!("{namespace}/{name}"), error = %e, "bad gpushare annotation, read as absent");
+                on_bad(&e);
+            }
+        }
+    }
+    if let Some((placement, value)) = reservation {
+        return Some(PodFacts {
+            uid,
+            namespace,
+            name,
+            placement: Some(placement),
+            settled,
+            reservation: Some(value),
+        });
+    }
     let placement = match (node, ann.gpu_index) {
         (Some(node), Some(gpu)) if !pod_is_terminal(pod) => {
             let mem = pod_holding(request.as_ref(), &ann);
@@ -82,6 +118,7 @@ pub(crate) fn pod_facts(pod: &Pod, mut on_bad: impl FnMut(&AnnotationError)) -> 
         name,
         placement,
         settled,
+        reservation: None,
     })
 }
 
@@ -143,6 +180,10 @@ pub fn spawn(state: Arc<ExtenderState>, shutdown: Shutdown) -> Vec<tokio::task::
         shutdown.clone(),
     )));
     tasks.push(tokio::spawn(monitor_staleness(
+        state.clone(),
+        shutdown.clone(),
+    )));
+    tasks.push(tokio::spawn(super::reservations::settle_found(
         state.clone(),
         shutdown.clone(),
     )));

@@ -103,6 +103,15 @@ pub(crate) async fn patch_node_annotations(
         .await
 }
 
+/// Whether a failed write was refused for certain: only an answer in which the API server
+/// says so (4xx: 400, 403, 404, 409, 422, 429, ...) proves that nothing was applied. Every
+/// other failure — a 5xx (a 500 `etcdserver: request timed out` may still be committed), a
+/// timeout, a reset or dropped connection — is an UNKNOWN outcome, to be settled by reading
+/// the object, never taken as "not applied".
+pub fn refused_for_certain(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(s) if (400..500).contains(&s.code))
+}
+
 /// Nanoseconds since the Unix epoch, as the `ALIYUN_COM_GPU_MEM_ASSUME_TIME` annotation and
 /// unique object names want them.
 pub fn now_ns() -> u64 {

@@ -28,14 +28,13 @@ pub enum ApiCallError {
 }
 
 impl ApiCallError {
-    /// Whether the request may have taken effect although it did not succeed here (no answer,
-    /// or the connection broke after the request was sent).
+    /// Whether the request may have taken effect although it did not succeed here: anything
+    /// but an answer that refuses it (no answer, a broken connection, a 5xx that may still be
+    /// committed).
     pub fn outcome_unknown(&self) -> bool {
         match self {
             ApiCallError::TimedOut(_) => true,
-            ApiCallError::Kube(e) => {
-                matches!(e, kube::Error::HyperError(_) | kube::Error::Service(_))
-            }
+            ApiCallError::Kube(e) => !crate::k8s::write::refused_for_certain(e),
         }
     }
 }

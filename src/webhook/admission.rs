@@ -15,7 +15,10 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{Value, json};
 
 use crate::core::request::{QuantityError, parse_quantity};
-use crate::core::wire::RESOURCE_GPU_MEM;
+use crate::core::wire::{
+    ENV_CGPU_DISABLE, ENV_MPS_ACTIVE_THREAD_PERCENTAGE, ENV_MPS_PINNED_MEM_LIMIT,
+    ENV_MPS_PIPE_DIRECTORY, ENV_VISIBLE_DEVICES, RESOURCE_GPU_MEM,
+};
 
 /// The `apiVersion` of every review we accept and answer.
 pub(crate) const ADMISSION_API_VERSION: &str = "admission.k8s.io/v1";
@@ -242,7 +245,8 @@ pub fn validate(body: &[u8], max_gpu_mem: u64) -> Result<(String, Verdict), Revi
         Ok(Some(pod)) => pod,
     };
     let found = problems(&pod, max_gpu_mem);
-    if found.is_empty() {
+    let owned = owned_env(&pod);
+    if found.is_empty() && owned.is_empty() {
         return Ok((review.uid, Verdict::allow()));
     }
     let name = pod
@@ -251,10 +255,22 @@ pub fn validate(body: &[u8], max_gpu_mem: u64) -> Result<(String, Verdict), Revi
         .clone()
         .or_else(|| pod.metadata.generate_name.clone().map(|g| format!("{g}*")))
         .unwrap_or_default();
-    let message = format!(
-        "gpushare: pod {name:?} has a malformed {RESOURCE_GPU_MEM} request: {}",
-        found.join("; ")
-    );
+    let mut parts = Vec::new();
+    if !found.is_empty() {
+        parts.push(format!(
+            "gpushare: pod {name:?} has a malformed {RESOURCE_GPU_MEM} request: {}",
+            found.join("; ")
+        ));
+    }
+    if !owned.is_empty() {
+        parts.push(format!(
+            "gpushare: pod {name:?} sets variables the GPU device plugin owns (they choose the \
+             GPU and cap its memory; a pod's own value could widen its GPUs or raise its limit): \
+             {}; remove them from env",
+            owned.join("; ")
+        ));
+    }
+    let message = parts.join("; ");
     Ok((
         review.uid,
         Verdict {
@@ -263,6 +279,35 @@ pub fn validate(body: &[u8], max_gpu_mem: u64) -> Result<(String, Verdict), Revi
             ..Verdict::default()
         },
     ))
+}
+
+/// The environment variables the device plugin sets for a gpu-mem container: the GPUs it sees,
+/// the MPS limits and pipes, the memory envs cGPU reads. A gpu-mem pod may not set them.
+fn is_owned_env(name: &str) -> bool {
+    [
+        ENV_VISIBLE_DEVICES,
+        ENV_MPS_PINNED_MEM_LIMIT,
+        ENV_MPS_ACTIVE_THREAD_PERCENTAGE,
+        ENV_MPS_PIPE_DIRECTORY,
+        ENV_CGPU_DISABLE,
+    ]
+    .contains(&name)
+        || name.starts_with("ALIYUN_COM_GPU_MEM_")
+}
+
+/// For a pod asking for gpu-mem: each container that sets an owned variable itself, as
+/// "container X sets NAME" (every container of the pod: they share the node's runtime).
+pub(crate) fn owned_env(pod: &Pod) -> Vec<String> {
+    if !asks_for_gpu_mem(pod) {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for (what, c) in containers(pod) {
+        for e in c.env.iter().flatten().filter(|e| is_owned_env(&e.name)) {
+            out.push(format!("{what} {:?} sets {}", c.name, e.name));
+        }
+    }
+    out
 }
 
 /// Each thing wrong with the pod's gpu-mem request, as "container X: what; write Y".
@@ -493,6 +538,36 @@ mod tests {
             )),
         );
         assert!(validate(&ok, 100).unwrap().1.allowed);
+    }
+
+    #[test]
+    fn a_gpu_mem_pod_that_sets_the_device_plugins_variables_is_refused() {
+        for var in [
+            "NVIDIA_VISIBLE_DEVICES",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+            "ALIYUN_COM_GPU_MEM_CONTAINER",
+        ] {
+            let sidecar = json!({ "metadata": { "name": "p" }, "spec": { "containers": [
+                { "name": "main", "image": "x",
+                  "resources": { "limits": { "aliyun.com/gpu-mem": "4" } } },
+                { "name": "side", "image": "x", "env": [{ "name": var, "value": "all" }] },
+            ] } });
+            let (_, v) = validate(&review("Pod", "CREATE", sidecar), 100).unwrap();
+            assert!(!v.allowed, "{var}");
+            let m = v.message.unwrap_or_default();
+            assert!(m.contains(&format!("container \"side\" sets {var}")), "{m}");
+        }
+        // A pod without gpu-mem is none of the webhook's business.
+        let other = json!({ "metadata": { "name": "p" }, "spec": { "containers": [
+            { "name": "main", "image": "x",
+              "env": [{ "name": "NVIDIA_VISIBLE_DEVICES", "value": "all" }] },
+        ] } });
+        assert!(
+            validate(&review("Pod", "CREATE", other), 100)
+                .unwrap()
+                .1
+                .allowed
+        );
     }
 
     #[test]

@@ -3,17 +3,23 @@
 //!
 //! Every replica runs the same loop ([`Bootstrap::reconcile`]): read the Secret; when it is
 //! missing, create it (create-if-absent: the API server lets exactly one create win, the
-//! others get 409 and read the winner's); when it is due for renewal or unusable, rewrite it
+//! others get 409 and read the winner's) — with the material the replica serves now if it has
+//! any, so a deleted Secret comes back with the CA every replica already serves with; when it is due for renewal or unusable, rewrite it
 //! with a `resourceVersion` precondition (a replica that loses the race gets 409 and reads the
 //! new one). A timeout or a dropped connection is an unknown outcome: the loop reads the
 //! Secret again rather than assuming either way. Then the CA goes into every webhook of both
 //! configurations (a merge patch of the whole `webhooks` list, raw JSON so that no field of a
-//! newer API is lost, with a `resourceVersion` precondition). The loop repeats, so a
+//! newer API is lost, with a `resourceVersion` precondition, so no replica's update is lost).
+//! The caBundle is a union, never a replacement: a still-valid CA it held that the Secret no
+//! longer names (a replica may still serve with it until its next look at the Secret) stays
+//! for the retention period (three refresh periods), its retirement time recorded in the
+//! configuration's `gpushare.io/retired-cas` annotation (`{"<serial hex>": <unix seconds>}`). The loop repeats, so a
 //! `helm upgrade` that empties the caBundle, or a renewal by another replica, is picked up.
 //!
 //! It does not serve anything: the caller swaps the served certificate
 //! ([`super::certs::ServingCert`]).
 
+use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
@@ -89,7 +95,13 @@ pub(crate) struct Bootstrap {
     dns_names: Vec<String>,
     validity: Duration,
     renew_before: Duration,
+    /// How long a CA stays in the caBundle after the Secret stopped naming it.
+    retain: Duration,
 }
+
+/// Annotation of the webhook configurations: CAs kept in the caBundle after they left the
+/// Secret, by serial, with the Unix second they left it.
+pub const ANN_RETIRED_CAS: &str = "gpushare.io/retired-cas";
 
 impl std::fmt::Debug for Bootstrap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -116,7 +128,15 @@ impl Bootstrap {
             dns_names: certs::service_dns_names(&config.service_name, &config.namespace),
             validity: days(config.cert_validity_days),
             renew_before: days(config.renew_before_days),
+            retain: 3 * super::DEFAULT_REFRESH,
         }
+    }
+
+    /// Keeps a CA that left the Secret in the caBundles for `retain` (three refresh periods:
+    /// every live replica has looked at the Secret again by then).
+    pub fn retaining(mut self, retain: Duration) -> Bootstrap {
+        self.retain = retain;
+        self
     }
 
     fn secrets(&self) -> Api<Secret> {
@@ -181,8 +201,12 @@ impl Bootstrap {
     }
 
     /// Reads or creates the Secret, renewing what is due; returns what every replica now
-    /// agrees on.
-    pub(crate) async fn ensure_secret(&self, now: SystemTime) -> Result<Material, BootstrapError> {
+    /// agrees on. `held`: what this replica serves now (re-creates a deleted Secret with it).
+    pub(crate) async fn ensure_secret(
+        &self,
+        now: SystemTime,
+        held: Option<&Material>,
+    ) -> Result<Material, BootstrapError> {
         let secrets = self.secrets();
         let what = format!("Secret {}/{}", self.namespace, self.secret);
         for _ in 0..ROUNDS {
@@ -192,7 +216,11 @@ impl Bootstrap {
                 Err(e) => return Err(api(format!("reading {what}"))(e)),
             };
             let Some(current) = current else {
-                let fresh = self.issue(now, None)?;
+                // Re-created with what this replica serves: the CA every replica trusts stays.
+                let fresh = match held {
+                    Some(m) => m.clone(),
+                    None => self.issue(now, None)?,
+                };
                 match secrets
                     .create(&PostParams::default(), &self.secret_object(&fresh))
                     .await
@@ -280,13 +308,14 @@ impl Bootstrap {
     pub(crate) async fn ensure_ca_bundle(
         &self,
         ca_bundle: &str,
+        now: SystemTime,
     ) -> Result<Vec<String>, BootstrapError> {
         let mut missing = Vec::new();
         for kind in [
             "MutatingWebhookConfiguration",
             "ValidatingWebhookConfiguration",
         ] {
-            if !self.patch_ca_bundle(kind, ca_bundle).await? {
+            if !self.patch_ca_bundle(kind, ca_bundle, now).await? {
                 missing.push(format!("{kind} {}", self.webhook_config));
             }
         }
@@ -294,14 +323,18 @@ impl Bootstrap {
     }
 
     /// Returns whether the configuration exists.
-    async fn patch_ca_bundle(&self, kind: &str, ca_bundle: &str) -> Result<bool, BootstrapError> {
+    async fn patch_ca_bundle(
+        &self,
+        kind: &str,
+        ca_bundle: &str,
+        now: SystemTime,
+    ) -> Result<bool, BootstrapError> {
         let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
             "admissionregistration.k8s.io",
             "v1",
             kind,
         ));
         let configs: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource);
-        let encoded = base64::engine::general_purpose::STANDARD.encode(ca_bundle);
         let what = format!("{kind} {}", self.webhook_config);
         for _ in 0..ROUNDS {
             let current = match configs.get_opt(&self.webhook_config).await {
@@ -310,13 +343,39 @@ impl Bootstrap {
                 Err(e) if crate::k8s::retry::is_transient(&e) => continue,
                 Err(e) => return Err(api(format!("reading {what}"))(e)),
             };
-            let Some(webhooks) = with_ca_bundle(&current.data, &encoded) else {
+            let retired_before = current
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANN_RETIRED_CAS))
+                .and_then(|v| serde_json::from_str::<BTreeMap<String, u64>>(v).ok())
+                .unwrap_or_default();
+            let (bundle, retired) = merged_bundle(
+                ca_bundle,
+                &bundles_of(&current.data),
+                &retired_before,
+                now,
+                self.retain,
+            );
+            let encoded = base64::engine::general_purpose::STANDARD.encode(&bundle);
+            let webhooks = with_ca_bundle(&current.data, &encoded);
+            if webhooks.is_none() && retired == retired_before {
                 return Ok(true);
+            }
+            let retired_value = if retired.is_empty() {
+                Value::Null
+            } else {
+                json!(serde_json::to_string(&retired).unwrap_or_default())
             };
-            let patch = json!({
-                "metadata": { "resourceVersion": current.metadata.resource_version },
-                "webhooks": webhooks,
+            let mut patch = json!({
+                "metadata": {
+                    "resourceVersion": current.metadata.resource_version,
+                    "annotations": { ANN_RETIRED_CAS: retired_value },
+                },
             });
+            if let Some(webhooks) = webhooks {
+                patch["webhooks"] = json!(webhooks);
+            }
             match configs
                 .patch(
                     &self.webhook_config,
@@ -338,9 +397,14 @@ impl Bootstrap {
 
     /// One round: the Secret, then the caBundles. Returns the material and the
     /// configurations that were not found.
-    pub async fn reconcile(&self) -> Result<(Material, Vec<String>), BootstrapError> {
-        let material = self.ensure_secret(SystemTime::now()).await?;
-        let missing = self.ensure_ca_bundle(&material.ca.cert).await?;
+    /// `held`: the material this replica serves now, if any.
+    pub async fn reconcile(
+        &self,
+        held: Option<&Material>,
+    ) -> Result<(Material, Vec<String>), BootstrapError> {
+        let now = SystemTime::now();
+        let material = self.ensure_secret(now, held).await?;
+        let missing = self.ensure_ca_bundle(&material.ca.cert, now).await?;
         Ok((material, missing))
     }
 }
@@ -383,6 +447,81 @@ pub(crate) fn read_secret(secret: &Secret) -> Option<Material> {
     })
 }
 
+/// Every certificate the `webhooks` entries' caBundles hold now (DER, once each).
+fn bundles_of(data: &Value) -> Vec<Vec<u8>> {
+    let mut out: Vec<Vec<u8>> = Vec::new();
+    let entries = data.get("webhooks").and_then(Value::as_array);
+    for w in entries.into_iter().flatten() {
+        let Some(b64) = w.pointer("/clientConfig/caBundle").and_then(Value::as_str) else {
+            continue;
+        };
+        let Ok(pem) = base64::engine::general_purpose::STANDARD.decode(b64) else {
+            continue;
+        };
+        let pem = String::from_utf8_lossy(&pem);
+        for der in certs::pem_certs("caBundle", &pem).unwrap_or_default() {
+            if !out.iter().any(|d| d.as_slice() == der.as_ref()) {
+                out.push(der.to_vec());
+            }
+        }
+    }
+    out
+}
+
+fn unix_secs(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// PEM text of one DER certificate.
+fn pem_of(der: &[u8]) -> String {
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(&String::from_utf8_lossy(line));
+        out.push('\n');
+    }
+    out.push_str("-----END CERTIFICATE-----\n");
+    out
+}
+
+/// The caBundle to write: the Secret's CAs (`secret_ca`, first), then every CA of `current`
+/// that the Secret no longer names, is still valid and left the Secret less than `retain`
+/// ago (by `retired`, serial → Unix second; one seen for the first time leaves now). Returns
+/// the bundle and the retirement record to store with it.
+pub(crate) fn merged_bundle(
+    secret_ca: &str,
+    current: &[Vec<u8>],
+    retired: &BTreeMap<String, u64>,
+    now: SystemTime,
+    retain: Duration,
+) -> (String, BTreeMap<String, u64>) {
+    let named: Vec<Vec<u8>> = certs::pem_certs("ca.crt", secret_ca)
+        .unwrap_or_default()
+        .iter()
+        .map(|c| c.to_vec())
+        .collect();
+    let mut bundle = secret_ca.trim_end().to_string();
+    bundle.push('\n');
+    let mut kept = BTreeMap::new();
+    let now_secs = unix_secs(now);
+    for der in current.iter().filter(|d| !named.contains(d)) {
+        let Ok(info) = certs::info("caBundle", der) else {
+            continue;
+        };
+        if !info.is_ca || info.not_after <= now {
+            continue;
+        }
+        let since = retired.get(&info.serial).copied().unwrap_or(now_secs);
+        if now_secs.saturating_sub(since) < retain.as_secs().max(1) {
+            bundle.push_str(&pem_of(der));
+            kept.insert(info.serial, since);
+        }
+    }
+    (bundle, kept)
+}
+
 /// The `webhooks` list with `clientConfig.caBundle` set to `encoded` in each entry, or `None`
 /// when every entry has it already.
 pub(crate) fn with_ca_bundle(data: &Value, encoded: &str) -> Option<Vec<Value>> {
@@ -408,6 +547,32 @@ pub(crate) fn with_ca_bundle(data: &Value, encoded: &str) -> Option<Vec<Value>> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ca_that_left_the_secret_stays_in_the_bundle_for_the_retention_only() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let old = certs::issue_ca(t0, certs::CA_VALIDITY).unwrap();
+        let new = certs::issue_ca(t0, certs::CA_VALIDITY).unwrap();
+        let current: Vec<Vec<u8>> = certs::pem_certs("old", &old.cert)
+            .unwrap()
+            .iter()
+            .map(|c| c.to_vec())
+            .collect();
+        let retain = Duration::from_secs(180);
+        let (bundle, retired) = merged_bundle(&new.cert, &current, &BTreeMap::new(), t0, retain);
+        assert_eq!(certs::pem_certs("b", &bundle).unwrap().len(), 2);
+        assert!(bundle.starts_with(new.cert.trim_end()));
+        assert_eq!(retired.len(), 1);
+        // Within the retention it stays, with its first retirement time.
+        let later = t0 + Duration::from_secs(100);
+        let (again, kept) = merged_bundle(&new.cert, &current, &retired, later, retain);
+        assert_eq!((again, &kept), (bundle, &retired));
+        // Past it, it goes.
+        let past = t0 + Duration::from_secs(200);
+        let (gone, none) = merged_bundle(&new.cert, &current, &retired, past, retain);
+        assert_eq!(certs::pem_certs("b", &gone).unwrap().len(), 1);
+        assert!(none.is_empty());
+    }
 
     #[test]
     fn the_ca_bundle_goes_into_every_webhook_once() {

@@ -135,6 +135,8 @@ pub struct CertInfo {
     pub subject: Vec<u8>,
     /// Whether it is a CA.
     pub is_ca: bool,
+    /// The serial number, lower-case hex.
+    pub serial: String,
 }
 
 fn from_unix(secs: i64) -> SystemTime {
@@ -167,6 +169,12 @@ pub fn info(what: &str, der: &[u8]) -> Result<CertInfo, CertError> {
         issuer: cert.issuer().as_raw().to_vec(),
         subject: cert.subject().as_raw().to_vec(),
         is_ca: cert.is_ca(),
+        serial: cert
+            .tbs_certificate
+            .raw_serial()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect(),
     })
 }
 

@@ -174,10 +174,11 @@ pub async fn start(
     let mut tasks = Vec::new();
     let (serving, ca_bundle) = if w.self_signed {
         let client = client.context("--self-signed needs the API server (kubeconfig)")?;
-        let boot = bootstrap::Bootstrap::new(client, w);
+        let boot =
+            bootstrap::Bootstrap::new(client, w).retaining((3 * refresh).max(3 * DEFAULT_REFRESH));
         let mut attempt = 0u32;
         let (material, missing) = loop {
-            match boot.reconcile().await {
+            match boot.reconcile(None).await {
                 Ok(done) => break done,
                 Err(e) if attempt < 5 => {
                     attempt += 1;
@@ -199,7 +200,7 @@ pub async fn start(
         tasks.push(tokio::spawn(async move {
             let mut last = material;
             while pause(refresh, &stop).await {
-                match boot.reconcile().await {
+                match boot.reconcile(Some(&last)).await {
                     Ok((m, _)) if m != last => {
                         match keep.set(&m.serving) {
                             Ok(()) => tracing::info!("serving the renewed webhook certificate"),
@@ -284,6 +285,11 @@ pub async fn run(_args: Args, config: Config) -> anyhow::Result<ExitCode> {
     if client.is_some() {
         let wait = std::time::Duration::from_secs(config.cluster.api_wait_secs);
         crate::k8s::reachable::wait_for_api(&config.cluster.kubeconfig, wait, "webhook").await?;
+    }
+    if let Some(soft) = crate::fd_limit::raise_soft_to_hard()
+        && let Some(why) = crate::fd_limit::cap_warning(config.http.max_connections, soft)
+    {
+        tracing::warn!("{why}");
     }
     let (trigger, _) = shutdown::channel();
     let shutdown = shutdown::on_signals(trigger);

@@ -485,3 +485,109 @@ async fn doctor_probes_an_https_extender_and_says_its_certificate_is_not_checked
     );
     ext.stop().await;
 }
+
+/// Rotates the client CA file to `next` and waits until a certificate of `next` is accepted.
+async fn rotate_client_ca(pki: &Pki, addr: SocketAddr, next: &Ca) {
+    let ca_file = pki.path("client-ca.crt");
+    std::fs::write(&ca_file, &next.pem).expect("write");
+    touch_later(&ca_file);
+    let probe = client(next, "probe");
+    let path = "/gpushare-scheduler/inspect";
+    let end = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let got = https(pki, addr, Some(&probe), "GET", path, "").await;
+        if got.as_ref().map(|r| r.0) == Ok(200) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "the rotated CA was never used: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A client of a replaced CA that resumes its TLS session (one connector: rustls keeps the
+/// session tickets it was given) gets nothing after the rotation: no resumed session outlives
+/// the CA that verified its certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_session_does_not_outlive_a_replaced_client_ca() {
+    let pki = Pki::new();
+    let api = sandbox().await;
+    let ext = start(&api, &pki.config(false), Some(Duration::from_millis(50))).await;
+    let old = client(&pki.client_ca, "old-scheduler");
+    let resuming = pki.connector(Some(&old));
+    let path = "/gpushare-scheduler/inspect";
+    for _ in 0..2 {
+        let got = https_via(resuming.clone(), "127.0.0.1", ext.addr, "GET", path, "").await;
+        assert_eq!(got.map(|r| r.0), Ok(200));
+    }
+    rotate_client_ca(&pki, ext.addr, &ca("rotated-client-ca")).await;
+    for verb in ["GET", "POST"] {
+        let (target, body) = if verb == "GET" {
+            (path, String::new())
+        } else {
+            ("/gpushare-scheduler/filter", filter_args(&api, "p1"))
+        };
+        let got = https_via(resuming.clone(), "127.0.0.1", ext.addr, verb, target, &body).await;
+        assert!(
+            !matches!(got, Ok((200, _))),
+            "{verb} {target}: a session of the replaced CA was resumed: {got:?}"
+        );
+    }
+    ext.stop().await;
+}
+
+/// Reads one HTTP/1.1 response (headers and a `Content-Length` body) from `conn`: its status.
+async fn read_response<S: tokio::io::AsyncRead + Unpin>(conn: &mut S) -> Option<u16> {
+    use tokio::io::AsyncReadExt as _;
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        if conn.read(&mut byte).await.ok()? == 0 {
+            return None;
+        }
+        buf.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+    let status = head.get(9..12)?.parse().ok()?;
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0u8; length];
+    conn.read_exact(&mut body).await.ok()?;
+    Some(status)
+}
+
+/// A connection kept alive across the rotation gets nothing more on the old CA's certificate:
+/// the check holds for every request after the rotation, not only for new handshakes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_alive_connection_does_not_outlive_a_replaced_client_ca() {
+    use tokio::io::AsyncWriteExt as _;
+    let pki = Pki::new();
+    let api = sandbox().await;
+    let ext = start(&api, &pki.config(false), Some(Duration::from_millis(50))).await;
+    let old = client(&pki.client_ca, "old-scheduler");
+    let tcp = tokio::net::TcpStream::connect(ext.addr)
+        .await
+        .expect("connect");
+    let name = tokio_rustls::rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+    let mut conn = pki
+        .connector(Some(&old))
+        .connect(name, tcp)
+        .await
+        .expect("handshake");
+    let request = b"GET /gpushare-scheduler/inspect HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    conn.write_all(request).await.expect("write");
+    assert_eq!(read_response(&mut conn).await, Some(200));
+    rotate_client_ca(&pki, ext.addr, &ca("rotated-client-ca")).await;
+    conn.write_all(request).await.expect("write");
+    let after = read_response(&mut conn).await;
+    assert!(
+        after.is_none_or(|s| s == 403),
+        "a request on a connection of the replaced CA was served: {after:?}"
+    );
+    ext.stop().await;
+}

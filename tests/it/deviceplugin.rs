@@ -459,7 +459,8 @@ async fn api_errors_during_the_assigned_patch_are_retried_then_fail_the_allocate
     let (_, resp) = c.allocate("flaky", "main", 2).await.expect("retried");
     assert_eq!(env(&resp, wire::ENV_VISIBLE_DEVICES), "0");
     assert_eq!(c.annotations("flaky")[wire::ANN_ASSIGNED], "true");
-    // Persistent 500s: the Allocate fails instead of handing out an unrecorded GPU.
+    // Persistent 500s: the Allocate fails instead of handing out an unrecorded GPU; a 500 may
+    // still be committed, so the outcome is unknown and the claim is kept.
     c.api.inject(
         Fault::new(
             Some(http::Method::PATCH),
@@ -474,6 +475,23 @@ async fn api_errors_during_the_assigned_patch_are_retried_then_fail_the_allocate
         "{err:#}"
     );
     assert_eq!(c.annotations("broken")[wire::ANN_ASSIGNED], "false");
+    assert_eq!(c.plugin().metrics().allocations_with("patch_unknown"), 1);
+    // Only an answer that refuses the write (4xx) is a failure that drops the claim.
+    c.api.clear_faults();
+    c.bound_pod("invalid", &[("main", 1)], Some(1), 1);
+    c.api.inject(
+        Fault::new(
+            Some(http::Method::PATCH),
+            "/pods/invalid",
+            FaultAction::Status(422),
+        )
+        .times(100),
+    );
+    let err = c.allocate("invalid", "main", 1).await.expect_err("fails");
+    assert!(
+        format!("{err:#}").contains("recording it on the pod failed"),
+        "{err:#}"
+    );
     assert_eq!(c.plugin().metrics().allocations_with("patch_failed"), 1);
     c.api.clear_faults();
     c.stop().await;

@@ -228,6 +228,31 @@ async fn selectors_and_pagination() {
     assert_eq!(listed, 7);
     assert_eq!(counts, [Some(4), Some(1), None]);
 
+    // Every page of one list reports the first page's resourceVersion (the snapshot's): an
+    // object returned on the first page and deleted before the last one is read must still
+    // reach a watch started from the list's version as a deletion.
+    let first = cms
+        .list(&ListParams::default().limit(3))
+        .await
+        .expect("first page");
+    server
+        .delete_object("configmaps", Some("paged"), "page-0")
+        .expect("delete");
+    let mut token = first.metadata.continue_.clone().filter(|t| !t.is_empty());
+    let mut last_rv = first.metadata.resource_version.clone();
+    while let Some(t) = token {
+        let page = cms
+            .list(&ListParams::default().limit(3).continue_token(&t))
+            .await
+            .expect("a page");
+        last_rv = page.metadata.resource_version.clone();
+        token = page.metadata.continue_.filter(|t| !t.is_empty());
+    }
+    assert_eq!(
+        last_rv, first.metadata.resource_version,
+        "a later page reported a newer version: the deletion in between would be lost"
+    );
+
     let bad = pods
         .list(&ListParams::default().labels("app in (x"))
         .await

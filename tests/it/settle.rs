@@ -13,7 +13,7 @@ use std::time::Duration;
 use gpushare::config::Config;
 use gpushare::extender::{self, ExtenderHandle};
 use gpushare::shutdown::Shutdown;
-use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
+use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction, Hold};
 use http::Method;
 use serde_json::{Value, json};
 
@@ -558,5 +558,145 @@ async fn a_late_annotation_patch_never_lands_over_a_later_bind() {
         used(&i, "n2") == [10] && used(&i, "n1") == [8, 0]
     })
     .await;
+    env.ext.stop().await;
+}
+
+// ---------------------------------------------------------------- durable reservations
+
+/// A Binding of unknown outcome survives a restart of the extender: the new process reads the
+/// reservation from the pod (node, GPU, since when) and counts it, so the GPU is not handed out
+/// again before the late Binding lands.
+#[tokio::test]
+async fn a_reservation_of_unknown_outcome_survives_a_restart() {
+    let mut c = config();
+    c.extender.bind_timeout_ms = 300;
+    let env = Env::start_with(c.clone(), |api| {
+        create(api, gpu_node("n1", 1, 16));
+    })
+    .await;
+    let p = create(&env.api, pending_pod("p", "10"));
+    let hold = Hold::new();
+    env.api.inject(Fault::new(
+        Some(Method::POST),
+        "/pods/p/binding",
+        FaultAction::ApplyOnRelease {
+            hold: hold.clone(),
+            answer: None,
+        },
+    ));
+    let (s, r) = bind(env.addr(), &p, "n1").await;
+    assert_eq!(s, 500, "{r}");
+    hold.wait_reached(1).await;
+    // The process stops (a restart) with its Binding still held at the API server.
+    env.ext.stop().await;
+    let ext = extender::start(&c, env.api.client(), Shutdown::never())
+        .await
+        .expect("the extender restarts");
+    ext.wait_ready().await.expect("ready again");
+    let q = create(&env.api, pending_pod("q", "10"));
+    let (s, r) = bind(ext.addr, &q, "n1").await;
+    assert_eq!(s, 500, "the restarted extender gave p's GPU away: {r}");
+    assert_eq!(used(&inspect(ext.addr).await, "n1"), [10]);
+    hold.release();
+    eventually("p's late Binding lands", || async {
+        bound_to(&env.api, "p").as_deref() == Some("n1")
+    })
+    .await;
+    assert_eq!(bound_to(&env.api, "q"), None);
+    assert!(annotated_per_gpu(&env.api).values().all(|u| *u <= 16));
+    eventually("the ledger holds p once", || async {
+        used(&inspect(ext.addr).await, "n1") == [10]
+    })
+    .await;
+    ext.stop().await;
+}
+
+/// A reservation found on a pod that never gets bound ends once the pod has stayed unbound
+/// for `extender.bind_settle_ms`, read from the API; its annotation is cleared.
+#[tokio::test]
+async fn a_found_reservation_expires_after_the_settle_window() {
+    let mut c = config();
+    c.extender.bind_timeout_ms = 300;
+    c.extender.bind_settle_ms = 600;
+    let env = Env::start_with(c.clone(), |api| {
+        create(api, gpu_node("n1", 1, 16));
+    })
+    .await;
+    let p = create(&env.api, pending_pod("p", "10"));
+    // The Binding is refused for good after the annotations were written, and the process
+    // stops before it can clean up: a reservation is left on the pod.
+    let hold = Hold::new();
+    env.api.inject(Fault::new(
+        Some(Method::POST),
+        "/pods/p/binding",
+        FaultAction::Hold(hold.clone()),
+    ));
+    let (s, _) = bind(env.addr(), &p, "n1").await;
+    assert_eq!(s, 500);
+    env.ext.stop().await;
+    assert!(
+        annotations(&env.api, "p").contains_key(gpushare::core::wire::POD_ANN_RESERVATION),
+        "{:?}",
+        annotations(&env.api, "p")
+    );
+    let ext = extender::start(&c, env.api.client(), Shutdown::never())
+        .await
+        .expect("the extender restarts");
+    ext.wait_ready().await.expect("ready again");
+    assert_eq!(used(&inspect(ext.addr).await, "n1"), [10]);
+    eventually("the stale reservation expires", || async {
+        used(&inspect(ext.addr).await, "n1") == [0]
+    })
+    .await;
+    eventually("its annotation is cleared", || async {
+        !annotations(&env.api, "p").contains_key(gpushare::core::wire::POD_ANN_RESERVATION)
+    })
+    .await;
+    let q = create(&env.api, pending_pod("q", "10"));
+    let (s, r) = bind(ext.addr, &q, "n1").await;
+    assert_eq!(s, 200, "{r}");
+    ext.stop().await;
+}
+
+/// A Binding answered 500 (`etcdserver: request timed out`) that etcd commits later is an
+/// unknown outcome, not a refusal: the reservation stays until the API settles it.
+#[tokio::test]
+async fn a_binding_answered_500_and_applied_later_keeps_its_memory() {
+    let mut c = config();
+    c.extender.bind_timeout_ms = 300;
+    let env = Env::start_with(c, |api| {
+        create(api, gpu_node("n1", 1, 16));
+    })
+    .await;
+    let p = create(&env.api, pending_pod("p", "10"));
+    let hold = Hold::new();
+    env.api.inject(
+        Fault::new(
+            Some(Method::POST),
+            "/pods/p/binding",
+            FaultAction::ApplyOnRelease {
+                hold: hold.clone(),
+                answer: Some(500),
+            },
+        )
+        .times(1_000),
+    );
+    let (s, r) = bind(env.addr(), &p, "n1").await;
+    assert_eq!(s, 500, "{r}");
+    let q = create(&env.api, pending_pod("q", "10"));
+    let (s, r) = bind(env.addr(), &q, "n1").await;
+    assert_eq!(s, 500, "p's memory was released on a 500: {r}");
+    hold.release();
+    eventually("p's Binding lands", || async {
+        bound_to(&env.api, "p").as_deref() == Some("n1")
+    })
+    .await;
+    assert_eq!(bound_to(&env.api, "q"), None);
+    assert!(annotated_per_gpu(&env.api).values().all(|u| *u <= 16));
+    eventually("the ledger holds p once", || async {
+        used(&inspect(env.addr()).await, "n1") == [10]
+    })
+    .await;
+    env.api.clear_faults();
     env.ext.stop().await;
 }

@@ -1,8 +1,10 @@
 //! `make soak`: pods created, bound and deleted concurrently over many nodes while faults are
 //! injected at random — a PATCH or Binding applied only after the bind timeout (5% of pods), a
 //! scheduler hanging up mid-bind and a Binding whose connection drops (2% each), a forced
-//! re-list (cut watch + compacted history → 410) about every 500 events, and one extender
-//! restart half-way. Throughout, no GPU is over-committed in the API's annotations nor in the
+//! re-list (cut watch + compacted history → 410) about every 500 events, and three extender
+//! restarts (at a quarter, half and three quarters of the pods) with late PATCHes and
+//! Bindings still in flight at the API server: the new process must count what the old one
+//! reserved (`gpushare.io/reservation` on the pods) until the late writes land or expire. Throughout, no GPU is over-committed in the API's annotations nor in the
 //! ledger; at the end the ledger equals the annotations and no reservation is left. Prints
 //! the counts.
 //!
@@ -71,6 +73,7 @@ struct Counts {
     dropped: AtomicUsize,
     relists: AtomicUsize,
     restarts: AtomicUsize,
+    in_flight_at_restart: AtomicUsize,
     overcommit_checks: AtomicUsize,
 }
 
@@ -151,6 +154,44 @@ async fn ledger(addr: SocketAddr) -> Option<BTreeMap<(String, u64), u64>> {
     Some(per_gpu)
 }
 
+/// The pods `/inspect` shows that the API's annotations do not count where it does, with what
+/// the API holds for each (for the failure message).
+async fn ledger_only(api: &ApiServer, addr: SocketAddr) -> String {
+    let url = format!("http://{addr}/gpushare-scheduler/inspect");
+    let Some((_, body)) = http(Method::GET, &url, None).await else {
+        return String::new();
+    };
+    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let mut out = Vec::new();
+    for n in v["nodes"].as_array().into_iter().flatten() {
+        for d in n["devs"].as_array().into_iter().flatten() {
+            for p in d["pods"].as_array().into_iter().flatten() {
+                let name = p["name"].as_str().unwrap_or_default();
+                let obj = api.get_object("pods", Some("default"), name);
+                let here = obj.as_ref().is_some_and(|o| {
+                    o["spec"]["nodeName"] == n["name"]
+                        && o["metadata"]["annotations"]["ALIYUN_COM_GPU_MEM_IDX"]
+                            .as_str()
+                            .and_then(|i| i.parse::<u64>().ok())
+                            == d["id"].as_u64()
+                });
+                if !here {
+                    out.push(format!(
+                        "{}/{} {name} {p} -> API: {}",
+                        n["name"],
+                        d["id"],
+                        obj.map_or("absent".to_string(), |o| format!(
+                            "nodeName {} annotations {}",
+                            o["spec"]["nodeName"], o["metadata"]["annotations"]
+                        ))
+                    ));
+                }
+            }
+        }
+    }
+    out.join("\n")
+}
+
 fn assert_no_overcommit(api: &ApiServer) {
     for (gpu, used) in annotated(api) {
         assert!(
@@ -224,17 +265,18 @@ async fn soak_no_overcommit_under_random_faults() {
                 if i >= pods {
                     break;
                 }
-                if i == pods / 2 {
-                    // One extender restart. The old one's last late writes land before the new
-                    // one lists (what the HA lease timing guarantees in a cluster).
+                if pods >= 4 && [pods / 4, pods / 2, 3 * pods / 4].contains(&i) {
+                    // An extender restart with the old one's late writes still in flight at
+                    // the API server: they land after the new one listed.
                     let mut slot = ext.lock().await;
                     if let Some(old) = slot.take() {
                         let old_addr = *addr.read().unwrap_or_else(|p| p.into_inner());
-                        unknown_before_restart.store(unknown_of(old_addr).await, Ordering::SeqCst);
+                        unknown_before_restart
+                            .fetch_add(unknown_of(old_addr).await, Ordering::SeqCst);
+                        counts
+                            .in_flight_at_restart
+                            .fetch_add(api.late_in_flight(), Ordering::Relaxed);
                         old.stop().await;
-                        while api.late_in_flight() > 0 {
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
                         let new = start(&api).await;
                         *addr.write().unwrap_or_else(|p| p.into_inner()) = new.addr;
                         *slot = Some(new);
@@ -377,7 +419,9 @@ async fn soak_no_overcommit_under_random_faults() {
                 Ok(())
             } else {
                 Err(format!(
-                    "ledger {l:?}, annotations {want:?}, owners left {owners}"
+                    "ledger {l:?}, annotations {want:?}, owners left {owners}; pods the ledger \
+                     counts that the annotations do not: {}",
+                    ledger_only(&api, a).await
                 ))
             }
         },
@@ -390,7 +434,8 @@ async fn soak_no_overcommit_under_random_faults() {
     println!(
         "soak: {pods} pods over {nodes} nodes in {:.1} s: created {}, bound {}, deleted {}, \
          unschedulable {}; bind calls {}, bind errors {}; faults: late {}, hang-ups {}, dropped {}; \
-         unknown outcomes {unknown}; forced re-lists {}, restarts {}; over-commit checks {} (0 failed); \
+         unknown outcomes {unknown}; forced re-lists {}, restarts {} (late writes in flight at them: {}); \
+         over-commit checks {} (0 failed); \
          end: {held} units held, ledger = annotations",
         started.elapsed().as_secs_f64(),
         n(&c.created),
@@ -404,10 +449,11 @@ async fn soak_no_overcommit_under_random_faults() {
         n(&c.dropped),
         n(&c.relists),
         n(&c.restarts),
+        n(&c.in_flight_at_restart),
         n(&c.overcommit_checks),
     );
     assert_eq!(n(&c.created), pods);
-    assert_eq!(n(&c.restarts), usize::from(pods >= 2));
+    assert_eq!(n(&c.restarts), if pods >= 4 { 3 } else { 0 });
     handle.stop().await;
 }
 

@@ -6,10 +6,15 @@
 
 use std::time::{Duration, SystemTime};
 
+use std::sync::Arc;
+
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
+use tokio_rustls::rustls;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
 
 use gpushare::config::Config;
 use gpushare::shutdown::Shutdown;
@@ -602,4 +607,128 @@ async fn kubectl_sees_the_pod_routed_and_the_refusal_explained() {
         );
     }
     hook.stop().await;
+}
+
+/// Whether the webhook at `addr` presents a certificate that `ca_pem` verifies (as the API
+/// server checks it against the caBundle).
+async fn verifies(addr: std::net::SocketAddr, ca_pem: &str) -> bool {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()).flatten() {
+        let _ = roots.add(cert);
+    }
+    if roots.is_empty() {
+        return false;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let Ok(builder) =
+        rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions()
+    else {
+        return false;
+    };
+    let config = builder.with_root_certificates(roots).with_no_client_auth();
+    let Ok(tcp) = tokio::net::TcpStream::connect(addr).await else {
+        return false;
+    };
+    let Ok(name) = ServerName::try_from(DNS) else {
+        return false;
+    };
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .is_ok()
+}
+
+/// The Secret is deleted under two replicas: the one that re-creates it must not drop the CA
+/// the other still serves with (its next look at the Secret is a whole refresh period away):
+/// every caBundle verifies both replicas throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_secret_re_created_under_two_replicas_keeps_every_served_ca_trusted() {
+    let api = ApiServer::start().await.expect("sandbox");
+    webhook_configs(&api);
+    let slow = self_signed(&api, webhook::DEFAULT_REFRESH).await;
+    let fast = self_signed(&api, Duration::from_millis(50)).await;
+    let before = text(&secret_of(&api), KEY_CA_CRT);
+    for bundle in ca_bundles(&api) {
+        assert!(verifies(slow.addr, &bundle).await && verifies(fast.addr, &bundle).await);
+    }
+    let rv = secret_of(&api).metadata.resource_version;
+    api.delete_object("secrets", Some("kube-system"), "gpushare-webhook-tls")
+        .expect("Secret deleted");
+    let end = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let again = api.get_as::<Secret>("secrets", Some("kube-system"), "gpushare-webhook-tls");
+        if again.is_some_and(|s| s.metadata.resource_version != rv) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "the Secret was never re-created"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Let the fast replica finish its round (the caBundles follow the Secret).
+    let end = tokio::time::Instant::now() + Duration::from_secs(20);
+    let after = text(&secret_of(&api), KEY_CA_CRT);
+    loop {
+        let bundles = ca_bundles(&api);
+        let follows = bundles.iter().all(|b| {
+            certs::pem_certs("ca", &after)
+                .map(|want| {
+                    want.iter()
+                        .all(|c| certs::pem_certs("bundle", b).is_ok_and(|have| have.contains(c)))
+                })
+                .unwrap_or(false)
+        });
+        if follows {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "the caBundles never followed the Secret"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for bundle in ca_bundles(&api) {
+        assert!(
+            verifies(fast.addr, &bundle).await,
+            "the re-creating replica is not trusted"
+        );
+        assert!(
+            verifies(slow.addr, &bundle).await,
+            "the caBundle dropped the CA the other replica serves with (before: {}, after: {})",
+            before.len(),
+            after.len()
+        );
+    }
+    slow.stop().await;
+    fast.stop().await;
+}
+
+/// A replica that starts while the Secret is missing issues a new CA; the caBundle it writes
+/// keeps the CA the running replica still serves with (a union, with a retention), so the
+/// running replica stays trusted until it picks the new Secret up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_replica_re_creating_the_secret_keeps_the_running_replicas_ca() {
+    let api = ApiServer::start().await.expect("sandbox");
+    webhook_configs(&api);
+    let running = self_signed(&api, webhook::DEFAULT_REFRESH).await;
+    let old = text(&secret_of(&api), KEY_CA_CRT);
+    api.delete_object("secrets", Some("kube-system"), "gpushare-webhook-tls")
+        .expect("Secret deleted");
+    let fresh = self_signed(&api, webhook::DEFAULT_REFRESH).await;
+    let new = text(&secret_of(&api), KEY_CA_CRT);
+    assert_ne!(old, new, "the fresh replica issued a CA of its own");
+    for bundle in ca_bundles(&api) {
+        assert!(verifies(fresh.addr, &bundle).await, "the new CA is trusted");
+        assert!(
+            verifies(running.addr, &bundle).await,
+            "the running replica's CA was dropped from the caBundle"
+        );
+        assert!(
+            bundle.starts_with(new.trim_end()),
+            "the Secret's CA comes first"
+        );
+    }
+    running.stop().await;
+    fresh.stop().await;
 }

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use super::memory::GpuMem;
 use super::wire::{
     ANN_ALLOCATION_JSON, ANN_ASSIGNED, ANN_ASSUME_TIME, ANN_DEVICE_MEM, ANN_GPU_INDEX, ANN_POD_MEM,
-    POD_ANN_ALLOCATED_CONTAINERS,
+    POD_ANN_ALLOCATED_CONTAINERS, POD_ANN_RESERVATION,
 };
 
 /// The gpushare annotations of one pod, decoded.
@@ -130,6 +130,44 @@ impl PodGpuAnnotations {
     }
 }
 
+/// `gpushare.io/reservation`: the node and GPU a bind promised the pod, and since when.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BindReservation {
+    /// The node the Binding names.
+    pub node: String,
+    /// The GPU index on that node.
+    pub gpu: u32,
+    /// When the bind reserved it, Unix nanoseconds (informational: successors measure the
+    /// settle window on their own clock).
+    pub since: u64,
+}
+
+impl BindReservation {
+    /// The annotation value.
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// The reservation the annotations carry: `Ok(None)` when there is none, `Err` when the
+    /// value is unreadable (read as absent by callers).
+    pub fn decode(
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<Option<BindReservation>, AnnotationError> {
+        let Some(value) = annotations.get(POD_ANN_RESERVATION) else {
+            return Ok(None);
+        };
+        match serde_json::from_str::<BindReservation>(value) {
+            Ok(r) if !r.node.is_empty() => Ok(Some(r)),
+            _ => Err(err(
+                POD_ANN_RESERVATION,
+                value,
+                "expected {\"node\":\"<name>\",\"gpu\":<index>,\"since\":<unix ns>}",
+            )),
+        }
+    }
+}
+
 /// Decodes `scheduler.framework.gpushare.allocation`:
 /// `{"<containerIndex>":{"<gpuIndex>":<mem>,…},…}` into per-GPU totals.
 pub fn decode_allocation_json(value: &str) -> Result<BTreeMap<u32, GpuMem>, AnnotationError> {
@@ -207,6 +245,27 @@ mod tests {
         assert_eq!(decoded.device_mem, Some(GpuMem::new(16276)));
         assert_eq!(decoded.assume_time_ns, Some(42));
         assert!(decoded.is_awaiting_allocation());
+    }
+
+    #[test]
+    fn reservations_round_trip_and_garbage_is_an_error() {
+        let r = BindReservation {
+            node: "n1".into(),
+            gpu: 2,
+            since: 42,
+        };
+        let ann = map(&[(POD_ANN_RESERVATION, &r.encode())]);
+        assert_eq!(BindReservation::decode(&ann), Ok(Some(r)));
+        assert_eq!(BindReservation::decode(&map(&[])), Ok(None));
+        for bad in [
+            "",
+            "n1/0",
+            r#"{"node":"","gpu":0,"since":1}"#,
+            r#"{"node":"a","gpu":-1,"since":1}"#,
+        ] {
+            let e = BindReservation::decode(&map(&[(POD_ANN_RESERVATION, bad)]));
+            assert!(e.is_err(), "{bad}");
+        }
     }
 
     #[test]

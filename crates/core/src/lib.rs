@@ -17,7 +17,7 @@ pub mod wire;
 #[cfg(test)]
 mod proptests;
 
-pub use annotations::{AnnotationError, PodGpuAnnotations};
+pub use annotations::{AnnotationError, BindReservation, PodGpuAnnotations};
 pub use holding::pod_holding;
 pub use ledger::{GpuSpec, LedgerPod, NodeLedger, PodState};
 pub use memory::{GpuMem, MemoryUnit, UnitError};

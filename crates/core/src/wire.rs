@@ -91,6 +91,11 @@ pub const NODE_ANN_EXCLUDED_GPUS: &str = "gpushare.io/excluded-gpus";
 pub const NODE_ANN_MEMORY_UNIT: &str = "gpushare.io/memory-unit";
 /// Pod annotation (ours): names of the pod's GPU containers already allocated, comma-separated.
 pub const POD_ANN_ALLOCATED_CONTAINERS: &str = "gpushare.io/allocated-containers";
+/// Pod annotation (ours): the reservation a bind holds while its Binding may still land, as
+/// JSON `{"node":"n1","gpu":0,"since":1733380000000000000}` (since: Unix nanoseconds). Written
+/// with the Aliyun annotations before the Binding is sent, so any successor of the extender
+/// that sent it reads what the pod is promised and counts it until the API settles it.
+pub const POD_ANN_RESERVATION: &str = "gpushare.io/reservation";
 
 // The DRA path (`resource.k8s.io/v1`): names the DRA kubelet plugin publishes and the
 // webhook's DRA rewrite writes; both sides must agree.

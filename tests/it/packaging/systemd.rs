@@ -213,3 +213,26 @@ fn the_binary_accepts_the_units_commands() {
         }
     }
 }
+
+/// The serving units leave room for `http.max_connections`: the default soft limit of 1024
+/// would make `accept` fail (EMFILE) before the connection cap engages.
+#[test]
+fn serving_units_set_an_open_file_limit_above_the_connection_cap() {
+    let cap = gpushare::config::Config::default().http.max_connections as u64;
+    for unit in [
+        "gpushare-extender.service",
+        "gpushare-device-plugin.service",
+    ] {
+        let text = read(&format!("systemd/{unit}"));
+        let s = section(&text, "Service");
+        let limit: u64 = s
+            .get("LimitNOFILE")
+            .and_then(|v| v.first())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        assert!(
+            gpushare::fd_limit::cap_warning(cap as usize, limit).is_none(),
+            "{unit}: LimitNOFILE={limit} leaves no room for {cap} connections"
+        );
+    }
+}

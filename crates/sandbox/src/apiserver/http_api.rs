@@ -135,6 +135,7 @@ async fn handle(
             FaultAction::CutWatch
             | FaultAction::ApplyThenDrop
             | FaultAction::ApplyLate(_)
+            | FaultAction::ApplyOnRelease { .. }
             | FaultAction::AnswerLate(_) => {}
             FaultAction::Hold(hold) => hold.pass().await,
         }
@@ -194,6 +195,24 @@ async fn handle(
             });
             rx.await
                 .map_err(|_| std::io::Error::other("the late apply task ended without an answer"))?
+        }
+        Some(FaultAction::ApplyOnRelease { hold, answer }) => {
+            // A task of its own: neither a client that hangs up nor one that dies cancels it.
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            shared.controls().late_in_flight += 1;
+            let late = shared.clone();
+            tokio::spawn(async move {
+                hold.pass().await;
+                let response = route(&late, &request);
+                late.controls().late_in_flight -= 1;
+                let _ = tx.send(response);
+            });
+            match answer {
+                Some(code) => error_response(&ApiError::from_code(code)),
+                None => rx.await.map_err(|_| {
+                    std::io::Error::other("the held apply task ended without an answer")
+                })?,
+            }
         }
         Some(FaultAction::AnswerLate(delay)) => {
             let response = route(&shared, &request);
@@ -472,12 +491,16 @@ struct ContinueAt {
     name: String,
     /// (returned so far, total at the first page), absent in a token without them.
     counted: Option<(usize, usize)>,
+    /// The resourceVersion of the first page: every page of one list reports it (as the real
+    /// API server's snapshot does), so a watch from the list's version replays every change
+    /// made while the pages were read (a delete of an object already returned included).
+    rv: Option<u64>,
 }
 
-fn encode_continue(ns: &str, name: &str, counted: Option<(usize, usize)>) -> String {
+fn encode_continue(ns: &str, name: &str, counted: Option<(usize, usize)>, rv: u64) -> String {
     let text = match counted {
-        Some((returned, total)) => format!("{ns}/{name}/{returned}/{total}"),
-        None => format!("{ns}/{name}"),
+        Some((returned, total)) => format!("{rv}|{ns}/{name}/{returned}/{total}"),
+        None => format!("{rv}|{ns}/{name}"),
     };
     text.bytes().map(|b| format!("{b:02x}")).collect()
 }
@@ -491,6 +514,10 @@ fn decode_continue(token: &str) -> Option<ContinueAt> {
         .map(|i| u8::from_str_radix(token.get(i..i + 2)?, 16).ok())
         .collect();
     let text = String::from_utf8(bytes?).ok()?;
+    let (rv, text) = match text.split_once('|') {
+        Some((rv, rest)) => (Some(rv.parse().ok()?), rest.to_string()),
+        None => (None, text),
+    };
     let mut parts = text.split('/');
     let ns = parts.next()?.to_string();
     let name = parts.next()?.to_string();
@@ -499,7 +526,12 @@ fn decode_continue(token: &str) -> Option<ContinueAt> {
         (Some(r), Some(t), None) => Some((r.parse().ok()?, t.parse().ok()?)),
         _ => return None,
     };
-    Some(ContinueAt { ns, name, counted })
+    Some(ContinueAt {
+        ns,
+        name,
+        counted,
+        rv,
+    })
 }
 
 fn list(
@@ -539,7 +571,11 @@ fn list(
         let (items, more) = store.list(def, namespace, after.as_ref(), limit, &|obj| {
             selectors.matches(obj)
         });
-        metadata["resourceVersion"] = json!(store.resource_version().to_string());
+        let list_rv = at
+            .as_ref()
+            .and_then(|a| a.rv)
+            .unwrap_or_else(|| store.resource_version());
+        metadata["resourceVersion"] = json!(list_rv.to_string());
         if more && let Some((ns, name, _)) = items.last() {
             // As the real API server: a count only for unfiltered lists.
             let counted = selectors.is_empty().then(|| {
@@ -556,7 +592,7 @@ fn list(
             if let Some((returned, total)) = counted {
                 metadata["remainingItemCount"] = json!(total.saturating_sub(returned));
             }
-            metadata["continue"] = json!(encode_continue(ns, name, counted));
+            metadata["continue"] = json!(encode_continue(ns, name, counted, list_rv));
         }
         items
     };
@@ -1007,14 +1043,15 @@ mod tests {
             ns: "ns".into(),
             name: "pod-1".into(),
             counted,
+            rv: Some(7),
         };
-        let token = encode_continue("ns", "pod-1", None);
+        let token = encode_continue("ns", "pod-1", None, 7);
         assert_eq!(decode_continue(&token), Some(at(None)));
-        let token = encode_continue("ns", "pod-1", Some((500, 150_000)));
+        let token = encode_continue("ns", "pod-1", Some((500, 150_000)), 7);
         assert_eq!(decode_continue(&token), Some(at(Some((500, 150_000)))));
         assert_eq!(decode_continue("zz"), None);
         assert_eq!(decode_continue("abc"), None);
-        let four_parts = encode_continue("ns", "pod-1", None) + "2f78";
+        let four_parts = encode_continue("ns", "pod-1", None, 7) + "2f78";
         assert_eq!(
             decode_continue(&four_parts),
             None,

@@ -145,6 +145,17 @@ pub enum FaultAction {
     /// Hold the request until the [`Hold`] is released, then serve it normally: a client (or
     /// the network) paused with the request in flight.
     Hold(Hold),
+    /// Hold the write at the server until the [`Hold`] is released, then apply it whatever
+    /// the client did meanwhile (it may hang up, or be killed: the write still lands). With
+    /// `answer: Some(code)` the client gets that error status at once (an API server whose
+    /// storage timed out, e.g. a 500 `etcdserver: request timed out`, while the write is
+    /// committed later); with `None` it gets the real answer once applied.
+    ApplyOnRelease {
+        /// The gate the write waits on.
+        hold: Hold,
+        /// The status answered at once, if any.
+        answer: Option<u16>,
+    },
 }
 
 /// A gate for [`FaultAction::Hold`]: requests wait on it until [`Hold::release`].
@@ -526,7 +537,8 @@ impl ApiServer {
             .push((namespace.to_string(), service.to_string(), addr));
     }
 
-    /// How many requests held by [`FaultAction::ApplyLate`] have not been applied yet.
+    /// How many requests held by [`FaultAction::ApplyLate`] or [`FaultAction::ApplyOnRelease`]
+    /// have not been applied yet.
     pub fn late_in_flight(&self) -> usize {
         self.shared().controls().late_in_flight
     }
