@@ -211,9 +211,43 @@ fn crio_finding(host: &HostRoot) -> Option<CdiFinding> {
     })
 }
 
+/// Who hands CDI devices to the runtime, for the texts of a runtime check.
+pub(crate) struct CdiReader<'a> {
+    /// The check's id.
+    pub id: &'static str,
+    /// The check's title.
+    pub title: &'static str,
+    /// The directories it writes or reads specs in.
+    pub dirs: &'a [PathBuf],
+    /// Its name in the texts ("the device plugin").
+    pub who: &'a str,
+    /// The fix when the kubelet uses Docker (cri-dockerd passes no CDI devices).
+    pub docker_fix: &'a str,
+    /// The flag or key that sets `dirs`.
+    pub dirs_flag: &'a str,
+}
+
 /// `cdi-runtime`: CDI is enabled in the runtime the kubelet uses, and it reads the directories
 /// the plugin reads.
 pub fn runtime(host: &HostRoot, dp: &NodeConfig) -> Check {
+    runtime_for(
+        host,
+        &CdiReader {
+            id: RUNTIME_ID,
+            title: RUNTIME_TITLE,
+            dirs: &dp.cdi_spec_dirs,
+            who: "the device plugin",
+            docker_fix: "use --device-list-strategy envvar with nvidia as Docker's default runtime, or move \
+                         the node to containerd 1.7+ / CRI-O",
+            dirs_flag: "cdi_spec_dirs / --cdi-spec-dirs",
+        },
+    )
+}
+
+/// A runtime check for `reader`: CDI enabled in the runtime the kubelet uses (containerd's
+/// `enable_cdi`, on by default in 2.x; CRI-O always; not through cri-dockerd), and the runtime
+/// reads the directories `reader` uses.
+pub(crate) fn runtime_for(host: &HostRoot, reader: &CdiReader<'_>) -> Check {
     let mut findings = containerd_findings(host);
     findings.extend(crio_finding(host));
     let kubelet = runtime::kubelet_engine(host);
@@ -225,18 +259,15 @@ pub fn runtime(host: &HostRoot, dp: &NodeConfig) -> Check {
     }
     if uses_docker {
         return Check::new(
-            RUNTIME_ID,
-            RUNTIME_TITLE,
+            reader.id,
+            reader.title,
             Status::Fail,
             format!(
                 "{}\ncri-dockerd does not pass CDI devices from the kubelet",
                 lines.join("\n")
             ),
         )
-        .hint(
-            "use --device-list-strategy envvar with nvidia as Docker's default runtime, or move \
-             the node to containerd 1.7+ / CRI-O",
-        );
+        .hint(reader.docker_fix);
     }
     if findings.is_empty() {
         lines.push(
@@ -244,14 +275,14 @@ pub fn runtime(host: &HostRoot, dp: &NodeConfig) -> Check {
              the k3s / RKE2 copies, /etc/crio/crio.conf[.d])"
                 .to_string(),
         );
-        return Check::new(RUNTIME_ID, RUNTIME_TITLE, Status::Warn, lines.join("\n")).hint(
+        return Check::new(reader.id, reader.title, Status::Warn, lines.join("\n")).hint(
             "CDI needs containerd 1.7+ (enable_cdi = true) or CRI-O 1.23+; \
              nvidia-ctk runtime configure --runtime=containerd --cdi.enabled writes it",
         );
     }
     let mut status = Status::Ok;
     let mut hints: Vec<String> = Vec::new();
-    let plugin_dirs = &dp.cdi_spec_dirs;
+    let plugin_dirs = reader.dirs;
     for f in &findings {
         let state = match f.enabled {
             Some(true) => "CDI enabled",
@@ -303,15 +334,17 @@ pub fn runtime(host: &HostRoot, dp: &NodeConfig) -> Check {
                 .map(|d| d.display().to_string())
                 .collect();
             hints.push(format!(
-                "the runtime reads CDI specs from {} but the device plugin from {}: use the same \
-                 directories (cdi_spec_dirs / --cdi-spec-dirs)",
+                "the runtime reads CDI specs from {} but {} from {}: use the same \
+                 directories ({})",
                 dirs.join(", "),
-                mine.join(", ")
+                reader.who,
+                mine.join(", "),
+                reader.dirs_flag
             ));
         }
     }
     hints.dedup();
-    let check = Check::new(RUNTIME_ID, RUNTIME_TITLE, status, lines.join("\n"));
+    let check = Check::new(reader.id, reader.title, status, lines.join("\n"));
     if hints.is_empty() {
         check
     } else {

@@ -74,7 +74,7 @@ pub async fn connect(config: &Config, no_cluster: bool) -> ApiState {
 }
 
 /// The `skip` a check reports when the API is not available.
-fn skipped(id: &'static str, title: &'static str, api: &ApiState) -> Option<Check> {
+pub(crate) fn skipped(id: &'static str, title: &'static str, api: &ApiState) -> Option<Check> {
     match api {
         ApiState::Off => Some(Check::new(
             id,

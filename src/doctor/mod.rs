@@ -10,13 +10,15 @@
 //! the kube-scheduler configuration ([`scheduler`]) and, on managed clusters, check the
 //! dedicated scheduler and the webhook ([`managed`]), and name what an Aliyun installation
 //! left in the chart's way ([`migration`]); with `--mps`, the MPS set-up ([`mps`]); with
-//! `--rdma`, the RDMA stack ([`rdma`]).
+//! `--rdma`, the RDMA stack ([`rdma`]); with `--dra`, what the DRA path needs on the node and in
+//! the API server ([`dra`]).
 //! `extender` and `device-plugin` run [`preflight`] before they start. Doctor only reads: it
 //! changes nothing on the host or in the cluster, and every probe has a short deadline (the
 //! MPS probe runs the control program as a client; it never starts or stops the daemon).
 
 pub mod cdi;
 pub mod cluster;
+pub mod dra;
 pub mod gpus;
 pub mod host;
 pub mod managed;
@@ -117,6 +119,9 @@ pub struct Args {
     /// The RDMA checks ([`rdma`]).
     #[command(flatten)]
     pub rdma: rdma::RdmaArgs,
+    /// The DRA checks ([`dra`]).
+    #[command(flatten)]
+    pub dra: dra::DraArgs,
 }
 
 impl Args {
@@ -209,6 +214,8 @@ pub struct Options {
     pub extender_url: Option<String>,
     /// `--webhook-url`.
     pub webhook_url: Option<String>,
+    /// `--dra` and its flags: the DRA checks run when set.
+    pub dra: Option<dra::DraArgs>,
 }
 
 impl Options {
@@ -222,6 +229,7 @@ impl Options {
             scheduler_config: None,
             extender_url: None,
             webhook_url: None,
+            dra: None,
         }
     }
 }
@@ -248,8 +256,8 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
         let strategies = &node_cfg.device_list_strategy;
         if !opts.preflight {
             checks.push(host::nvml_library(&host, &config.gpu.nvml_library, fake));
-            // Only CDI: the NVIDIA runtime need not be the default.
-            if !strategies.only_cdi() {
+            // Only CDI, or the DRA path (CDI too): the NVIDIA runtime need not be the default.
+            if !strategies.only_cdi() && opts.dra.is_none() {
                 checks.push(runtime::check(&host));
             }
             checks.push(host::nvidia_toolkit(&host));
@@ -284,6 +292,9 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
             checks.push(cluster::node_label(&api, name.as_ref(), &node));
         }
         checks.push(plugin_conflict(&host, dp, opts.preflight, &node));
+        if let Some(d) = &opts.dra {
+            checks.extend(dra::node_checks(&host, d, &dp.device_plugin_dir, &node));
+        }
     }
     let mut sets: Vec<(&str, &[cluster::Permission])> = Vec::new();
     if role.control_plane() {
@@ -311,6 +322,11 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
         checks.push(scheduler::extender_reachable(target.as_deref(), from_flag).await);
         checks.extend(managed::checks(&api, &config.webhook, opts.webhook_url.as_deref()).await);
         checks.push(migration::aliyun_leftovers(&api).await);
+    }
+    if role.control_plane()
+        && let Some(d) = &opts.dra
+    {
+        checks.extend(dra::control_plane_checks(&api, d).await);
     }
     if let Some(check) = deprecated_keys(&config.deprecated) {
         checks.insert(0, check);
@@ -424,6 +440,7 @@ pub async fn run(args: Args, config: Config) -> anyhow::Result<ExitCode> {
         scheduler_config: args.scheduler_config.clone(),
         extender_url: args.extender_url.clone(),
         webhook_url: args.webhook_url.clone(),
+        dra: args.dra.dra.then(|| args.dra.clone()),
     };
     let mut report = diagnose(&opts, &config).await;
     if args.rdma.rdma {

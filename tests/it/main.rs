@@ -12,6 +12,7 @@ mod devices;
 mod docs;
 mod doctor;
 mod doctor_cdi;
+mod doctor_dra;
 mod doctor_managed;
 mod doctor_migration;
 mod doctor_rdma;

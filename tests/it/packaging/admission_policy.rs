@@ -1,5 +1,6 @@
-//! The device plugin's ValidatingAdmissionPolicy (`devicePlugin.admissionPolicy`), evaluated
-//! over a table of allowed and forbidden requests.
+//! The device plugin's ValidatingAdmissionPolicy (`devicePlugin.admissionPolicy`) and the DRA
+//! plugin's (`dra.admissionPolicy`: its own node's ResourceSlices only), evaluated over tables
+//! of allowed and forbidden requests.
 //!
 //! The CEL is read from the chart as the real Helm engine renders it (never copied here) and
 //! evaluated with the `cel` crate the way the API server does: the resource rules and
@@ -47,14 +48,19 @@ fn compile(what: &str, expression: &str) -> Program {
 
 /// The rendered policy; `None` when the Helm engine is missing (skipped; CI fails).
 fn rendered_policy(values: &str) -> Option<(Policy, Vec<yaml_serde::Value>)> {
+    rendered_named(values, "gpushare-device-plugin")
+}
+
+/// The rendered policy `name`, as [`rendered_policy`].
+fn rendered_named(values: &str, name: &str) -> Option<(Policy, Vec<yaml_serde::Value>)> {
     let docs = all_documents(merged(
         &default_values(),
         &yaml_serde::from_str(values).expect("overlay parses"),
     ))?;
     let vap = docs
         .iter()
-        .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
-        .expect("a ValidatingAdmissionPolicy is rendered");
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicy" && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("the ValidatingAdmissionPolicy {name} is rendered"));
     let spec: Json = serde_json::to_value(&vap["spec"]).expect("spec as JSON");
     let named = |list: &str, key: &str| -> Vec<(String, Program)> {
         spec[list]
@@ -606,4 +612,62 @@ fn the_policy_renders_where_the_cluster_serves_it_and_can_be_turned_off() {
         has_policy("devicePlugin: {admissionPolicy: {enabled: false}}"),
         Some(false)
     );
+}
+
+// ---------------------------------------------------------------- the DRA plugin's policy
+
+const DRA_PLUGIN: &str = "system:serviceaccount:kube-system:gpushare-dra-plugin";
+
+/// A write of a ResourceSlice by `user`, whose token names `node`.
+fn slice_request(user: &str, node: Option<&str>, operation: &str) -> Json {
+    let mut r = request(user, node, "resourceslices", None, "node-a-gpushare.io-x");
+    r["operation"] = json!(operation);
+    r["resource"] =
+        json!({ "group": "resource.k8s.io", "version": "v1", "resource": "resourceslices" });
+    r
+}
+
+fn slice(node: &str, driver: &str) -> Json {
+    json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": { "name": "node-a-gpushare.io-x" },
+        "spec": { "driver": driver, "nodeName": node,
+                  "pool": { "name": node, "generation": 2, "resourceSliceCount": 1 },
+                  "devices": [{ "name": "gpu-0", "allowMultipleAllocations": true }] },
+    })
+}
+
+#[test]
+fn the_dra_policy_keeps_each_plugin_to_its_own_nodes_slices() {
+    let Some((policy, _)) = rendered_named(
+        "{ dra: { enabled: true, admissionPolicy: { enabled: true } } }",
+        "gpushare-dra-plugin",
+    ) else {
+        return;
+    };
+    let mine = slice("node-a", "gpushare.io");
+    let other = slice("node-b", "gpushare.io");
+    let foreign = slice("node-a", "example.com");
+    let null = Json::Null;
+    let own = "the DRA plugin may write only the ResourceSlices of its own node";
+    let own_old = "the DRA plugin may change or delete only the ResourceSlices of its own node";
+    let cases: Vec<(&str, Json, &Json, &Json, Verdict)> = vec![
+        ("create own", slice_request(DRA_PLUGIN, Some("node-a"), "CREATE"), &null, &mine, Verdict::Allowed),
+        ("update own", slice_request(DRA_PLUGIN, Some("node-a"), "UPDATE"), &mine, &mine, Verdict::Allowed),
+        ("delete own", slice_request(DRA_PLUGIN, Some("node-a"), "DELETE"), &mine, &null, Verdict::Allowed),
+        ("create another node's", slice_request(DRA_PLUGIN, Some("node-a"), "CREATE"), &null, &other, Verdict::Denied(own.into())),
+        ("move another node's to own", slice_request(DRA_PLUGIN, Some("node-a"), "UPDATE"), &other, &mine, Verdict::Denied(own_old.into())),
+        ("move own to another node", slice_request(DRA_PLUGIN, Some("node-a"), "UPDATE"), &mine, &other, Verdict::Denied(own.into())),
+        ("delete another node's", slice_request(DRA_PLUGIN, Some("node-a"), "DELETE"), &other, &null, Verdict::Denied(own_old.into())),
+        ("another driver", slice_request(DRA_PLUGIN, Some("node-a"), "CREATE"), &null, &foreign,
+            Verdict::Denied("the DRA plugin may write only the ResourceSlices of its driver".into())),
+        ("a token without a node", slice_request(DRA_PLUGIN, None, "CREATE"), &null, &mine,
+            Verdict::Denied("the DRA plugin's token names no node (claim authentication.kubernetes.io/node-name): use a pod-bound token (Kubernetes 1.30+)".into())),
+        ("another user", slice_request("system:serviceaccount:kube-system:other", None, "DELETE"), &other, &null, Verdict::NotMatched),
+        ("the device plugin's pods are not its business",
+            request(DRA_PLUGIN, Some("node-a"), "pods", None, "p"), &null, &null, Verdict::NotMatched),
+    ];
+    for (what, req, old, new, want) in cases {
+        assert_eq!(policy.admit(&req, old, new), want, "{what}");
+    }
 }

@@ -260,3 +260,25 @@ fn combinations_that_cannot_work_are_refused_with_the_reason() {
         assert!(result.is_ok(), "{values}: {:?}", result.as_ref().err());
     }
 }
+
+#[test]
+fn the_notes_of_the_dra_path_say_how_a_node_moves() {
+    let Some(off) = render(json!({})) else {
+        return;
+    };
+    assert!(!off.notes.contains("DRA path"), "{}", off.notes);
+    let on = render(json!({"dra": {"enabled": true}})).expect("renders");
+    for what in [
+        "gpushare.io/gpu-mem-path=dra (the device plugin keeps off them)",
+        "kubectl label node <node> gpushare.io/gpu-mem-path=dra --overwrite",
+        "exec daemonset/gpushare-dra-plugin -- gpushare doctor --role node --dra",
+        "gpushare doctor --role control-plane --dra",
+        "DeviceClass gpu-mem.gpushare.io (driver gpushare.io)",
+    ] {
+        assert!(
+            on.notes.contains(what),
+            "{what:?} not in the notes:\n{}",
+            on.notes
+        );
+    }
+}

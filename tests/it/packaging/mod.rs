@@ -14,6 +14,7 @@ mod chart_production;
 mod chart_readme;
 mod chart_schema;
 mod checkov;
+mod dra_chart;
 mod fresh_clone;
 mod ha_chart;
 mod image;

@@ -85,6 +85,7 @@ pub(crate) async fn control_plane_checks(
         scheduler_config: None,
         extender_url: None,
         webhook_url,
+        dra: None,
     };
     diagnose(&opts, &config).await.checks
 }

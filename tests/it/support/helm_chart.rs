@@ -197,6 +197,7 @@ devicePlugin:
   deviceListStrategy: [envvar, cdi-cri]
   passDeviceSpecs: true
   admissionPolicy: {enabled: true}
+dra: {enabled: true, admissionPolicy: {enabled: true}}
 "#;
 
 /// The chart rendered with `values`, every template keyed by its full path

@@ -470,6 +470,11 @@ fn collection(
             Err(err) => error_response(&err),
         },
         Method::GET => list(shared, req, def, namespace),
+        Method::POST if req.param("dryRun") == Some("All") => respond(
+            req.json_body()
+                .and_then(|obj| shared.store().create_dry_run(def, namespace, obj))
+                .map(|obj| (201, obj)),
+        ),
         Method::POST => respond(
             req.json_body()
                 .and_then(|obj| shared.store().create(def, namespace, obj))

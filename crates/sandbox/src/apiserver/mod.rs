@@ -42,8 +42,10 @@
 //!   object, and so are `resource.k8s.io/v1` `resourceslices` and `deviceclasses`
 //!   (cluster-scoped), `resourceclaimtemplates` and `resourceclaims` (namespaced; claims with
 //!   the `status` subresource, written by the sandbox allocator, `crate::dra_allocator`).
+//! - `dryRun=All` on create: validated and answered, nothing stored.
 //! - Test controls: [`ApiServer::seed_yaml`], [`ApiServer::get_object`],
-//!   [`ApiServer::set_pod_phase`], fault injection ([`Fault`]: error codes, delays, dropped
+//!   [`ApiServer::set_pod_phase`], the `DRAConsumableCapacity` gate
+//!   ([`ApiServer::set_consumable_capacity`]), fault injection ([`Fault`]: error codes, delays, dropped
 //!   connections, cut watches, requests held at a [`Hold`] until released — a paused
 //!   client; a filter on `fieldManager=<identity>` singles out one replica's lease writes), a
 //!   request log ([`ApiServer::requests`]) and access denials. Clock skew is not the server's
@@ -426,6 +428,13 @@ impl ApiServer {
             Ok(client) => client,
             Err(err) => panic!("a kube client for a plain-HTTP URL always builds: {err}"),
         }
+    }
+
+    /// Emulates the `DRAConsumableCapacity` feature gate (on by default, as from Kubernetes
+    /// 1.36): off, every write and dry-run create drops the consumable-capacity fields of
+    /// ResourceSlices, ResourceClaims and their templates, as a gate-off API server does.
+    pub fn set_consumable_capacity(&self, enabled: bool) {
+        self.inner.shared.store().set_consumable_capacity(enabled);
     }
 
     /// Creates every document of a (multi-document) YAML text, of any supported kind.

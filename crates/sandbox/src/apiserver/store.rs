@@ -219,6 +219,9 @@ pub(crate) struct Store {
     /// The newest resourceVersion dropped from history: a watch from before it is gone.
     compacted_rv: u64,
     live: broadcast::Sender<Arc<StoredEvent>>,
+    /// `false` emulates an API server with the `DRAConsumableCapacity` gate off: every write
+    /// drops the fields of consumable capacity ([`drop_consumable_capacity`]).
+    consumable_capacity: bool,
 }
 
 /// A pod's status subresource etc. keep `.status` apart from main-resource writes.
@@ -238,7 +241,13 @@ impl Store {
             history_limit: DEFAULT_HISTORY,
             compacted_rv: 0,
             live,
+            consumable_capacity: true,
         }
+    }
+
+    /// Turns the `DRAConsumableCapacity` emulation on or off (on by default, as from 1.36).
+    pub fn set_consumable_capacity(&mut self, enabled: bool) {
+        self.consumable_capacity = enabled;
     }
 
     pub fn resource_version(&self) -> u64 {
@@ -281,6 +290,9 @@ impl Store {
 
     /// Stores `obj` under `key` with a new resourceVersion and publishes the event.
     fn commit(&mut self, key: Key, mut obj: Value, kind: EventType, old: Option<Value>) -> Value {
+        if !self.consumable_capacity && kind != EventType::Deleted {
+            drop_consumable_capacity(key.0, &mut obj);
+        }
         self.rv += 1;
         set_meta(&mut obj, "resourceVersion", json!(self.rv.to_string()));
         let event = Arc::new(StoredEvent {
@@ -319,8 +331,34 @@ impl Store {
         &mut self,
         def: &'static ResourceDef,
         url_namespace: Option<&str>,
-        mut obj: Value,
+        obj: Value,
     ) -> Result<Value, ApiError> {
+        let (key, obj) = self.admit_create(def, url_namespace, obj)?;
+        Ok(self.commit(key, obj, EventType::Added, None))
+    }
+
+    /// A create with `dryRun=All`: validated and answered as it would be stored (fields a
+    /// disabled gate drops are dropped), but nothing is stored and no event is sent.
+    pub fn create_dry_run(
+        &mut self,
+        def: &'static ResourceDef,
+        url_namespace: Option<&str>,
+        obj: Value,
+    ) -> Result<Value, ApiError> {
+        let (_, mut obj) = self.admit_create(def, url_namespace, obj)?;
+        if !self.consumable_capacity {
+            drop_consumable_capacity(def.id, &mut obj);
+        }
+        Ok(obj)
+    }
+
+    /// The checks and defaults of a create: the key and the object to store.
+    fn admit_create(
+        &self,
+        def: &'static ResourceDef,
+        url_namespace: Option<&str>,
+        mut obj: Value,
+    ) -> Result<(Key, Value), ApiError> {
         if !obj.is_object() {
             return Err(ApiError::bad_request(
                 "the request body is not a JSON object",
@@ -384,7 +422,7 @@ impl Store {
                 }
             }
         }
-        Ok(self.commit(key, obj, EventType::Added, None))
+        Ok((key, obj))
     }
 
     pub fn get(
@@ -864,6 +902,55 @@ fn random_u64() -> u64 {
 }
 
 /// A random (version 4 layout) UUID.
+/// What an API server with the `DRAConsumableCapacity` gate off drops on a write (upstream's
+/// `dropDisabledFields`): a slice device's `allowMultipleAllocations` and its capacities'
+/// `requestPolicy`; a request's `capacity` in claims and claim templates; a result's
+/// `shareID` and `consumedCapacity`.
+pub(crate) fn drop_consumable_capacity(resource: &str, obj: &mut Value) {
+    fn each(v: Option<&mut Value>) -> impl Iterator<Item = &mut Value> {
+        v.and_then(Value::as_array_mut).into_iter().flatten()
+    }
+    fn drop_requests(devices: Option<&mut Value>) {
+        for request in each(devices.and_then(|d| d.get_mut("requests"))) {
+            if let Some(exactly) = request.get_mut("exactly").and_then(Value::as_object_mut) {
+                exactly.remove("capacity");
+            }
+            for sub in each(request.get_mut("firstAvailable")) {
+                if let Some(sub) = sub.as_object_mut() {
+                    sub.remove("capacity");
+                }
+            }
+        }
+    }
+    match resource {
+        "resourceslices" => {
+            for device in each(obj.pointer_mut("/spec/devices")) {
+                if let Some(d) = device.as_object_mut() {
+                    d.remove("allowMultipleAllocations");
+                }
+                if let Some(caps) = device.get_mut("capacity").and_then(Value::as_object_mut) {
+                    for cap in caps.values_mut() {
+                        if let Some(cap) = cap.as_object_mut() {
+                            cap.remove("requestPolicy");
+                        }
+                    }
+                }
+            }
+        }
+        "resourceclaims" => {
+            drop_requests(obj.pointer_mut("/spec/devices"));
+            for result in each(obj.pointer_mut("/status/allocation/devices/results")) {
+                if let Some(r) = result.as_object_mut() {
+                    r.remove("shareID");
+                    r.remove("consumedCapacity");
+                }
+            }
+        }
+        "resourceclaimtemplates" => drop_requests(obj.pointer_mut("/spec/spec/devices")),
+        _ => {}
+    }
+}
+
 pub(crate) fn new_uid() -> String {
     let a = random_u64();
     let b = random_u64();
@@ -972,6 +1059,52 @@ mod tests {
             Some(951_868_800)
         );
         assert_eq!(parse_rfc3339("garbage"), None);
+    }
+
+    fn slice_def() -> &'static ResourceDef {
+        discovery::by_kind("resource.k8s.io/v1", "ResourceSlice").expect("served")
+    }
+
+    fn slice() -> Value {
+        json!({ "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                "metadata": { "name": "s" },
+                "spec": { "driver": "gpushare.io", "allNodes": true,
+                          "pool": { "name": "p", "generation": 1, "resourceSliceCount": 1 },
+                          "devices": [{ "name": "gpu-0", "allowMultipleAllocations": true,
+                                        "capacity": { "memory": { "value": "16Gi",
+                                            "requestPolicy": { "default": "16Gi" } } } }] } })
+    }
+
+    #[test]
+    fn a_dry_run_create_stores_nothing_and_a_gate_off_drops_consumable_capacity() {
+        let mut store = Store::new();
+        let rv = store.resource_version();
+        let answer = store
+            .create_dry_run(slice_def(), None, slice())
+            .expect("dry run");
+        assert_eq!(
+            answer.pointer("/spec/devices/0/allowMultipleAllocations"),
+            Some(&json!(true))
+        );
+        assert_eq!(store.resource_version(), rv, "nothing stored");
+        assert!(store.get(slice_def(), None, "s").is_err());
+        store.set_consumable_capacity(false);
+        let answer = store
+            .create_dry_run(slice_def(), None, slice())
+            .expect("dry run");
+        assert_eq!(
+            answer.pointer("/spec/devices/0/allowMultipleAllocations"),
+            None
+        );
+        assert_eq!(
+            answer.pointer("/spec/devices/0/capacity/memory"),
+            Some(&json!({ "value": "16Gi" }))
+        );
+        let stored = store.create(slice_def(), None, slice()).expect("create");
+        assert_eq!(
+            stored.pointer("/spec/devices/0/allowMultipleAllocations"),
+            None
+        );
     }
 
     #[test]

@@ -1,0 +1,185 @@
+//! The chart with `dra.enabled`, rendered by the real Helm engine: the DRA plugin's DaemonSet
+//! (on the nodes of the path label, with the registry, plugin and CDI host directories), the
+//! DeviceClass `gpu-mem.gpushare.io` selecting the driver, RBAC that only reads claims and
+//! writes slices, and the device plugin kept off the DRA nodes. Off (the default), none of it
+//! is rendered and the device plugin has no affinity.
+
+use yaml_serde::Value;
+
+use crate::support::helm_chart::{all_documents, default_values, merged};
+
+fn documents(overlay: &str) -> Option<Vec<Value>> {
+    all_documents(merged(
+        &default_values(),
+        &yaml_serde::from_str(overlay).expect("overlay parses"),
+    ))
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.as_str().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn dra_is_off_by_default() {
+    let Some(docs) = documents("{}") else {
+        return;
+    };
+    assert!(
+        docs.iter()
+            .all(|d| d["metadata"]["name"] != "gpushare-dra-plugin" && d["kind"] != "DeviceClass"),
+        "nothing of the DRA path is rendered by default"
+    );
+    let dp = find(&docs, "DaemonSet", "gpushare-device-plugin-ds").expect("device plugin");
+    assert!(dp["spec"]["template"]["spec"].get("affinity").is_none());
+}
+
+#[test]
+fn dra_enabled_renders_the_plugin_its_class_and_least_privilege() {
+    let Some(docs) = documents(
+        "{ dra: { enabled: true }, devicePlugin: { gpuBackend: fake, fakeGpus: 2x16GiB } }",
+    ) else {
+        return;
+    };
+    let ds = find(&docs, "DaemonSet", "gpushare-dra-plugin").expect("the DRA DaemonSet");
+    let spec = &ds["spec"]["template"]["spec"];
+    assert_eq!(spec["nodeSelector"]["gpushare.io/gpu-mem-path"], "dra");
+    assert_eq!(spec["serviceAccountName"], "gpushare-dra-plugin");
+    let c = &spec["containers"][0];
+    let args = strings(&c["args"]);
+    for want in [
+        "dra-plugin",
+        "--driver-name=gpushare.io",
+        "--registry-dir=/var/lib/kubelet/plugins_registry",
+        "--plugin-dir=/var/lib/kubelet/plugins/gpushare.io",
+        "--cdi-dir=/var/run/cdi",
+        "--gpu-policy=binpack",
+        "--memory-unit=GiB",
+        "--fake-gpus=2x16GiB",
+        "--admin-address=0.0.0.0:9102",
+    ] {
+        assert!(args.iter().any(|a| a == want), "{want} in {args:?}");
+    }
+    let volumes = spec["volumes"].as_sequence().cloned().unwrap_or_default();
+    let host = |mount: &str| -> Option<(String, String)> {
+        let m = c["volumeMounts"]
+            .as_sequence()?
+            .iter()
+            .find(|m| m["mountPath"] == mount)?;
+        let v = volumes.iter().find(|v| v["name"] == m["name"])?;
+        Some((
+            v["hostPath"]["path"].as_str()?.to_string(),
+            v["hostPath"]["type"].as_str()?.to_string(),
+        ))
+    };
+    assert_eq!(
+        host("/var/lib/kubelet/plugins_registry"),
+        Some((
+            "/var/lib/kubelet/plugins_registry".into(),
+            "Directory".into()
+        ))
+    );
+    assert_eq!(
+        host("/var/lib/kubelet/plugins/gpushare.io"),
+        Some((
+            "/var/lib/kubelet/plugins/gpushare.io".into(),
+            "DirectoryOrCreate".into()
+        ))
+    );
+    assert_eq!(
+        host("/var/run/cdi"),
+        Some(("/var/run/cdi".into(), "DirectoryOrCreate".into()))
+    );
+
+    let class = find(&docs, "DeviceClass", "gpu-mem.gpushare.io").expect("the DeviceClass");
+    assert_eq!(class["apiVersion"], "resource.k8s.io/v1");
+    assert_eq!(
+        class["spec"]["selectors"][0]["cel"]["expression"],
+        "device.driver == \"gpushare.io\""
+    );
+
+    let role = find(&docs, "ClusterRole", "gpushare-dra-plugin").expect("ClusterRole");
+    let rules: Vec<(Vec<String>, Vec<String>, Vec<String>)> = role["rules"]
+        .as_sequence()
+        .expect("rules")
+        .iter()
+        .map(|r| {
+            (
+                strings(&r["apiGroups"]),
+                strings(&r["resources"]),
+                strings(&r["verbs"]),
+            )
+        })
+        .collect();
+    let s = |l: &[&str]| l.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        rules,
+        vec![
+            (
+                s(&["resource.k8s.io"]),
+                s(&["resourceclaims"]),
+                s(&["get", "list", "watch"])
+            ),
+            (
+                s(&["resource.k8s.io"]),
+                s(&["resourceslices"]),
+                s(&[
+                    "get", "list", "watch", "create", "update", "patch", "delete"
+                ])
+            ),
+        ]
+    );
+    let binding =
+        find(&docs, "ClusterRoleBinding", "gpushare-dra-plugin").expect("ClusterRoleBinding");
+    assert_eq!(binding["subjects"][0]["name"], "gpushare-dra-plugin");
+
+    // The device plugin keeps off the DRA nodes.
+    let dp = find(&docs, "DaemonSet", "gpushare-device-plugin-ds").expect("device plugin");
+    let terms = &dp["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"];
+    assert_eq!(terms.as_sequence().map(Vec::len), Some(1), "{terms:?}");
+    let expr = &terms[0]["matchExpressions"][0];
+    assert_eq!(expr["key"], "gpushare.io/gpu-mem-path");
+    assert_eq!(expr["operator"], "NotIn");
+    assert_eq!(strings(&expr["values"]), ["dra"]);
+}
+
+#[test]
+fn a_users_node_affinity_keeps_its_terms_and_gains_the_path_rule() {
+    let Some(docs) = documents(
+        "{ dra: { enabled: true, driverName: example.com }, devicePlugin: { affinity: { nodeAffinity: { requiredDuringSchedulingIgnoredDuringExecution: { nodeSelectorTerms: [ { matchExpressions: [ { key: zone, operator: In, values: [a] } ] }, { matchExpressions: [ { key: zone, operator: In, values: [b] } ] } ] } } } } }",
+    ) else {
+        return;
+    };
+    let dp = find(&docs, "DaemonSet", "gpushare-device-plugin-ds").expect("device plugin");
+    let terms = dp["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+        ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        .as_sequence()
+        .cloned()
+        .expect("terms");
+    assert_eq!(terms.len(), 2);
+    for (term, zone) in terms.iter().zip(["a", "b"]) {
+        let exprs = term["matchExpressions"].as_sequence().expect("expressions");
+        assert_eq!(exprs.len(), 2, "{term:?}");
+        assert_eq!(strings(&exprs[0]["values"]), [zone]);
+        assert_eq!(exprs[1]["key"], "gpushare.io/gpu-mem-path");
+    }
+    let class = find(&docs, "DeviceClass", "gpu-mem.gpushare.io").expect("class");
+    assert_eq!(
+        class["spec"]["selectors"][0]["cel"]["expression"],
+        "device.driver == \"example.com\""
+    );
+    let ds = find(&docs, "DaemonSet", "gpushare-dra-plugin").expect("ds");
+    assert!(
+        strings(&ds["spec"]["template"]["spec"]["containers"][0]["args"])
+            .contains(&"--plugin-dir=/var/lib/kubelet/plugins/example.com".to_string())
+    );
+}
