@@ -165,6 +165,9 @@ pub struct Args {
     /// GPU access.
     #[command(flatten)]
     pub gpu: crate::gpu::GpuArgs,
+    /// Where the host's sysfs and /dev are read (RDMA HCAs, generic devices).
+    #[command(flatten)]
+    pub roots: crate::devices::RootArgs,
     /// Do not run the node preflight (doctor) before starting
     #[arg(long)]
     pub skip_doctor: bool,
@@ -246,6 +249,7 @@ impl Args {
         );
         flags.set(&dp("admin_address"), self.admin_address.clone());
         self.gpu.overrides(flags);
+        self.roots.overrides(flags);
         flags.set_flag("doctor.skip", self.skip_doctor);
     }
 }
@@ -498,7 +502,8 @@ pub async fn start(
     backend: Arc<dyn GpuBackend>,
     shutdown: Shutdown,
 ) -> anyhow::Result<DevicePluginHandle> {
-    let prepared = NodeAgent::prepare(&config.node, client, backend).await?;
+    let prepared = NodeAgent::prepare(&config.node, client, backend).await?
+        .with_devices(&config.devices);
     admit(&prepared)?;
     let agent = prepared.start(shutdown.clone()).await?;
     match serve(config, agent.agent().clone(), shutdown).await {
