@@ -354,4 +354,3 @@ pub(crate) fn relative_to_dev(path: &str) -> Option<&str> {
     }
     Some(rel)
 }
-

@@ -17,6 +17,8 @@
 //!   kubelet PodResources API, correcting swaps ([`reconcile`]);
 //! - follows the agent's health view into ListAndWatch (an unhealthy GPU's devices are
 //!   `Unhealthy`) and its metrics;
+//! - serves each device kind the agent holds (RDMA HCAs, generic devices) as an extended
+//!   resource of its own, on its own socket ([`kinds`]);
 //! - serves `/healthz`, `/readyz`, `/metrics` on `device_plugin.admin_address` ([`crate::admin::serve`]);
 //! - with `--mps`, follows the agent's MPS daemon: ready and answering Allocate only while the
 //!   daemon serves.
@@ -29,6 +31,8 @@
 
 pub mod allocate;
 pub mod devices;
+#[cfg(unix)]
+pub mod kinds;
 pub mod matching;
 pub mod metrics;
 #[cfg(not(unix))]
@@ -502,7 +506,8 @@ pub async fn start(
     backend: Arc<dyn GpuBackend>,
     shutdown: Shutdown,
 ) -> anyhow::Result<DevicePluginHandle> {
-    let prepared = NodeAgent::prepare(&config.node, client, backend).await?
+    let prepared = NodeAgent::prepare(&config.node, client, backend)
+        .await?
         .with_devices(&config.devices);
     admit(&prepared)?;
     let agent = prepared.start(shutdown.clone()).await?;
@@ -591,6 +596,18 @@ pub async fn serve(
         }
     };
     tasks.push(served);
+    #[cfg(unix)]
+    for kind in &agent.device_kinds().kinds {
+        let kp = Arc::new(kinds::KindPlugin::new(plugin.clone(), kind.clone()));
+        match registration::serve(kp, stop.clone()).await {
+            Ok(task) => tasks.push(task),
+            Err(e) => {
+                stop_trigger.trigger();
+                agent.withdraw(ServingPath::DevicePlugin);
+                return Err(e);
+            }
+        }
+    }
     tasks.push(tokio::spawn(reconcile::run(plugin.clone(), stop.clone())));
     let admin_addr = if dp.admin_address.trim().is_empty() {
         None
