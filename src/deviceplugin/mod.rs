@@ -477,6 +477,27 @@ impl DevicePluginHandle {
         self.plugin.pods.is_synced()
     }
 
+    /// The gpushare annotations of pod `namespace/name` as the pod watch last saw them (what
+    /// matching and the device kinds' preferences read); `None` when the watch has not seen it.
+    pub fn watched_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<crate::core::PodGpuAnnotations> {
+        self.plugin.pods.get(namespace, name).map(|p| p.annotations)
+    }
+
+    /// The extended resources of the device kinds served beside the GPU's.
+    pub fn kind_resources(&self) -> Vec<String> {
+        self.plugin
+            .agent
+            .device_kinds()
+            .kinds
+            .iter()
+            .map(|k| k.resource.clone())
+            .collect()
+    }
+
     /// The node agent it serves.
     pub fn agent(&self) -> &Arc<NodeAgent> {
         &self.plugin.agent
