@@ -403,3 +403,51 @@ async fn without_rdma_or_generic_devices_only_the_gpu_resource_registers() {
     assert!(socks.is_empty(), "{socks:?}");
     c.stop().await;
 }
+
+#[test]
+fn a_refused_devices_section_exits_78_naming_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("gpushare.toml");
+    for (text, says) in [
+        (
+            "[devices.rdma]\nenabled = true\nshares_per_hca = 0\n",
+            "shares_per_hca",
+        ),
+        (
+            "[[devices.generic]]\nresource = \"example.com/fuse\"\npaths = [{ path = \"/etc/shadow\" }]\n",
+            "under /dev",
+        ),
+        (
+            "[devices.rdma]\nenabled = true\nresource = \"example.com/x\"\n\
+             [[devices.generic]]\nresource = \"example.com/x\"\npaths = [{ path = \"/dev/fuse\" }]\n",
+            "declared twice",
+        ),
+    ] {
+        std::fs::write(&file, text).expect("write");
+        let config = file.to_str().expect("utf-8");
+        let out = crate::support::run(&["--config", config, "doctor"]);
+        let err = crate::support::stderr(&out);
+        assert_eq!(out.status.code(), Some(78), "{text}: {err}");
+        assert!(
+            err.contains("devices") && err.contains(says),
+            "{text}: {err}"
+        );
+    }
+    // Typed: the loader names the section's own error.
+    std::fs::write(
+        &file,
+        "[devices.rdma]\nenabled = true\nshares_per_hca = 0\n",
+    )
+    .expect("write");
+    let err = gpushare::config::load(Some(&file), gpushare::config::FlagOverrides::new())
+        .expect_err("refused");
+    assert!(
+        matches!(
+            err,
+            gpushare::config::Error::Devices(gpushare::config::devices::DevicesConfigError::Rdma(
+                gpushare::config::devices::RdmaConfigError::ZeroShares
+            ))
+        ),
+        "{err}"
+    );
+}
