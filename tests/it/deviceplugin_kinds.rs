@@ -451,3 +451,77 @@ fn a_refused_devices_section_exits_78_naming_it() {
         "{err}"
     );
 }
+
+/// kubelet written by others: Python grpcio (`tests/clients/kubelet_grpcio.py`) registers the
+/// RDMA kind, lists it and allocates one HCA, checked device by device.
+#[tokio::test]
+async fn grpcio_kubelet_registers_lists_and_allocates_an_hca() {
+    let Some(python) = crate::support::clients::python_with(&["grpc", "grpc_tools"]) else {
+        return;
+    };
+    let dir = short_tempdir();
+    let dev = short_tempdir();
+    fake_dev(dev.path());
+    let api = gpushare_sandbox::apiserver::ApiServer::start()
+        .await
+        .expect("sandbox API server");
+    api.seed_yaml(&node_yaml("")).expect("node seeded");
+    let mut config = gpushare::config::Config::default();
+    config.node.node_name = crate::support::deviceplugin_cluster::NODE.to_string();
+    config.device_plugin.device_plugin_dir = dir.path().to_path_buf();
+    config.device_plugin.pod_resources_socket = dir.path().join("no-pod-resources.sock");
+    config.device_plugin.admin_address = String::new();
+    config.doctor.skip = true;
+    config.devices.sysfs_root = fixture("rdma/hgx-h100-8gpu-roce/sys");
+    config.devices.dev_root = dev.path().to_path_buf();
+    config.devices.rdma.enabled = true;
+    let plugin = gpushare::deviceplugin::start(
+        &config,
+        api.client(),
+        std::sync::Arc::new(hgx_backend()),
+        gpushare::shutdown::Shutdown::never(),
+    )
+    .await
+    .expect("the device plugin starts");
+    let script = crate::support::clients::repo_root().join("tests/clients/kubelet_grpcio.py");
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        tokio::process::Command::new(&python)
+            .arg(&script)
+            .arg("--dir")
+            .arg(dir.path())
+            .args(["--resource", RDMA, "--ids", "mlx5_3-_-0"])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the python kubelet finishes within a minute")
+    .expect("the python kubelet runs");
+    plugin.stop().await;
+    api.shutdown().await;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let report: Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("python kubelet printed no JSON ({e}): {stdout}\n{stderr}"));
+    assert_eq!(out.status.code(), Some(0), "{report}\n{stderr}");
+    assert_eq!(report["register"]["resource_name"], RDMA);
+    assert_eq!(
+        report["register"]["endpoint"],
+        "gpushare-gpushare.io_rdma.sock"
+    );
+    assert_eq!(
+        report["register"]["get_preferred_allocation_available"],
+        true
+    );
+    assert_eq!(report["devices"], 12, "{report}");
+    assert_eq!(report["healthy"], 12, "{report}");
+    assert_eq!(
+        report["allocate_devices"],
+        json!([[
+            ["/dev/infiniband/rdma_cm", "/dev/infiniband/rdma_cm", "rw"],
+            ["/dev/infiniband/uverbs3", "/dev/infiniband/uverbs3", "rw"]
+        ]]),
+        "{report}"
+    );
+    assert_eq!(report["allocate"][0]["NCCL_IB_HCA"], "=mlx5_3", "{report}");
+}
