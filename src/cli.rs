@@ -272,7 +272,9 @@ async fn run_node(args: deviceplugin::Args, config: Config) -> anyhow::Result<Ex
     let (trigger, _) = crate::shutdown::channel();
     let shutdown = crate::shutdown::on_signals(trigger);
     let (client, backend) = crate::node::connect(&config, "device-plugin").await?;
-    let prepared = crate::node::NodeAgent::prepare(&config.node, client, backend).await?;
+    let prepared = crate::node::NodeAgent::prepare(&config.node, client, backend)
+        .await?
+        .with_devices(&config.devices);
     deviceplugin::admit(&prepared)?;
     let agent = prepared.start(shutdown.clone()).await?;
     let result = deviceplugin::run(args, &config, agent.agent().clone(), shutdown).await;

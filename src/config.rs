@@ -22,6 +22,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::{GpuPolicy, MemoryUnit, NodePolicy};
 
+pub mod devices;
+
 /// Default configuration file, read when it exists and `--config` is not given.
 pub const DEFAULT_CONFIG_FILE: &str = "/etc/gpushare/gpushare.toml";
 /// Exit status for configuration errors (sysexits EX_CONFIG).
@@ -49,6 +51,8 @@ pub struct Config {
     pub http: HttpConfig,
     /// `gpushare webhook`.
     pub webhook: WebhookConfig,
+    /// Device kinds beside the GPU: RDMA HCAs and generic devices (`[devices]`).
+    pub devices: devices::DevicesConfig,
     /// Keys this configuration was given under their old names (not a key itself).
     #[serde(skip)]
     pub deprecated: Vec<DeprecatedKey>,
@@ -680,6 +684,9 @@ pub enum Error {
         /// What is wrong and what is allowed.
         message: String,
     },
+    /// `[devices]` is refused (a kind's settings, or two kinds claiming one resource).
+    #[error("invalid configuration: devices: {0}")]
+    Devices(#[from] devices::DevicesConfigError),
 }
 
 /// Values given as command-line flags, by dotted key; the top layer of the configuration.
@@ -754,6 +761,7 @@ const SECTIONS: &[&str] = &[
     "doctor",
     "http",
     "webhook",
+    "devices",
 ];
 
 /// The upstream environment knobs, mapped onto our keys.
@@ -1037,6 +1045,7 @@ impl Config {
                 ),
             ));
         }
+        self.devices.validate()?;
         let w = &self.webhook;
         if w.tls_cert.is_empty() != w.tls_key.is_empty() {
             return Err(invalid(

@@ -45,6 +45,9 @@ pub(crate) struct PodSnapshot {
     pub annotations: PodGpuAnnotations,
     /// Succeeded or Failed.
     pub terminal: bool,
+    /// Each container's (init containers too) requests of extended resources other than the
+    /// GPU's: `(resource, count)`, for the device kinds beside the GPU ([`super::kinds`]).
+    pub extended: Vec<(String, u64)>,
 }
 
 impl PodSnapshot {
@@ -58,6 +61,7 @@ impl PodSnapshot {
             request: pod_gpu_request(pod),
             annotations: pod_annotations(pod).0,
             terminal: pod_is_terminal(pod),
+            extended: extended_requests(pod),
         }
     }
 
@@ -65,6 +69,23 @@ impl PodSnapshot {
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
+}
+
+/// Every container's limits of resources with a domain (`example.com/x`), as `(resource,
+/// count)`; quantities that are not whole numbers are left out.
+fn extended_requests(pod: &Pod) -> Vec<(String, u64)> {
+    let Some(spec) = &pod.spec else {
+        return Vec::new();
+    };
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+        .filter_map(|c| c.resources.as_ref()?.limits.as_ref())
+        .flat_map(|limits| limits.iter())
+        .filter(|(name, _)| name.contains('/'))
+        .filter_map(|(name, q)| Some((name.clone(), q.0.trim().parse::<u64>().ok()?)))
+        .collect()
 }
 
 /// The pod and container an Allocate call is for.
@@ -410,6 +431,7 @@ mod tests {
             uid: format!("uid-{name}"),
             resource_version: None,
             request: Ok(request),
+            extended: Vec::new(),
             annotations: PodGpuAnnotations {
                 gpu_index: idx,
                 pod_mem: None,

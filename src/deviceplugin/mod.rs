@@ -17,6 +17,8 @@
 //!   kubelet PodResources API, correcting swaps ([`reconcile`]);
 //! - follows the agent's health view into ListAndWatch (an unhealthy GPU's devices are
 //!   `Unhealthy`) and its metrics;
+//! - serves each device kind the agent holds (RDMA HCAs, generic devices) as an extended
+//!   resource of its own, on its own socket ([`kinds`]);
 //! - serves `/healthz`, `/readyz`, `/metrics` on `device_plugin.admin_address` ([`crate::admin::serve`]);
 //! - with `--mps`, follows the agent's MPS daemon: ready and answering Allocate only while the
 //!   daemon serves.
@@ -29,6 +31,8 @@
 
 pub mod allocate;
 pub mod devices;
+#[cfg(unix)]
+pub mod kinds;
 pub mod matching;
 pub mod metrics;
 #[cfg(not(unix))]
@@ -165,6 +169,9 @@ pub struct Args {
     /// GPU access.
     #[command(flatten)]
     pub gpu: crate::gpu::GpuArgs,
+    /// Where the host's sysfs and /dev are read (RDMA HCAs, generic devices).
+    #[command(flatten)]
+    pub roots: crate::devices::RootArgs,
     /// Do not run the node preflight (doctor) before starting
     #[arg(long)]
     pub skip_doctor: bool,
@@ -246,6 +253,7 @@ impl Args {
         );
         flags.set(&dp("admin_address"), self.admin_address.clone());
         self.gpu.overrides(flags);
+        self.roots.overrides(flags);
         flags.set_flag("doctor.skip", self.skip_doctor);
     }
 }
@@ -469,6 +477,27 @@ impl DevicePluginHandle {
         self.plugin.pods.is_synced()
     }
 
+    /// The gpushare annotations of pod `namespace/name` as the pod watch last saw them (what
+    /// matching and the device kinds' preferences read); `None` when the watch has not seen it.
+    pub fn watched_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<crate::core::PodGpuAnnotations> {
+        self.plugin.pods.get(namespace, name).map(|p| p.annotations)
+    }
+
+    /// The extended resources of the device kinds served beside the GPU's.
+    pub fn kind_resources(&self) -> Vec<String> {
+        self.plugin
+            .agent
+            .device_kinds()
+            .kinds
+            .iter()
+            .map(|k| k.resource.clone())
+            .collect()
+    }
+
     /// The node agent it serves.
     pub fn agent(&self) -> &Arc<NodeAgent> {
         &self.plugin.agent
@@ -498,7 +527,9 @@ pub async fn start(
     backend: Arc<dyn GpuBackend>,
     shutdown: Shutdown,
 ) -> anyhow::Result<DevicePluginHandle> {
-    let prepared = NodeAgent::prepare(&config.node, client, backend).await?;
+    let prepared = NodeAgent::prepare(&config.node, client, backend)
+        .await?
+        .with_devices(&config.devices);
     admit(&prepared)?;
     let agent = prepared.start(shutdown.clone()).await?;
     match serve(config, agent.agent().clone(), shutdown).await {
@@ -586,6 +617,18 @@ pub async fn serve(
         }
     };
     tasks.push(served);
+    #[cfg(unix)]
+    for kind in &agent.device_kinds().kinds {
+        let kp = Arc::new(kinds::KindPlugin::new(plugin.clone(), kind.clone()));
+        match registration::serve(kp, stop.clone()).await {
+            Ok(task) => tasks.push(task),
+            Err(e) => {
+                stop_trigger.trigger();
+                agent.withdraw(ServingPath::DevicePlugin);
+                return Err(e);
+            }
+        }
+    }
     tasks.push(tokio::spawn(reconcile::run(plugin.clone(), stop.clone())));
     let admin_addr = if dp.admin_address.trim().is_empty() {
         None

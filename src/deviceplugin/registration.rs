@@ -1,6 +1,8 @@
-//! Serving the plugin socket and registering with kubelet, again and again.
+//! Serving a plugin socket and registering with kubelet, again and again: the GPU resource
+//! (`aliyungpushare.sock`, `aliyun.com/gpu-mem`) and each device kind beside it (its own
+//! socket and resource, [`super::kinds`]) go through the same loop, one per [`Endpoint`].
 //!
-//! A serving generation: remove a stale `<dir>/aliyungpushare.sock`, listen on it, serve the
+//! A serving generation: remove a stale socket (`<dir>/aliyungpushare.sock` for the GPUs), listen on it, serve the
 //! gRPC service, wait for the first list of this node's pods (kubelet calls Allocate at once
 //! and fails the pod when Allocate fails), Register with `<dir>/kubelet.sock` (retrying every
 //! 500 ms until kubelet answers). Then the socket inodes are polled every 250 ms: when kubelet.sock is recreated
@@ -16,7 +18,7 @@ use std::time::Duration;
 use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinHandle;
-use tonic::transport::{Endpoint, Server, Uri};
+use tonic::transport::{Server, Uri};
 
 use super::Plugin;
 use super::service::{PluginService, plugin_options};
@@ -24,7 +26,7 @@ use crate::core::wire::{
     DEVICE_PLUGIN_API_VERSION, KUBELET_SOCKET, PLUGIN_SOCKET, RESOURCE_GPU_MEM,
 };
 use crate::kubelet_api::deviceplugin::RegisterRequest;
-use crate::kubelet_api::deviceplugin::device_plugin_server::DevicePluginServer;
+use crate::kubelet_api::deviceplugin::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use crate::kubelet_api::deviceplugin::registration_client::RegistrationClient;
 use crate::shutdown::{Shutdown, Trigger};
 
@@ -37,6 +39,60 @@ fn inode(path: &Path) -> Option<u64> {
     std::fs::metadata(path).ok().map(|m| m.ino())
 }
 
+/// One socket served and registered: the GPU plugin, or one device kind.
+pub(crate) trait Endpoint: Send + Sync + 'static {
+    /// The gRPC service of one generation.
+    type Service: DevicePlugin;
+    /// The GPU plugin (device-plugin dir, the pod store).
+    fn plugin(&self) -> &Plugin;
+    /// The socket's file name inside the device-plugin dir.
+    fn socket_name(&self) -> String;
+    /// The extended resource registered.
+    fn resource(&self) -> String;
+    /// The service of a generation that stops with `stop`.
+    fn service(self: &Arc<Self>, stop: Shutdown) -> Self::Service;
+    /// Registered with kubelet (`true`) or not any more.
+    fn set_registered(&self, registered: bool);
+    /// The socket's path.
+    fn socket_path(&self) -> std::path::PathBuf {
+        self.plugin()
+            .config
+            .device_plugin_dir
+            .join(self.socket_name())
+    }
+}
+
+impl Endpoint for Plugin {
+    type Service = PluginService;
+
+    fn plugin(&self) -> &Plugin {
+        self
+    }
+
+    fn socket_name(&self) -> String {
+        PLUGIN_SOCKET.to_string()
+    }
+
+    fn resource(&self) -> String {
+        RESOURCE_GPU_MEM.to_string()
+    }
+
+    fn service(self: &Arc<Self>, stop: Shutdown) -> PluginService {
+        PluginService {
+            plugin: self.clone(),
+            stop,
+        }
+    }
+
+    fn set_registered(&self, registered: bool) {
+        self.metrics.registered.set(i64::from(registered));
+        if registered {
+            self.metrics.registrations.inc();
+        }
+        self.update_ready();
+    }
+}
+
 struct Generation {
     trigger: Trigger,
     server: JoinHandle<()>,
@@ -44,9 +100,9 @@ struct Generation {
 }
 
 impl Generation {
-    fn bind(plugin: &Arc<Plugin>) -> anyhow::Result<Generation> {
-        let path = plugin.socket_path();
-        let dir = &plugin.config.device_plugin_dir;
+    fn bind<E: Endpoint>(plugin: &Arc<E>) -> anyhow::Result<Generation> {
+        let path = Endpoint::socket_path(plugin.as_ref());
+        let dir = &plugin.plugin().config.device_plugin_dir;
         std::fs::create_dir_all(dir)
             .map_err(|e| anyhow::anyhow!("device plugin directory {}: {e}", dir.display()))?;
         match std::fs::remove_file(&path) {
@@ -58,10 +114,7 @@ impl Generation {
             .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", path.display()))?;
         let socket_inode = inode(&path);
         let (trigger, stop) = crate::shutdown::channel();
-        let service = DevicePluginServer::new(PluginService {
-            plugin: plugin.clone(),
-            stop: stop.clone(),
-        });
+        let service = DevicePluginServer::new(plugin.service(stop.clone()));
         let server = tokio::spawn(async move {
             if let Err(e) = Server::builder()
                 .add_service(service)
@@ -82,12 +135,12 @@ impl Generation {
     }
 
     /// Stops serving; `drain` waits (up to 2 s) for open connections to finish.
-    async fn stop(self, plugin: &Plugin, drain: bool) {
+    async fn stop<E: Endpoint>(self, plugin: &E, drain: bool) {
         self.trigger.trigger();
         if drain {
             let _ = tokio::time::timeout(Duration::from_secs(2), self.server).await;
         }
-        let path = plugin.socket_path();
+        let path = Endpoint::socket_path(plugin);
         if inode(&path).is_some() && inode(&path) == self.socket_inode {
             let _ = std::fs::remove_file(&path);
         }
@@ -96,9 +149,18 @@ impl Generation {
 
 /// Registers `aliyun.com/gpu-mem` with kubelet over `<dir>/kubelet.sock`.
 pub async fn register(device_plugin_dir: &Path) -> anyhow::Result<()> {
+    register_resource(device_plugin_dir, PLUGIN_SOCKET, RESOURCE_GPU_MEM).await
+}
+
+/// Registers `resource`, served on `<dir>/<endpoint>`, with kubelet over `<dir>/kubelet.sock`.
+pub async fn register_resource(
+    device_plugin_dir: &Path,
+    endpoint: &str,
+    resource: &str,
+) -> anyhow::Result<()> {
     let path = device_plugin_dir.join(KUBELET_SOCKET);
     let connect_to = path.clone();
-    let channel = Endpoint::from_static("http://localhost")
+    let channel = tonic::transport::Endpoint::from_static("http://localhost")
         .connect_timeout(Duration::from_secs(5))
         .timeout(Duration::from_secs(5))
         .connect_with_connector(tower::service_fn(move |_: Uri| {
@@ -110,8 +172,8 @@ pub async fn register(device_plugin_dir: &Path) -> anyhow::Result<()> {
     RegistrationClient::new(channel)
         .register(RegisterRequest {
             version: DEVICE_PLUGIN_API_VERSION.to_string(),
-            endpoint: PLUGIN_SOCKET.to_string(),
-            resource_name: RESOURCE_GPU_MEM.to_string(),
+            endpoint: endpoint.to_string(),
+            resource_name: resource.to_string(),
             options: Some(plugin_options()),
         })
         .await
@@ -121,46 +183,50 @@ pub async fn register(device_plugin_dir: &Path) -> anyhow::Result<()> {
 
 /// Serves the first generation now (so a socket error fails the start) and supervises the
 /// following ones until `stop`.
-pub(crate) async fn serve(plugin: Arc<Plugin>, stop: Shutdown) -> anyhow::Result<JoinHandle<()>> {
+pub(crate) async fn serve<E: Endpoint>(
+    plugin: Arc<E>,
+    stop: Shutdown,
+) -> anyhow::Result<JoinHandle<()>> {
     let first = Generation::bind(&plugin)?;
     Ok(tokio::spawn(supervise(plugin, stop, first)))
 }
 
-async fn supervise(plugin: Arc<Plugin>, stop: Shutdown, first: Generation) {
+async fn supervise<E: Endpoint>(plugin: Arc<E>, stop: Shutdown, first: Generation) {
     let mut generation = first;
-    let kubelet_socket = plugin.config.device_plugin_dir.join(KUBELET_SOCKET);
-    let our_socket = plugin.socket_path();
+    let dir = plugin.plugin().config.device_plugin_dir.clone();
+    let kubelet_socket = dir.join(KUBELET_SOCKET);
+    let our_socket = Endpoint::socket_path(plugin.as_ref());
+    let socket_name = plugin.socket_name();
+    let resource = plugin.resource();
     loop {
         // kubelet calls Allocate as soon as we are registered, and turns a failed Allocate
         // into a Failed pod: register only once the pods of this node are known.
-        if !plugin.pods.is_synced() {
+        if !plugin.plugin().pods.is_synced() {
             tracing::info!("waiting for the first list of this node's pods before registering");
             tokio::select! {
                 _ = stop.clone().wait() => {
-                    generation.stop(&plugin, true).await;
+                    generation.stop(plugin.as_ref(), true).await;
                     return;
                 }
-                _ = plugin.pods.synced() => {}
+                _ = plugin.plugin().pods.synced() => {}
             }
         }
         // Register (until kubelet answers, our socket goes away, or we stop).
         let mut failures = 0u32;
         let registered_inode = loop {
             if stop.is_triggered() {
-                generation.stop(&plugin, true).await;
+                generation.stop(plugin.as_ref(), true).await;
                 return;
             }
             if inode(&our_socket) != generation.socket_inode {
                 break None;
             }
             let kubelet_inode = inode(&kubelet_socket);
-            match register(&plugin.config.device_plugin_dir).await {
+            match register_resource(&dir, &socket_name, &resource).await {
                 Ok(()) => {
-                    plugin.metrics.registered.set(1);
-                    plugin.metrics.registrations.inc();
-                    plugin.update_ready();
+                    plugin.set_registered(true);
                     tracing::info!(
-                        resource = RESOURCE_GPU_MEM,
+                        resource = %resource,
                         socket = %our_socket.display(),
                         "registered with kubelet"
                     );
@@ -183,8 +249,8 @@ async fn supervise(plugin: Arc<Plugin>, stop: Shutdown, first: Generation) {
             loop {
                 tokio::select! {
                     _ = stop.clone().wait() => {
-                        plugin.metrics.registered.set(0);
-                        generation.stop(&plugin, true).await;
+                        plugin.set_registered(false);
+                        generation.stop(plugin.as_ref(), true).await;
                         return;
                     }
                     _ = tokio::time::sleep(POLL) => {}
@@ -199,9 +265,8 @@ async fn supervise(plugin: Arc<Plugin>, stop: Shutdown, first: Generation) {
         tracing::info!(
             "kubelet restarted (or our socket was removed): serving again and re-registering"
         );
-        plugin.metrics.registered.set(0);
-        plugin.update_ready();
-        generation.stop(&plugin, false).await;
+        plugin.set_registered(false);
+        generation.stop(plugin.as_ref(), false).await;
         generation = loop {
             match Generation::bind(&plugin) {
                 Ok(g) => break g,

@@ -1,5 +1,5 @@
-//! Device kinds beside the GPU: their configuration ([`DevicesConfig`], later `[devices]` of
-//! the configuration file), generic devices declared there ([`generic`]), and the hand-over
+//! Device kinds beside the GPU: their configuration ([`DevicesConfig`], `[devices]` of the
+//! configuration file, defined in [`crate::config::devices`]), generic devices declared there ([`generic`]), and the hand-over
 //! of a pod's devices of either kind to its container ([`handover`]). RDMA HCAs are
 //! discovered by [`crate::rdma`].
 //!
@@ -10,34 +10,29 @@
 pub mod generic;
 pub mod handover;
 
-use serde::{Deserialize, Serialize};
+use crate::rdma::Roots;
 
-use crate::rdma::{RdmaConfig, RdmaConfigError, Roots};
-use generic::{GenericConfigError, GenericDeviceConfig};
+pub use crate::config::devices::{DevicesConfig, DevicesConfigError};
 
-/// `[devices]`: where the host is read, the RDMA kind and the generic devices.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DevicesConfig {
-    /// The host's `/sys` as this process sees it (`--sysfs-root`).
-    pub sysfs_root: std::path::PathBuf,
-    /// The host's `/dev` as this process sees it (`--dev-root`).
-    pub dev_root: std::path::PathBuf,
-    /// `[devices.rdma]`.
-    pub rdma: RdmaConfig,
-    /// `[[devices.generic]]`.
-    pub generic: Vec<GenericDeviceConfig>,
+/// `--sysfs-root` / `--dev-root`: where the host's sysfs and `/dev` are read (the one
+/// definition `gpushare device-plugin` and `gpushare doctor` flatten).
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct RootArgs {
+    /// The host's /sys as gpushare sees it (a recorded tree in tests) [default:
+    /// devices.sysfs_root, /sys; doctor: <root>/sys]
+    #[arg(long, value_name = "DIR")]
+    pub sysfs_root: Option<std::path::PathBuf>,
+    /// The host's /dev as gpushare sees it [default: devices.dev_root, /dev; doctor: <root>/dev]
+    #[arg(long, value_name = "DIR")]
+    pub dev_root: Option<std::path::PathBuf>,
 }
 
-impl Default for DevicesConfig {
-    fn default() -> DevicesConfig {
-        let r = Roots::default();
-        DevicesConfig {
-            sysfs_root: r.sysfs,
-            dev_root: r.dev,
-            rdma: RdmaConfig::default(),
-            generic: Vec::new(),
-        }
+impl RootArgs {
+    /// The flags as overrides of `devices.sysfs_root` / `devices.dev_root`.
+    pub fn overrides(&self, flags: &mut crate::config::FlagOverrides) {
+        let path = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        flags.set("devices.sysfs_root", path(&self.sysfs_root));
+        flags.set("devices.dev_root", path(&self.dev_root));
     }
 }
 
@@ -48,38 +43,6 @@ impl DevicesConfig {
             sysfs: self.sysfs_root.clone(),
             dev: self.dev_root.clone(),
         }
-    }
-}
-
-/// Why `[devices]` is refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DevicesConfigError {
-    /// `[devices.rdma]`.
-    #[error(transparent)]
-    Rdma(#[from] RdmaConfigError),
-    /// `[[devices.generic]]`.
-    #[error(transparent)]
-    Generic(#[from] GenericConfigError),
-    /// Two kinds claim one resource name.
-    #[error("devices: resource {0} is declared twice")]
-    DuplicateResource(String),
-}
-
-impl DevicesConfig {
-    /// Checks every kind, and that no two claim one resource.
-    pub fn validate(&self) -> Result<(), DevicesConfigError> {
-        let mut seen = std::collections::BTreeSet::new();
-        if self.rdma.enabled {
-            self.rdma.validate()?;
-            seen.insert(self.rdma.resource.clone());
-        }
-        for g in &self.generic {
-            g.validate()?;
-            if !seen.insert(g.resource.clone()) {
-                return Err(DevicesConfigError::DuplicateResource(g.resource.clone()));
-            }
-        }
-        Ok(())
     }
 }
 

@@ -7,7 +7,7 @@
 //! `--root` (falling back to `/sys/module/<name>` for built-in modules); it opens no device
 //! and loads nothing.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::report::{Check, Status};
 use crate::rdma::{self, Hca, Inventory, PortState, RdmaError, Roots};
@@ -18,12 +18,9 @@ pub struct RdmaArgs {
     /// Check the RDMA stack (HCAs, ib_uverbs and rdma_ucm, /dev/infiniband, ports)
     #[arg(long)]
     pub rdma: bool,
-    /// The host's /sys [default: <root>/sys]
-    #[arg(long, value_name = "DIR")]
-    pub sysfs_root: Option<PathBuf>,
-    /// The host's /dev [default: <root>/dev]
-    #[arg(long, value_name = "DIR")]
-    pub dev_root: Option<PathBuf>,
+    /// Where the host's sysfs and /dev are read.
+    #[command(flatten)]
+    pub roots: crate::devices::RootArgs,
 }
 
 impl RdmaArgs {
@@ -31,8 +28,8 @@ impl RdmaArgs {
     pub fn roots(&self, root: &Path) -> Roots {
         let under = Roots::under(root);
         Roots {
-            sysfs: self.sysfs_root.clone().unwrap_or(under.sysfs),
-            dev: self.dev_root.clone().unwrap_or(under.dev),
+            sysfs: self.roots.sysfs_root.clone().unwrap_or(under.sysfs),
+            dev: self.roots.dev_root.clone().unwrap_or(under.dev),
         }
     }
 }

@@ -85,8 +85,37 @@ pub fn table(report: &Report) -> String {
         percent(report.used, report.total)
     );
     let mut out = tabwriter::align(&raw, PADDING);
+    other_devices(report, &mut out);
     notes(report, &mut out);
     out
+}
+
+/// Below the GPU table: the devices other than GPUs each node offers (extended resources
+/// beside the GPU's) and the pods holding them; nothing when no node offers any.
+fn other_devices(report: &Report, out: &mut String) {
+    if report.nodes.iter().all(|n| n.devices.is_empty()) {
+        return;
+    }
+    let mut raw = String::from("\nNAME\tDEVICE\tAllocated/Total\tPODS\n");
+    for node in &report.nodes {
+        for d in &node.devices {
+            let pods: Vec<String> = d
+                .pods
+                .iter()
+                .map(|h| format!("{}({})", h.pod, h.count))
+                .collect();
+            let _ = writeln!(
+                raw,
+                "{}\t{}\t{}/{}\t{}",
+                cell(&node.name),
+                cell(&d.resource),
+                d.used,
+                d.total,
+                cell(&pods.join(","))
+            );
+        }
+    }
+    out.push_str(&tabwriter::align(&raw, PADDING));
 }
 
 /// One pod's row in the details view: its memory per GPU column and in pending.

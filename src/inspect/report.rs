@@ -69,6 +69,95 @@ pub struct NodeReport {
     pub used: u64,
     /// The largest request that still fits on one healthy GPU of this node.
     pub largest_fit: u64,
+    /// Devices other than GPUs: each extended resource the node offers beside the GPU's
+    /// (`gpushare.io/rdma`, generic devices), by name, with the pods asking for it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<DeviceReport>,
+}
+
+/// One extended resource beside the GPU on a node, and who holds it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceReport {
+    /// The resource (`gpushare.io/rdma`).
+    pub resource: String,
+    /// `allocatable` of the node.
+    pub total: u64,
+    /// What the pods on the node ask (the largest init container or the sum of the app
+    /// containers, per pod).
+    pub used: u64,
+    /// The pods asking for it, by `namespace/name`.
+    pub pods: Vec<DeviceHolder>,
+}
+
+/// A pod holding devices of one resource.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceHolder {
+    /// `namespace/name`.
+    pub pod: String,
+    /// How many it asks.
+    pub count: u64,
+}
+
+/// Whether `name` is an extended resource beside the GPU: a domain of its own, not the GPU's
+/// (`aliyun.com/gpu-*`, `nvidia.com/gpu`) and not Kubernetes' own.
+fn other_device_resource(name: &str) -> bool {
+    let Some((domain, _)) = name.split_once('/') else {
+        return false;
+    };
+    !(domain == "aliyun.com" || name == "nvidia.com/gpu" || domain.ends_with("kubernetes.io"))
+}
+
+/// The other devices of `node`, with the requests of `pods` (those on the node, not finished).
+fn other_devices(node: &Node, pods: &[&Pod]) -> Vec<DeviceReport> {
+    let Some(alloc) = node.status.as_ref().and_then(|s| s.allocatable.as_ref()) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (resource, q) in alloc {
+        if !other_device_resource(resource) {
+            continue;
+        }
+        let total = q.0.trim().parse::<u64>().unwrap_or(0);
+        let mut report = DeviceReport {
+            resource: resource.clone(),
+            total,
+            ..DeviceReport::default()
+        };
+        for pod in pods {
+            let Some(spec) = &pod.spec else { continue };
+            let ask = |c: &k8s_openapi::api::core::v1::Container| {
+                c.resources
+                    .as_ref()
+                    .and_then(|r| r.limits.as_ref())
+                    .and_then(|l| l.get(resource))
+                    .and_then(|q| q.0.trim().parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            let app: u64 = spec.containers.iter().map(ask).fold(0, u64::saturating_add);
+            let init = spec
+                .init_containers
+                .iter()
+                .flatten()
+                .map(ask)
+                .max()
+                .unwrap_or(0);
+            let n = app.max(init);
+            if n > 0 {
+                let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+                let name = pod.metadata.name.as_deref().unwrap_or_default();
+                report.pods.push(DeviceHolder {
+                    pod: format!("{ns}/{name}"),
+                    count: n,
+                });
+                report.used = report.used.saturating_add(n);
+            }
+        }
+        report.pods.sort();
+        out.push(report);
+    }
+    out
 }
 
 /// One GPU.
@@ -223,6 +312,7 @@ impl Report {
                 total: gpus.capacity.units(),
                 used: 0,
                 largest_fit: 0,
+                devices: other_devices(node, by_node.get(name).map_or(&[][..], Vec::as_slice)),
             };
             for pod in by_node.get(name).into_iter().flatten() {
                 place_pod(&mut report, pod);

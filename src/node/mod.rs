@@ -13,6 +13,8 @@
 //!   [`mps::MpsStatus`], whose state the roles follow for their readiness;
 //! - node publishing ([`publish`]): `aliyun.com/gpu-count`, `gpushare.io/devices`,
 //!   `gpushare.io/memory-unit`, `gpushare.io/excluded-gpus`, Warning Events;
+//! - the device kinds beside the GPUs ([`kinds`]): RDMA HCAs and generic devices, each one
+//!   extended resource, with the GPUs' PCI places (read with [`PreparedAgent::with_devices`]);
 //! - the container contract ([`contract`]): (GPU, units, strategy) → envs, mounts, device
 //!   nodes, CDI names. Pure.
 //!
@@ -28,6 +30,7 @@ pub mod api;
 pub mod contract;
 pub mod gpus;
 pub mod health;
+pub mod kinds;
 pub mod mps;
 pub mod paths;
 pub mod publish;
@@ -159,6 +162,7 @@ pub struct NodeAgent {
     health: watch::Sender<Arc<HealthView>>,
     mps: Option<Arc<MpsStatus>>,
     unit_refused: Option<String>,
+    kinds: kinds::DeviceKinds,
 }
 
 impl std::fmt::Debug for NodeAgent {
@@ -181,6 +185,7 @@ pub struct PreparedAgent {
     backend: Arc<dyn GpuBackend>,
     inventory: Inventory,
     unit_refused: Option<String>,
+    kinds: kinds::DeviceKinds,
 }
 
 impl std::fmt::Debug for PreparedAgent {
@@ -240,6 +245,7 @@ impl NodeAgent {
             backend,
             inventory,
             unit_refused: unit.refused,
+            kinds: kinds::DeviceKinds::default(),
         })
     }
 
@@ -298,6 +304,11 @@ impl NodeAgent {
         self.health.subscribe()
     }
 
+    /// The device kinds beside the GPUs (none unless [`PreparedAgent::with_devices`]).
+    pub fn device_kinds(&self) -> &kinds::DeviceKinds {
+        &self.kinds
+    }
+
     /// With MPS: the daemon's live state.
     pub fn mps(&self) -> Option<&Arc<MpsStatus>> {
         self.mps.as_ref()
@@ -342,6 +353,13 @@ impl NodeAgent {
 }
 
 impl PreparedAgent {
+    /// Reads the device kinds `[devices]` enables (RDMA HCAs, generic devices) and the PCI
+    /// place of each GPU found, for the agent to hold beside its GPUs.
+    pub fn with_devices(mut self, config: &crate::config::devices::DevicesConfig) -> Self {
+        self.kinds = kinds::discover(config, &self.inventory.devices);
+        self
+    }
+
     /// The GPUs read (those offered and those left out).
     pub fn found_gpus(&self) -> &Inventory {
         &self.inventory
@@ -365,6 +383,7 @@ impl PreparedAgent {
             backend,
             inventory,
             unit_refused,
+            kinds,
         } = self;
         let unit = config.memory_unit;
         let gpus = gpus::served_gpus(&inventory, unit);
@@ -420,6 +439,7 @@ impl PreparedAgent {
             health,
             mps,
             unit_refused,
+            kinds,
             config,
         });
         let (stop_trigger, stop) = shutdown.child();

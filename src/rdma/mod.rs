@@ -57,66 +57,7 @@ pub fn dev_path(name: &str) -> String {
     format!("/dev/infiniband/{name}")
 }
 
-/// The RDMA device kind's configuration (later `[devices.rdma]`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RdmaConfig {
-    /// Offer the node's HCAs.
-    pub enabled: bool,
-    /// The extended resource the HCAs are offered as.
-    pub resource: String,
-    /// Pods that may hold one HCA at once (1: handed out whole; more: shared, as the RDMA
-    /// shared device plugin does).
-    pub shares_per_hca: u32,
-    /// Offer only HCAs with at least one ACTIVE port.
-    pub require_active_port: bool,
-    /// Hand the `umad` devices over too (MAD tools such as `ibstat` in the pod).
-    pub umad: bool,
-}
-
-/// Default resource of the RDMA kind.
-pub const DEFAULT_RESOURCE: &str = "gpushare.io/rdma";
-
-impl Default for RdmaConfig {
-    fn default() -> RdmaConfig {
-        RdmaConfig {
-            enabled: false,
-            resource: DEFAULT_RESOURCE.to_string(),
-            shares_per_hca: 1,
-            require_active_port: true,
-            umad: true,
-        }
-    }
-}
-
-/// Why the RDMA configuration is refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RdmaConfigError {
-    /// `shares_per_hca` is 0.
-    #[error("devices.rdma.shares_per_hca must be at least 1")]
-    ZeroShares,
-    /// More shares than one ListAndWatch answer can carry sensibly.
-    #[error("devices.rdma.shares_per_hca {0} is above {max}", max = MAX_SHARES)]
-    TooManyShares(u32),
-    /// The resource name is not an extended resource name.
-    #[error("devices.rdma.resource: {0}")]
-    Resource(#[from] crate::core::resource_name::ResourceNameError),
-}
-
-/// Most shares of one device (per HCA, per generic device).
-pub const MAX_SHARES: u32 = 1024;
-
-impl RdmaConfig {
-    /// Checks the values.
-    pub fn validate(&self) -> Result<(), RdmaConfigError> {
-        crate::core::resource_name::check_resource_name(&self.resource)?;
-        match self.shares_per_hca {
-            0 => Err(RdmaConfigError::ZeroShares),
-            n if n > MAX_SHARES => Err(RdmaConfigError::TooManyShares(n)),
-            _ => Ok(()),
-        }
-    }
-}
+pub use crate::config::devices::{DEFAULT_RESOURCE, MAX_SHARES, RdmaConfig, RdmaConfigError};
 
 /// The logical state of a port (`ports/N/state`, `4: ACTIVE`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -244,7 +185,7 @@ impl Hca {
 }
 
 /// What discovery found.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Inventory {
     /// The HCAs, by name (numeric order: `mlx5_2` before `mlx5_10`).
     pub hcas: Vec<Hca>,

@@ -5,7 +5,9 @@ It serves the Registration service on <dir>/kubelet.sock, waits for the plugin t
 then dials the plugin's socket the way kubelet 1.11-1.25 (grpc-go, bare path) does: the socket
 path travels as the HTTP/2 `:authority`. With `--authority localhost` it sends what kubelet
 1.26+ sends. Then GetDevicePluginOptions -> ListAndWatch (first list) -> Allocate of the
-first `--units` device IDs, and prints one JSON object with what it saw on stdout.
+first `--units` device IDs (or the `--ids` given), and prints one JSON object with what it saw
+on stdout. A process serving several resources registers each: `--resource` picks the one
+driven (default: the first to register).
 
 Exit status: 0 when every call answered, 1 when a call failed (the JSON says which and why),
 2 when the plugin did not register in time. Used by tests/it/clients.rs; needs grpcio and
@@ -50,6 +52,8 @@ def main():
     ap.add_argument("--dir", required=True, help="the device-plugin directory")
     ap.add_argument("--authority", choices=["path", "localhost"], default="path")
     ap.add_argument("--units", type=int, default=1)
+    ap.add_argument("--resource", default=None, help="the resource to drive [default: the first]")
+    ap.add_argument("--ids", default=None, help="comma-separated device IDs to allocate")
     ap.add_argument("--timeout", type=float, default=20.0)
     args = ap.parse_args()
 
@@ -63,7 +67,8 @@ def main():
         class Registration(pb2_grpc.RegistrationServicer):
             def Register(self, request, context):
                 requests.append(request)
-                registered.set()
+                if args.resource is None or request.resource_name == args.resource:
+                    registered.set()
                 return pb2.Empty()
 
         kubelet_sock = os.path.join(args.dir, "kubelet.sock")
@@ -78,7 +83,10 @@ def main():
                 out["error"] = "the plugin did not register"
                 print(json.dumps(out))
                 return 2
-            req = requests[0]
+            req = next(
+                r for r in requests if args.resource is None or r.resource_name == args.resource
+            )
+            out["registered"] = sorted({r.resource_name for r in requests})
             out["register"] = {
                 "version": req.version,
                 "endpoint": req.endpoint,
@@ -111,12 +119,18 @@ def main():
                 resp = stub.Allocate(
                     pb2.AllocateRequest(
                         container_requests=[
-                            pb2.ContainerAllocateRequest(devices_ids=ids[: args.units])
+                            pb2.ContainerAllocateRequest(
+                                devices_ids=args.ids.split(",") if args.ids else ids[: args.units]
+                            )
                         ]
                     ),
                     timeout=args.timeout,
                 )
                 out["allocate"] = [dict(c.envs) for c in resp.container_responses]
+                out["allocate_devices"] = [
+                    [[d.host_path, d.container_path, d.permissions] for d in c.devices]
+                    for c in resp.container_responses
+                ]
             except grpc.RpcError as e:
                 out["error"] = f"{step}: {e.code().name}: {e.details()}"
                 print(json.dumps(out))

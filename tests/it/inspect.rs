@@ -72,6 +72,28 @@ fn golden_userguide_cluster() {
     check_all_formats("userguide");
 }
 
+/// Devices other than GPUs (RDMA HCAs, generic devices) in a section below the GPU table,
+/// with the pods holding them.
+#[test]
+fn golden_other_devices() {
+    check_all_formats("other-devices");
+    let report = report_of("other-devices");
+    let hgx = &report.nodes[0];
+    assert_eq!(hgx.name, "hgx-1");
+    let rdma = hgx
+        .devices
+        .iter()
+        .find(|d| d.resource == "gpushare.io/rdma")
+        .expect("rdma");
+    assert_eq!((rdma.used, rdma.total), (1, 8));
+    assert_eq!(rdma.pods.len(), 1);
+    assert_eq!(
+        (rdma.pods[0].pod.as_str(), rdma.pods[0].count),
+        ("ml/trainer-0", 1)
+    );
+    assert!(report.nodes[1].devices.is_empty());
+}
+
 #[test]
 fn golden_pending_pods() {
     check_all_formats("pending");

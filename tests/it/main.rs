@@ -7,6 +7,7 @@ mod clients;
 mod cluster;
 mod demo;
 mod deviceplugin;
+mod deviceplugin_kinds;
 mod deviceplugin_settle;
 mod devices;
 mod docs;

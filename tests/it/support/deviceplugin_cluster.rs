@@ -54,6 +54,17 @@ pub(crate) async fn cluster_seeded(
     seed: impl FnOnce(&ApiServer),
     tweak: impl FnOnce(&mut Config),
 ) -> anyhow::Result<Cluster> {
+    cluster_on(FakeBackend::from_spec(gpus)?, node, seed, tweak).await
+}
+
+/// [`cluster_seeded`] over a backend of the caller's (GPUs with PCI bus ids of a recorded
+/// sysfs tree, say).
+pub(crate) async fn cluster_on(
+    backend: FakeBackend,
+    node: &str,
+    seed: impl FnOnce(&ApiServer),
+    tweak: impl FnOnce(&mut Config),
+) -> anyhow::Result<Cluster> {
     let dir = short_tempdir();
     let api = ApiServer::start().await?;
     api.seed_yaml(node)?;
@@ -66,7 +77,6 @@ pub(crate) async fn cluster_seeded(
     config.device_plugin.admin_address = String::new();
     config.doctor.skip = true;
     tweak(&mut config);
-    let backend = FakeBackend::from_spec(gpus)?;
     let health = backend.health();
     let plugin = deviceplugin::start(
         &config,
