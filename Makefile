@@ -195,8 +195,9 @@ dist-built: tools ## lay out dist/ from binaries already built, no build (DIST_A
 dist-check: tools ## unpack every archive in dist/, check SHA256SUMS, run the host binary, validate krew manifest, chart and SBOM
 	$(PYTHON) packaging/dist_check.py --dir "$(DIST_DIR)" --version "$(VERSION)" --base-url "$(DIST_BASE_URL)" $(DIST_ARTIFACTS_FLAG)
 
-bench: static ## benchmarks of the static binary that ships (extender at scale, device plugin); results in target/bench-report.md (docs/performance.md)
+bench: static ## benchmarks of the static binary that ships (extender at scale, device plugin) and of the DRA plugin; results in target/bench-report.md (docs/performance.md)
 	GPUSHARE_BENCH_BIN=$(CURDIR)/$(STATIC_BIN) $(CARGO) bench $(CI_FLAGS) --bench scale
+	$(CARGO) bench $(CI_FLAGS) --bench dra
 
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := extender_json annotations

@@ -3,30 +3,31 @@
 //! With `--bench`: 110 pods with `aliyun.com/gpu-mem` rewritten onto the DRA path
 //! (`gpushare::dra::rewrite`), allocated by the sandbox allocator over a node's slices (8 GPUs ×
 //! 16 GiB, `gpushare::dra::slices`), then, as kubelet calls it, `NodePrepareResources` for each
-//! pod's claim over the plugin's unix socket (`gpushare::dra::plugin`, with a preparer that
-//! writes one small file per claim, as a CDI spec would be), then the same calls again
+//! pod's claim over the plugin's unix socket (`gpushare::dra::plugin`, with the role's
+//! preparer, `gpushare::dra::prepare::CdiPreparer`: one CDI spec per claim), then the same
+//! calls again
 //! (answered from the checkpoint), then `NodeUnprepareResources`; p50/p99 of each. And the
 //! slice update latency after a health change: from the GPU turning unhealthy to the tainted
-//! slice stored in the API server (`Pool::update` + `publish::sync_slices`). The plugin's
-//! role wiring (`gpushare dra-plugin`) does not exist yet, so this drives the library, not a
-//! child process. Without `--bench` (`cargo test --all-targets`) a 5-pod smoke run.
+//! slice stored in the API server (`Pool::update` + `publish::sync_slices`, what the role's
+//! publishing loop does). It drives the plugin in-process, not a child process. Without `--bench` (`cargo test --all-targets`) a 5-pod smoke run.
 //!
 //! Figures depend on the machine; FAIL lines are reported, not fatal.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use gpushare::config::NodeConfig;
 use gpushare::core::wire::{DRA_DEVICE_CLASS, DRA_DRIVER_NAME};
 use gpushare::core::{GpuPolicy, MemoryUnit};
-use gpushare::dra::checkpoint::PreparedClaim;
-use gpushare::dra::claims::ClaimShare;
-use gpushare::dra::plugin::{PluginConfig, PrepareError, Prepared, Preparer, Served, start};
+use gpushare::dra::plugin::{PluginConfig, Served, start};
+use gpushare::dra::prepare::CdiPreparer;
 use gpushare::dra::publish::sync_slices;
 use gpushare::dra::rewrite::rewrite;
 use gpushare::dra::slices::{Pool, SliceGpu};
 use gpushare::kubelet_api::dra::v1;
+use gpushare::node::contract::NodeTraits;
+use gpushare::node::gpus::ServedGpu;
 use gpushare::shutdown::Shutdown;
 use gpushare_sandbox::apiserver::ApiServer;
 use gpushare_sandbox::dra_allocator::DraAllocator;
@@ -41,34 +42,25 @@ const GPUS: u32 = 8;
 /// The p99 budget of `NodePrepareResources` with 110 claims on the node.
 const PREPARE_P99_BUDGET: Duration = Duration::from_millis(5);
 
-/// Writes one small JSON file per claim, as a CDI spec writer would.
-struct FilePreparer {
-    dir: PathBuf,
-}
-
-impl Preparer for FilePreparer {
-    fn prepare(&self, uid: &str, shares: &[ClaimShare]) -> Result<Prepared, PrepareError> {
-        let path = self.dir.join(format!("claim-{uid}.json"));
-        let body: Vec<_> = shares
-            .iter()
-            .map(|s| json!({ "uuid": s.uuid, "units": s.units.units() }))
-            .collect();
-        std::fs::write(&path, serde_json::to_vec(&body)?)?;
-        Ok(Prepared {
-            cdi_device_ids: shares
-                .iter()
-                .map(|s| vec![format!("k8s.gpushare.io/claim={uid}-{}", s.request)])
-                .collect(),
-            cdi_spec: Some(path),
+/// The role's preparer (`gpushare::dra::prepare::CdiPreparer`): one CDI spec per claim, with
+/// the device-plugin path's envs, written atomically.
+fn preparer(cdi: &std::path::Path) -> CdiPreparer {
+    let served: Vec<ServedGpu> = gpus(None)
+        .iter()
+        .map(|g| ServedGpu {
+            index: g.index,
+            uuid: g.uuid.clone(),
+            units: MemoryUnit::GIB.units_of_bytes(g.memory_bytes),
+            minor: Some(g.index),
         })
-    }
-
-    fn unprepare(&self, _: &str, claim: &PreparedClaim) -> Result<(), PrepareError> {
-        if let Some(p) = &claim.cdi_spec {
-            let _ = std::fs::remove_file(p);
-        }
-        Ok(())
-    }
+        .collect();
+    CdiPreparer::new(
+        NodeConfig::default(),
+        NodeTraits::default(),
+        served,
+        DRA_DRIVER_NAME,
+        cdi,
+    )
 }
 
 fn gpus(unhealthy: Option<u32>) -> Vec<SliceGpu> {
@@ -170,7 +162,7 @@ async fn run(pods: usize) -> anyhow::Result<Vec<(String, String, String)>> {
         config.clone(),
         client.clone(),
         served_rx,
-        Arc::new(FilePreparer { dir: cdi }),
+        Arc::new(preparer(&cdi)),
         Shutdown::never(),
     )?;
     let channel = dial_unix(&config.service_socket()).await?;

@@ -16,6 +16,8 @@ use crate::buildinfo::{
 use crate::config::{self, Config, FlagOverrides, LogFormat, LogLevel};
 #[cfg(feature = "demo")]
 use crate::demo;
+#[cfg(unix)]
+use crate::dra;
 use crate::{deviceplugin, doctor, extender, failure, inspect, webhook};
 
 /// The heading `--help` shows the global flags under, apart from each role's own.
@@ -86,6 +88,9 @@ pub enum Command {
     Extender(extender::Args),
     /// Run the kubelet device plugin on a GPU node.
     DevicePlugin(deviceplugin::Args),
+    /// Run the DRA kubelet plugin on a GPU node (resource.k8s.io/v1 ResourceSlices, CDI).
+    #[cfg(unix)]
+    DraPlugin(dra::role::Args),
     /// Show GPU memory allocation per node and GPU (also `kubectl inspect gpushare`).
     Inspect(inspect::Args),
     /// Check a node or control plane for everything gpushare needs.
@@ -192,6 +197,8 @@ pub fn main_with_args(args: Vec<OsString>) -> ExitCode {
     match &command {
         Command::Extender(a) => a.overrides(&mut flags),
         Command::DevicePlugin(a) => a.overrides(&mut flags),
+        #[cfg(unix)]
+        Command::DraPlugin(a) => a.overrides(&mut flags),
         Command::Inspect(a) => a.overrides(&mut flags),
         Command::Doctor(a) => a.overrides(&mut flags),
         Command::Webhook(a) => a.overrides(&mut flags),
@@ -258,6 +265,14 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<ExitCode> 
             preflight(doctor::Role::Node, &config).await?;
             run_node(args, config).await
         }
+        #[cfg(unix)]
+        Command::DraPlugin(args) => {
+            crate::buildinfo::ensure_server_platform("dra-plugin")?;
+            crate::node::check_required(&config).map_err(failure::config)?;
+            crate::gpu::check_config(&config.gpu).map_err(failure::config)?;
+            preflight(doctor::Role::Node, &config).await?;
+            run_dra(args, config).await
+        }
         Command::Inspect(args) => inspect::run(args, config).await,
         Command::Doctor(args) => doctor::run(args, config).await,
         Command::Webhook(args) => webhook::run(args, config).await,
@@ -278,6 +293,19 @@ async fn run_node(args: deviceplugin::Args, config: Config) -> anyhow::Result<Ex
     deviceplugin::admit(&prepared)?;
     let agent = prepared.start(shutdown.clone()).await?;
     let result = deviceplugin::run(args, &config, agent.agent().clone(), shutdown).await;
+    agent.stop().await;
+    result
+}
+
+/// Builds the process's one node agent and hands it to the DRA plugin role.
+#[cfg(unix)]
+async fn run_dra(args: dra::role::Args, config: Config) -> anyhow::Result<ExitCode> {
+    let (trigger, _) = crate::shutdown::channel();
+    let shutdown = crate::shutdown::on_signals(trigger);
+    let (client, backend) = crate::node::connect(&config, "dra-plugin").await?;
+    let prepared = crate::node::NodeAgent::prepare(&config.node, client, backend).await?;
+    let agent = prepared.start(shutdown.clone()).await?;
+    let result = dra::role::run(args, &config, agent.agent().clone(), shutdown).await;
     agent.stop().await;
     result
 }

@@ -15,9 +15,14 @@
 //! webhook's certificate bootstrap, a gpu-mem pod routed to `gpushare-scheduler`, a malformed
 //! one refused.
 //!
+//! `--dra` plays demo 1 and demo 2 on the DRA path instead ([`run_dra_scenario`]):
+//! `gpushare dra-plugin` on fake GPUs, the sandbox DRA allocator and DRA kubelet.
+//!
 //! The demo is a walkthrough, not a test harness: the same behaviour is asserted in
 //! `tests/it/demo.rs` by running this very scenario.
 
+#[cfg(unix)]
+mod dra;
 mod managed;
 mod scenario;
 
@@ -25,6 +30,8 @@ use std::process::ExitCode;
 
 use crate::config::Config;
 
+#[cfg(unix)]
+pub use dra::run_dra_scenario;
 pub use managed::run_managed_scenario;
 pub(crate) use scenario::DemoOutcome;
 pub use scenario::run_scenario;
@@ -42,6 +49,10 @@ pub struct Args {
     /// gpu-mem pod to gpushare-scheduler and refuses a malformed one
     #[arg(long, conflicts_with = "keep_running")]
     pub managed: bool,
+    /// Demo 1 and demo 2 on the DRA path instead: gpushare dra-plugin, the ResourceSlice,
+    /// claims allocated first-fit and prepared through the DRA kubelet
+    #[arg(long, conflicts_with_all = ["keep_running", "managed"])]
+    pub dra: bool,
 }
 
 /// Runs the demo.
@@ -50,10 +61,18 @@ pub async fn run(args: Args, _config: Config) -> anyhow::Result<ExitCode> {
         fake_gpus,
         keep_running,
         managed,
+        dra,
     } = args;
     let mut out = std::io::stdout();
     let outcome = if managed {
         run_managed_scenario(&mut out).await?
+    } else if dra {
+        #[cfg(unix)]
+        {
+            run_dra_scenario(&fake_gpus, &mut out).await?
+        }
+        #[cfg(not(unix))]
+        anyhow::bail!("--dra needs unix sockets")
     } else {
         run_scenario(&fake_gpus, &mut out, keep_running).await?
     };

@@ -12,14 +12,16 @@
 //!   `DRAResourceHealth` v1/v1alpha1) with checkpointed, idempotent prepare and unprepare;
 //!   what containers get is left to a [`plugin::Preparer`];
 //! - [`publish`]: one reconciling pass that makes the API hold exactly the node's slices;
+//! - [`prepare`]: the [`plugin::Preparer`] that writes one transient CDI spec per claim from
+//!   the node agent's container contract;
+//! - [`role`]: the `gpushare dra-plugin` role: the node agent's GPUs offered on the DRA path,
+//!   the plugin served, the slice republished on every change of health or use;
 //! - [`rewrite`]: the webhook's DRA rewrite of an `aliyun.com/gpu-mem` pod into one claim
 //!   from a ResourceClaimTemplate, one request per GPU container, all on one GPU.
 //!
-//! What is not here yet: the `dra-plugin` subcommand and its flags (and the loop that
-//! republishes slices on GPU, health and allocation changes), and the [`plugin::Preparer`]
-//! that writes the CDI specs of prepared claims (the node agent's container contract and CDI
-//! writer). Only [`plugin`] and [`publish`] perform network I/O (serving kubelet, reading
-//! claims, writing slices); [`checkpoint`] and [`slices::pcie_root`] touch local files.
+//! What is not here: the webhook's DRA mode (the webhook role calls [`rewrite`]). [`plugin`],
+//! [`publish`] and [`role`] perform network I/O (serving kubelet, reading claims, writing
+//! slices); [`checkpoint`], [`prepare`] and [`slices::pcie_root`] touch local files.
 
 pub mod checkpoint;
 pub mod claims;
@@ -27,6 +29,10 @@ pub mod claims;
 // build leaves it out.
 #[cfg(unix)]
 pub mod plugin;
+#[cfg(unix)]
+pub mod prepare;
 pub mod publish;
 pub mod rewrite;
+#[cfg(unix)]
+pub mod role;
 pub mod slices;

@@ -299,6 +299,12 @@ impl NodeAgent {
         self.gpus.iter().find(|g| g.uuid == uuid)
     }
 
+    /// The GPU backend (a role reads what the served GPUs do not carry: product names, PCI
+    /// addresses, the driver version).
+    pub fn backend(&self) -> &Arc<dyn GpuBackend> {
+        &self.backend
+    }
+
     /// The health of every GPU now, and every change after.
     pub fn health(&self) -> watch::Receiver<Arc<HealthView>> {
         self.health.subscribe()

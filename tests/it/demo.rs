@@ -71,6 +71,32 @@ async fn the_managed_demo_routes_a_gpu_pod_and_refuses_a_malformed_one() {
     );
 }
 
+/// Demo 1 and demo 2 on the DRA path: binpack puts the three half-GPU claims on GPU 0, GPU 0,
+/// GPU 1 (first fit over the slice order), and a whole-GPU claim stays pending with 16 GiB
+/// free on the node in two halves. The binary's `--dra` runs the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dra_demo_places_by_binpack_and_leaves_an_unfittable_claim_pending() {
+    let mut out = Vec::new();
+    let outcome = gpushare::demo::run_dra_scenario("2x16GiB", &mut out)
+        .await
+        .expect("the DRA demo runs");
+    let text = String::from_utf8_lossy(&out);
+    assert!(
+        outcome.failures.is_empty(),
+        "{:?}\n{text}",
+        outcome.failures
+    );
+    assert_eq!(outcome.checks, 4, "{text}");
+    assert!(text.contains("binpack-3 runs on GPU 1"), "{text}");
+    let out = run(&["demo", "--dra"]);
+    assert!(out.status.success(), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("All 4 expectations held."),
+        "{}",
+        stdout(&out)
+    );
+}
+
 /// `gpushare demo --keep-running` stopped by SIGTERM (systemd, `kill`, a closing terminal)
 /// cleans up as Ctrl-C does: it exits 0 and its sandbox directory (the kubeconfig it printed)
 /// is gone.

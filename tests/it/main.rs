@@ -19,6 +19,7 @@ mod doctor_migration;
 mod doctor_rdma;
 mod dra;
 mod dra_plugin;
+mod dra_role;
 mod extender;
 mod gpu;
 mod ha;

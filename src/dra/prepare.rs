@@ -1,0 +1,274 @@
+//! The DRA plugin's [`Preparer`]: what a prepared claim's containers get, written as one
+//! transient CDI spec per claim in the CDI directory (`--cdi-dir`), built from the node
+//! agent's container contract ([`crate::node::contract`]), so a container served through DRA
+//! is handed exactly what the device-plugin path hands it.
+//!
+//! Each share of the claim (one container request on one GPU) is one CDI device
+//! `<driver>/gpu=<claim uid>-<n>` whose `containerEdits` carry `NVIDIA_VISIBLE_DEVICES` (index
+//! or UUID per the device-id strategy), `ALIYUN_COM_GPU_MEM_IDX`, `_POD` (the claim's total),
+//! `_CONTAINER` (the share's `consumedCapacity.memory` in memory units), `_DEV`, and under MPS
+//! the pinned memory limit, the pipe directory and its mounts; the strategies of `[node]`
+//! apply as on the device-plugin path (a CDI strategy adds the NVIDIA CDI device of the GPU to
+//! the share's CDI ids, `pass_device_specs` adds the device nodes). The spec file is replaced
+//! atomically ([`crate::gpu::cdi::write_spec`]); unprepare removes it (one already gone is
+//! fine). Both are idempotent.
+//!
+//! What it does not do: check the claim against the served GPUs or other claims (the plugin
+//! did, [`super::claims::admit`]), record anything (the checkpoint is the plugin's), or
+//! express CDI annotations (a CDI spec has none; `cdi-annotations` alone adds nothing).
+
+use std::path::{Path, PathBuf};
+
+use super::checkpoint::PreparedClaim;
+use super::claims::ClaimShare;
+use super::plugin::{PrepareError, Prepared, Preparer};
+use crate::config::{NodeConfig, VisibleDevices};
+use crate::core::GpuMem;
+use crate::gpu::cdi::{
+    CdiMount, ContainerEditsSpec, DeviceNodeEdit, DeviceSpecEdit, Registry, TransientSpec,
+    remove_spec, write_spec,
+};
+use crate::node::contract::{self, ContainerEdits, NodeTraits, Target};
+use crate::node::gpus::ServedGpu;
+
+/// The class of the CDI kind of the claims' specs (`<driver>/gpu`).
+pub const CDI_CLASS: &str = "gpu";
+
+/// Why a claim's spec was not written.
+#[derive(Debug, thiserror::Error)]
+pub enum CdiPrepareError {
+    /// The share names a GPU this node does not serve on the DRA path.
+    #[error("GPU {uuid} is not served on the DRA path of this node")]
+    UnknownGpu {
+        /// The UUID.
+        uuid: String,
+    },
+    /// The contract's hand-over refused (a CDI strategy without the GPU's CDI device).
+    #[error(transparent)]
+    Handover(#[from] contract::HandoverError),
+    /// The spec could not be written or removed.
+    #[error(transparent)]
+    Write(#[from] crate::gpu::cdi::WriteError),
+}
+
+/// Writes one transient CDI spec per claim (see the module docs).
+#[derive(Clone, Debug)]
+pub struct CdiPreparer {
+    node: NodeConfig,
+    traits: NodeTraits,
+    gpus: Vec<ServedGpu>,
+    cdi_dir: PathBuf,
+    kind: String,
+}
+
+impl CdiPreparer {
+    /// A preparer for `gpus` (those offered on the DRA path) with `[node]` as served, writing
+    /// specs of kind `<driver>/gpu` into `cdi_dir`.
+    pub fn new(
+        node: NodeConfig,
+        traits: NodeTraits,
+        gpus: Vec<ServedGpu>,
+        driver: &str,
+        cdi_dir: &Path,
+    ) -> CdiPreparer {
+        CdiPreparer {
+            node,
+            traits,
+            gpus,
+            cdi_dir: cdi_dir.to_path_buf(),
+            kind: cdi_kind(driver),
+        }
+    }
+
+    /// The CDI kind of the specs written.
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    /// The spec of claim `claim_uid` and the CDI ids of each share.
+    pub fn spec(
+        &self,
+        claim_uid: &str,
+        shares: &[ClaimShare],
+    ) -> Result<(TransientSpec, Vec<Vec<String>>), CdiPrepareError> {
+        let total: GpuMem = shares.iter().map(|s| s.units).sum();
+        let registry = self
+            .node
+            .device_list_strategy
+            .any_cdi()
+            .then(|| Registry::read(Path::new("/"), &self.node.cdi_spec_dirs));
+        let mut spec = TransientSpec::new(&self.kind);
+        let mut ids = Vec::with_capacity(shares.len());
+        for (i, share) in shares.iter().enumerate() {
+            let gpu = self
+                .gpus
+                .iter()
+                .find(|g| g.uuid == share.uuid)
+                .ok_or_else(|| CdiPrepareError::UnknownGpu {
+                    uuid: share.uuid.clone(),
+                })?;
+            let base = contract::grant(
+                &self.node,
+                self.traits,
+                gpu,
+                self.node.visible_devices == VisibleDevices::Uuid,
+                total,
+                share.units,
+            );
+            let edits = contract::hand_over(&self.node, registry.as_ref(), Target::Gpu(gpu), base)?;
+            let name = format!("{claim_uid}-{i}");
+            let mut share_ids = vec![format!("{}={name}", self.kind)];
+            share_ids.extend(edits.cdi_devices.iter().cloned());
+            spec.devices.push(DeviceSpecEdit {
+                name,
+                container_edits: container_edits(&edits),
+            });
+            ids.push(share_ids);
+        }
+        Ok((spec, ids))
+    }
+}
+
+/// `<driver>/gpu`.
+pub fn cdi_kind(driver: &str) -> String {
+    format!("{driver}/{CDI_CLASS}")
+}
+
+fn container_edits(edits: &ContainerEdits) -> ContainerEditsSpec {
+    let mut env: Vec<String> = edits.envs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    env.sort();
+    ContainerEditsSpec {
+        env,
+        device_nodes: edits
+            .device_nodes
+            .iter()
+            .map(|p| DeviceNodeEdit {
+                path: p.clone(),
+                ..DeviceNodeEdit::default()
+            })
+            .collect(),
+        mounts: edits
+            .mounts
+            .iter()
+            .map(|m| CdiMount {
+                host_path: m.host_path.clone(),
+                container_path: m.container_path.clone(),
+                options: if m.read_only {
+                    vec!["bind".into(), "ro".into()]
+                } else {
+                    vec!["bind".into()]
+                },
+            })
+            .collect(),
+    }
+}
+
+impl Preparer for CdiPreparer {
+    fn prepare(&self, claim_uid: &str, shares: &[ClaimShare]) -> Result<Prepared, PrepareError> {
+        let (spec, cdi_device_ids) = self.spec(claim_uid, shares)?;
+        let path = write_spec(&self.cdi_dir, claim_uid, &spec).map_err(CdiPrepareError::from)?;
+        Ok(Prepared {
+            cdi_device_ids,
+            cdi_spec: Some(path),
+        })
+    }
+
+    fn unprepare(&self, claim_uid: &str, _claim: &PreparedClaim) -> Result<(), PrepareError> {
+        remove_spec(&self.cdi_dir, &self.kind, claim_uid).map_err(CdiPrepareError::from)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::MemoryUnit;
+
+    fn gpus() -> Vec<ServedGpu> {
+        (0..2)
+            .map(|i| ServedGpu {
+                index: i,
+                uuid: format!("GPU-{i}"),
+                units: GpuMem::new(16),
+                minor: Some(i),
+            })
+            .collect()
+    }
+
+    fn share(request: &str, uuid: &str, index: u32, units: u64) -> ClaimShare {
+        ClaimShare {
+            request: request.into(),
+            device: format!("gpu-{index}"),
+            uuid: uuid.into(),
+            index,
+            share_id: Some("s".into()),
+            memory_bytes: units << 30,
+            units: GpuMem::new(units),
+        }
+    }
+
+    #[test]
+    fn each_share_carries_the_device_plugin_envs_and_unprepare_removes_the_spec() {
+        let dir = tempfile::tempdir().expect("dir");
+        let node = NodeConfig {
+            memory_unit: MemoryUnit::GIB,
+            mps: true,
+            ..NodeConfig::default()
+        };
+        let p = CdiPreparer::new(
+            node,
+            NodeTraits::default(),
+            gpus(),
+            "gpushare.io",
+            dir.path(),
+        );
+        let shares = [share("main", "GPU-1", 1, 6), share("side", "GPU-1", 1, 2)];
+        let out = p.prepare("uid-1", &shares).expect("prepared");
+        assert_eq!(
+            out.cdi_device_ids,
+            [
+                vec!["gpushare.io/gpu=uid-1-0".to_string()],
+                vec!["gpushare.io/gpu=uid-1-1".to_string()]
+            ]
+        );
+        let path = out.cdi_spec.expect("a spec");
+        let spec: TransientSpec =
+            serde_json::from_slice(&std::fs::read(&path).expect("written")).expect("json");
+        let env = &spec.devices[0].container_edits.env;
+        for want in [
+            "NVIDIA_VISIBLE_DEVICES=1",
+            "ALIYUN_COM_GPU_MEM_IDX=1",
+            "ALIYUN_COM_GPU_MEM_CONTAINER=6",
+            "ALIYUN_COM_GPU_MEM_POD=8",
+            "ALIYUN_COM_GPU_MEM_DEV=16",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=6144M",
+            "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+        ] {
+            assert!(env.iter().any(|e| e == want), "{want} in {env:?}");
+        }
+        assert_eq!(
+            spec.devices[0].container_edits.mounts[0].container_path,
+            "/tmp/nvidia-mps"
+        );
+        assert!(
+            spec.devices[1]
+                .container_edits
+                .env
+                .iter()
+                .any(|e| e == "ALIYUN_COM_GPU_MEM_CONTAINER=2")
+        );
+        p.unprepare(
+            "uid-1",
+            &PreparedClaim {
+                namespace: "d".into(),
+                name: "c".into(),
+                shares: vec![],
+                cdi_spec: Some(path.clone()),
+            },
+        )
+        .expect("unprepared");
+        assert!(!path.exists());
+        let unknown = p.prepare("uid-2", &[share("main", "GPU-9", 9, 1)]);
+        assert!(unknown.is_err());
+    }
+}

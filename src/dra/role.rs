@@ -1,0 +1,584 @@
+//! `gpushare dra-plugin`: the DRA kubelet plugin role. It serves the node agent's GPUs on the
+//! DRA path: offers them on [`ServingPath::Dra`] (a GPU the device plugin serves is refused;
+//! MIG-excluded GPUs never reach the agent), starts the plugin's gRPC side ([`super::plugin`])
+//! with the CDI [`super::prepare::CdiPreparer`], and keeps the node's ResourceSlice published
+//! ([`super::publish`]) on every change: a GPU's health (the agent's health view: taint and
+//! `NodeWatchResources`) and the memory allocated on each GPU (a watch of the ResourceClaims
+//! allocated on this node's pool), which orders the devices by `--gpu-policy`. It serves
+//! `/healthz`, `/readyz` (ready once kubelet accepted the registration) and `/metrics` on
+//! `dra.admin_address`. Stopping withdraws the GPUs, stops serving and removes the sockets; the
+//! slices stay (a restarted plugin takes them over; kubelet removes a plugin's slices when it
+//! is gone for good).
+//!
+//! What it does not do: build the node agent (`cli` does, as for the device plugin), decide the
+//! container edits (the node contract, through the preparer), or rewrite pods (the webhook).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::k8s::watch::DefaultBackoff;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::Api;
+use kube::runtime::watcher::{self, Event};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::claims::allocated_per_device;
+use super::plugin::{PluginConfig, RunningPlugin, Served};
+use super::prepare::CdiPreparer;
+use super::slices::{Pool, SliceGpu, device_name, pcie_root};
+use crate::admin::AdminState;
+use crate::config::{Config, DraConfig, FlagOverrides, VisibleDevices};
+use crate::core::{GpuPolicy, MemoryUnit};
+use crate::node::health::HealthView;
+use crate::node::paths::ServingPath;
+use crate::node::{NodeAgent, NodeAgentHandle};
+use crate::shutdown::Shutdown;
+
+/// The checkpoint's file name in the plugin directory.
+pub const CHECKPOINT_FILE: &str = "checkpoint.json";
+/// The wait before a failed slice publication is tried again.
+const REPUBLISH_AFTER: Duration = Duration::from_secs(2);
+
+/// Flags of `gpushare dra-plugin` (each overrides its `[dra]`, `[node]`, `[gpu]` or `[doctor]`
+/// key).
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct Args {
+    /// This node's name (the pool's name) [env: NODE_NAME]
+    #[arg(long, value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// The DRA driver name [default: gpushare.io]
+    #[arg(long, value_name = "NAME")]
+    pub driver_name: Option<String>,
+    /// kubelet's plugin registry directory (<driver>-reg.sock)
+    /// [default: /var/lib/kubelet/plugins_registry]
+    #[arg(long, value_name = "DIR")]
+    pub registry_dir: Option<PathBuf>,
+    /// The plugin's directory (dra.sock, the checkpoint)
+    /// [default: /var/lib/kubelet/plugins/<driver>]
+    #[arg(long, value_name = "DIR")]
+    pub plugin_dir: Option<PathBuf>,
+    /// Where each prepared claim's CDI spec is written [default: /var/run/cdi]
+    #[arg(long, value_name = "DIR")]
+    pub cdi_dir: Option<PathBuf>,
+    /// Device order in the slice: binpack (fullest GPU first) or spread [default: binpack]
+    #[arg(long, value_enum)]
+    pub gpu_policy: Option<GpuPolicy>,
+    /// Size of one unit of aliyun.com/gpu-mem: GiB, MiB or a multiple such as 256MiB [default: GiB]
+    #[arg(long, value_name = "UNIT")]
+    pub memory_unit: Option<MemoryUnit>,
+    /// The GPU's name given to the container (NVIDIA_VISIBLE_DEVICES) [default: index]
+    #[arg(long = "device-id-strategy", value_enum)]
+    pub visible_devices: Option<VisibleDevices>,
+    /// Watch XID errors and taint unhealthy GPUs [default: true]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub health_check: Option<bool>,
+    /// Seconds without new errors after which a GPU with a transient XID is healthy again
+    /// [default: 300]
+    #[arg(long, value_name = "SECS")]
+    pub health_recovery: Option<u64>,
+    /// Memory isolation through CUDA MPS (per-container pinned memory limit)
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub mps: Option<bool>,
+    /// MPS pipe directory on the host, mounted into containers [default: /tmp/nvidia-mps]
+    #[arg(long, value_name = "DIR")]
+    pub mps_pipe_dir: Option<PathBuf>,
+    /// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for MPS clients and the daemon's default; 0 leaves
+    /// it unset
+    #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub mps_active_thread_percentage: Option<u8>,
+    /// Address of /healthz, /readyz and /metrics; empty disables them [default: 0.0.0.0:9102]
+    #[arg(long, value_name = "ADDR")]
+    pub admin_address: Option<String>,
+    /// GPU access.
+    #[command(flatten)]
+    pub gpu: crate::gpu::GpuArgs,
+    /// Do not run the node preflight (doctor) before starting
+    #[arg(long)]
+    pub skip_doctor: bool,
+}
+
+impl Args {
+    /// The flags as configuration overrides.
+    pub fn overrides(&self, flags: &mut FlagOverrides) {
+        let dra = |k: &str| format!("dra.{k}");
+        let node = |k: &str| format!("node.{k}");
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        flags.set(&node("node_name"), self.node_name.clone());
+        flags.set(&dra("driver_name"), self.driver_name.clone());
+        flags.set(&dra("registry_dir"), path(&self.registry_dir));
+        flags.set(&dra("plugin_dir"), path(&self.plugin_dir));
+        flags.set(&dra("cdi_dir"), path(&self.cdi_dir));
+        flags.set(&dra("gpu_policy"), self.gpu_policy);
+        flags.set(&node("memory_unit"), self.memory_unit);
+        flags.set(&node("device_id_strategy"), self.visible_devices);
+        flags.set(&node("health_check"), self.health_check);
+        flags.set(&node("health_recovery_secs"), self.health_recovery);
+        flags.set(&node("mps"), self.mps);
+        flags.set(&node("mps_pipe_dir"), path(&self.mps_pipe_dir));
+        flags.set(
+            &node("mps_active_thread_percentage"),
+            self.mps_active_thread_percentage,
+        );
+        flags.set(&dra("admin_address"), self.admin_address.clone());
+        self.gpu.overrides(flags);
+        flags.set_flag("doctor.skip", self.skip_doctor);
+    }
+}
+
+/// Runs the DRA plugin on `agent` until `shutdown` (SIGTERM/SIGINT). The dispatcher has run the
+/// preflight and started the agent.
+pub async fn run(
+    _args: Args,
+    config: &Config,
+    agent: Arc<NodeAgent>,
+    shutdown: Shutdown,
+) -> anyhow::Result<ExitCode> {
+    let handle = serve(config, agent, shutdown.clone()).await?;
+    tracing::info!(socket = %handle.service_socket().display(), "DRA plugin serving");
+    shutdown.wait().await;
+    handle.stop().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What the publisher knows of each GPU apart from health and use.
+#[derive(Clone, Debug)]
+struct GpuFacts {
+    gpus: Vec<SliceGpu>,
+    driver_version: Option<String>,
+}
+
+/// The role's state shared by its tasks.
+struct Role {
+    dra: DraConfig,
+    node: String,
+    unit: MemoryUnit,
+    client: kube::Client,
+    facts: GpuFacts,
+    served: watch::Sender<Served>,
+    generation: watch::Sender<i64>,
+}
+
+impl Role {
+    /// The GPUs as the slice shows them now.
+    fn slice_gpus(&self, view: &HealthView, allocated: &BTreeMap<String, u64>) -> Vec<SliceGpu> {
+        self.facts
+            .gpus
+            .iter()
+            .map(|g| {
+                let mut g = g.clone();
+                // The agent's view says whether, not why (the Event and the log say why).
+                g.unhealthy = (!view.is_healthy(&g.uuid)).then(|| "xid".to_string());
+                g.allocated_bytes = allocated.get(&device_name(&g)).copied().unwrap_or(0);
+                g
+            })
+            .collect()
+    }
+}
+
+/// A running DRA plugin.
+pub struct DraPluginHandle {
+    role: Arc<Role>,
+    agent: Arc<NodeAgent>,
+    plugin: Option<RunningPlugin>,
+    stop: crate::shutdown::Trigger,
+    tasks: Vec<JoinHandle<()>>,
+    admin_addr: Option<std::net::SocketAddr>,
+    admin: Arc<AdminState>,
+    sockets: [PathBuf; 2],
+    own_agent: Option<NodeAgentHandle>,
+}
+
+impl std::fmt::Debug for DraPluginHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DraPluginHandle")
+            .field("node", &self.role.node)
+            .field("sockets", &self.sockets)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DraPluginHandle {
+    /// `<registry_dir>/<driver>-reg.sock`.
+    pub fn registration_socket(&self) -> &Path {
+        &self.sockets[0]
+    }
+
+    /// `<plugin_dir>/dra.sock`.
+    pub fn service_socket(&self) -> &Path {
+        &self.sockets[1]
+    }
+
+    /// The admin server's address, when it runs.
+    pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
+        self.admin_addr
+    }
+
+    /// Whether `/readyz` answers ready (kubelet accepted the registration).
+    pub fn is_ready(&self) -> bool {
+        self.admin.is_ready()
+    }
+
+    /// The devices served now (names, health) as the plugin checks claims against them.
+    pub fn served(&self) -> watch::Receiver<Served> {
+        self.role.served.subscribe()
+    }
+
+    /// The pool generation of the last publication that landed (0 before the first).
+    pub fn published_generation(&self) -> watch::Receiver<i64> {
+        self.role.generation.subscribe()
+    }
+
+    /// The node agent it serves.
+    pub fn agent(&self) -> &Arc<NodeAgent> {
+        &self.agent
+    }
+
+    /// Stops serving, removes the sockets, gives the GPUs back to the agent (and stops the
+    /// agent when [`start`] built it). The slices stay.
+    pub async fn stop(mut self) {
+        self.stop.trigger();
+        for task in std::mem::take(&mut self.tasks) {
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
+        drop(self.plugin.take());
+        for s in &self.sockets {
+            let _ = std::fs::remove_file(s);
+        }
+        self.agent.withdraw(ServingPath::Dra);
+        if let Some(agent) = self.own_agent.take() {
+            agent.stop().await;
+        }
+    }
+}
+
+/// Starts the DRA plugin in-process with a node agent of its own (the integration tests,
+/// `gpushare demo --dra`); the agent stops with the plugin.
+pub async fn start(
+    config: &Config,
+    client: kube::Client,
+    backend: Arc<dyn crate::gpu::GpuBackend>,
+    shutdown: Shutdown,
+) -> anyhow::Result<DraPluginHandle> {
+    let prepared = NodeAgent::prepare(&config.node, client, backend).await?;
+    let agent = prepared.start(shutdown.clone()).await?;
+    match serve(config, agent.agent().clone(), shutdown).await {
+        Ok(mut handle) => {
+            handle.own_agent = Some(agent);
+            Ok(handle)
+        }
+        Err(e) => {
+            agent.stop().await;
+            Err(e)
+        }
+    }
+}
+
+/// Serves the agent's GPUs on the DRA path (see the module docs). Returns once the sockets are
+/// served and the first slice publication was tried.
+pub async fn serve(
+    config: &Config,
+    agent: Arc<NodeAgent>,
+    shutdown: Shutdown,
+) -> anyhow::Result<DraPluginHandle> {
+    let dra = config.dra.clone();
+    let all: Vec<u32> = agent.gpus().iter().map(|g| g.index).collect();
+    let gpus = agent.offer(ServingPath::Dra, all)?;
+    let result = serve_offered(config, dra, agent.clone(), gpus, shutdown).await;
+    if result.is_err() {
+        agent.withdraw(ServingPath::Dra);
+    }
+    result
+}
+
+async fn serve_offered(
+    config: &Config,
+    dra: DraConfig,
+    agent: Arc<NodeAgent>,
+    gpus: Vec<crate::node::gpus::ServedGpu>,
+    shutdown: Shutdown,
+) -> anyhow::Result<DraPluginHandle> {
+    let inventory = crate::gpu::inventory_off_runtime(agent.backend()).await?;
+    let unit = agent.unit();
+    let facts = GpuFacts {
+        gpus: gpus
+            .iter()
+            .map(|g| {
+                let found = inventory.devices.iter().find(|d| d.uuid == g.uuid);
+                SliceGpu {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                    product_name: found.map(|d| d.name.clone()).unwrap_or_default(),
+                    memory_bytes: found.map_or(unit.to_bytes(g.units), |d| d.memory_bytes),
+                    pcie_root: found
+                        .filter(|d| !d.pci_bus_id.is_empty())
+                        .and_then(|d| pcie_root(Path::new("/sys"), &d.pci_bus_id)),
+                    unhealthy: None,
+                    allocated_bytes: 0,
+                }
+            })
+            .collect(),
+        driver_version: (!inventory.driver_version.is_empty())
+            .then(|| inventory.driver_version.clone()),
+    };
+    let mut health = agent.health();
+    let view = health.borrow_and_update().clone();
+    let (served, served_rx) = watch::channel(Served::default());
+    let role = Arc::new(Role {
+        node: agent.node_name().to_string(),
+        unit,
+        client: agent.client().clone(),
+        facts,
+        served,
+        generation: watch::Sender::new(0),
+        dra: dra.clone(),
+    });
+    role.served.send_replace(Served::from_gpus(
+        &role.slice_gpus(&view, &BTreeMap::new()),
+        unit,
+    ));
+
+    let (stop_trigger, stop) = shutdown.child();
+    let plugin_dir = dra.plugin_dir();
+    let plugin_config = PluginConfig {
+        driver: dra.driver_name.clone(),
+        node: role.node.clone(),
+        registry_dir: dra.registry_dir.clone(),
+        plugin_dir: plugin_dir.clone(),
+        checkpoint: plugin_dir.join(CHECKPOINT_FILE),
+        unit,
+    };
+    let sockets = [
+        plugin_config.registration_socket(),
+        plugin_config.service_socket(),
+    ];
+    let preparer = CdiPreparer::new(
+        agent.config().clone(),
+        agent.traits(),
+        gpus,
+        &dra.driver_name,
+        &dra.cdi_dir,
+    );
+    let plugin = match super::plugin::start(
+        plugin_config,
+        role.client.clone(),
+        served_rx,
+        Arc::new(preparer),
+        stop.clone(),
+    ) {
+        Ok(p) => p,
+        Err(e) => {
+            stop_trigger.trigger();
+            return Err(e.into());
+        }
+    };
+    let admin = AdminState::new();
+    let mut tasks = Vec::new();
+    let mut registration = plugin.registration();
+    {
+        let admin = admin.clone();
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let stop_fut = stop.wait();
+            tokio::pin!(stop_fut);
+            loop {
+                let ok = registration
+                    .borrow_and_update()
+                    .as_ref()
+                    .is_some_and(|s| s.plugin_registered);
+                admin.set_ready(ok);
+                tokio::select! {
+                    _ = &mut stop_fut => return,
+                    r = registration.changed() => if r.is_err() { return },
+                }
+            }
+        }));
+    }
+    let (allocated_tx, allocated_rx) = watch::channel(BTreeMap::new());
+    tasks.push(tokio::spawn(watch_claims(
+        role.clone(),
+        allocated_tx,
+        stop.clone(),
+    )));
+    tasks.push(tokio::spawn(publish_loop(
+        role.clone(),
+        health,
+        allocated_rx,
+        stop.clone(),
+    )));
+    let admin_addr = if dra.admin_address.trim().is_empty() {
+        None
+    } else {
+        match crate::admin::serve(
+            dra.admin_address.trim(),
+            admin.clone(),
+            "not registered with kubelet",
+            crate::http_server::Limits::from_config(&config.http),
+            stop.clone(),
+        )
+        .await
+        {
+            Ok((addr, task)) => {
+                tasks.push(task);
+                Some(addr)
+            }
+            Err(e) => {
+                stop_trigger.trigger();
+                return Err(e);
+            }
+        }
+    };
+    Ok(DraPluginHandle {
+        role,
+        agent,
+        plugin: Some(plugin),
+        stop: stop_trigger,
+        tasks,
+        admin_addr,
+        admin,
+        sockets,
+        own_agent: None,
+    })
+}
+
+/// Follows the ResourceClaims allocated on this node's pool for the driver: the memory
+/// allocated on each device, sent when it changes.
+async fn watch_claims(
+    role: Arc<Role>,
+    allocated: watch::Sender<BTreeMap<String, u64>>,
+    stop: Shutdown,
+) {
+    let api: Api<ResourceClaim> = Api::all(role.client.clone());
+    let mut claims: BTreeMap<(String, String), ResourceClaim> = BTreeMap::new();
+    let mut buffer: BTreeMap<(String, String), ResourceClaim> = BTreeMap::new();
+    let key = |c: &ResourceClaim| {
+        (
+            c.metadata.namespace.clone().unwrap_or_default(),
+            c.metadata.name.clone().unwrap_or_default(),
+        )
+    };
+    let whole: BTreeMap<String, u64> = role
+        .facts
+        .gpus
+        .iter()
+        .map(|g| {
+            (
+                device_name(g),
+                super::slices::published_memory(g.memory_bytes, role.unit),
+            )
+        })
+        .collect();
+    let send = |claims: &BTreeMap<(String, String), ResourceClaim>| {
+        let now = allocated_per_device(claims.values(), &role.dra.driver_name, &role.node, |d| {
+            whole.get(d).copied().unwrap_or(0)
+        });
+        allocated.send_if_modified(|have| {
+            if *have == now {
+                false
+            } else {
+                *have = now;
+                true
+            }
+        });
+    };
+    let node = role.node.clone();
+    crate::k8s::watch::drive(
+        api,
+        watcher::Config::default(),
+        DefaultBackoff::default(),
+        stop,
+        |e| tracing::warn!(error = %e, node, "ResourceClaim watch error (retrying)"),
+        |event| match event {
+            Event::Init => buffer.clear(),
+            Event::InitApply(c) => {
+                buffer.insert(key(&c), c);
+            }
+            Event::InitDone => {
+                claims = std::mem::take(&mut buffer);
+                send(&claims);
+            }
+            Event::Apply(c) => {
+                claims.insert(key(&c), c);
+                send(&claims);
+            }
+            Event::Delete(c) => {
+                claims.remove(&key(&c));
+                send(&claims);
+            }
+        },
+    )
+    .await;
+}
+
+/// Publishes the slice on every change of health or use (and the served devices with it);
+/// a publication that fails is tried again after [`REPUBLISH_AFTER`].
+async fn publish_loop(
+    role: Arc<Role>,
+    mut health: watch::Receiver<Arc<HealthView>>,
+    mut allocated: watch::Receiver<BTreeMap<String, u64>>,
+    stop: Shutdown,
+) {
+    let stop_fut = stop.wait();
+    tokio::pin!(stop_fut);
+    let mut pool = Pool::new();
+    let mut pending = None;
+    loop {
+        let view = health.borrow_and_update().clone();
+        let used = allocated.borrow_and_update().clone();
+        let gpus = role.slice_gpus(&view, &used);
+        role.served.send_if_modified(|s| {
+            let next = Served::from_gpus(&gpus, role.unit);
+            if *s == next {
+                false
+            } else {
+                *s = next;
+                true
+            }
+        });
+        if let Some(slices) = pool.update(
+            &role.node,
+            &role.dra.driver_name,
+            role.facts.driver_version.as_deref(),
+            role.unit,
+            role.dra.gpu_policy,
+            &gpus,
+        ) {
+            pending = Some((pool.generation(), slices));
+        }
+        if let Some((generation, slices)) = &pending {
+            match super::publish::sync_slices(
+                &role.client,
+                &role.node,
+                &role.dra.driver_name,
+                slices,
+            )
+            .await
+            {
+                Ok(done) => {
+                    tracing::debug!(generation, ?done, "ResourceSlice published");
+                    role.generation.send_replace(*generation);
+                    pending = None;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot publish the ResourceSlice (retrying)")
+                }
+            }
+        }
+        let retry = async {
+            if pending.is_some() {
+                tokio::time::sleep(REPUBLISH_AFTER).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            _ = &mut stop_fut => return,
+            r = health.changed() => if r.is_err() { return },
+            r = allocated.changed() => if r.is_err() { return },
+            _ = retry => {}
+        }
+    }
+}
