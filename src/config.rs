@@ -519,7 +519,7 @@ pub struct NodeConfig {
     pub mps_shm_dir: PathBuf,
     /// The daemon's default pinned memory limit per GPU in MiB
     /// (`set_default_device_pinned_mem_limit`), the ceiling of a client that drops its own
-    /// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; 0: each GPU's whole memory.
+    /// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; 0: one memory unit (the smallest safe value).
     pub mps_pinned_mem_limit_mib: u64,
     /// How often the node agent asks the daemon `get_server_list`, in milliseconds.
     pub mps_check_interval_ms: u64,

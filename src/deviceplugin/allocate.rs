@@ -20,7 +20,8 @@
 //! same GPU.
 //!
 //! kubelet may ask again for a container it was answered before (a restart before its
-//! checkpoint, a cancelled call): the same device IDs find their record; other IDs find the
+//! checkpoint, a cancelled call): the same device IDs find their record (trusted only after a
+//! fresh pod list: kubelet reuses the IDs of deleted pods); other IDs find the
 //! latest served container of that size that kubelet's PodResources shows no devices for
 //! ([`matching::find_repeat`]). Either way the same GPU is answered.
 //!
@@ -243,9 +244,9 @@ impl Plugin {
         })
     }
 
-    /// Matches one container request: a pod's next container; else the container these very
-    /// IDs were answered for (kubelet asking again); else, after one LIST (the watch may lag),
-    /// a pod's next container or a container asked again with other IDs. A pod waiting for
+    /// Matches one container request: a pod's next container; else, after one LIST (the watch
+    /// may lag), a pod's next container, the container these very IDs were answered for
+    /// (kubelet asking again) or a container asked again with other IDs. A pod waiting for
     /// this size comes before a repeat: kubelet reuses the IDs of gone containers, so the same
     /// IDs alone do not prove a repeat.
     async fn choose(&self, ids: &[String], units: GpuMem) -> Choice {
@@ -257,13 +258,8 @@ impl Plugin {
         if let Ok(found) = self.claim(ids, units) {
             return matched(found);
         }
-        if let Some((m, seq, recorded)) = self.same_ids(ids) {
-            return Choice::Matched {
-                m,
-                seq,
-                repeat: recorded,
-            };
-        }
+        // The store is refreshed before the same IDs are trusted: a lagging store may still
+        // show a deleted pod whose freed IDs kubelet hands to a new one.
         if let Err(e) = self
             .pods
             .refresh(self.agent.client(), self.agent.node_name())
@@ -275,6 +271,13 @@ impl Plugin {
             Ok(found) => return matched(found),
             Err(rejected) => rejected,
         };
+        if let Some((m, seq, recorded)) = self.same_ids(ids) {
+            return Choice::Matched {
+                m,
+                seq,
+                repeat: recorded,
+            };
+        }
         match self.repeat(ids, units).await {
             Some(found) => matched(found),
             None => Choice::Unmatched(rejected),

@@ -154,7 +154,7 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     pub mps_shm_dir: Option<PathBuf>,
     /// The daemon's default pinned memory limit per GPU in MiB, for clients that drop their
-    /// own; 0: each GPU's whole memory [default: 0]
+    /// own; 0: one memory unit, the smallest safe value [default: 0]
     #[arg(long, value_name = "MIB")]
     pub mps_pinned_mem_limit_mib: Option<u64>,
     /// How often the daemon is asked get_server_list, in milliseconds [default: 5000]

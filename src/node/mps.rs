@@ -313,8 +313,9 @@ impl Supervisor {
     }
 }
 
-/// Each served GPU's default pinned memory limit in MiB: the configured ceiling (0: none),
-/// never more than the GPU has.
+/// Each served GPU's default pinned memory limit in MiB: the configured ceiling, never more
+/// than the GPU has; 0 (unconfigured): the smallest safe value, one memory unit, so a client
+/// that drops its own limit gets one unit, never the whole GPU.
 pub(crate) fn default_limits(
     gpus: &[super::gpus::ServedGpu],
     unit: crate::core::MemoryUnit,
@@ -323,11 +324,12 @@ pub(crate) fn default_limits(
     gpus.iter()
         .map(|g| {
             let whole = unit.to_mib(g.units);
-            let mib = if ceiling == 0 {
-                whole
+            let ceiling = if ceiling == 0 {
+                u64::from(unit.mib())
             } else {
-                ceiling.min(whole)
+                ceiling
             };
+            let mib = ceiling.min(whole);
             (g.uuid.clone(), mib)
         })
         .collect()

@@ -321,3 +321,48 @@ async fn a_memory_unit_change_is_refused_while_pods_placed_under_the_old_unit_re
     );
     c.stop().await;
 }
+
+/// A lagging pod store never hands a deleted pod's GPU to a new pod that kubelet gives the
+/// same device IDs: the plugin's pod watch is held, so its store still shows the deleted pod
+/// and not the new one; the answer names the GPU the extender chose for the new pod.
+#[tokio::test]
+async fn a_lagging_store_never_answers_a_deleted_pods_gpu_for_its_device_ids() {
+    let c = cluster("2x16GiB", |_| {}).await;
+    c.bound_pod("gone", &[("main", 4)], Some(0), 1_000);
+    let (old_ids, first) = c.allocate("gone", "main", 4).await.expect("allocated");
+    assert_eq!(gpu_of(&first), "0");
+    // The plugin's pod watch is cut and every re-watch held: its store stops here.
+    let hold = gpushare_sandbox::apiserver::Hold::new();
+    c.api.inject(
+        Fault::new(
+            Some(http::Method::GET),
+            "watch=true",
+            FaultAction::Hold(hold.clone()),
+        )
+        .times(1_000),
+    );
+    c.api.inject(Fault::new(
+        Some(http::Method::GET),
+        "/pods?",
+        FaultAction::CutWatch,
+    ));
+    hold.wait_reached(1).await;
+    c.api
+        .delete_object("pods", Some("default"), "gone")
+        .expect("deleted");
+    c.kubelet.release_pod("default", "gone");
+    c.bound_pod("new", &[("main", 4)], Some(1), 2_000);
+    // kubelet hands the freed IDs to the new pod.
+    let resp = c
+        .kubelet
+        .allocate(RESOURCE, old_ids)
+        .await
+        .expect("answered");
+    assert_eq!(
+        gpu_of(&resp.container_responses[0]),
+        "1",
+        "the new pod's GPU, never the deleted pod's"
+    );
+    hold.release();
+    c.stop().await;
+}

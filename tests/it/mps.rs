@@ -125,7 +125,15 @@ async fn adopts_a_daemon_already_running_and_leaves_it_running() {
     })
     .await;
     assert_eq!(fake.starts(), 1, "no second daemon: {:?}", fake.commands());
-    assert_eq!(fake.sent("set_default_device_pinned_mem_limit").len(), 2);
+    // Unconfigured, the daemon's default ceiling is the smallest safe value, one memory unit
+    // (GiB here) per GPU: a client that drops its own limit gets that, never the whole GPU.
+    assert_eq!(
+        fake.sent("set_default_device_pinned_mem_limit"),
+        [
+            format!("set_default_device_pinned_mem_limit {} 1024M", fake_uuid(0)),
+            format!("set_default_device_pinned_mem_limit {} 1024M", fake_uuid(1)),
+        ]
+    );
     assert!(
         fake.sent("set_default_active_thread_percentage").is_empty(),
         "0 leaves the percentage alone"
