@@ -12,8 +12,9 @@
 //!   `DRAResourceHealth` v1/v1alpha1) with checkpointed, idempotent prepare and unprepare;
 //!   what containers get is left to a [`plugin::Preparer`];
 //! - [`publish`]: one reconciling pass that makes the API hold exactly the node's slices;
-//! - [`rewrite`]: the webhook's DRA rewrite of an `aliyun.com/gpu-mem` pod into one claim
-//!   from a ResourceClaimTemplate, one request per GPU container, all on one GPU.
+//!
+//! The rewrite of an `aliyun.com/gpu-mem` pod into one claim (what the webhook's DRA mode
+//! does) is infrastructure, [`crate::k8s::dra_request`], since the webhook role uses it.
 //!
 //! What is not here yet: the `dra-plugin` subcommand and its flags (and the loop that
 //! republishes slices on GPU, health and allocation changes), and the [`plugin::Preparer`]
@@ -28,5 +29,4 @@ pub mod claims;
 #[cfg(unix)]
 pub mod plugin;
 pub mod publish;
-pub mod rewrite;
 pub mod slices;
