@@ -156,7 +156,7 @@ fn the_schema_config_part_is_the_binary_configuration() {
     let sections = config_sections();
     // The tracer sees what the binary reads: a few well-known keys, and nothing odd.
     assert!(sections["extender"].contains(&"bind_timeout_ms".to_string()));
-    assert!(sections["device_plugin"].contains(&"memory_unit".to_string()));
+    assert!(sections["node"].contains(&"memory_unit".to_string()));
     assert!(sections["http"].contains(&"max_connections".to_string()));
     let mut schema: Value = serde_json::from_str(&read(SCHEMA)).expect("the schema is JSON");
     schema["properties"]["config"] = config_schema();
