@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 
-use super::report::{GpuReport, NodeReport, PodShare};
+use super::report::{GpuReport, NodeReport, OtherPath, PodShare};
 use crate::core::MemoryUnit;
 use crate::core::parse_whole_quantity;
 use crate::core::wire::{DRA_ATTR_INDEX, DRA_CAPACITY_MEMORY, DRA_DRIVER_NAME};
@@ -88,20 +88,22 @@ impl DraCluster {
         }
         (out, unit)
     }
+}
 
+impl OtherPath for DraCluster {
     /// Whether `node` publishes GPUs on the DRA path.
-    pub(crate) fn serves(&self, node: &str) -> bool {
+    fn serves(&self, node: &str) -> bool {
         !self.devices(node).0.is_empty()
     }
 
     /// The unit of a node that serves only on the DRA path.
-    pub(crate) fn unit_of(&self, node: &str) -> Option<MemoryUnit> {
+    fn unit_of(&self, node: &str) -> Option<MemoryUnit> {
         self.devices(node).1
     }
 
     /// Adds the node's DRA GPUs (those the report does not have yet) and its claims' shares.
     /// `unit` is the node's memory unit.
-    pub(crate) fn add_to(&self, report: &mut NodeReport, unit: MemoryUnit) {
+    fn add_to(&self, report: &mut NodeReport, unit: MemoryUnit) {
         let (devices, _) = self.devices(&report.name);
         if devices.is_empty() {
             return;

@@ -26,7 +26,6 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::{Deserialize, Serialize};
 
-use super::dra::DraCluster;
 use crate::core::MemoryUnit;
 use crate::core::annotations::decode_allocation_json;
 use crate::core::wire::ANN_ALLOCATION_JSON;
@@ -176,6 +175,28 @@ pub(crate) fn yaml_items(text: &str) -> anyhow::Result<Vec<yaml_serde::Value>> {
 }
 
 /// The first `InternalIP` of a node, else `unknown` (upstream).
+/// GPUs a node serves on another path than the annotation ledger (the DRA path,
+/// [`super::dra::DraCluster`]), added to the same table.
+pub trait OtherPath {
+    /// Whether `node` serves GPUs on that path.
+    fn serves(&self, node: &str) -> bool;
+    /// The unit of a node that serves only on that path.
+    fn unit_of(&self, node: &str) -> Option<MemoryUnit>;
+    /// Adds the node's GPUs on that path and what is allocated on them; `unit` is the node's.
+    fn add_to(&self, report: &mut NodeReport, unit: MemoryUnit);
+}
+
+/// No other path.
+impl OtherPath for () {
+    fn serves(&self, _: &str) -> bool {
+        false
+    }
+    fn unit_of(&self, _: &str) -> Option<MemoryUnit> {
+        None
+    }
+    fn add_to(&self, _: &mut NodeReport, _: MemoryUnit) {}
+}
+
 fn node_address(node: &Node) -> String {
     crate::k8s::node_address(node).unwrap_or_else(|| "unknown".to_string())
 }
@@ -183,7 +204,7 @@ fn node_address(node: &Node) -> String {
 impl Report {
     /// Builds the report from the API's Nodes and Pods. `only` restricts it to one node.
     pub fn from_cluster(nodes: &[Node], pods: &[Pod], only: Option<&str>) -> Report {
-        Report::from_cluster_with_dra(nodes, pods, &DraCluster::default(), only)
+        Report::from_cluster_with_dra(nodes, pods, &(), only)
     }
 
     /// [`Report::from_cluster`] with the DRA path's slices and claims: a node's DRA GPUs and
@@ -191,7 +212,7 @@ impl Report {
     pub fn from_cluster_with_dra(
         nodes: &[Node],
         pods: &[Pod],
-        dra: &DraCluster,
+        dra: &dyn OtherPath,
         only: Option<&str>,
     ) -> Report {
         let mut by_node: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
