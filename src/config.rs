@@ -212,6 +212,18 @@ pub enum VisibleDevices {
     Uuid,
 }
 
+/// The path an `aliyun.com/gpu-mem` pod is served by (`webhook.gpu_mem_path`, and per namespace
+/// the label `gpushare.io/gpu-mem-path`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuMemPath {
+    /// The scheduler extender and the device plugin: the pod keeps its extended resource.
+    #[default]
+    Extender,
+    /// Dynamic Resource Allocation: the webhook rewrites the pod into one ResourceClaim.
+    Dra,
+}
+
 /// NVIDIA's name for [`VisibleDevices`].
 pub type DeviceIdStrategy = VisibleDevices;
 
@@ -694,6 +706,10 @@ pub struct WebhookConfig {
     pub cert_validity_days: u32,
     /// Renew the serving certificate this many days before it expires.
     pub renew_before_days: u32,
+    /// The path of `aliyun.com/gpu-mem` pods when their namespace has no
+    /// `gpushare.io/gpu-mem-path` label: `extender` (sent to `scheduler_name`) or `dra`
+    /// (rewritten into one ResourceClaim).
+    pub gpu_mem_path: GpuMemPath,
 }
 
 impl Default for WebhookConfig {
@@ -712,6 +728,7 @@ impl Default for WebhookConfig {
             webhook_config: "gpushare-webhook".to_string(),
             cert_validity_days: 365,
             renew_before_days: 30,
+            gpu_mem_path: GpuMemPath::Extender,
         }
     }
 }

@@ -40,7 +40,7 @@ fn submit(api: &ApiServer, name: &str, units: u64) -> anyhow::Result<()> {
         "spec": { "containers": [{ "name": "main", "image": "nvidia/cuda:12.4.1-base-ubuntu22.04",
             "resources": { "limits": { "aliyun.com/gpu-mem": units.to_string() } } }] },
     }))?;
-    let r = crate::dra::rewrite::rewrite(
+    let r = crate::k8s::dra_request::rewrite(
         &pod,
         NAMESPACE,
         MemoryUnit::GIB,

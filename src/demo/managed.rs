@@ -30,7 +30,7 @@ fn webhook_configuration(kind: &str, name: &str, path: &str) -> Value {
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
         "metadata": { "name": SERVICE },
         "webhooks": [{
-            "name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None",
+            "name": name, "admissionReviewVersions": ["v1"], "sideEffects": "NoneOnDryRun",
             "timeoutSeconds": 5, "failurePolicy": "Fail",
             "clientConfig": { "service": { "namespace": NAMESPACE, "name": SERVICE, "path": path, "port": 443 } },
             "namespaceSelector": { "matchExpressions": [

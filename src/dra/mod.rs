@@ -16,10 +16,11 @@
 //!   the node agent's container contract;
 //! - [`role`]: the `gpushare dra-plugin` role: the node agent's GPUs offered on the DRA path,
 //!   the plugin served, the slice republished on every change of health or use;
-//! - [`rewrite`]: the webhook's DRA rewrite of an `aliyun.com/gpu-mem` pod into one claim
-//!   from a ResourceClaimTemplate, one request per GPU container, all on one GPU.
 //!
-//! What is not here: the webhook's DRA mode (the webhook role calls [`rewrite`]). [`plugin`],
+//! The rewrite of an `aliyun.com/gpu-mem` pod into one claim (what the webhook's DRA mode
+//! does) is infrastructure, [`crate::k8s::dra_request`], since the webhook role uses it.
+//!
+//! What is not here: the webhook's DRA mode (the webhook role). [`plugin`],
 //! [`publish`] and [`role`] perform network I/O (serving kubelet, reading claims, writing
 //! slices); [`checkpoint`], [`prepare`] and [`slices::pcie_root`] touch local files.
 
@@ -32,7 +33,6 @@ pub mod plugin;
 #[cfg(unix)]
 pub mod prepare;
 pub mod publish;
-pub mod rewrite;
 #[cfg(unix)]
 pub mod role;
 pub mod slices;

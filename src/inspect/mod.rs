@@ -2,7 +2,8 @@
 //! went, per node and per GPU, and why a pod does not fit.
 //!
 //! Data comes from the API server (Nodes and Pods, read-only, like upstream
-//! `kubectl-inspect-gpushare`) or, with `--from-extender URL`, from the extender's
+//! `kubectl-inspect-gpushare`, plus the DRA path's ResourceSlices and ResourceClaims when the
+//! server has `resource.k8s.io/v1`: [`dra`]) or, with `--from-extender URL`, from the extender's
 //! `/gpushare-scheduler/inspect` answer (what the scheduler believes). Either way it becomes
 //! one [`report::Report`], rendered by [`render`]:
 //!
@@ -25,11 +26,12 @@
 //! ```
 //!
 //! Amounts are integers in the node's unit. `state` is one of `assigned`, `assumed`,
-//! `bound`, `allocation-annotation` (on a GPU), `no-index`, `index-out-of-range` (pending),
-//! or whatever the extender reports. New keys may be added; existing keys keep their meaning.
+//! `bound`, `allocation-annotation`, `dra-claim` (on a GPU), `no-index`, `index-out-of-range`
+//! (pending), or whatever the extender reports. New keys may be added; existing keys keep their meaning.
 //!
 //! This module never writes to the cluster.
 
+pub mod dra;
 pub(crate) mod render;
 pub mod report;
 pub(crate) mod tabwriter;
@@ -245,9 +247,17 @@ async fn from_api(args: &Args, config: &Config) -> anyhow::Result<Report> {
         ..Default::default()
     })
     .await?;
-    let listed = list_cluster(client, args.node.as_deref()).await;
+    let listed = list_cluster(client.clone(), args.node.as_deref()).await;
     match listed {
-        Ok((nodes, pods)) => Ok(Report::from_cluster(&nodes, &pods, args.node.as_deref())),
+        Ok((nodes, pods)) => {
+            let dra = list_dra(client).await?;
+            Ok(Report::from_cluster_with_dra(
+                &nodes,
+                &pods,
+                &dra,
+                args.node.as_deref(),
+            ))
+        }
         Err(e) => {
             let api_answered = e.chain().any(|c| {
                 c.downcast_ref::<ApiCall>()
@@ -312,6 +322,26 @@ async fn list_cluster(
         .map_err(|error| ApiCall::new("listing pods", error))?
         .items;
     Ok((nodes, pods))
+}
+
+/// The DRA path's slices and claims; none from an API server without `resource.k8s.io/v1`
+/// (404).
+async fn list_dra(client: kube::Client) -> anyhow::Result<dra::DraCluster> {
+    use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+    let not_served = |e: &kube::Error| matches!(e, kube::Error::Api(s) if s.code == 404);
+    let slices_api: Api<ResourceSlice> = Api::all(client.clone());
+    let slices = match slices_api.list(&ListParams::default()).await {
+        Ok(l) => l.items,
+        Err(e) if not_served(&e) => return Ok(dra::DraCluster::default()),
+        Err(error) => return Err(ApiCall::new("listing ResourceSlices", error).into()),
+    };
+    let claims_api: Api<ResourceClaim> = Api::all(client);
+    let claims = match claims_api.list(&ListParams::default()).await {
+        Ok(l) => l.items,
+        Err(e) if not_served(&e) => Vec::new(),
+        Err(error) => return Err(ApiCall::new("listing ResourceClaims", error).into()),
+    };
+    Ok(dra::DraCluster { slices, claims })
 }
 
 /// The URL of the extender's inspect endpoint for `base` (and `node`).

@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::{Deserialize, Serialize};
 
+use crate::core::MemoryUnit;
 use crate::core::annotations::decode_allocation_json;
 use crate::core::wire::ANN_ALLOCATION_JSON;
 use crate::k8s::project::{node_gpus, pod_annotations, pod_gpu_request, pod_is_terminal};
@@ -233,6 +234,19 @@ pub(crate) fn guess_unit(per_gpu: u64) -> &'static str {
 pub fn cluster_from_yaml(text: &str) -> anyhow::Result<(Vec<Node>, Vec<Pod>)> {
     let mut nodes = Vec::new();
     let mut pods = Vec::new();
+    for item in yaml_items(text)? {
+        match item.get("kind").and_then(|k| k.as_str()) {
+            Some("Node") => nodes.push(yaml_serde::from_value(item)?),
+            Some("Pod") => pods.push(yaml_serde::from_value(item)?),
+            _ => {}
+        }
+    }
+    Ok((nodes, pods))
+}
+
+/// The objects of a fixture: a YAML `List`, a plain sequence, or several documents.
+pub(crate) fn yaml_items(text: &str) -> anyhow::Result<Vec<yaml_serde::Value>> {
+    let mut out = Vec::new();
     for doc in yaml_serde::Deserializer::from_str(text) {
         let value = yaml_serde::Value::deserialize(doc)?;
         let items = match value {
@@ -244,18 +258,34 @@ pub fn cluster_from_yaml(text: &str) -> anyhow::Result<(Vec<Node>, Vec<Pod>)> {
             },
             _ => Vec::new(),
         };
-        for item in items {
-            match item.get("kind").and_then(|k| k.as_str()) {
-                Some("Node") => nodes.push(yaml_serde::from_value(item)?),
-                Some("Pod") => pods.push(yaml_serde::from_value(item)?),
-                _ => {}
-            }
-        }
+        out.extend(items);
     }
-    Ok((nodes, pods))
+    Ok(out)
 }
 
 /// The first `InternalIP` of a node, else `unknown` (upstream).
+/// GPUs a node serves on another path than the annotation ledger (the DRA path,
+/// [`super::dra::DraCluster`]), added to the same table.
+pub trait OtherPath {
+    /// Whether `node` serves GPUs on that path.
+    fn serves(&self, node: &str) -> bool;
+    /// The unit of a node that serves only on that path.
+    fn unit_of(&self, node: &str) -> Option<MemoryUnit>;
+    /// Adds the node's GPUs on that path and what is allocated on them; `unit` is the node's.
+    fn add_to(&self, report: &mut NodeReport, unit: MemoryUnit);
+}
+
+/// No other path.
+impl OtherPath for () {
+    fn serves(&self, _: &str) -> bool {
+        false
+    }
+    fn unit_of(&self, _: &str) -> Option<MemoryUnit> {
+        None
+    }
+    fn add_to(&self, _: &mut NodeReport, _: MemoryUnit) {}
+}
+
 fn node_address(node: &Node) -> String {
     crate::k8s::node_address(node).unwrap_or_else(|| "unknown".to_string())
 }
@@ -263,6 +293,17 @@ fn node_address(node: &Node) -> String {
 impl Report {
     /// Builds the report from the API's Nodes and Pods. `only` restricts it to one node.
     pub fn from_cluster(nodes: &[Node], pods: &[Pod], only: Option<&str>) -> Report {
+        Report::from_cluster_with_dra(nodes, pods, &(), only)
+    }
+
+    /// [`Report::from_cluster`] with the DRA path's slices and claims: a node's DRA GPUs and
+    /// allocations are in the same table (see [`super::dra`]).
+    pub fn from_cluster_with_dra(
+        nodes: &[Node],
+        pods: &[Pod],
+        dra: &dyn OtherPath,
+        only: Option<&str>,
+    ) -> Report {
         let mut by_node: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
         for pod in pods {
             let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else {
@@ -279,11 +320,28 @@ impl Report {
                 continue;
             }
             let gpus = node_gpus(node, true);
-            if gpus.capacity.is_zero() {
+            let dra_only = gpus.capacity.is_zero();
+            if dra_only && !dra.serves(name) {
                 continue;
             }
+            let unit_value = match gpus.unit {
+                Some(u) => u,
+                None if dra_only => dra.unit_of(name).unwrap_or(MemoryUnit::GIB),
+                None => {
+                    let per_gpu = match gpus.gpus.first() {
+                        Some(g) => g.total.units(),
+                        None => gpus.capacity.units(),
+                    };
+                    if guess_unit(per_gpu) == "MiB" {
+                        MemoryUnit::MIB
+                    } else {
+                        MemoryUnit::GIB
+                    }
+                }
+            };
             let unit = match gpus.unit {
                 Some(u) => u.to_string(),
+                None if dra_only => unit_value.to_string(),
                 None => {
                     let per_gpu = match gpus.gpus.first() {
                         Some(g) => g.total.units(),
@@ -317,6 +375,7 @@ impl Report {
             for pod in by_node.get(name).into_iter().flatten() {
                 place_pod(&mut report, pod);
             }
+            dra.add_to(&mut report, unit_value);
             report.finish();
             reports.push(report);
         }

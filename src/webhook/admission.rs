@@ -151,7 +151,7 @@ impl Verdict {
 
 /// The pod a review asks us to judge: `Ok(None)` when there is nothing to judge (not a
 /// CREATE), `Err` for a verdict given at once (not a Pod: allowed, with a warning).
-fn pod_of(review: &ReviewRequest) -> Result<Result<Option<Pod>, Verdict>, ReviewError> {
+pub(crate) fn pod_of(review: &ReviewRequest) -> Result<Result<Option<Pod>, Verdict>, ReviewError> {
     if review.kind != "Pod" {
         return Ok(Err(Verdict::warn(format!(
             "gpushare webhook reviews Pods only, not {}: the rules of its webhook \

@@ -14,6 +14,7 @@
 pub(crate) mod admission;
 pub mod bootstrap;
 pub mod certs;
+pub mod dra_mode;
 pub(crate) mod routes;
 
 use std::net::{IpAddr, SocketAddr};
@@ -80,6 +81,11 @@ pub struct Args {
     /// [config: webhook.webhook_config; default gpushare-webhook]
     #[arg(long, value_name = "NAME")]
     pub webhook_config: Option<String>,
+    /// The path of aliyun.com/gpu-mem pods in namespaces without the gpushare.io/gpu-mem-path
+    /// label: extender (sent to --scheduler-name) or dra (rewritten into one ResourceClaim)
+    /// [config: webhook.gpu_mem_path; default extender]
+    #[arg(long, value_name = "PATH")]
+    pub gpu_mem_path: Option<crate::config::GpuMemPath>,
 }
 
 impl Args {
@@ -97,6 +103,7 @@ impl Args {
             namespace,
             service_name,
             webhook_config,
+            gpu_mem_path,
         } = self;
         let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
         flags.set("webhook.bind_address", bind_address.map(|a| a.to_string()));
@@ -110,6 +117,7 @@ impl Args {
         flags.set("webhook.namespace", namespace.clone());
         flags.set("webhook.service_name", service_name.clone());
         flags.set("webhook.webhook_config", webhook_config.clone());
+        flags.set("webhook.gpu_mem_path", *gpu_mem_path);
     }
 }
 
@@ -173,7 +181,9 @@ pub async fn start(
     };
     let mut tasks = Vec::new();
     let (serving, ca_bundle) = if w.self_signed {
-        let client = client.context("--self-signed needs the API server (kubeconfig)")?;
+        let client = client
+            .clone()
+            .context("--self-signed needs the API server (kubeconfig)")?;
         let boot =
             bootstrap::Bootstrap::new(client, w).retaining((3 * refresh).max(3 * DEFAULT_REFRESH));
         let mut attempt = 0u32;
@@ -234,6 +244,21 @@ pub async fn start(
              cert-manager) or --self-signed"
         )));
     };
+    // With the API, the path of each gpu-mem pod is its namespace's label (else
+    // webhook.gpu_mem_path); without it, every pod takes the extender path.
+    let dra = match (&client, w.gpu_mem_path) {
+        (Some(c), path) => Some(dra_mode::DraMode::new(
+            c.clone(),
+            path,
+            config.node.memory_unit,
+        )),
+        (None, crate::config::GpuMemPath::Extender) => None,
+        (None, crate::config::GpuMemPath::Dra) => {
+            return Err(crate::failure::config(anyhow::anyhow!(
+                "webhook.gpu_mem_path dra needs the API server (kubeconfig or in-cluster)"
+            )));
+        }
+    };
     let addr = SocketAddr::new(w.bind_address, w.port);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -245,6 +270,7 @@ pub async fn start(
         w.scheduler_name.clone(),
         w.max_gpu_mem,
         Duration::from_millis(config.http.body_read_timeout_ms),
+        dra,
     );
     let metrics = admin.with_registry(crate::http_server::ServerMetrics::register);
     let acceptor = serving.acceptor()?;
@@ -271,18 +297,25 @@ pub async fn start(
 
 /// Runs `gpushare webhook` until SIGTERM/SIGINT.
 pub async fn run(_args: Args, config: Config) -> anyhow::Result<ExitCode> {
-    let client = if config.webhook.self_signed {
-        Some(
-            crate::k8s::client(&crate::k8s::ClientOptions {
-                kubeconfig: Some(config.cluster.kubeconfig.as_str()),
-                ..Default::default()
-            })
-            .await?,
-        )
-    } else {
-        None
+    // The API serves --self-signed and the DRA mode (namespace labels, claim templates).
+    // Without --self-signed and with the extender path cluster-wide, a webhook that cannot
+    // build a client still serves, without reading namespace labels.
+    let needed =
+        config.webhook.self_signed || config.webhook.gpu_mem_path == crate::config::GpuMemPath::Dra;
+    let built = crate::k8s::client(&crate::k8s::ClientOptions {
+        kubeconfig: Some(config.cluster.kubeconfig.as_str()),
+        ..Default::default()
+    })
+    .await;
+    let client = match built {
+        Ok(c) => Some(c),
+        Err(e) if !needed => {
+            tracing::warn!(error = %e, "no API client: namespace labels gpushare.io/gpu-mem-path are not read");
+            None
+        }
+        Err(e) => return Err(e),
     };
-    if client.is_some() {
+    if needed {
         let wait = std::time::Duration::from_secs(config.cluster.api_wait_secs);
         crate::k8s::reachable::wait_for_api(&config.cluster.kubeconfig, wait, "webhook").await?;
     }

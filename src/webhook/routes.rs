@@ -15,6 +15,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
 use super::admission::{self, ReviewError, Verdict};
+use super::dra_mode::DraMode;
 use crate::admin::AdminState;
 use crate::http_server::{self, Reply};
 
@@ -39,6 +40,8 @@ pub struct WebhookState {
     pub max_gpu_mem: u64,
     /// `http.body_read_timeout_ms`.
     pub body_deadline: Duration,
+    /// The DRA mode (namespace labels, the rewrite), when the webhook has the API.
+    pub dra: Option<DraMode>,
     reviews: Family<ReviewLabel, Counter>,
 }
 
@@ -49,6 +52,7 @@ impl WebhookState {
         scheduler_name: String,
         max_gpu_mem: u64,
         body_deadline: Duration,
+        dra: Option<DraMode>,
     ) -> Arc<WebhookState> {
         let reviews = Family::<ReviewLabel, Counter>::default();
         admin.with_registry(|r| {
@@ -63,6 +67,7 @@ impl WebhookState {
             scheduler_name,
             max_gpu_mem,
             body_deadline,
+            dra,
             reviews,
         })
     }
@@ -119,7 +124,10 @@ pub async fn handle(state: Arc<WebhookState>, req: Request<Incoming>) -> Reply {
         }
     };
     let decided: Result<(String, Verdict), ReviewError> = if endpoint == "mutate" {
-        admission::mutate(&body, &state.scheduler_name)
+        match &state.dra {
+            Some(dra) => dra.mutate(&body, &state.scheduler_name).await,
+            None => admission::mutate(&body, &state.scheduler_name),
+        }
     } else {
         admission::validate(&body, state.max_gpu_mem)
     };

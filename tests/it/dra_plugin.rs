@@ -16,8 +16,8 @@ use gpushare::dra::claims::ClaimShare;
 use gpushare::dra::plugin::{
     PluginConfig, PrepareError, Prepared, Preparer, RunningPlugin, SERVICES, Served, start,
 };
-use gpushare::dra::rewrite::rewrite;
 use gpushare::dra::slices::{SliceGpu, build_slices, device_name};
+use gpushare::k8s::dra_request::rewrite;
 use gpushare::shutdown::Shutdown;
 use gpushare_sandbox::apiserver::ApiServer;
 use gpushare_sandbox::dra_allocator::DraAllocator;

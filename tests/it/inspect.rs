@@ -7,6 +7,7 @@
 
 use std::path::PathBuf;
 
+use gpushare::inspect::dra::DraCluster;
 use gpushare::inspect::report::{Report, cluster_from_yaml};
 use gpushare::inspect::{Format, render_report};
 
@@ -112,6 +113,29 @@ fn golden_multi_container_and_allocation_annotation() {
 #[test]
 fn golden_heterogeneous_gpus() {
     check_all_formats("heterogeneous");
+}
+
+/// DRA allocations (slices and claims) in the same table as the annotation ledger.
+#[test]
+fn golden_dra_allocations_beside_the_annotation_ledger() {
+    let text = std::fs::read_to_string(fixture("inspect/dra.yaml")).expect("fixture readable");
+    let (nodes, pods) = cluster_from_yaml(&text).expect("fixture parses");
+    let dra = DraCluster::from_yaml(&text).expect("DRA objects parse");
+    let report = Report::from_cluster_with_dra(&nodes, &pods, &dra, None);
+    let node2 = &report.nodes[1];
+    assert_eq!(
+        (node2.name.as_str(), node2.total, node2.used),
+        ("node-2", 32, 11)
+    );
+    for (suffix, format, details) in FORMATS {
+        check_golden(
+            &format!("dra.{suffix}.txt"),
+            &render_report(&report, format, details),
+        );
+    }
+    // Without the DRA objects (an API server without resource.k8s.io), node-2 is not there.
+    let plain = Report::from_cluster(&nodes, &pods, None);
+    assert_eq!(plain.nodes.len(), 1);
 }
 
 #[test]

@@ -43,4 +43,5 @@ mod support;
 mod verb_errors;
 mod watch_churn;
 mod webhook;
+mod webhook_dra;
 mod workspace;

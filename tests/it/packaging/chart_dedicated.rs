@@ -317,7 +317,7 @@ fn the_webhook_ships_two_replicas_both_configurations_and_least_privilege_rbac()
     ] {
         let cfg = find(&objects, kind, "gpushare-webhook");
         let hook = &cfg["webhooks"][0];
-        assert_eq!(hook["sideEffects"], "None");
+        assert_eq!(hook["sideEffects"], "NoneOnDryRun");
         assert_eq!(hook["admissionReviewVersions"], json!(["v1"]));
         assert_eq!(hook["timeoutSeconds"], 7);
         assert_eq!(hook["failurePolicy"], "Ignore");
@@ -347,8 +347,10 @@ fn the_webhook_ships_two_replicas_both_configurations_and_least_privilege_rbac()
             assert_eq!(rule["resourceNames"], json!(["gpushare-webhook-tls"]));
         }
     }
+    // Cluster-wide: its two configurations, reading namespaces (the gpu-mem-path label) and
+    // making the DRA path's claim templates; nothing else.
     let cr = find(&objects, "ClusterRole", "gpushare-webhook");
-    assert_eq!(cr["rules"].as_array().map(Vec::len), Some(1));
+    assert_eq!(cr["rules"].as_array().map(Vec::len), Some(3));
     assert_eq!(cr["rules"][0]["resourceNames"], json!(["gpushare-webhook"]));
     assert_eq!(
         cr["rules"][0]["resources"],
@@ -357,6 +359,14 @@ fn the_webhook_ships_two_replicas_both_configurations_and_least_privilege_rbac()
             "validatingwebhookconfigurations"
         ])
     );
+    assert_eq!(cr["rules"][1]["resources"], json!(["namespaces"]));
+    assert_eq!(cr["rules"][1]["verbs"], json!(["get", "list", "watch"]));
+    assert_eq!(cr["rules"][2]["apiGroups"], json!(["resource.k8s.io"]));
+    assert_eq!(
+        cr["rules"][2]["resources"],
+        json!(["resourceclaimtemplates"])
+    );
+    assert_eq!(cr["rules"][2]["verbs"], json!(["get", "create"]));
 }
 
 #[test]

@@ -9,6 +9,9 @@
 //! name `<service>.<namespace>.svc`. `failurePolicy` (default `Fail`) and `timeoutSeconds`
 //! (default 10) are honoured; warnings come back as `Warning` headers.
 //!
+//! A dry run (`?dryRun=All`) is sent with `dryRun: true`, and refused with 400 when a matching
+//! webhook's `sideEffects` is neither `None` nor `NoneOnDryRun` (as kube-apiserver does).
+//!
 //! Limits: pods and CREATE only; `objectSelector`, `matchConditions`, `reinvocationPolicy`
 //! and `matchPolicy` are ignored; `scope` is not checked.
 
@@ -36,11 +39,13 @@ pub(super) struct Admitted {
     pub warnings: Vec<String>,
 }
 
-/// Runs the webhooks for a pod create in `namespace`; `Err` refuses it.
+/// Runs the webhooks for a pod create in `namespace` (a dry run when `dry_run`); `Err` refuses
+/// it.
 pub(super) async fn admit_pod_create(
     shared: &Arc<Shared>,
     namespace: &str,
     mut object: Value,
+    dry_run: bool,
 ) -> Result<Admitted, ApiError> {
     let (mutating, validating, ns_labels) = {
         let store = shared.store();
@@ -76,8 +81,16 @@ pub(super) async fn admit_pod_create(
                     .and_then(Value::as_str)
                     .unwrap_or("")
                     .to_string();
+                let side_effects = hook.get("sideEffects").and_then(Value::as_str);
+                if dry_run && !matches!(side_effects, Some("None" | "NoneOnDryRun")) {
+                    return Err(ApiError::with_code(
+                        400,
+                        "BadRequest",
+                        &format!("admission webhook {name:?} does not support dry run"),
+                    ));
+                }
                 let ignore = hook.get("failurePolicy").and_then(Value::as_str) == Some("Ignore");
-                let response = match call(shared, hook, namespace, &object).await {
+                let response = match call(shared, hook, namespace, &object, dry_run).await {
                     Ok(r) => r,
                     Err(why) if ignore => {
                         warnings.push(format!("failed calling webhook {name:?} (ignored): {why}"));
@@ -246,6 +259,7 @@ async fn call(
     hook: &Value,
     namespace: &str,
     object: &Value,
+    dry_run: bool,
 ) -> Result<Value, String> {
     let (addr, server_name, path) = target(shared, hook)?;
     let ca = hook
@@ -289,7 +303,7 @@ async fn call(
             "userInfo": { "username": "sandbox" },
             "object": object,
             "oldObject": null,
-            "dryRun": false,
+            "dryRun": dry_run,
             "options": { "apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions" },
         },
     });

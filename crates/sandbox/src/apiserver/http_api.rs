@@ -162,11 +162,17 @@ async fn handle(
     };
     let mut warnings = Vec::new();
     if let Some(namespace) = pod_create_namespace(&request) {
+        let dry_run = request
+            .query
+            .iter()
+            .any(|(k, v)| k == "dryRun" && v == "All");
         let admitted = match request.json_body() {
-            Ok(pod) => admission::admit_pod_create(&shared, &namespace, pod).await,
+            Ok(pod) => admission::admit_pod_create(&shared, &namespace, pod, dry_run).await,
             Err(err) => Err(err),
         };
         match admitted {
+            // As kube-apiserver: a dry run is admitted and answered, never stored.
+            Ok(a) if dry_run => return Ok(json_response(201, &a.object)),
             Ok(a) => {
                 request.body = Bytes::from(a.object.to_string());
                 warnings = a.warnings;

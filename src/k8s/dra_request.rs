@@ -1,4 +1,4 @@
-//! The webhook's DRA rewrite: a pod that asks `aliyun.com/gpu-mem: N` in its containers
+//! The DRA request of a gpu-mem pod (the webhook's DRA rewrite): a pod that asks `aliyun.com/gpu-mem: N` in its containers
 //! becomes a pod with one ResourceClaim, made from a ResourceClaimTemplate.
 //!
 //! The template holds one request per GPU container (named after the container) of the

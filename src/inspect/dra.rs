@@ -1,0 +1,182 @@
+//! DRA allocations in the inspect report: the GPUs a node publishes in its ResourceSlices
+//! (driver `gpushare.io`) and the ResourceClaims allocated on them, added to the same per-GPU
+//! table as the annotation ledger.
+//!
+//! A device is mapped to its GPU index through the slice's `index` attribute; its size is the
+//! `memory` capacity. A claim's result counts `consumedCapacity.memory` (rounded up to whole
+//! units of the node; the whole GPU when absent) for the pods in the claim's `reservedFor`
+//! (the first pod; `claim/<name>` while none is reserved). A node that has both paths' GPUs
+//! shows both; a node with only DRA GPUs gets its unit from the slice's memory step.
+//!
+//! Pure: no I/O (the role lists slices and claims; an API server without `resource.k8s.io`
+//! gives none).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+
+use super::report::{GpuReport, NodeReport, OtherPath, PodShare};
+use crate::core::MemoryUnit;
+use crate::core::parse_whole_quantity;
+use crate::core::wire::{DRA_ATTR_INDEX, DRA_CAPACITY_MEMORY, DRA_DRIVER_NAME};
+
+/// The state of a pod whose memory comes from a DRA claim.
+pub const STATE_DRA_CLAIM: &str = "dra-claim";
+
+/// What the API holds on the DRA path.
+#[derive(Clone, Debug, Default)]
+pub struct DraCluster {
+    /// ResourceSlices (every driver; only ours are read).
+    pub slices: Vec<ResourceSlice>,
+    /// ResourceClaims (only allocations of our driver are read).
+    pub claims: Vec<ResourceClaim>,
+}
+
+/// One published GPU: index and memory in bytes.
+struct Device {
+    index: u32,
+    bytes: u64,
+}
+
+impl DraCluster {
+    /// Reads the ResourceSlices and ResourceClaims of a fixture (the YAML forms of
+    /// [`super::report::cluster_from_yaml`]); other kinds are ignored.
+    pub fn from_yaml(text: &str) -> anyhow::Result<DraCluster> {
+        let mut out = DraCluster::default();
+        for item in super::report::yaml_items(text)? {
+            match item.get("kind").and_then(|k| k.as_str()) {
+                Some("ResourceSlice") => out.slices.push(yaml_serde::from_value(item)?),
+                Some("ResourceClaim") => out.claims.push(yaml_serde::from_value(item)?),
+                _ => {}
+            }
+        }
+        Ok(out)
+    }
+
+    /// The devices of `node` by name, and the unit their memory step says.
+    fn devices(&self, node: &str) -> (BTreeMap<String, Device>, Option<MemoryUnit>) {
+        let mut out = BTreeMap::new();
+        let mut unit = None;
+        for slice in &self.slices {
+            let s = &slice.spec;
+            if s.driver != DRA_DRIVER_NAME || s.node_name.as_deref() != Some(node) {
+                continue;
+            }
+            for d in s.devices.iter().flatten() {
+                let index = d
+                    .attributes
+                    .as_ref()
+                    .and_then(|a| a.get(DRA_ATTR_INDEX))
+                    .and_then(|a| a.int)
+                    .and_then(|i| u32::try_from(i).ok());
+                let capacity = d.capacity.as_ref().and_then(|c| c.get(DRA_CAPACITY_MEMORY));
+                let bytes = capacity.and_then(|c| parse_whole_quantity(&c.value.0).ok());
+                let step = capacity
+                    .and_then(|c| c.request_policy.as_ref())
+                    .and_then(|p| p.valid_range.as_ref())
+                    .and_then(|r| r.step.as_ref())
+                    .and_then(|q| parse_whole_quantity(&q.0).ok());
+                if unit.is_none() {
+                    unit = step
+                        .and_then(|b| u32::try_from(b >> 20).ok())
+                        .and_then(MemoryUnit::from_mib);
+                }
+                if let (Some(index), Some(bytes)) = (index, bytes) {
+                    out.insert(d.name.clone(), Device { index, bytes });
+                }
+            }
+        }
+        (out, unit)
+    }
+}
+
+impl OtherPath for DraCluster {
+    /// Whether `node` publishes GPUs on the DRA path.
+    fn serves(&self, node: &str) -> bool {
+        !self.devices(node).0.is_empty()
+    }
+
+    /// The unit of a node that serves only on the DRA path.
+    fn unit_of(&self, node: &str) -> Option<MemoryUnit> {
+        self.devices(node).1
+    }
+
+    /// Adds the node's DRA GPUs (those the report does not have yet) and its claims' shares.
+    /// `unit` is the node's memory unit.
+    fn add_to(&self, report: &mut NodeReport, unit: MemoryUnit) {
+        let (devices, _) = self.devices(&report.name);
+        if devices.is_empty() {
+            return;
+        }
+        let unit_bytes = unit.to_bytes(crate::core::GpuMem::new(1)).max(1);
+        for d in devices.values() {
+            if report.gpus.iter().all(|g| g.index != d.index) {
+                let total = d.bytes / unit_bytes;
+                report.gpus.push(GpuReport {
+                    index: d.index,
+                    total,
+                    used: 0,
+                    healthy: true,
+                    pods: Vec::new(),
+                });
+                report.total = report.total.saturating_add(total);
+            }
+        }
+        report.gpus.sort_by_key(|g| g.index);
+        for claim in &self.claims {
+            let Some(results) = claim
+                .status
+                .as_ref()
+                .and_then(|s| s.allocation.as_ref())
+                .and_then(|a| a.devices.as_ref())
+                .and_then(|d| d.results.as_ref())
+            else {
+                continue;
+            };
+            let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+            let reserved = claim.status.as_ref().and_then(|s| s.reserved_for.as_ref());
+            let (name, uid) = match reserved.and_then(|r| r.iter().find(|c| c.resource == "pods")) {
+                Some(pod) => (pod.name.clone(), pod.uid.clone()),
+                None => (
+                    format!(
+                        "claim/{}",
+                        claim.metadata.name.as_deref().unwrap_or_default()
+                    ),
+                    String::new(),
+                ),
+            };
+            for r in results {
+                if r.driver != DRA_DRIVER_NAME || r.pool != report.name {
+                    continue;
+                }
+                let Some(device) = devices.get(&r.device) else {
+                    continue;
+                };
+                let bytes = r
+                    .consumed_capacity
+                    .as_ref()
+                    .and_then(|c| c.get(DRA_CAPACITY_MEMORY))
+                    .and_then(|q| parse_whole_quantity(&q.0).ok())
+                    .unwrap_or(device.bytes);
+                let memory = bytes.div_ceil(unit_bytes);
+                let Some(gpu) = report.gpus.iter_mut().find(|g| g.index == device.index) else {
+                    continue;
+                };
+                match gpu
+                    .pods
+                    .iter_mut()
+                    .find(|p| p.namespace == namespace && p.name == name && p.uid == uid)
+                {
+                    Some(p) => p.memory = p.memory.saturating_add(memory),
+                    None => gpu.pods.push(PodShare {
+                        namespace: namespace.clone(),
+                        name: name.clone(),
+                        uid: uid.clone(),
+                        memory,
+                        state: STATE_DRA_CLAIM.to_string(),
+                    }),
+                }
+            }
+        }
+    }
+}

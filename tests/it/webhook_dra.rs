@@ -1,0 +1,303 @@
+//! The webhook's DRA mode over the sandbox API server (which calls the webhooks on pod create
+//! as kube-apiserver does): a gpu-mem pod in a DRA namespace is rewritten into one claim from
+//! a template the webhook creates, and the sandbox allocator places that claim on one GPU; the
+//! namespace label `gpushare.io/gpu-mem-path` wins over `webhook.gpu_mem_path` both ways; a
+//! dry run creates nothing; a pod with claims is left alone; a lost create answer of the
+//! template is settled by reading it.
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{Api, PostParams};
+use serde_json::{Value, json};
+
+use gpushare::config::{Config, GpuMemPath};
+use gpushare::core::wire::{DRA_DEVICE_CLASS, DRA_DRIVER_NAME, DRA_POD_CLAIM};
+use gpushare::core::{GpuPolicy, MemoryUnit};
+use gpushare::dra::slices::{Pool, SliceGpu};
+use gpushare::shutdown::Shutdown;
+use gpushare::webhook::{self, WebhookHandle};
+use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
+use gpushare_sandbox::dra_allocator::DraAllocator;
+
+const GIB: u64 = 1 << 30;
+
+/// The sandbox with our two webhook configurations (`sideEffects: NoneOnDryRun`), a webhook
+/// serving `default_path`, the DeviceClass, and the namespaces `dra-ns`, `ext-ns` (labelled)
+/// and `plain-ns` (no label).
+async fn cluster(default_path: GpuMemPath) -> (ApiServer, WebhookHandle) {
+    let api = ApiServer::start().await.expect("sandbox");
+    for (kind, path) in [
+        ("MutatingWebhookConfiguration", "/mutate"),
+        ("ValidatingWebhookConfiguration", "/validate"),
+    ] {
+        api.create_object(json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
+            "metadata": { "name": "gpushare-webhook" },
+            "webhooks": [{
+                "name": format!("{}.gpushare.io", &path[1..]),
+                "admissionReviewVersions": ["v1"], "sideEffects": "NoneOnDryRun",
+                "timeoutSeconds": 10, "failurePolicy": "Fail",
+                "clientConfig": { "service": { "namespace": "kube-system", "name": "gpushare-webhook", "path": path, "port": 443 } },
+                "rules": [{ "operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced" }],
+            }],
+        }))
+        .expect("webhook configuration seeded");
+    }
+    for (ns, label) in [
+        ("dra-ns", Some("dra")),
+        ("ext-ns", Some("extender")),
+        ("plain-ns", None),
+    ] {
+        let mut object =
+            json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": ns } });
+        if let Some(l) = label {
+            object["metadata"]["labels"] = json!({ "gpushare.io/gpu-mem-path": l });
+        }
+        api.create_object(object).expect("namespace");
+    }
+    api.create_object(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": { "name": DRA_DEVICE_CLASS },
+        "spec": { "selectors": [{ "cel": { "expression": format!("device.driver == \"{DRA_DRIVER_NAME}\"") } }] },
+    }))
+    .expect("the class");
+    let mut c = Config::default();
+    c.webhook.bind_address = [127, 0, 0, 1].into();
+    c.webhook.port = 0;
+    c.webhook.self_signed = true;
+    c.webhook.gpu_mem_path = default_path;
+    let hook = webhook::start(
+        &c,
+        Some(api.client()),
+        webhook::DEFAULT_REFRESH,
+        Shutdown::never(),
+    )
+    .await
+    .expect("webhook starts");
+    api.route_service("kube-system", "gpushare-webhook", hook.addr);
+    (api, hook)
+}
+
+fn two_container_pod(name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": { "containers": [
+            { "name": "main", "image": "cuda", "resources": { "limits": { "aliyun.com/gpu-mem": "6" } } },
+            { "name": "side", "image": "cuda", "resources": { "limits": { "aliyun.com/gpu-mem": "2" } } },
+        ] },
+    }))
+    .expect("a pod")
+}
+
+async fn create(api: &ApiServer, ns: &str, pod: &Pod) -> Pod {
+    let pods: Api<Pod> = Api::namespaced(api.client(), ns);
+    pods.create(&PostParams::default(), pod)
+        .await
+        .expect("the pod is admitted")
+}
+
+fn claims(pod: &Pod) -> Vec<String> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.resource_claims.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.name)
+        .collect()
+}
+
+fn scheduler(pod: &Pod) -> Option<String> {
+    pod.spec.as_ref().and_then(|s| s.scheduler_name.clone())
+}
+
+fn templates(api: &ApiServer, ns: &str) -> Vec<Value> {
+    api.list_objects("resourceclaimtemplates", Some(ns))
+}
+
+/// Publishes a two-GPU node's slice (16 GiB each).
+fn publish(api: &ApiServer) {
+    let gpus: Vec<SliceGpu> = (0..2u32)
+        .map(|i| SliceGpu {
+            index: i,
+            uuid: format!("GPU-{i}bbbbbbb-0000-0000-0000-000000000000"),
+            product_name: "NVIDIA A10".into(),
+            memory_bytes: 16 * GIB,
+            pcie_root: None,
+            unhealthy: None,
+            allocated_bytes: 0,
+        })
+        .collect();
+    let slices = Pool::new()
+        .update(
+            "node-a",
+            DRA_DRIVER_NAME,
+            Some("550.54.15"),
+            MemoryUnit::GIB,
+            GpuPolicy::Binpack,
+            &gpus,
+        )
+        .expect("slices");
+    for s in slices {
+        api.create_object(serde_json::to_value(&s).expect("json"))
+            .expect("the slice is stored");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_mem_pod_becomes_one_claim_that_the_allocator_places_on_one_gpu() {
+    let (api, hook) = cluster(GpuMemPath::Dra).await;
+    publish(&api);
+    let created = create(&api, "plain-ns", &two_container_pod("train")).await;
+    assert_eq!(claims(&created), [DRA_POD_CLAIM]);
+    assert_eq!(
+        scheduler(&created),
+        None,
+        "the DRA path keeps kube-scheduler"
+    );
+    for c in &created.spec.as_ref().expect("spec").containers {
+        let res = c.resources.as_ref().expect("resources");
+        assert!(res.limits.is_none(), "no gpu-mem left: {res:?}");
+        assert_eq!(
+            res.claims.as_ref().expect("bound")[0].request.as_deref(),
+            Some(c.name.as_str())
+        );
+    }
+    let t = templates(&api, "plain-ns");
+    assert_eq!(t.len(), 1, "{t:?}");
+    let requests = &t[0]["spec"]["spec"]["devices"]["requests"];
+    assert_eq!(
+        requests[0]["exactly"]["capacity"]["requests"]["memory"],
+        (6 * GIB).to_string()
+    );
+    assert_eq!(
+        requests[1]["exactly"]["capacity"]["requests"]["memory"],
+        (2 * GIB).to_string()
+    );
+    let pass = DraAllocator::new(api.client())
+        .reconcile()
+        .await
+        .expect("a pass");
+    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    let claim_name = api
+        .get_as::<Pod>("pods", Some("plain-ns"), "train")
+        .and_then(|p| p.status)
+        .and_then(|s| s.resource_claim_statuses)
+        .and_then(|s| s[0].resource_claim_name.clone())
+        .expect("the pod's claim");
+    let claim: ResourceClaim = api
+        .get_as("resourceclaims", Some("plain-ns"), &claim_name)
+        .expect("the claim");
+    let results = claim
+        .status
+        .and_then(|s| s.allocation)
+        .and_then(|a| a.devices)
+        .and_then(|d| d.results)
+        .unwrap_or_default();
+    assert_eq!(results.len(), 2, "{results:?}");
+    assert_eq!(results[0].device, results[1].device, "both on one GPU");
+    let consumed: Vec<String> = results
+        .iter()
+        .map(|r| {
+            r.consumed_capacity.as_ref().expect("consumed")["memory"]
+                .0
+                .clone()
+        })
+        .collect();
+    assert_eq!(consumed, ["6Gi", "2Gi"], "each container its own amount");
+    hook.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_namespace_label_wins_over_the_cluster_path_both_ways() {
+    for (default_path, unlabelled_dra) in [(GpuMemPath::Extender, false), (GpuMemPath::Dra, true)] {
+        let (api, hook) = cluster(default_path).await;
+        let dra = create(&api, "dra-ns", &two_container_pod("a")).await;
+        assert_eq!(claims(&dra), [DRA_POD_CLAIM], "{default_path:?}");
+        assert_eq!(scheduler(&dra), None);
+        let ext = create(&api, "ext-ns", &two_container_pod("b")).await;
+        assert!(claims(&ext).is_empty(), "{default_path:?}");
+        assert_eq!(scheduler(&ext).as_deref(), Some("gpushare-scheduler"));
+        let plain = create(&api, "plain-ns", &two_container_pod("c")).await;
+        assert_eq!(!claims(&plain).is_empty(), unlabelled_dra);
+        assert_eq!(scheduler(&plain).is_some(), !unlabelled_dra);
+        assert!(templates(&api, "ext-ns").is_empty());
+        hook.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_is_rewritten_but_creates_nothing() {
+    let (api, hook) = cluster(GpuMemPath::Dra).await;
+    let pods: Api<Pod> = Api::namespaced(api.client(), "dra-ns");
+    let answered = pods
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            },
+            &two_container_pod("try"),
+        )
+        .await
+        .expect("the dry run is admitted");
+    assert_eq!(
+        claims(&answered),
+        [DRA_POD_CLAIM],
+        "the answer shows the rewrite"
+    );
+    assert!(templates(&api, "dra-ns").is_empty(), "no template created");
+    assert!(api.get_object("pods", Some("dra-ns"), "try").is_none());
+    hook.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_names_claims_is_left_alone() {
+    let (api, hook) = cluster(GpuMemPath::Dra).await;
+    let mut pod = two_container_pod("mine");
+    if let Some(s) = pod.spec.as_mut() {
+        s.resource_claims = Some(vec![k8s_openapi::api::core::v1::PodResourceClaim {
+            name: "own".into(),
+            resource_claim_name: Some("someone-elses".into()),
+            resource_claim_template_name: None,
+        }]);
+    }
+    let created = create(&api, "dra-ns", &pod).await;
+    assert_eq!(claims(&created), ["own"]);
+    let limits = created.spec.as_ref().expect("spec").containers[0]
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.clone())
+        .expect("limits kept");
+    assert_eq!(limits["aliyun.com/gpu-mem"].0, "6");
+    assert_eq!(scheduler(&created), None);
+    assert!(templates(&api, "dra-ns").is_empty());
+    hook.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_answer_to_the_template_create_is_settled_by_reading_it() {
+    let (api, hook) = cluster(GpuMemPath::Dra).await;
+    api.inject(Fault::new(
+        Some(http::Method::POST),
+        "/resourceclaimtemplates",
+        FaultAction::ApplyThenDrop,
+    ));
+    let created = create(&api, "dra-ns", &two_container_pod("lost")).await;
+    assert_eq!(claims(&created), [DRA_POD_CLAIM]);
+    assert_eq!(templates(&api, "dra-ns").len(), 1);
+    let template_calls: Vec<String> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.contains("/resourceclaimtemplates"))
+        .map(|r| r.method.to_string())
+        .collect();
+    assert_eq!(
+        template_calls,
+        ["POST", "GET"],
+        "one create, its lost answer settled by one read"
+    );
+    // The next pod of the same shape finds the template there (AlreadyExists is fine).
+    let again = create(&api, "dra-ns", &two_container_pod("again")).await;
+    assert_eq!(claims(&again), [DRA_POD_CLAIM]);
+    assert_eq!(templates(&api, "dra-ns").len(), 1);
+    hook.stop().await;
+}
