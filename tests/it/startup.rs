@@ -100,10 +100,13 @@ async fn set_up_mistakes_refuse_at_once_even_while_the_api_server_is_down() {
         .await
         .expect_err("device-plugin-dir fails");
     assert!(format!("{err:#}").contains("device-plugin-dir"), "{err:#}");
-    assert_eq!(
-        version_requests(&api) - before,
-        report_alone,
-        "only the report's own tries: nothing waited"
+    // The report's own tries vary by one with scheduling (a try racing its timeout under
+    // load); a wait would add the STARTUP_BACKOFF tries of cluster.api_wait_secs (a dozen
+    // over its default), so more than one extra try means it waited.
+    let preflight_tries = version_requests(&api) - before;
+    assert!(
+        preflight_tries <= report_alone + 1,
+        "only the report's own tries ({report_alone}), nothing waited: {preflight_tries}"
     );
 
     // 403: the API server answers, and refuses this identity. Waiting will not help.
