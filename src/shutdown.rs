@@ -106,10 +106,8 @@ async fn wait_for_signal() {
 /// the future ends at the first of them. Off unix there is no SIGTERM: Ctrl-C (console
 /// control events) alone.
 #[cfg(not(unix))]
-pub(crate) fn listen_for_signal() -> impl std::future::Future<Output = ()> {
-    async {
-        let _ = tokio::signal::ctrl_c().await;
-    }
+pub(crate) async fn listen_for_signal() {
+    let _ = tokio::signal::ctrl_c().await;
 }
 
 /// Listens for SIGTERM and SIGINT from now on, before the returned future is first polled, so
