@@ -170,7 +170,8 @@ check-windows: ## clippy of the Windows kubectl plugin (x86_64-pc-windows-gnu): 
 build-no-demo: ## the binary without the demo sandbox (proves no role needs gpushare-sandbox)
 	$(CARGO) build $(CI_FLAGS) --no-default-features --bin gpushare
 
-license-check: tools ## every dependency's licence is on deny.toml's allow list (cargo-deny, offline)
+license-check: tools ## every dependency's licence is on deny.toml's allow list (cargo-deny, offline, after cargo fetch of every target's crates)
+	$(CARGO) fetch $(CI_FLAGS)
 	cargo-deny --offline check licenses
 
 lint-packaging: tools ## hadolint on packaging/Dockerfile
