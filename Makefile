@@ -52,8 +52,7 @@ build: ## debug build of the gpushare binary (dynamically linked, NVML backend a
 
 demo: ## run the self-contained demo (sandbox cluster, extender, device plugin, fake GPUs)
 	@echo "demo: building gpushare first (a fresh clone compiles its dependencies once: a few minutes)"
-	$(CARGO) build $(CI_FLAGS)
-	@./target/debug/gpushare demo
+	$(CARGO) run $(CI_FLAGS) --quiet --bin gpushare -- demo
 
 DOCS_VENV ?= .venv-docs
 docs: ## the documentation site into target/site (MkDocs pinned in docs/requirements.txt, strict: a broken link or anchor fails), then the check that docs/ names every flag and configuration key
