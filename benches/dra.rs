@@ -70,7 +70,7 @@ fn gpus(unhealthy: Option<u32>) -> Vec<SliceGpu> {
             uuid: format!("GPU-{i:08x}-0000-0000-0000-000000000000"),
             product_name: "NVIDIA A100-SXM4-80GB".into(),
             memory_bytes: 16 * GIB,
-            pcie_root: None,
+            place: None,
             unhealthy: (unhealthy == Some(i)).then(|| "XID 79".to_string()),
             allocated_bytes: 0,
         })
@@ -106,6 +106,7 @@ async fn run(pods: usize) -> anyhow::Result<Vec<(String, String, String)>> {
             MemoryUnit::GIB,
             GpuPolicy::Binpack,
             &gpus(None),
+            &[],
         )
         .context("a first publication")?;
     sync_slices(&client, "node-a", DRA_DRIVER_NAME, &slices).await?;
@@ -237,6 +238,7 @@ async fn run(pods: usize) -> anyhow::Result<Vec<(String, String, String)>> {
             MemoryUnit::GIB,
             GpuPolicy::Binpack,
             &gpus(Some(3)),
+            &[],
         )
         .context("the taint changes the pool")?;
     sync_slices(&client, "node-a", DRA_DRIVER_NAME, &slices).await?;

@@ -303,7 +303,9 @@ async fn run_dra(args: dra::role::Args, config: Config) -> anyhow::Result<ExitCo
     let (trigger, _) = crate::shutdown::channel();
     let shutdown = crate::shutdown::on_signals(trigger);
     let (client, backend) = crate::node::connect(&config, "dra-plugin").await?;
-    let prepared = crate::node::NodeAgent::prepare(&config.node, client, backend).await?;
+    let prepared = crate::node::NodeAgent::prepare(&config.node, client, backend)
+        .await?
+        .with_devices(&config.devices);
     let agent = prepared.start(shutdown.clone()).await?;
     let result = dra::role::run(args, &config, agent.agent().clone(), shutdown).await;
     agent.stop().await;

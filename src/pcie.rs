@@ -97,12 +97,11 @@ pub struct PciLocation {
 /// DRA's standard attribute of a device's PCIe root complex, valued `pci<domain>:<bus>`
 /// ([`PciLocation::pcie_root`]): a claim's `matchAttribute` on it puts a GPU and an HCA
 /// under one root.
-pub const ATTR_PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+pub const ATTR_PCIE_ROOT: &str = crate::core::wire::DRA_ATTR_PCIE_ROOT;
 /// DRA's standard attribute of a PCI device's address, `dddd:bb:dd.f`.
-pub const ATTR_PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
-/// The NUMA node attribute (no standard name exists: unqualified, so in the driver's
-/// domain), an integer.
-pub const ATTR_NUMA_NODE: &str = "numaNode";
+pub const ATTR_PCI_BUS_ID: &str = crate::core::wire::DRA_ATTR_PCI_BUS_ID;
+/// DRA's standard attribute of a device's NUMA node (Kubernetes 1.37), an integer.
+pub const ATTR_NUMA_NODE: &str = crate::core::wire::DRA_ATTR_NUMA_NODE;
 
 /// A DRA device attribute's value.
 #[derive(Clone, Debug, PartialEq, Eq)]

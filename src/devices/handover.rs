@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::core::wire;
 use crate::devices::generic::GenericDevice;
+use crate::gpu::cdi::{CdiMount, ContainerEditsSpec, DeviceNodeEdit};
 use crate::kubelet_api::deviceplugin as dp;
 use crate::rdma::{Hca, Inventory, RdmaConfig};
 
@@ -85,42 +86,35 @@ impl HandOver {
     /// The same as the `containerEdits` of a CDI device (`env` as `K=V`, `deviceNodes` with
     /// `path` / `hostPath` / `permissions`, bind `mounts`), what a DRA prepare writes into the
     /// CDI spec it hands the runtime.
-    pub fn to_cdi_container_edits(&self) -> serde_json::Value {
-        let env: Vec<String> = self.envs.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let nodes: Vec<serde_json::Value> = self
-            .devices
-            .iter()
-            .map(|d| {
-                serde_json::json!({
-                    "path": d.container_path,
-                    "hostPath": d.host_path,
-                    "permissions": d.permissions,
+    pub fn to_cdi_container_edits(&self) -> ContainerEditsSpec {
+        ContainerEditsSpec {
+            env: self.envs.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+            device_nodes: self
+                .devices
+                .iter()
+                .map(|d| DeviceNodeEdit {
+                    path: d.container_path.clone(),
+                    host_path: Some(d.host_path.clone()),
+                    permissions: Some(d.permissions.clone()),
                 })
-            })
-            .collect();
-        let mounts: Vec<serde_json::Value> = self
-            .mounts
-            .iter()
-            .map(|m| {
-                let mode = if m.read_only { "ro" } else { "rw" };
-                serde_json::json!({
-                    "hostPath": m.host_path,
-                    "containerPath": m.container_path,
-                    "options": [mode, "nosuid", "nodev", "bind"],
+                .collect(),
+            mounts: self
+                .mounts
+                .iter()
+                .map(|m| CdiMount {
+                    host_path: m.host_path.clone(),
+                    container_path: m.container_path.clone(),
+                    options: [
+                        if m.read_only { "ro" } else { "rw" },
+                        "nosuid",
+                        "nodev",
+                        "bind",
+                    ]
+                    .map(str::to_string)
+                    .to_vec(),
                 })
-            })
-            .collect();
-        let mut edits = serde_json::Map::new();
-        if !env.is_empty() {
-            edits.insert("env".into(), env.into());
+                .collect(),
         }
-        if !nodes.is_empty() {
-            edits.insert("deviceNodes".into(), nodes.into());
-        }
-        if !mounts.is_empty() {
-            edits.insert("mounts".into(), mounts.into());
-        }
-        serde_json::Value::Object(edits)
     }
 
     fn finish(mut self) -> HandOver {

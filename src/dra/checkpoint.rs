@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::claims::ClaimShare;
+use super::claims::{ClaimShare, DeviceShare};
 
 /// The format version this build writes and reads.
 pub const VERSION: u32 = 1;
@@ -34,6 +34,16 @@ pub struct PreparedShare {
     pub cdi_device_ids: Vec<String>,
 }
 
+/// One device of another kind held by a prepared claim, and the CDI devices answered for it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedDevice {
+    /// The device share.
+    #[serde(flatten)]
+    pub share: DeviceShare,
+    /// The CDI device ids answered to kubelet for it.
+    pub cdi_device_ids: Vec<String>,
+}
+
 /// One prepared claim.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreparedClaim {
@@ -43,6 +53,9 @@ pub struct PreparedClaim {
     pub name: String,
     /// Its shares of this node's GPUs, in the order of the allocation results.
     pub shares: Vec<PreparedShare>,
+    /// Its devices of other kinds (RDMA HCAs, generic devices), in the order of the results.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<PreparedDevice>,
     /// The transient CDI spec file written for it, removed on unprepare.
     pub cdi_spec: Option<PathBuf>,
 }
@@ -157,8 +170,9 @@ impl Checkpoint {
         Ok(())
     }
 
-    /// Bytes held on each device (by device name) by the prepared claims, except `except`
-    /// (the claim being prepared again).
+    /// What the prepared claims, except `except` (the claim being prepared again), hold on
+    /// each device (by device name), in the device's unit: bytes of a GPU's memory, shares of
+    /// a device of another kind.
     pub fn held(&self, except: Option<&str>) -> BTreeMap<String, u64> {
         let mut out: BTreeMap<String, u64> = BTreeMap::new();
         for (uid, c) in &self.claims {
@@ -167,6 +181,9 @@ impl Checkpoint {
             }
             for s in &c.shares {
                 *out.entry(s.share.device.clone()).or_default() += s.share.memory_bytes;
+            }
+            for d in &c.devices {
+                *out.entry(d.share.device.clone()).or_default() += u64::from(d.share.shares);
             }
         }
         out
@@ -194,6 +211,7 @@ mod tests {
                 },
                 cdi_device_ids: vec!["k8s.gpushare.io/claim=u-gpu-a".into()],
             }],
+            devices: Vec::new(),
             cdi_spec: Some(PathBuf::from("/var/run/cdi/k8s.gpushare.io-claim_u.json")),
         }
     }

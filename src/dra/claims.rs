@@ -1,9 +1,10 @@
 //! What an allocated ResourceClaim gives this node's DRA driver: for each allocation result
-//! of the driver, the device, the request it serves, the `shareID` and the memory consumed.
+//! of the driver, the device, the request it serves, the `shareID` and what it consumes (GPU
+//! memory, or shares of a device of another kind: an RDMA HCA, a generic device).
 //!
 //! [`read_claim`] checks each result against the devices this node publishes (pool = the node,
 //! device known), and [`admit`] checks a claim against what prepared claims already hold on
-//! each GPU. Both answer a typed [`ClaimError`] that concerns that claim only: kubelet gets it
+//! each device. Both answer a typed [`ClaimError`] that concerns that claim only: kubelet gets it
 //! as the claim's error in `NodePrepareResources`, and nothing else changes. What this does
 //! not do: read the claim from the API, or decide what a container sees (the container
 //! contract does, from the [`ClaimShare`]s).
@@ -12,7 +13,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
-use crate::core::wire::DRA_CAPACITY_MEMORY;
+use crate::core::wire::{DRA_CAPACITY_MEMORY, DRA_CAPACITY_SHARES};
 use crate::core::{GpuMem, MemoryUnit, QuantityError, parse_whole_quantity};
 
 /// A device this node publishes, as prepare needs to know it.
@@ -24,6 +25,45 @@ pub struct NodeDevice {
     pub index: u32,
     /// The memory it publishes (the `memory` capacity), in bytes.
     pub memory_bytes: u64,
+}
+
+/// A device of another kind this node publishes ([`super::kinds::KindDevice`]), as prepare
+/// needs to know it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KindDeviceRef {
+    /// The kind's extended resource (`gpushare.io/rdma`).
+    pub resource: String,
+    /// The device's id in its kind (the HCA's name).
+    pub id: String,
+    /// How many pods may hold it (1: whole).
+    pub shares: u32,
+}
+
+/// One allocation result of this driver on a device of another kind.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DeviceShare {
+    /// The claim's request this result serves.
+    pub request: String,
+    /// The device name in the slice.
+    pub device: String,
+    /// The kind's extended resource.
+    pub resource: String,
+    /// The device's id in its kind.
+    pub id: String,
+    /// The `shareID` of the result (absent for an exclusive device).
+    pub share_id: Option<String>,
+    /// Shares consumed (all of them when the result has no `consumedCapacity`).
+    pub shares: u32,
+}
+
+/// What one claim holds on this node: its GPU shares and its devices of other kinds, each
+/// in the order of the allocation results.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClaimDevices {
+    /// Shares of GPUs.
+    pub gpus: Vec<ClaimShare>,
+    /// Devices of other kinds.
+    pub devices: Vec<DeviceShare>,
 }
 
 /// One allocation result of this driver: a share of one GPU.
@@ -83,31 +123,36 @@ pub enum ClaimError {
         #[source]
         source: QuantityError,
     },
-    /// The claim (with what is prepared already) consumes more memory than the GPU has.
+    /// The claim (with what is prepared already) consumes more of a device than it has:
+    /// memory of a GPU (bytes), shares of a device of another kind.
     #[error(
-        "claim {claim}: device {device} would hold {wanted} bytes of {capacity} (over-consumed)"
+        "claim {claim}: device {device} would hold {wanted} {what} of {capacity} (over-consumed)"
     )]
     OverConsumption {
         /// `namespace/name`.
         claim: String,
         /// The device.
         device: String,
-        /// What it would hold with this claim, in bytes.
+        /// What it would hold with this claim.
         wanted: u64,
-        /// What it has, in bytes.
+        /// What it has.
         capacity: u64,
+        /// The unit of both: `bytes` or `shares`.
+        what: &'static str,
     },
 }
 
-/// The shares this node's `driver` holds in `claim`, checked against `devices` (by device
-/// name) of the pool `pool` (the node's name). Results of other drivers are ignored.
+/// What this node's `driver` holds in `claim`, checked against the GPUs `devices` and the
+/// devices of other kinds `others` (by device name) of the pool `pool` (the node's name).
+/// Results of other drivers are ignored.
 pub fn read_claim(
     claim: &ResourceClaim,
     driver: &str,
     pool: &str,
     devices: &BTreeMap<String, NodeDevice>,
+    others: &BTreeMap<String, KindDeviceRef>,
     unit: MemoryUnit,
-) -> Result<Vec<ClaimShare>, ClaimError> {
+) -> Result<ClaimDevices, ClaimError> {
     let id = format!(
         "{}/{}",
         claim.metadata.namespace.as_deref().unwrap_or_default(),
@@ -120,7 +165,7 @@ pub fn read_claim(
         .and_then(|a| a.devices.as_ref())
         .and_then(|d| d.results.as_ref())
         .ok_or_else(|| ClaimError::NotAllocated { claim: id.clone() })?;
-    let mut out = Vec::new();
+    let mut out = ClaimDevices::default();
     for r in results.iter().filter(|r| r.driver == driver) {
         let not_here = || ClaimError::DeviceNotOnNode {
             claim: id.clone(),
@@ -129,6 +174,31 @@ pub fn read_claim(
         };
         if r.pool != pool {
             return Err(not_here());
+        }
+        if let Some(other) = others.get(&r.device) {
+            let shares = match r
+                .consumed_capacity
+                .as_ref()
+                .and_then(|c| c.get(DRA_CAPACITY_SHARES))
+            {
+                Some(q) => parse_whole_quantity(&q.0)
+                    .map_err(|source| ClaimError::BadQuantity {
+                        claim: id.clone(),
+                        device: r.device.clone(),
+                        source,
+                    })
+                    .map(|n| u32::try_from(n).unwrap_or(u32::MAX))?,
+                None => other.shares,
+            };
+            out.devices.push(DeviceShare {
+                request: r.request.clone(),
+                device: r.device.clone(),
+                resource: other.resource.clone(),
+                id: other.id.clone(),
+                share_id: r.share_id.clone(),
+                shares,
+            });
+            continue;
         }
         let dev = devices.get(&r.device).ok_or_else(not_here)?;
         let memory_bytes = match r
@@ -143,7 +213,7 @@ pub fn read_claim(
             })?,
             None => dev.memory_bytes,
         };
-        out.push(ClaimShare {
+        out.gpus.push(ClaimShare {
             request: r.request.clone(),
             device: r.device.clone(),
             uuid: dev.uuid.clone(),
@@ -153,7 +223,7 @@ pub fn read_claim(
             units: unit.units_of_bytes(memory_bytes),
         });
     }
-    if out.is_empty() {
+    if out.gpus.is_empty() && out.devices.is_empty() {
         return Err(ClaimError::NoResults {
             claim: id,
             driver: driver.to_string(),
@@ -162,27 +232,41 @@ pub fn read_claim(
     Ok(out)
 }
 
-/// Checks that `shares` of claim `claim` fit next to `held` (bytes already held on each
-/// device by other prepared claims): no device ends above its memory.
+/// Checks that what claim `claim` holds fits next to `held` (what other prepared claims
+/// already hold on each device, in the device's unit: bytes of a GPU's memory, shares of a
+/// device of another kind): no device ends above its capacity.
 pub fn admit(
     claim: &str,
-    shares: &[ClaimShare],
+    mine: &ClaimDevices,
     held: &BTreeMap<String, u64>,
     devices: &BTreeMap<String, NodeDevice>,
+    others: &BTreeMap<String, KindDeviceRef>,
 ) -> Result<(), ClaimError> {
-    let mut mine: BTreeMap<&str, u64> = BTreeMap::new();
-    for s in shares {
-        *mine.entry(s.device.as_str()).or_default() += s.memory_bytes;
+    let mut wants: BTreeMap<&str, u64> = BTreeMap::new();
+    for s in &mine.gpus {
+        *wants.entry(s.device.as_str()).or_default() += s.memory_bytes;
     }
-    for (device, bytes) in mine {
-        let capacity = devices.get(device).map_or(0, |d| d.memory_bytes);
-        let wanted = held.get(device).copied().unwrap_or(0).saturating_add(bytes);
+    for s in &mine.devices {
+        *wants.entry(s.device.as_str()).or_default() += u64::from(s.shares);
+    }
+    for (device, amount) in wants {
+        let (capacity, what) = match (devices.get(device), others.get(device)) {
+            (Some(d), _) => (d.memory_bytes, "bytes"),
+            (None, Some(o)) => (u64::from(o.shares), "shares"),
+            (None, None) => (0, "bytes"),
+        };
+        let wanted = held
+            .get(device)
+            .copied()
+            .unwrap_or(0)
+            .saturating_add(amount);
         if wanted > capacity {
             return Err(ClaimError::OverConsumption {
                 claim: claim.to_string(),
                 device: device.to_string(),
                 wanted,
                 capacity,
+                what,
             });
         }
     }
@@ -254,6 +338,27 @@ mod tests {
         ])
     }
 
+    fn others() -> BTreeMap<String, KindDeviceRef> {
+        BTreeMap::from([
+            (
+                "rdma-mlx5-0".to_string(),
+                KindDeviceRef {
+                    resource: "gpushare.io/rdma".into(),
+                    id: "mlx5_0".into(),
+                    shares: 4,
+                },
+            ),
+            (
+                "fuse-fuse".to_string(),
+                KindDeviceRef {
+                    resource: "example.com/fuse".into(),
+                    id: "fuse".into(),
+                    shares: 1,
+                },
+            ),
+        ])
+    }
+
     fn claim(results: serde_json::Value) -> ResourceClaim {
         serde_json::from_value(json!({
             "metadata": { "name": "c", "namespace": "ns", "uid": "u-1" },
@@ -272,8 +377,16 @@ mod tests {
               "shareID": "s-2", "consumedCapacity": { "memory": "2Gi" } },
             { "request": "nic", "driver": "other.example.com", "pool": "x", "device": "eth0" },
         ]));
-        let shares =
-            read_claim(&c, "gpushare.io", "node-a", &devices(), MemoryUnit::GIB).expect("reads");
+        let shares = read_claim(
+            &c,
+            "gpushare.io",
+            "node-a",
+            &devices(),
+            &others(),
+            MemoryUnit::GIB,
+        )
+        .expect("reads")
+        .gpus;
         assert_eq!(shares.len(), 2);
         assert_eq!(shares[0].uuid, "GPU-A");
         assert_eq!(shares[0].share_id.as_deref(), Some("s-1"));
@@ -287,8 +400,16 @@ mod tests {
         let c = claim(json!([
             { "request": "r", "driver": "gpushare.io", "pool": "node-a", "device": "gpu-b" },
         ]));
-        let shares =
-            read_claim(&c, "gpushare.io", "node-a", &devices(), MemoryUnit::MIB).expect("reads");
+        let shares = read_claim(
+            &c,
+            "gpushare.io",
+            "node-a",
+            &devices(),
+            &others(),
+            MemoryUnit::MIB,
+        )
+        .expect("reads")
+        .gpus;
         assert_eq!(shares[0].memory_bytes, 8 * GIB);
         assert_eq!(shares[0].units, GpuMem::new(8192));
         assert_eq!(shares[0].share_id, None);
@@ -302,6 +423,7 @@ mod tests {
                 "gpushare.io",
                 "node-a",
                 &devices(),
+                &others(),
                 MemoryUnit::GIB,
             )
         };
@@ -337,6 +459,7 @@ mod tests {
             "gpushare.io",
             "node-a",
             &devices(),
+            &others(),
             MemoryUnit::GIB,
         )
         .expect_err("not allocated");
@@ -379,19 +502,97 @@ mod tests {
             { "request": "b", "driver": "gpushare.io", "pool": "node-a", "device": "gpu-b",
               "shareID": "2", "consumedCapacity": { "memory": "3Gi" } },
         ]));
-        let shares =
-            read_claim(&c, "gpushare.io", "node-a", &devices(), MemoryUnit::GIB).expect("reads");
+        let shares = read_claim(
+            &c,
+            "gpushare.io",
+            "node-a",
+            &devices(),
+            &others(),
+            MemoryUnit::GIB,
+        )
+        .expect("reads");
         let held = BTreeMap::from([("gpu-b".to_string(), 2 * GIB)]);
-        assert_eq!(admit("ns/c", &shares, &held, &devices()), Ok(()));
+        assert_eq!(admit("ns/c", &shares, &held, &devices(), &others()), Ok(()));
         let held = BTreeMap::from([("gpu-b".to_string(), 3 * GIB)]);
         assert_eq!(
-            admit("ns/c", &shares, &held, &devices()),
+            admit("ns/c", &shares, &held, &devices(), &others()),
             Err(ClaimError::OverConsumption {
                 claim: "ns/c".into(),
                 device: "gpu-b".into(),
                 wanted: 9 * GIB,
                 capacity: 8 * GIB,
+                what: "bytes",
             })
         );
+    }
+
+    #[test]
+    fn results_on_other_kinds_are_device_shares_checked_against_their_shares() {
+        let c = claim(json!([
+            { "request": "gpu", "driver": "gpushare.io", "pool": "node-a", "device": "gpu-a",
+              "shareID": "s-1", "consumedCapacity": { "memory": "2Gi" } },
+            { "request": "nic", "driver": "gpushare.io", "pool": "node-a", "device": "rdma-mlx5-0",
+              "shareID": "s-2", "consumedCapacity": { "shares": "1" } },
+            { "request": "fuse", "driver": "gpushare.io", "pool": "node-a", "device": "fuse-fuse" },
+        ]));
+        let got = read_claim(
+            &c,
+            "gpushare.io",
+            "node-a",
+            &devices(),
+            &others(),
+            MemoryUnit::GIB,
+        )
+        .expect("reads");
+        assert_eq!(got.gpus.len(), 1);
+        assert_eq!(
+            got.devices,
+            [
+                DeviceShare {
+                    request: "nic".into(),
+                    device: "rdma-mlx5-0".into(),
+                    resource: "gpushare.io/rdma".into(),
+                    id: "mlx5_0".into(),
+                    share_id: Some("s-2".into()),
+                    shares: 1,
+                },
+                DeviceShare {
+                    request: "fuse".into(),
+                    device: "fuse-fuse".into(),
+                    resource: "example.com/fuse".into(),
+                    id: "fuse".into(),
+                    share_id: None,
+                    shares: 1,
+                },
+            ]
+        );
+        let held = BTreeMap::from([("rdma-mlx5-0".to_string(), 3)]);
+        assert_eq!(admit("ns/c", &got, &held, &devices(), &others()), Ok(()));
+        let held = BTreeMap::from([("rdma-mlx5-0".to_string(), 4)]);
+        assert_eq!(
+            admit("ns/c", &got, &held, &devices(), &others()),
+            Err(ClaimError::OverConsumption {
+                claim: "ns/c".into(),
+                device: "rdma-mlx5-0".into(),
+                wanted: 5,
+                capacity: 4,
+                what: "shares",
+            })
+        );
+        let only_nic = claim(json!([
+            { "request": "nic", "driver": "gpushare.io", "pool": "node-a", "device": "rdma-mlx5-0",
+              "shareID": "s-2", "consumedCapacity": { "shares": "two" } },
+        ]));
+        assert!(matches!(
+            read_claim(
+                &only_nic,
+                "gpushare.io",
+                "node-a",
+                &devices(),
+                &others(),
+                MemoryUnit::GIB
+            ),
+            Err(ClaimError::BadQuantity { .. })
+        ));
     }
 }

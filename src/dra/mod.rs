@@ -4,6 +4,8 @@
 //! - [`slices`]: the ResourceSlice of a node (one device per served GPU, consumable `memory`,
 //!   attributes, taints of unhealthy GPUs, device order by the GPU policy) and the pool
 //!   generation that moves on every change;
+//! - [`kinds`]: the node's other device kinds (RDMA HCAs, generic devices) as devices of the
+//!   same slice, with the standard PCIe and NUMA attributes, and their hand-over;
 //! - [`claims`]: what an allocated ResourceClaim gives this node's driver (device, share id,
 //!   consumed memory), with a typed error per claim;
 //! - [`checkpoint`]: the prepared claims, kept in a JSON file written atomically, so that
@@ -22,10 +24,11 @@
 //!
 //! What is not here: the webhook's DRA mode (the webhook role). [`plugin`],
 //! [`publish`] and [`role`] perform network I/O (serving kubelet, reading claims, writing
-//! slices); [`checkpoint`], [`prepare`] and [`slices::pcie_root`] touch local files.
+//! slices); [`checkpoint`] and [`prepare`] touch local files.
 
 pub mod checkpoint;
 pub mod claims;
+pub mod kinds;
 // Unix sockets only (the kubelet plugin API is served on them); the Windows kubectl plugin
 // build leaves it out.
 #[cfg(unix)]

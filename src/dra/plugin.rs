@@ -36,8 +36,11 @@ use tokio::task::JoinHandle;
 use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 
-use super::checkpoint::{Checkpoint, CheckpointError, PreparedClaim, PreparedShare};
-use super::claims::{ClaimError, ClaimShare, NodeDevice, admit, read_claim};
+use super::checkpoint::{
+    Checkpoint, CheckpointError, PreparedClaim, PreparedDevice, PreparedShare,
+};
+use super::claims::{ClaimDevices, ClaimError, KindDeviceRef, NodeDevice, admit, read_claim};
+use super::kinds::KindDevice;
 use super::slices::{SliceGpu, device_name, published_memory};
 use crate::core::MemoryUnit;
 use crate::kubelet_api::dra::{health_v1, health_v1alpha1, v1, v1beta1};
@@ -92,8 +95,10 @@ impl PluginConfig {
 /// unhealthy ones with the reason.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Served {
-    /// By device name.
+    /// The GPUs, by device name.
     pub devices: BTreeMap<String, NodeDevice>,
+    /// The devices of other kinds (RDMA HCAs, generic devices), by device name.
+    pub others: BTreeMap<String, KindDeviceRef>,
     /// Device name -> why it is unhealthy.
     pub unhealthy: BTreeMap<String, String>,
 }
@@ -119,13 +124,30 @@ impl Served {
         }
         served
     }
+
+    /// The same with the devices of other kinds `devices` ([`super::kinds::kind_devices`]).
+    pub fn with_kinds(mut self, devices: &[KindDevice]) -> Served {
+        for d in devices {
+            self.others.insert(
+                d.name.clone(),
+                KindDeviceRef {
+                    resource: d.resource.clone(),
+                    id: d.id.clone(),
+                    shares: d.shares,
+                },
+            );
+        }
+        self
+    }
 }
 
 /// What the [`Preparer`] did for one claim.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Prepared {
-    /// The CDI device ids of each share, in the order of the shares.
+    /// The CDI device ids of each GPU share, in the order of the shares.
     pub cdi_device_ids: Vec<Vec<String>>,
+    /// The CDI device ids of each device of another kind, in the order of the devices.
+    pub device_cdi_ids: Vec<Vec<String>>,
     /// The transient CDI spec written for the claim, if any.
     pub cdi_spec: Option<PathBuf>,
 }
@@ -136,8 +158,9 @@ pub type PrepareError = Box<dyn std::error::Error + Send + Sync>;
 /// What makes a claim's shares reach its containers (the node agent's container contract and
 /// CDI writer). Both calls must be idempotent.
 pub trait Preparer: Send + Sync + 'static {
-    /// Makes the shares of claim `claim_uid` available; names their CDI devices.
-    fn prepare(&self, claim_uid: &str, shares: &[ClaimShare]) -> Result<Prepared, PrepareError>;
+    /// Makes what claim `claim_uid` holds available (its GPU shares and its devices of other
+    /// kinds); names their CDI devices.
+    fn prepare(&self, claim_uid: &str, claim: &ClaimDevices) -> Result<Prepared, PrepareError>;
     /// Undoes [`Preparer::prepare`] for a claim recorded in the checkpoint.
     fn unprepare(&self, claim_uid: &str, claim: &PreparedClaim) -> Result<(), PrepareError>;
 }
@@ -175,14 +198,14 @@ pub enum ClaimFailure {
         /// Why.
         source: PrepareError,
     },
-    /// The preparer named CDI devices for a different number of shares.
-    #[error("preparing claim {claim}: CDI devices for {got} shares, the claim has {want}")]
+    /// The preparer named CDI devices for a different number of results.
+    #[error("preparing claim {claim}: CDI devices for {got} results, the claim has {want}")]
     Shape {
         /// `namespace/name`.
         claim: String,
         /// What it answered.
         got: usize,
-        /// The shares.
+        /// The results.
         want: usize,
     },
     /// The checkpoint could not be saved: the claim is not prepared.
@@ -228,18 +251,18 @@ impl Core {
     async fn prepare(
         &self,
         claims: Vec<ClaimRef>,
-    ) -> BTreeMap<String, Result<Vec<PreparedShare>, ClaimFailure>> {
+    ) -> BTreeMap<String, Result<PreparedClaim, ClaimFailure>> {
         let mut cp = self.checkpoint.lock().await;
         let mut out = BTreeMap::new();
         let mut fresh = Vec::new();
         for c in claims {
             if let Some(p) = cp.claims.get(&c.uid) {
-                out.insert(c.uid, Ok(p.shares.clone()));
+                out.insert(c.uid, Ok(p.clone()));
                 continue;
             }
             match self.prepare_one(&c, &cp).await {
                 Ok(p) => {
-                    out.insert(c.uid.clone(), Ok(p.shares.clone()));
+                    out.insert(c.uid.clone(), Ok(p.clone()));
                     cp.claims.insert(c.uid.clone(), p);
                     fresh.push(c.uid);
                 }
@@ -285,35 +308,54 @@ impl Core {
             });
         }
         let served = self.served.borrow().clone();
-        let shares = read_claim(
+        let held = read_claim(
             &claim,
             &self.config.driver,
             &self.config.node,
             &served.devices,
+            &served.others,
             self.config.unit,
         )?;
-        admit(&id, &shares, &cp.held(Some(&c.uid)), &served.devices)?;
+        admit(
+            &id,
+            &held,
+            &cp.held(Some(&c.uid)),
+            &served.devices,
+            &served.others,
+        )?;
         let prepared =
             self.preparer
-                .prepare(&c.uid, &shares)
+                .prepare(&c.uid, &held)
                 .map_err(|source| ClaimFailure::Prepare {
                     claim: id.clone(),
                     source,
                 })?;
-        if prepared.cdi_device_ids.len() != shares.len() {
+        if prepared.cdi_device_ids.len() != held.gpus.len()
+            || prepared.device_cdi_ids.len() != held.devices.len()
+        {
             return Err(ClaimFailure::Shape {
                 claim: id,
-                got: prepared.cdi_device_ids.len(),
-                want: shares.len(),
+                got: prepared.cdi_device_ids.len() + prepared.device_cdi_ids.len(),
+                want: held.gpus.len() + held.devices.len(),
             });
         }
         Ok(PreparedClaim {
             namespace: c.namespace.clone(),
             name: c.name.clone(),
-            shares: shares
+            shares: held
+                .gpus
                 .into_iter()
                 .zip(prepared.cdi_device_ids)
                 .map(|(share, cdi_device_ids)| PreparedShare {
+                    share,
+                    cdi_device_ids,
+                })
+                .collect(),
+            devices: held
+                .devices
+                .into_iter()
+                .zip(prepared.device_cdi_ids)
+                .map(|(share, cdi_device_ids)| PreparedDevice {
                     share,
                     cdi_device_ids,
                 })
@@ -353,12 +395,39 @@ impl Core {
         served
             .devices
             .keys()
+            .chain(served.others.keys())
             .map(|d| match served.unhealthy.get(d) {
                 Some(why) => (d.clone(), false, why.clone()),
                 None => (d.clone(), true, String::new()),
             })
             .collect()
     }
+}
+
+/// One device of a prepared claim as kubelet is told of it.
+struct Answered {
+    request: String,
+    device: String,
+    cdi_device_ids: Vec<String>,
+    share_id: Option<String>,
+}
+
+/// The devices of a prepared claim in the answer's order: its GPU shares, then its devices
+/// of other kinds.
+fn answered(p: PreparedClaim) -> impl Iterator<Item = Answered> {
+    let gpus = p.shares.into_iter().map(|s| Answered {
+        request: s.share.request,
+        device: s.share.device,
+        cdi_device_ids: s.cdi_device_ids,
+        share_id: s.share.share_id,
+    });
+    let others = p.devices.into_iter().map(|d| Answered {
+        request: d.share.request,
+        device: d.share.device,
+        cdi_device_ids: d.cdi_device_ids,
+        share_id: d.share.share_id,
+    });
+    gpus.chain(others)
 }
 
 fn claim_refs<I>(claims: I) -> Vec<ClaimRef>
@@ -425,15 +494,14 @@ impl v1::dra_plugin_server::DraPlugin for Service {
             .into_iter()
             .map(|(uid, r)| {
                 let answer = match r {
-                    Ok(shares) => v1::NodePrepareResourceResponse {
-                        devices: shares
-                            .into_iter()
-                            .map(|s| v1::Device {
-                                request_names: vec![s.share.request],
+                    Ok(p) => v1::NodePrepareResourceResponse {
+                        devices: answered(p)
+                            .map(|a| v1::Device {
+                                request_names: vec![a.request],
                                 pool_name: node.clone(),
-                                device_name: s.share.device,
-                                cdi_device_ids: s.cdi_device_ids,
-                                share_id: s.share.share_id,
+                                device_name: a.device,
+                                cdi_device_ids: a.cdi_device_ids,
+                                share_id: a.share_id,
                             })
                             .collect(),
                         error: String::new(),
@@ -491,14 +559,13 @@ impl v1beta1::dra_plugin_server::DraPlugin for Service {
             .into_iter()
             .map(|(uid, r)| {
                 let answer = match r {
-                    Ok(shares) => v1beta1::NodePrepareResourceResponse {
-                        devices: shares
-                            .into_iter()
-                            .map(|s| v1beta1::Device {
-                                request_names: vec![s.share.request],
+                    Ok(p) => v1beta1::NodePrepareResourceResponse {
+                        devices: answered(p)
+                            .map(|a| v1beta1::Device {
+                                request_names: vec![a.request],
                                 pool_name: node.clone(),
-                                device_name: s.share.device,
-                                cdi_device_ids: s.cdi_device_ids,
+                                device_name: a.device,
+                                cdi_device_ids: a.cdi_device_ids,
                             })
                             .collect(),
                         error: String::new(),
@@ -742,15 +809,23 @@ mod tests {
                 uuid: format!("GPU-{i}"),
                 product_name: "x".into(),
                 memory_bytes: (15 << 30) + (900 << 20),
-                pcie_root: None,
+                place: None,
                 unhealthy: (i == 2).then(|| "xid 48".to_string()),
                 allocated_bytes: u64::from(i) << 30,
             })
             .collect();
         let unit = MemoryUnit::GIB;
         let served = Served::from_gpus(&gpus, unit);
-        let slices =
-            super::super::slices::build_slices("n", "d", None, unit, GpuPolicy::Spread, &gpus, 1);
+        let slices = super::super::slices::build_slices(
+            "n",
+            "d",
+            None,
+            unit,
+            GpuPolicy::Spread,
+            &gpus,
+            &[],
+            1,
+        );
         for d in slices[0].spec.devices.iter().flatten() {
             let s = &served.devices[&d.name];
             let cap = &d.capacity.as_ref().expect("capacity")["memory"];

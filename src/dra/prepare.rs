@@ -13,23 +13,34 @@
 //! atomically ([`crate::gpu::cdi::write_spec`]); unprepare removes it (one already gone is
 //! fine). Both are idempotent.
 //!
+//! A device of another kind the claim holds (an RDMA HCA, a generic device) is one more CDI
+//! device of the same spec, `<claim uid>-<n>`, numbered after the GPU shares: the device
+//! nodes and mounts of that device ([`super::kinds::hand_over`], what the device-plugin path
+//! hands over), and the environment of all the claim's devices of its kind (so
+//! `NCCL_IB_HCA` names every HCA of the claim whichever device's edits the runtime applies
+//! last).
+//!
 //! What it does not do: check the claim against the served GPUs or other claims (the plugin
 //! did, [`super::claims::admit`]), record anything (the checkpoint is the plugin's), or
 //! express CDI annotations (a CDI spec has none; `cdi-annotations` alone adds nothing).
 
 use std::path::{Path, PathBuf};
 
+use std::collections::BTreeMap;
+
 use super::checkpoint::PreparedClaim;
-use super::claims::ClaimShare;
+use super::claims::{ClaimDevices, ClaimShare, DeviceShare};
 use super::plugin::{PrepareError, Prepared, Preparer};
 use crate::config::{NodeConfig, VisibleDevices};
 use crate::core::GpuMem;
+use crate::devices::handover::HandOverError;
 use crate::gpu::cdi::{
     CdiMount, ContainerEditsSpec, DeviceNodeEdit, DeviceSpecEdit, Registry, TransientSpec,
     remove_spec, write_spec,
 };
 use crate::node::contract::{self, ContainerEdits, NodeTraits, Target};
 use crate::node::gpus::ServedGpu;
+use crate::node::kinds::DeviceKinds;
 
 /// The class of the CDI kind of the claims' specs (`<driver>/gpu`).
 pub const CDI_CLASS: &str = "gpu";
@@ -46,6 +57,9 @@ pub enum CdiPrepareError {
     /// The contract's hand-over refused (a CDI strategy without the GPU's CDI device).
     #[error(transparent)]
     Handover(#[from] contract::HandoverError),
+    /// A device of another kind cannot be handed over (not offered, its node gone).
+    #[error(transparent)]
+    Device(#[from] HandOverError),
     /// The spec could not be written or removed.
     #[error(transparent)]
     Write(#[from] crate::gpu::cdi::WriteError),
@@ -59,6 +73,7 @@ pub struct CdiPreparer {
     gpus: Vec<ServedGpu>,
     cdi_dir: PathBuf,
     kind: String,
+    kinds: DeviceKinds,
 }
 
 impl CdiPreparer {
@@ -77,7 +92,14 @@ impl CdiPreparer {
             gpus,
             cdi_dir: cdi_dir.to_path_buf(),
             kind: cdi_kind(driver),
+            kinds: DeviceKinds::default(),
         }
+    }
+
+    /// The same, handing over the devices of `kinds` (RDMA HCAs, generic devices) too.
+    pub fn with_kinds(mut self, kinds: DeviceKinds) -> CdiPreparer {
+        self.kinds = kinds;
+        self
     }
 
     /// The CDI kind of the specs written.
@@ -85,12 +107,14 @@ impl CdiPreparer {
         &self.kind
     }
 
-    /// The spec of claim `claim_uid` and the CDI ids of each share.
+    /// The spec of claim `claim_uid` and the CDI ids of each GPU share and of each device of
+    /// another kind.
     pub fn spec(
         &self,
         claim_uid: &str,
-        shares: &[ClaimShare],
-    ) -> Result<(TransientSpec, Vec<Vec<String>>), CdiPrepareError> {
+        claim: &ClaimDevices,
+    ) -> Result<(TransientSpec, Vec<Vec<String>>, Vec<Vec<String>>), CdiPrepareError> {
+        let shares: &[ClaimShare] = &claim.gpus;
         let total: GpuMem = shares.iter().map(|s| s.units).sum();
         let registry = self
             .node
@@ -125,7 +149,44 @@ impl CdiPreparer {
             });
             ids.push(share_ids);
         }
-        Ok((spec, ids))
+        let device_ids = self.devices(claim_uid, &claim.devices, shares.len(), &mut spec)?;
+        Ok((spec, ids, device_ids))
+    }
+
+    /// Adds one CDI device per device of another kind to `spec`, numbered from `first`;
+    /// their CDI ids.
+    fn devices(
+        &self,
+        claim_uid: &str,
+        devices: &[DeviceShare],
+        first: usize,
+        spec: &mut TransientSpec,
+    ) -> Result<Vec<Vec<String>>, CdiPrepareError> {
+        let mut by_resource: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for d in devices {
+            by_resource
+                .entry(d.resource.as_str())
+                .or_default()
+                .push(d.id.as_str());
+        }
+        let mut envs = BTreeMap::new();
+        for (resource, ids) in &by_resource {
+            let all = super::kinds::hand_over(&self.kinds, resource, ids)?;
+            envs.insert(*resource, all.to_cdi_container_edits().env);
+        }
+        let mut out = Vec::with_capacity(devices.len());
+        for (i, d) in devices.iter().enumerate() {
+            let own = super::kinds::hand_over(&self.kinds, &d.resource, &[d.id.as_str()])?;
+            let mut edits = own.to_cdi_container_edits();
+            edits.env = envs.get(d.resource.as_str()).cloned().unwrap_or_default();
+            let name = format!("{claim_uid}-{}", first + i);
+            out.push(vec![format!("{}={name}", self.kind)]);
+            spec.devices.push(DeviceSpecEdit {
+                name,
+                container_edits: edits,
+            });
+        }
+        Ok(out)
     }
 }
 
@@ -164,11 +225,12 @@ fn container_edits(edits: &ContainerEdits) -> ContainerEditsSpec {
 }
 
 impl Preparer for CdiPreparer {
-    fn prepare(&self, claim_uid: &str, shares: &[ClaimShare]) -> Result<Prepared, PrepareError> {
-        let (spec, cdi_device_ids) = self.spec(claim_uid, shares)?;
+    fn prepare(&self, claim_uid: &str, claim: &ClaimDevices) -> Result<Prepared, PrepareError> {
+        let (spec, cdi_device_ids, device_cdi_ids) = self.spec(claim_uid, claim)?;
         let path = write_spec(&self.cdi_dir, claim_uid, &spec).map_err(CdiPrepareError::from)?;
         Ok(Prepared {
             cdi_device_ids,
+            device_cdi_ids,
             cdi_spec: Some(path),
         })
     }
@@ -223,7 +285,15 @@ mod tests {
             dir.path(),
         );
         let shares = [share("main", "GPU-1", 1, 6), share("side", "GPU-1", 1, 2)];
-        let out = p.prepare("uid-1", &shares).expect("prepared");
+        let out = p
+            .prepare(
+                "uid-1",
+                &ClaimDevices {
+                    gpus: shares.to_vec(),
+                    devices: Vec::new(),
+                },
+            )
+            .expect("prepared");
         assert_eq!(
             out.cdi_device_ids,
             [
@@ -263,12 +333,19 @@ mod tests {
                 namespace: "d".into(),
                 name: "c".into(),
                 shares: vec![],
+                devices: vec![],
                 cdi_spec: Some(path.clone()),
             },
         )
         .expect("unprepared");
         assert!(!path.exists());
-        let unknown = p.prepare("uid-2", &[share("main", "GPU-9", 9, 1)]);
+        let unknown = p.prepare(
+            "uid-2",
+            &ClaimDevices {
+                gpus: vec![share("main", "GPU-9", 9, 1)],
+                devices: Vec::new(),
+            },
+        );
         assert!(unknown.is_err());
     }
 }

@@ -5,6 +5,9 @@
 //! ([`super::publish`]) on every change: a GPU's health (the agent's health view: taint and
 //! `NodeWatchResources`) and the memory allocated on each GPU (a watch of the ResourceClaims
 //! allocated on this node's pool), which orders the devices by `--gpu-policy`. It serves
+//! The node agent's other device kinds (`[devices]`: RDMA HCAs, generic devices) are
+//! published in the same slice after the GPUs ([`super::kinds`]) and handed over by the same
+//! preparer. It serves
 //! `/healthz`, `/readyz` (ready once kubelet accepted the registration) and `/metrics` on
 //! `dra.admin_address`. Stopping withdraws the GPUs, stops serving and removes the sockets; the
 //! slices stay (a restarted plugin takes them over; kubelet removes a plugin's slices when it
@@ -27,9 +30,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::claims::allocated_per_device;
+use super::kinds::{KindDevice, kind_devices};
 use super::plugin::{PluginConfig, RunningPlugin, Served};
 use super::prepare::CdiPreparer;
-use super::slices::{Pool, SliceGpu, device_name, pcie_root};
+use super::slices::{Pool, SliceGpu, device_name};
 use crate::admin::AdminState;
 use crate::config::{Config, DraConfig, FlagOverrides, VisibleDevices};
 use crate::core::{GpuPolicy, MemoryUnit};
@@ -149,6 +153,8 @@ pub async fn run(
 struct GpuFacts {
     gpus: Vec<SliceGpu>,
     driver_version: Option<String>,
+    /// The devices of the other kinds, published after the GPUs.
+    others: Vec<KindDevice>,
 }
 
 /// The role's state shared by its tasks.
@@ -263,7 +269,9 @@ pub async fn start(
     backend: Arc<dyn crate::gpu::GpuBackend>,
     shutdown: Shutdown,
 ) -> anyhow::Result<DraPluginHandle> {
-    let prepared = NodeAgent::prepare(&config.node, client, backend).await?;
+    let prepared = NodeAgent::prepare(&config.node, client, backend)
+        .await?
+        .with_devices(&config.devices);
     let agent = prepared.start(shutdown.clone()).await?;
     match serve(config, agent.agent().clone(), shutdown).await {
         Ok(mut handle) => {
@@ -313,9 +321,13 @@ async fn serve_offered(
                     uuid: g.uuid.clone(),
                     product_name: found.map(|d| d.name.clone()).unwrap_or_default(),
                     memory_bytes: found.map_or(unit.to_bytes(g.units), |d| d.memory_bytes),
-                    pcie_root: found
-                        .filter(|d| !d.pci_bus_id.is_empty())
-                        .and_then(|d| pcie_root(Path::new("/sys"), &d.pci_bus_id)),
+                    place: found.filter(|d| !d.pci_bus_id.is_empty()).and_then(|d| {
+                        crate::pcie::PciLocation::of_bus_id(
+                            &config.devices.sysfs_root,
+                            &d.pci_bus_id,
+                        )
+                        .ok()
+                    }),
                     unhealthy: None,
                     allocated_bytes: 0,
                 }
@@ -323,6 +335,7 @@ async fn serve_offered(
             .collect(),
         driver_version: (!inventory.driver_version.is_empty())
             .then(|| inventory.driver_version.clone()),
+        others: kind_devices(agent.device_kinds()),
     };
     let mut health = agent.health();
     let view = health.borrow_and_update().clone();
@@ -336,10 +349,10 @@ async fn serve_offered(
         generation: watch::Sender::new(0),
         dra: dra.clone(),
     });
-    role.served.send_replace(Served::from_gpus(
-        &role.slice_gpus(&view, &BTreeMap::new()),
-        unit,
-    ));
+    role.served.send_replace(
+        Served::from_gpus(&role.slice_gpus(&view, &BTreeMap::new()), unit)
+            .with_kinds(&role.facts.others),
+    );
 
     let (stop_trigger, stop) = shutdown.child();
     let plugin_dir = dra.plugin_dir();
@@ -361,7 +374,8 @@ async fn serve_offered(
         gpus,
         &dra.driver_name,
         &dra.cdi_dir,
-    );
+    )
+    .with_kinds(agent.device_kinds().clone());
     let plugin = match super::plugin::start(
         plugin_config,
         role.client.clone(),
@@ -525,12 +539,18 @@ async fn publish_loop(
     tokio::pin!(stop_fut);
     let mut pool = Pool::new();
     let mut pending = None;
+    let others: Vec<_> = role
+        .facts
+        .others
+        .iter()
+        .map(KindDevice::to_device)
+        .collect();
     loop {
         let view = health.borrow_and_update().clone();
         let used = allocated.borrow_and_update().clone();
         let gpus = role.slice_gpus(&view, &used);
         role.served.send_if_modified(|s| {
-            let next = Served::from_gpus(&gpus, role.unit);
+            let next = Served::from_gpus(&gpus, role.unit).with_kinds(&role.facts.others);
             if *s == next {
                 false
             } else {
@@ -545,6 +565,7 @@ async fn publish_loop(
             role.unit,
             role.dra.gpu_policy,
             &gpus,
+            &others,
         ) {
             pending = Some((pool.generation(), slices));
         }

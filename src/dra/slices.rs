@@ -6,9 +6,12 @@
 //! rounded down to whole memory units (the device plugin's rule), with a `requestPolicy` whose
 //! `validRange` has `min` and `step` of one unit and `max` the whole, and whose `default` is the
 //! whole: a claim that asks no memory gets the whole GPU. Attributes: `uuid`, `index`,
-//! `productName`, `driverVersion` (a semantic version, leading zeros dropped) and the standard
-//! `resource.kubernetes.io/pcieRoot` where known. An unhealthy GPU carries the taint
-//! `gpushare.io/unhealthy` (`NoSchedule`), so no new claim lands on it.
+//! `productName`, `driverVersion` (a semantic version, leading zeros dropped), `type: gpu` (the
+//! GPU DeviceClass selects on it) and, where sysfs states them, the standard
+//! `resource.kubernetes.io/pcieRoot`, `pciBusID` and `numaNode`. An unhealthy GPU carries the
+//! taint `gpushare.io/unhealthy` (`NoSchedule`), so no new claim lands on it. The devices of
+//! the node's other kinds ([`super::kinds`]: RDMA HCAs, generic devices) follow the GPUs in
+//! the same pool, so a claim's `matchAttribute` can align them.
 //!
 //! Device order: kube-scheduler takes the first device that fits, in slice order, so the
 //! order carries the GPU policy: `binpack` lists the fullest GPU first, `spread` the emptiest,
@@ -18,11 +21,10 @@
 //!
 //! [`Pool`] keeps the published devices and moves the pool generation on every change; slices
 //! hold at most [`MAX_DEVICES_PER_SLICE`] devices each. What it does not do: talk to the API
-//! server, or decide which GPUs are served (MIG-excluded GPUs and GPUs of the device plugin
-//! never reach it).
+//! server, read sysfs, or decide which GPUs are served (MIG-excluded GPUs and GPUs of the
+//! device plugin never reach it).
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity,
@@ -32,10 +34,11 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::core::wire::{
-    DRA_ATTR_DRIVER_VERSION, DRA_ATTR_INDEX, DRA_ATTR_PCIE_ROOT, DRA_ATTR_PRODUCT_NAME,
-    DRA_ATTR_UUID, DRA_CAPACITY_MEMORY, DRA_TAINT_UNHEALTHY,
+    DRA_ATTR_DRIVER_VERSION, DRA_ATTR_INDEX, DRA_ATTR_PRODUCT_NAME, DRA_ATTR_TYPE, DRA_ATTR_UUID,
+    DRA_CAPACITY_MEMORY, DRA_TAINT_UNHEALTHY, DRA_TYPE_GPU,
 };
 use crate::core::{GpuPolicy, MemoryUnit};
+use crate::pcie::PciLocation;
 
 /// The API's limit on devices in one ResourceSlice.
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
@@ -51,8 +54,8 @@ pub struct SliceGpu {
     pub product_name: String,
     /// Total memory in bytes.
     pub memory_bytes: u64,
-    /// `pci<domain>:<bus>` of its PCIe root complex, when known ([`pcie_root`]).
-    pub pcie_root: Option<String>,
+    /// Where its PCI function sits, when sysfs says ([`PciLocation::of_bus_id`]).
+    pub place: Option<PciLocation>,
     /// `None` when healthy; else why not (the taint's value, shortened to a label value).
     pub unhealthy: Option<String>,
     /// Memory allocated on it now, in bytes (orders the devices by the policy).
@@ -77,8 +80,10 @@ pub fn device_name(gpu: &SliceGpu) -> String {
     }
 }
 
-/// The slices of one node's pool, at `generation`: devices ordered by `policy`, split into
-/// slices of at most [`MAX_DEVICES_PER_SLICE`], named `<node>-<driver>-<n>`.
+/// The slices of one node's pool, at `generation`: the GPUs ordered by `policy`, then
+/// `others` (the other kinds' devices, [`super::kinds::KindDevice::to_device`]) as given,
+/// split into slices of at most [`MAX_DEVICES_PER_SLICE`], named `<node>-<driver>-<n>`.
+#[allow(clippy::too_many_arguments)]
 pub fn build_slices(
     node: &str,
     driver: &str,
@@ -86,11 +91,13 @@ pub fn build_slices(
     unit: MemoryUnit,
     policy: GpuPolicy,
     gpus: &[SliceGpu],
+    others: &[Device],
     generation: i64,
 ) -> Vec<ResourceSlice> {
     let devices = ordered(gpus, policy)
         .into_iter()
         .map(|g| device(g, unit, driver_version))
+        .chain(others.iter().cloned())
         .collect::<Vec<_>>();
     let chunks: Vec<Vec<Device>> = if devices.is_empty() {
         vec![Vec::new()]
@@ -178,14 +185,17 @@ fn device(gpu: &SliceGpu, unit: MemoryUnit, driver_version: Option<&str>) -> Dev
             },
         );
     }
-    if let Some(root) = &gpu.pcie_root {
-        attributes.insert(
-            DRA_ATTR_PCIE_ROOT.to_string(),
-            DeviceAttribute {
-                string: Some(root.clone()),
-                ..Default::default()
-            },
-        );
+    attributes.insert(
+        DRA_ATTR_TYPE.to_string(),
+        DeviceAttribute {
+            string: Some(DRA_TYPE_GPU.to_string()),
+            ..Default::default()
+        },
+    );
+    if let Some(place) = &gpu.place {
+        for (k, v) in super::kinds::place_attributes(place) {
+            attributes.insert(k, super::kinds::attribute(&v));
+        }
     }
     let capacity = BTreeMap::from([(
         DRA_CAPACITY_MEMORY.to_string(),
@@ -255,23 +265,6 @@ fn label_value(text: &str) -> String {
         .to_string()
 }
 
-/// The PCIe root complex of the GPU at `pci_bus_id` (`00000000:3B:00.0` as NVML writes it):
-/// the `pci<domain>:<bus>` component of its device's path under `<sysfs>/bus/pci/devices`
-/// (`/sys/devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0`), as Kubernetes' `pcieRoot`
-/// attribute defines it; `None` when sysfs does not say.
-pub fn pcie_root(sysfs: &Path, pci_bus_id: &str) -> Option<String> {
-    let (domain, rest) = pci_bus_id.trim().split_once(':')?;
-    let domain = &domain[domain.len().saturating_sub(4)..];
-    let address = format!("{domain}:{rest}").to_ascii_lowercase();
-    let link = sysfs.join("bus/pci/devices").join(&address);
-    let target = std::fs::canonicalize(link).ok()?;
-    target
-        .components()
-        .filter_map(|c| c.as_os_str().to_str())
-        .find(|c| c.starts_with("pci") && c.len() > 3 && c[3..].contains(':'))
-        .map(str::to_string)
-}
-
 /// One node's pool as last published: the generation moves on every change of the devices.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Pool {
@@ -290,8 +283,10 @@ impl Pool {
         self.generation
     }
 
-    /// The slices to publish for `gpus`: `Some` (with a new generation) when the devices
-    /// differ from the last publication, `None` when nothing changed.
+    /// The slices to publish for `gpus` and `others` ([`build_slices`]): `Some` (with a new
+    /// generation) when the devices differ from the last publication, `None` when nothing
+    /// changed.
+    #[allow(clippy::too_many_arguments)]
     pub fn update(
         &mut self,
         node: &str,
@@ -300,6 +295,7 @@ impl Pool {
         unit: MemoryUnit,
         policy: GpuPolicy,
         gpus: &[SliceGpu],
+        others: &[Device],
     ) -> Option<Vec<ResourceSlice>> {
         let slices = build_slices(
             node,
@@ -308,6 +304,7 @@ impl Pool {
             unit,
             policy,
             gpus,
+            others,
             self.generation + 1,
         );
         let devices: Vec<Device> = slices
@@ -335,7 +332,12 @@ mod tests {
             uuid: format!("GPU-0000000{index}-1111-2222-3333-444444444444"),
             product_name: "Tesla V100-SXM2-16GB".into(),
             memory_bytes: gib * GIB + (123 << 20),
-            pcie_root: (index == 0).then(|| "pci0000:3a".to_string()),
+            place: (index == 0).then(|| PciLocation {
+                address: "0000:3b:00.0".parse().expect("an address"),
+                pcie_root: Some("pci0000:3a".into()),
+                bridges: Vec::new(),
+                numa_node: Some(1),
+            }),
             unhealthy: None,
             allocated_bytes: allocated_gib * GIB,
         }
@@ -360,6 +362,7 @@ mod tests {
             MemoryUnit::GIB,
             GpuPolicy::Binpack,
             &[gpu(0, 16, 0)],
+            &[],
             3,
         );
         let json = serde_json::to_value(&slices[0]).expect("serialises");
@@ -380,6 +383,12 @@ mod tests {
             d["attributes"]["resource.kubernetes.io/pcieRoot"]["string"],
             "pci0000:3a"
         );
+        assert_eq!(
+            d["attributes"]["resource.kubernetes.io/pciBusID"]["string"],
+            "0000:3b:00.0"
+        );
+        assert_eq!(d["attributes"]["resource.kubernetes.io/numaNode"]["int"], 1);
+        assert_eq!(d["attributes"]["type"]["string"], "gpu");
         let mem = &d["capacity"]["memory"];
         assert_eq!(mem["value"], (16 * GIB).to_string());
         assert_eq!(mem["requestPolicy"]["default"], (16 * GIB).to_string());
@@ -416,6 +425,7 @@ mod tests {
             unit,
             GpuPolicy::Binpack,
             &[odd, sick],
+            &[],
             1,
         );
         let devices = slices[0].spec.devices.clone().expect("devices");
@@ -461,6 +471,7 @@ mod tests {
                 MemoryUnit::GIB,
                 GpuPolicy::Binpack,
                 gpus,
+                &[],
             )
         };
         let first = publish(&mut pool, &gpus).expect("first publication");
@@ -491,6 +502,7 @@ mod tests {
             MemoryUnit::GIB,
             GpuPolicy::Spread,
             &gpus,
+            &[],
             1,
         );
         assert_eq!(slices.len(), 2);
@@ -502,6 +514,7 @@ mod tests {
             None,
             MemoryUnit::GIB,
             GpuPolicy::Spread,
+            &[],
             &[],
             1,
         );
@@ -519,23 +532,5 @@ mod tests {
         assert_eq!(semver("470.82").as_deref(), Some("470.82.0"));
         assert_eq!(semver("abc"), None);
         assert_eq!(semver("1.2.3.4"), None);
-    }
-
-    #[test]
-    fn the_pcie_root_is_read_from_sysfs() {
-        let dir = tempfile::tempdir().expect("dir");
-        let real = dir
-            .path()
-            .join("devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0");
-        std::fs::create_dir_all(&real).expect("mkdir");
-        let links = dir.path().join("bus/pci/devices");
-        std::fs::create_dir_all(&links).expect("mkdir");
-        std::os::unix::fs::symlink(&real, links.join("0000:3b:00.0")).expect("link");
-        assert_eq!(
-            pcie_root(dir.path(), "00000000:3B:00.0").as_deref(),
-            Some("pci0000:3a")
-        );
-        assert_eq!(pcie_root(dir.path(), "00000000:86:00.0"), None);
-        assert_eq!(pcie_root(dir.path(), "garbage"), None);
     }
 }

@@ -460,7 +460,7 @@ fn rdma_hand_over_adds_umad_nodes_when_asked_and_refuses_an_hca_without_verbs() 
 fn the_hand_over_as_cdi_container_edits() {
     let inv = rdma_tree("single-hca-mlx4");
     let h = handover::rdma(&inv, &RdmaConfig::default(), &ids(&["mlx4_0-_-0"])).expect("hand-over");
-    let edits = h.to_cdi_container_edits();
+    let edits = serde_json::to_value(h.to_cdi_container_edits()).expect("json");
     assert_eq!(
         edits,
         serde_json::json!({
@@ -478,9 +478,12 @@ fn the_hand_over_as_cdi_container_edits() {
          mounts = [{ host_path = \"/opt/npu\", container_path = \"/opt/npu\", read_only = true }]",
     );
     let devices = generic::discover(&npu, dev.path());
-    let edits = handover::generic(&devices, &ids(&["accel_accel0-_-0"]))
-        .expect("hand-over")
-        .to_cdi_container_edits();
+    let edits = serde_json::to_value(
+        handover::generic(&devices, &ids(&["accel_accel0-_-0"]))
+            .expect("hand-over")
+            .to_cdi_container_edits(),
+    )
+    .expect("json");
     assert_eq!(
         edits["mounts"],
         serde_json::json!([{"hostPath": "/opt/npu", "containerPath": "/opt/npu", "options": ["ro", "nosuid", "nodev", "bind"]}])
@@ -490,7 +493,7 @@ fn the_hand_over_as_cdi_container_edits() {
         "no env key when there is none: {edits}"
     );
     assert_eq!(
-        handover::HandOver::default().to_cdi_container_edits(),
+        serde_json::to_value(handover::HandOver::default().to_cdi_container_edits()).expect("json"),
         serde_json::json!({})
     );
 }

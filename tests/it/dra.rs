@@ -25,7 +25,7 @@ fn gpus(allocated: [u64; 2]) -> Vec<SliceGpu> {
             uuid: format!("GPU-{i}aaaaaaa-0000-0000-0000-000000000000"),
             product_name: "NVIDIA A10".into(),
             memory_bytes: 16 * GIB + (300 << 20),
-            pcie_root: None,
+            place: None,
             unhealthy: None,
             allocated_bytes: allocated[i as usize],
         })
@@ -58,6 +58,7 @@ fn publish(server: &ApiServer, pool: &mut Pool, policy: GpuPolicy, allocated: [u
         MemoryUnit::GIB,
         policy,
         &gpus(allocated),
+        &[],
     ) else {
         return false;
     };
@@ -123,9 +124,11 @@ fn shares(server: &ApiServer, pod: &str) -> Vec<ClaimShare> {
         DRA_DRIVER_NAME,
         "node-a",
         &devices(),
+        &BTreeMap::new(),
         MemoryUnit::GIB,
     )
     .expect("the claim reads")
+    .gpus
 }
 
 async fn cluster() -> ApiServer {

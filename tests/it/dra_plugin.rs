@@ -12,7 +12,7 @@ use std::time::Duration;
 use gpushare::core::wire::{DRA_DEVICE_CLASS, DRA_DRIVER_NAME};
 use gpushare::core::{GpuPolicy, MemoryUnit};
 use gpushare::dra::checkpoint::{Checkpoint, PreparedClaim};
-use gpushare::dra::claims::ClaimShare;
+use gpushare::dra::claims::{ClaimDevices, ClaimShare};
 use gpushare::dra::plugin::{
     PluginConfig, PrepareError, Prepared, Preparer, RunningPlugin, SERVICES, Served, start,
 };
@@ -45,7 +45,8 @@ impl FilePreparer {
 }
 
 impl Preparer for FilePreparer {
-    fn prepare(&self, uid: &str, shares: &[ClaimShare]) -> Result<Prepared, PrepareError> {
+    fn prepare(&self, uid: &str, claim: &ClaimDevices) -> Result<Prepared, PrepareError> {
+        let shares: &[ClaimShare] = &claim.gpus;
         self.prepared.fetch_add(1, Ordering::SeqCst);
         let body: Vec<Value> = shares
             .iter()
@@ -57,6 +58,7 @@ impl Preparer for FilePreparer {
                 .iter()
                 .map(|s| vec![format!("k8s.gpushare.io/claim={uid}-{}", s.request)])
                 .collect(),
+            device_cdi_ids: Vec::new(),
             cdi_spec: Some(self.spec(uid)),
         })
     }
@@ -83,7 +85,7 @@ fn gpus() -> Vec<SliceGpu> {
             uuid: format!("GPU-{i}bbbbbbb-0000-0000-0000-000000000000"),
             product_name: "NVIDIA L4".into(),
             memory_bytes: 8 * GIB,
-            pcie_root: None,
+            place: None,
             unhealthy: None,
             allocated_bytes: 0,
         })
@@ -137,6 +139,7 @@ async fn node() -> Node {
         MemoryUnit::GIB,
         GpuPolicy::Binpack,
         &gpus(),
+        &[],
         1,
     ) {
         server
@@ -454,6 +457,7 @@ async fn slices_are_published_updated_and_deleted_by_one_reconciling_pass() {
             MemoryUnit::GIB,
             GpuPolicy::Binpack,
             gpus,
+            &[],
             generation,
         )
     };

@@ -122,7 +122,7 @@ fn publish(api: &ApiServer) {
             uuid: format!("GPU-{i}bbbbbbb-0000-0000-0000-000000000000"),
             product_name: "NVIDIA A10".into(),
             memory_bytes: 16 * GIB,
-            pcie_root: None,
+            place: None,
             unhealthy: None,
             allocated_bytes: 0,
         })
@@ -135,6 +135,7 @@ fn publish(api: &ApiServer) {
             MemoryUnit::GIB,
             GpuPolicy::Binpack,
             &gpus,
+            &[],
         )
         .expect("slices");
     for s in slices {

@@ -115,6 +115,51 @@ pub const DRA_ATTR_PRODUCT_NAME: &str = "productName";
 pub const DRA_ATTR_DRIVER_VERSION: &str = "driverVersion";
 /// Standard device attribute: the GPU's PCIe root complex (`pci<domain>:<bus>`).
 pub const DRA_ATTR_PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+/// Device attribute: what the device is, [`DRA_TYPE_GPU`], [`DRA_TYPE_RDMA`] or
+/// [`DRA_TYPE_GENERIC`]; the GPU DeviceClass selects on it.
+pub const DRA_ATTR_TYPE: &str = "type";
+/// [`DRA_ATTR_TYPE`] of a GPU.
+pub const DRA_TYPE_GPU: &str = "gpu";
+/// [`DRA_ATTR_TYPE`] of an RDMA HCA.
+pub const DRA_TYPE_RDMA: &str = "rdma";
+/// [`DRA_ATTR_TYPE`] of a device declared in `[[devices.generic]]`.
+pub const DRA_TYPE_GENERIC: &str = "generic";
+/// Device attribute of a device other than a GPU: the extended resource its kind is served
+/// as on the device-plugin path (`gpushare.io/rdma`, `example.com/fuse`); the kind's
+/// DeviceClass selects on it.
+pub const DRA_ATTR_RESOURCE: &str = "resource";
+/// The consumable capacity of a device other than a GPU shared by several pods: how many
+/// pods may hold it (`shares_per_hca`, a declaration's `shares`); each claim takes one.
+pub const DRA_CAPACITY_SHARES: &str = "shares";
+/// Standard device attribute: the device's NUMA node (an integer).
+pub const DRA_ATTR_NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
+/// Standard device attribute: the device's PCI address (`dddd:bb:dd.f`).
+pub const DRA_ATTR_PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+
+/// The CEL selector of the GPU DeviceClass ([`DRA_DEVICE_CLASS`]) of driver `driver`: its
+/// devices whose [`DRA_ATTR_TYPE`] is [`DRA_TYPE_GPU`].
+pub fn dra_gpu_class_selector(driver: &str) -> String {
+    format!(
+        "device.driver == \"{driver}\" && device.attributes[\"{driver}\"].{DRA_ATTR_TYPE} == \"{DRA_TYPE_GPU}\""
+    )
+}
+
+/// The CEL selector of the DeviceClass of the device kind served as `resource`: the
+/// devices of driver `driver` whose [`DRA_ATTR_RESOURCE`] is `resource`.
+pub fn dra_kind_class_selector(driver: &str, resource: &str) -> String {
+    format!(
+        "device.driver == \"{driver}\" && device.attributes[\"{driver}\"].{DRA_ATTR_RESOURCE} == \"{resource}\""
+    )
+}
+
+/// The DeviceClass name of the device kind served as `resource` (`<domain>/<name>`):
+/// `<name>.<domain>` (`gpushare.io/rdma` → `rdma.gpushare.io`), as the GPU's is
+/// `gpu-mem.gpushare.io`; `None` when `resource` has no domain.
+pub fn dra_kind_class_name(resource: &str) -> Option<String> {
+    let (domain, name) = resource.split_once('/')?;
+    (!domain.is_empty() && !name.is_empty()).then(|| format!("{name}.{domain}"))
+}
+
 /// Device taint key of an unhealthy GPU (effect `NoSchedule`).
 pub const DRA_TAINT_UNHEALTHY: &str = "gpushare.io/unhealthy";
 /// The pod's claim entry (`spec.resourceClaims[].name`) the webhook's DRA rewrite adds.

@@ -20,7 +20,9 @@
 //! [`allocate_pod`] is first fit, as upstream's allocator: nodes in the order their slices
 //! list, devices in slice order, the first device that satisfies a request is taken (with
 //! backtracking when a constraint fails). What it honours: the newest generation of each
-//! pool; DeviceClass and request selectors of the form `device.driver == "<name>"`;
+//! pool; DeviceClass and request selectors that are conjunctions (`&&`) of
+//! `device.driver == "<name>"` and `device.attributes["<domain>"].<name> == <literal>` (a
+//! string, integer or boolean literal) ([`parse_selector`]);
 //! `allowMultipleAllocations` with `capacity.requests` and the capacity's `requestPolicy`
 //! (default, valid values, valid range with min/max/step, rounding up as upstream), several
 //! requests of one claim sharing a device; exclusive use of devices without
@@ -250,7 +252,8 @@ struct Slot<'a> {
     claim: usize,
     request: &'a str,
     exact: &'a ExactDeviceRequest,
-    drivers: Vec<String>,
+    /// Every term of every selector of the class and the request (all must hold).
+    terms: Vec<SelectorTerm>,
     /// Requested capacity, base units.
     capacity: BTreeMap<String, u64>,
 }
@@ -377,7 +380,7 @@ fn slots<'a>(
                     request: r.name.clone(),
                     class: exact.device_class_name.clone(),
                 })?;
-            let mut drivers = Vec::new();
+            let mut terms = Vec::new();
             let selectors = class
                 .spec
                 .as_ref()
@@ -387,8 +390,8 @@ fn slots<'a>(
                 .chain(exact.selectors.iter().flatten());
             for s in selectors {
                 let Some(cel) = &s.cel else { continue };
-                match driver_selector(&cel.expression) {
-                    Some(d) => drivers.push(d),
+                match parse_selector(&cel.expression) {
+                    Some(t) => terms.extend(t),
                     None => {
                         return Err(Unallocatable::UnsupportedSelector {
                             claim: cname.clone(),
@@ -418,7 +421,7 @@ fn slots<'a>(
                     claim: ci,
                     request: &r.name,
                     exact,
-                    drivers: drivers.clone(),
+                    terms: terms.clone(),
                     capacity: capacity.clone(),
                 });
             }
@@ -437,6 +440,84 @@ pub fn driver_selector(expression: &str) -> Option<String> {
     let quote = rest.chars().next().filter(|c| *c == '"' || *c == '\'')?;
     let inner = rest.strip_prefix(quote)?.strip_suffix(quote)?;
     (!inner.contains(quote) && !inner.contains('\\')).then(|| inner.to_string())
+}
+
+/// A literal a selector compares an attribute with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Literal {
+    /// `"text"` or `'text'`.
+    String(String),
+    /// `42`.
+    Int(i64),
+    /// `true` / `false`.
+    Bool(bool),
+}
+
+/// One term of a selector the sandbox evaluates.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SelectorTerm {
+    /// `device.driver == "<name>"`.
+    Driver(String),
+    /// `device.attributes["<domain>"].<name> == <literal>`: the qualified name
+    /// `<domain>/<name>` and the literal.
+    Attribute(String, Literal),
+}
+
+impl SelectorTerm {
+    fn holds(&self, d: &SliceDevice) -> bool {
+        match self {
+            SelectorTerm::Driver(x) => *x == d.driver,
+            SelectorTerm::Attribute(name, want) => attribute(d, name).is_some_and(|a| match want {
+                Literal::String(v) => a.string.as_deref() == Some(v.as_str()),
+                Literal::Int(v) => a.int == Some(*v),
+                Literal::Bool(v) => a.bool == Some(*v),
+            }),
+        }
+    }
+}
+
+/// The terms of a selector the sandbox can evaluate: `&&` of [`driver_selector`] terms and
+/// `device.attributes["<domain>"].<name> == <literal>`; `None` for anything else (`||`,
+/// `!=`, functions, capacity, a string holding `&&`).
+pub fn parse_selector(expression: &str) -> Option<Vec<SelectorTerm>> {
+    expression
+        .split("&&")
+        .map(|term| {
+            let term = term.trim();
+            if let Some(d) = driver_selector(term) {
+                return Some(SelectorTerm::Driver(d));
+            }
+            let rest = term.strip_prefix("device.attributes[")?;
+            let quote = rest.chars().next().filter(|c| *c == '"' || *c == '\'')?;
+            let rest = &rest[1..];
+            let end = rest.find(quote)?;
+            let domain = &rest[..end];
+            let rest = rest[end + 1..].strip_prefix("].")?;
+            let name_end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            let name = &rest[..name_end];
+            let rest = rest[name_end..].trim_start().strip_prefix("==")?.trim();
+            if domain.is_empty() || name.is_empty() {
+                return None;
+            }
+            let literal = match rest {
+                "true" => Literal::Bool(true),
+                "false" => Literal::Bool(false),
+                _ => match rest.chars().next()? {
+                    q @ ('"' | '\'') => {
+                        let inner = rest.strip_prefix(q)?.strip_suffix(q)?;
+                        if inner.contains(q) || inner.contains('\\') {
+                            return None;
+                        }
+                        Literal::String(inner.to_string())
+                    }
+                    _ => Literal::Int(rest.parse().ok()?),
+                },
+            };
+            Some(SelectorTerm::Attribute(format!("{domain}/{name}"), literal))
+        })
+        .collect()
 }
 
 struct Choice {
@@ -458,7 +539,7 @@ impl Search<'_> {
             return Ok(true);
         };
         for (di, d) in self.candidates.iter().enumerate() {
-            if !slot.drivers.iter().all(|x| *x == d.driver) || !tolerated(d, slot.exact) {
+            if !slot.terms.iter().all(|t| t.holds(d)) || !tolerated(d, slot.exact) {
                 continue;
             }
             if !self.constraints_hold(i, d) {
@@ -1468,6 +1549,22 @@ mod tests {
         assert_eq!(driver_selector(" device.driver=='x' "), Some("x".into()));
         assert_eq!(driver_selector("device.driver == \"a\" && true"), None);
         assert_eq!(driver_selector("device.attributes[\"x\"].y == 1"), None);
+        assert_eq!(
+            parse_selector(
+                "device.driver == \"g.io\" && device.attributes[\"g.io\"].type == \"gpu\" && device.attributes['k8s.io'].n == 3"
+            ),
+            Some(vec![
+                SelectorTerm::Driver("g.io".into()),
+                SelectorTerm::Attribute("g.io/type".into(), Literal::String("gpu".into())),
+                SelectorTerm::Attribute("k8s.io/n".into(), Literal::Int(3)),
+            ])
+        );
+        assert_eq!(parse_selector("device.driver == \"a\" || true"), None);
+        assert_eq!(parse_selector("device.attributes[\"x\"].y != 1"), None);
+        assert_eq!(
+            parse_selector("device.capacity[\"x\"].memory.compareTo(quantity(\"1Gi\")) >= 0"),
+            None
+        );
         let slices = [slice("n", 1, json!([gpu("gpu-0", "U0", 16)]))];
         let mut c = claim("c", &[Some("1Gi")], false);
         if let Some(e) = c

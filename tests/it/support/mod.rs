@@ -14,6 +14,7 @@ pub mod doctor_node;
 pub mod extender_cluster;
 pub mod extender_http;
 pub mod helm_chart;
+pub mod hgx;
 pub mod https_client;
 pub mod ledger_truth;
 pub mod mps;
