@@ -95,7 +95,7 @@ async fn run(pods: usize) -> anyhow::Result<Vec<(String, String, String)>> {
     server.create_object(json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
         "metadata": { "name": DRA_DEVICE_CLASS },
-        "spec": { "selectors": [{ "cel": { "expression": format!("device.driver == \"{DRA_DRIVER_NAME}\"") } }] },
+        "spec": { "selectors": [{ "cel": { "expression": gpushare::core::wire::dra_gpu_class_selector(DRA_DRIVER_NAME) } }] },
     }))?;
     let mut pool = Pool::new();
     let slices = pool

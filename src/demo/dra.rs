@@ -109,7 +109,7 @@ pub async fn run_dra_scenario(fake_gpus: &str, out: &mut dyn Write) -> anyhow::R
     api.create_object(json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
         "metadata": { "name": DRA_DEVICE_CLASS },
-        "spec": { "selectors": [{ "cel": { "expression": format!("device.driver == \"{DRA_DRIVER_NAME}\"") } }] },
+        "spec": { "selectors": [{ "cel": { "expression": crate::core::wire::dra_gpu_class_selector(DRA_DRIVER_NAME) } }] },
     }))?;
     let root = tempfile::Builder::new()
         .prefix("gsdra")

@@ -16,7 +16,8 @@
 //! - `dra-consumable-capacity`: a server-side dry-run create of a ResourceSlice whose device has
 //!   `allowMultipleAllocations: true` keeps the field (an API server with the
 //!   `DRAConsumableCapacity` gate off drops it); nothing is stored;
-//! - `dra-device-class`: the DeviceClass `gpu-mem.gpushare.io` exists and selects the driver.
+//! - `dra-device-class`: the DeviceClass `gpu-mem.gpushare.io` exists and selects the driver's
+//!   GPUs (`type == "gpu"`; a class selecting every device of the driver is a warning).
 //!
 //! Like every doctor check it changes nothing (the dry run stores nothing) and every request has
 //! a short deadline. It does not check the plugin itself (its registration is kubelet's).
@@ -497,8 +498,9 @@ async fn device_class(client: &kube::Client, driver: &str) -> Check {
          apiVersion: resource.k8s.io/v1\n\
          kind: DeviceClass\n\
          metadata: {{ name: {class} }}\n\
-         spec: {{ selectors: [{{ cel: {{ expression: 'device.driver == \"{driver}\"' }} }}] }}",
-        class = wire::DRA_DEVICE_CLASS
+         spec: {{ selectors: [{{ cel: {{ expression: '{selector}' }} }}] }}",
+        class = wire::DRA_DEVICE_CLASS,
+        selector = wire::dra_gpu_class_selector(driver)
     );
     match timed(api.get_opt(wire::DRA_DEVICE_CLASS)).await {
         Ok(None) => Check::new(
@@ -525,8 +527,21 @@ async fn device_class(client: &kube::Client, driver: &str) -> Check {
             } else {
                 format!("selectors: {}", expressions.join("; "))
             };
-            if selects {
+            let gpus_only = format!(".{} == \"{}\"", wire::DRA_ATTR_TYPE, wire::DRA_TYPE_GPU);
+            if selects && expressions.iter().any(|e| e.contains(&gpus_only)) {
                 Check::new(ID, TITLE, Status::Ok, shown)
+            } else if selects {
+                Check::new(
+                    ID,
+                    TITLE,
+                    Status::Warn,
+                    format!(
+                        "{shown}\nit selects every device of the driver, not only its GPUs: with \
+                         [devices] enabled, a claim of this class without a memory request can \
+                         be given an HCA or a generic device"
+                    ),
+                )
+                .hint(install)
             } else {
                 Check::new(
                     ID,

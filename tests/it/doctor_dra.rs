@@ -311,7 +311,7 @@ apiVersion: resource.k8s.io/v1
 kind: DeviceClass
 metadata: { name: gpu-mem.gpushare.io }
 spec:
-  selectors: [{ cel: { expression: 'device.driver == "gpushare.io"' } }]
+  selectors: [{ cel: { expression: 'device.driver == "gpushare.io" && device.attributes["gpushare.io"].type == "gpu"' } }]
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -349,6 +349,23 @@ async fn the_control_plane_checks_read_the_api_and_store_nothing() {
     let class = by_id(&c, "dra-device-class");
     assert_eq!(class.status, Status::Ok, "{class:?}");
     assert!(class.detail.contains("device.driver == \"gpushare.io\""));
+
+    // A class selecting every device of the driver (HCAs and generic devices too).
+    api.delete_object("deviceclasses", None, "gpu-mem.gpushare.io")
+        .expect("delete");
+    api.seed_yaml(&CLASS.replace(" && device.attributes[\"gpushare.io\"].type == \"gpu\"", ""))
+        .expect("class");
+    let c = dra_checks(&api, Role::ControlPlane, empty.path()).await;
+    let class = by_id(&c, "dra-device-class");
+    assert_eq!(class.status, Status::Warn, "{class:?}");
+    assert!(class.detail.contains("not only its GPUs"), "{class:?}");
+    assert!(
+        class
+            .hint
+            .contains(&gpushare::core::wire::dra_gpu_class_selector("gpushare.io")),
+        "{}",
+        class.hint
+    );
 
     // A class selecting another driver.
     api.delete_object("deviceclasses", None, "gpu-mem.gpushare.io")

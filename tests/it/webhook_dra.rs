@@ -58,7 +58,7 @@ async fn cluster(default_path: GpuMemPath) -> (ApiServer, WebhookHandle) {
     api.create_object(json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
         "metadata": { "name": DRA_DEVICE_CLASS },
-        "spec": { "selectors": [{ "cel": { "expression": format!("device.driver == \"{DRA_DRIVER_NAME}\"") } }] },
+        "spec": { "selectors": [{ "cel": { "expression": gpushare::core::wire::dra_gpu_class_selector(DRA_DRIVER_NAME) } }] },
     }))
     .expect("the class");
     let mut c = Config::default();

@@ -335,6 +335,12 @@ fn every_config_key_reaches_the_binary_through_the_configmap() {
         "gpu": { "kmsg_replay": true, "nvidia_smi": "/usr/bin/nvidia-smi" },
         "http": { "max_connections": 1024, "request_timeout_ms": 20000 },
         "webhook": { "cert_validity_days": 90, "renew_before_days": 10 },
+        // An array of tables whose entries hold arrays of inline tables.
+        "devices": { "generic": [{
+            "resource": "example.com/fuse", "shares": 3, "envs": { "FUSE_OK": "1" },
+            "paths": [{ "path": "/dev/fuse" }, { "path": "/dev/cuse", "permissions": "r", "optional": true }],
+            "mounts": [{ "host_path": "/opt/fuse", "container_path": "/opt/fuse", "read_only": true }],
+        }] },
     });
     for (section, keys) in changes.as_object().expect("map") {
         for (k, v) in keys.as_object().expect("map") {
@@ -369,6 +375,8 @@ fn every_config_key_reaches_the_binary_through_the_configmap() {
     assert_eq!(from_chart.extender.bind_timeout_ms, 3000);
     assert_eq!(from_chart.extender.lease_duration_secs, 20);
     assert_eq!(from_chart.http.max_connections, 1024);
+    assert_eq!(from_chart.devices.generic[0].paths.len(), 2);
+    assert!(from_chart.devices.generic[0].paths[1].optional);
 
     // The default render: an empty file, which the binary reads as the defaults.
     let docs = all_documents(default_values()).expect("rendered");

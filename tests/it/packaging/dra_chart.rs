@@ -1,9 +1,11 @@
 //! The chart with `dra.enabled`, rendered by the real Helm engine: the DRA plugin's DaemonSet
 //! (on the nodes of the path label, with the registry, plugin and CDI host directories), the
 //! DeviceClass `gpu-mem.gpushare.io` selecting the driver, RBAC that only reads claims and
-//! writes slices, and the device plugin kept off the DRA nodes. Off (the default), none of it
+//! writes slices, and the device plugin kept off the DRA nodes. With device kinds in
+//! `config.devices`, a DeviceClass per kind and the host's `/dev` for both node roles. Off (the default), none of it
 //! is rendered and the device plugin has no affinity.
 
+use gpushare::core::wire::{dra_gpu_class_selector, dra_kind_class_name, dra_kind_class_selector};
 use yaml_serde::Value;
 
 use crate::support::helm_chart::{all_documents, default_values, merged};
@@ -102,8 +104,13 @@ fn dra_enabled_renders_the_plugin_its_class_and_least_privilege() {
     let class = find(&docs, "DeviceClass", "gpu-mem.gpushare.io").expect("the DeviceClass");
     assert_eq!(class["apiVersion"], "resource.k8s.io/v1");
     assert_eq!(
-        class["spec"]["selectors"][0]["cel"]["expression"],
-        "device.driver == \"gpushare.io\""
+        class["spec"]["selectors"][0]["cel"]["expression"].as_str(),
+        Some(dra_gpu_class_selector("gpushare.io").as_str())
+    );
+    assert_eq!(
+        docs.iter().filter(|d| d["kind"] == "DeviceClass").count(),
+        1,
+        "no device kind enabled, no class of its own"
     );
 
     let role = find(&docs, "ClusterRole", "gpushare-dra-plugin").expect("ClusterRole");
@@ -174,12 +181,74 @@ fn a_users_node_affinity_keeps_its_terms_and_gains_the_path_rule() {
     }
     let class = find(&docs, "DeviceClass", "gpu-mem.gpushare.io").expect("class");
     assert_eq!(
-        class["spec"]["selectors"][0]["cel"]["expression"],
-        "device.driver == \"example.com\""
+        class["spec"]["selectors"][0]["cel"]["expression"].as_str(),
+        Some(dra_gpu_class_selector("example.com").as_str())
     );
     let ds = find(&docs, "DaemonSet", "gpushare-dra-plugin").expect("ds");
     assert!(
         strings(&ds["spec"]["template"]["spec"]["containers"][0]["args"])
             .contains(&"--plugin-dir=/var/lib/kubelet/plugins/example.com".to_string())
+    );
+}
+
+#[test]
+fn each_device_kind_gets_its_class_and_the_node_roles_read_the_hosts_dev() {
+    let Some(docs) = documents(
+        "{ dra: { enabled: true }, config: { devices: { rdma: { enabled: true }, generic: [ { resource: example.com/fuse, paths: [ { path: /dev/fuse } ] } ] } } }",
+    ) else {
+        return;
+    };
+    for resource in ["gpushare.io/rdma", "example.com/fuse"] {
+        let name = dra_kind_class_name(resource).expect("a class name");
+        let class = find(&docs, "DeviceClass", &name).unwrap_or_else(|| panic!("the class {name}"));
+        assert_eq!(
+            class["spec"]["selectors"][0]["cel"]["expression"].as_str(),
+            Some(dra_kind_class_selector("gpushare.io", resource).as_str()),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        docs.iter().filter(|d| d["kind"] == "DeviceClass").count(),
+        3
+    );
+    for ds in ["gpushare-dra-plugin", "gpushare-device-plugin-ds"] {
+        let spec =
+            &find(&docs, "DaemonSet", ds).expect("the DaemonSet")["spec"]["template"]["spec"];
+        let c = &spec["containers"][0];
+        let env = c["env"].as_sequence().cloned().unwrap_or_default();
+        assert!(
+            env.iter()
+                .any(|e| e["name"] == "GPUSHARE_DEVICES__DEV_ROOT" && e["value"] == "/host/dev"),
+            "{ds}: {env:?}"
+        );
+        let mount = c["volumeMounts"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .find(|m| m["mountPath"] == "/host/dev")
+            .unwrap_or_else(|| panic!("{ds}: /host/dev mounted"));
+        assert_eq!(mount["readOnly"], true);
+        let volume = spec["volumes"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .find(|v| v["name"] == mount["name"])
+            .expect("its volume");
+        assert_eq!(volume["hostPath"]["path"], "/dev");
+    }
+    // A dev_root of the user's own: no env of ours overrides it.
+    let Some(docs) = documents(
+        "{ config: { devices: { dev_root: /mnt/dev, rdma: { enabled: true, resource: example.com/hca } } } }",
+    ) else {
+        return;
+    };
+    let dp = find(&docs, "DaemonSet", "gpushare-device-plugin-ds").expect("device plugin");
+    let env = dp["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_sequence()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        env.iter()
+            .all(|e| e["name"] != "GPUSHARE_DEVICES__DEV_ROOT")
     );
 }

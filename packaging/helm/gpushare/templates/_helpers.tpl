@@ -78,3 +78,50 @@ true
 true
 {{- end -}}
 {{- end }}
+
+{{/*
+The extended resources of the device kinds beside the GPU that `config.devices` enables (the
+RDMA HCAs' resource when `config.devices.rdma.enabled`, then each `config.devices.generic`
+entry's), one per line; empty when none.
+*/}}
+{{- define "gpushare.devices.resources" -}}
+{{- $devices := .Values.config.devices | default dict -}}
+{{- $rdma := $devices.rdma | default dict -}}
+{{- if $rdma.enabled }}
+{{ $rdma.resource | default "gpushare.io/rdma" }}
+{{- end }}
+{{- range ($devices.generic | default list) }}
+{{ .resource }}
+{{- end }}
+{{- end }}
+
+{{/*
+The host's /dev for a node role serving device kinds: the env that points `devices.dev_root`
+at it (unless config.devices.dev_root is set), its mount and its volume. Each takes the root
+context and renders nothing when no kind is enabled.
+*/}}
+{{- define "gpushare.devices.env" -}}
+{{- $devices := .Values.config.devices | default dict -}}
+{{- if and (trim (include "gpushare.devices.resources" .)) (not $devices.dev_root) }}
+- name: GPUSHARE_DEVICES__DEV_ROOT
+  value: /host/dev
+{{- end }}
+{{- end }}
+
+{{- define "gpushare.devices.volumeMount" -}}
+{{- if trim (include "gpushare.devices.resources" .) }}
+# the host's /dev: /dev/infiniband and the generic devices' nodes (read, never opened)
+- name: host-dev
+  mountPath: /host/dev
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "gpushare.devices.volume" -}}
+{{- if trim (include "gpushare.devices.resources" .) }}
+- name: host-dev
+  hostPath:
+    path: /dev
+    type: Directory
+{{- end }}
+{{- end }}
