@@ -8,6 +8,11 @@
 //! (the first pod; `claim/<name>` while none is reserved). A node that has both paths' GPUs
 //! shows both; a node with only DRA GPUs gets its unit from the slice's memory step.
 //!
+//! The node's devices of other kinds (RDMA HCAs, generic devices: a `resource` attribute)
+//! join the table of other devices below the GPUs, one row per resource: its total shares,
+//! and the shares each claim's pod holds (`consumedCapacity.shares`; an exclusive device is
+//! one).
+//!
 //! Pure: no I/O (the role lists slices and claims; an API server without `resource.k8s.io`
 //! gives none).
 
@@ -15,10 +20,12 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 
-use super::report::{GpuReport, NodeReport, OtherPath, PodShare};
+use super::report::{DeviceHolder, DeviceReport, GpuReport, NodeReport, OtherPath, PodShare};
 use crate::core::MemoryUnit;
 use crate::core::parse_whole_quantity;
-use crate::core::wire::{DRA_ATTR_INDEX, DRA_CAPACITY_MEMORY, DRA_DRIVER_NAME};
+use crate::core::wire::{
+    DRA_ATTR_INDEX, DRA_ATTR_RESOURCE, DRA_CAPACITY_MEMORY, DRA_CAPACITY_SHARES, DRA_DRIVER_NAME,
+};
 
 /// The state of a pod whose memory comes from a DRA claim.
 pub const STATE_DRA_CLAIM: &str = "dra-claim";
@@ -51,6 +58,97 @@ impl DraCluster {
             }
         }
         Ok(out)
+    }
+
+    /// The devices of other kinds of `node` by name: their resource and shares.
+    fn kind_devices(&self, node: &str) -> BTreeMap<String, (String, u64)> {
+        let mut out = BTreeMap::new();
+        for slice in &self.slices {
+            let s = &slice.spec;
+            if s.driver != DRA_DRIVER_NAME || s.node_name.as_deref() != Some(node) {
+                continue;
+            }
+            for d in s.devices.iter().flatten() {
+                let Some(resource) = d
+                    .attributes
+                    .as_ref()
+                    .and_then(|a| a.get(DRA_ATTR_RESOURCE))
+                    .and_then(|a| a.string.clone())
+                else {
+                    continue;
+                };
+                let shares = d
+                    .capacity
+                    .as_ref()
+                    .and_then(|c| c.get(DRA_CAPACITY_SHARES))
+                    .and_then(|c| parse_whole_quantity(&c.value.0).ok())
+                    .unwrap_or(1);
+                out.insert(d.name.clone(), (resource, shares));
+            }
+        }
+        out
+    }
+
+    /// Adds the node's devices of other kinds and who holds them to `report.devices`.
+    fn add_kinds(&self, report: &mut NodeReport) {
+        let devices = self.kind_devices(&report.name);
+        if devices.is_empty() {
+            return;
+        }
+        let mut rows: BTreeMap<String, DeviceReport> = BTreeMap::new();
+        for (resource, shares) in devices.values() {
+            let row = rows.entry(resource.clone()).or_insert_with(|| DeviceReport {
+                resource: resource.clone(),
+                ..DeviceReport::default()
+            });
+            row.total = row.total.saturating_add(*shares);
+        }
+        for claim in &self.claims {
+            let results = claim
+                .status
+                .as_ref()
+                .and_then(|s| s.allocation.as_ref())
+                .and_then(|a| a.devices.as_ref())
+                .and_then(|d| d.results.as_ref());
+            let holder = holder(claim);
+            for r in results.into_iter().flatten() {
+                if r.driver != DRA_DRIVER_NAME || r.pool != report.name {
+                    continue;
+                }
+                let Some((resource, _)) = devices.get(&r.device) else {
+                    continue;
+                };
+                let count = r
+                    .consumed_capacity
+                    .as_ref()
+                    .and_then(|c| c.get(DRA_CAPACITY_SHARES))
+                    .and_then(|q| parse_whole_quantity(&q.0).ok())
+                    .unwrap_or(1);
+                let Some(row) = rows.get_mut(resource) else {
+                    continue;
+                };
+                row.used = row.used.saturating_add(count);
+                match row.pods.iter_mut().find(|h| h.pod == holder) {
+                    Some(h) => h.count = h.count.saturating_add(count),
+                    None => row.pods.push(DeviceHolder {
+                        pod: holder.clone(),
+                        count,
+                    }),
+                }
+            }
+        }
+        for (resource, mut row) in rows {
+            row.pods.sort();
+            match report.devices.iter_mut().find(|d| d.resource == resource) {
+                Some(d) => {
+                    d.total = d.total.saturating_add(row.total);
+                    d.used = d.used.saturating_add(row.used);
+                    d.pods.extend(row.pods);
+                    d.pods.sort();
+                }
+                None => report.devices.push(row),
+            }
+        }
     }
 
     /// The devices of `node` by name, and the unit their memory step says.
@@ -90,6 +188,20 @@ impl DraCluster {
     }
 }
 
+/// Who holds a claim, as the table of other devices names pods: `namespace/pod` of the first
+/// pod it is reserved for, else `namespace/claim/<name>`.
+fn holder(claim: &ResourceClaim) -> String {
+    let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+    let reserved = claim.status.as_ref().and_then(|s| s.reserved_for.as_ref());
+    match reserved.and_then(|r| r.iter().find(|c| c.resource == "pods")) {
+        Some(pod) => format!("{namespace}/{}", pod.name),
+        None => format!(
+            "{namespace}/claim/{}",
+            claim.metadata.name.as_deref().unwrap_or_default()
+        ),
+    }
+}
+
 impl OtherPath for DraCluster {
     /// Whether `node` publishes GPUs on the DRA path.
     fn serves(&self, node: &str) -> bool {
@@ -104,6 +216,7 @@ impl OtherPath for DraCluster {
     /// Adds the node's DRA GPUs (those the report does not have yet) and its claims' shares.
     /// `unit` is the node's memory unit.
     fn add_to(&self, report: &mut NodeReport, unit: MemoryUnit) {
+        self.add_kinds(report);
         let (devices, _) = self.devices(&report.name);
         if devices.is_empty() {
             return;

@@ -115,7 +115,8 @@ fn golden_heterogeneous_gpus() {
     check_all_formats("heterogeneous");
 }
 
-/// DRA allocations (slices and claims) in the same table as the annotation ledger.
+/// DRA allocations (slices and claims) in the same table as the annotation ledger; HCAs and
+/// generic devices on the DRA path in the table of other devices.
 #[test]
 fn golden_dra_allocations_beside_the_annotation_ledger() {
     let text = std::fs::read_to_string(fixture("inspect/dra.yaml")).expect("fixture readable");
@@ -127,6 +128,14 @@ fn golden_dra_allocations_beside_the_annotation_ledger() {
         (node2.name.as_str(), node2.total, node2.used),
         ("node-2", 32, 11)
     );
+    // Its HCA and generic device on the DRA path, and who holds them.
+    let rdma = node2
+        .devices
+        .iter()
+        .find(|d| d.resource == "gpushare.io/rdma")
+        .expect("the HCA row");
+    assert_eq!((rdma.used, rdma.total), (1, 4));
+    assert_eq!(rdma.pods[0].pod, "research/train");
     for (suffix, format, details) in FORMATS {
         check_golden(
             &format!("dra.{suffix}.txt"),
