@@ -52,6 +52,8 @@ build: ## debug build of the gpushare binary (dynamically linked, NVML backend a
 
 demo: ## run the self-contained demo (sandbox cluster, extender, device plugin, fake GPUs)
 	@echo "demo: building gpushare first (a fresh clone compiles its dependencies once: a few minutes)"
+	$(CARGO) build $(CI_FLAGS)
+	@# cargo run, not ./target/debug: the build directory may be elsewhere (CARGO_TARGET_DIR)
 	$(CARGO) run $(CI_FLAGS) --quiet --bin gpushare -- demo
 
 DOCS_VENV ?= .venv-docs
