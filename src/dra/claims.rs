@@ -158,12 +158,7 @@ pub fn read_claim(
         claim.metadata.namespace.as_deref().unwrap_or_default(),
         claim.metadata.name.as_deref().unwrap_or_default()
     );
-    let results = claim
-        .status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.as_ref())
+    let results = crate::k8s::project::claim_results(claim)
         .ok_or_else(|| ClaimError::NotAllocated { claim: id.clone() })?;
     let mut out = ClaimDevices::default();
     for r in results.iter().filter(|r| r.driver == driver) {
@@ -286,12 +281,7 @@ pub fn allocated_per_device<'a>(
 ) -> BTreeMap<String, u64> {
     let mut out: BTreeMap<String, u64> = BTreeMap::new();
     for claim in claims {
-        let results = claim
-            .status
-            .as_ref()
-            .and_then(|s| s.allocation.as_ref())
-            .and_then(|a| a.devices.as_ref())
-            .and_then(|d| d.results.as_ref());
+        let results = crate::k8s::project::claim_results(claim);
         for r in results
             .into_iter()
             .flatten()

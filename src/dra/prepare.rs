@@ -65,6 +65,17 @@ pub enum CdiPrepareError {
     Write(#[from] crate::gpu::cdi::WriteError),
 }
 
+/// A claim's CDI spec and the CDI ids of what it holds.
+#[derive(Clone, Debug)]
+pub struct ClaimSpec {
+    /// The spec.
+    pub spec: TransientSpec,
+    /// The CDI ids of each GPU share.
+    pub gpu_ids: Vec<Vec<String>>,
+    /// The CDI ids of each device of another kind.
+    pub device_ids: Vec<Vec<String>>,
+}
+
 /// Writes one transient CDI spec per claim (see the module docs).
 #[derive(Clone, Debug)]
 pub struct CdiPreparer {
@@ -113,7 +124,7 @@ impl CdiPreparer {
         &self,
         claim_uid: &str,
         claim: &ClaimDevices,
-    ) -> Result<(TransientSpec, Vec<Vec<String>>, Vec<Vec<String>>), CdiPrepareError> {
+    ) -> Result<ClaimSpec, CdiPrepareError> {
         let shares: &[ClaimShare] = &claim.gpus;
         let total: GpuMem = shares.iter().map(|s| s.units).sum();
         let registry = self
@@ -150,7 +161,11 @@ impl CdiPreparer {
             ids.push(share_ids);
         }
         let device_ids = self.devices(claim_uid, &claim.devices, shares.len(), &mut spec)?;
-        Ok((spec, ids, device_ids))
+        Ok(ClaimSpec {
+            spec,
+            gpu_ids: ids,
+            device_ids,
+        })
     }
 
     /// Adds one CDI device per device of another kind to `spec`, numbered from `first`;
@@ -226,11 +241,12 @@ fn container_edits(edits: &ContainerEdits) -> ContainerEditsSpec {
 
 impl Preparer for CdiPreparer {
     fn prepare(&self, claim_uid: &str, claim: &ClaimDevices) -> Result<Prepared, PrepareError> {
-        let (spec, cdi_device_ids, device_cdi_ids) = self.spec(claim_uid, claim)?;
-        let path = write_spec(&self.cdi_dir, claim_uid, &spec).map_err(CdiPrepareError::from)?;
+        let built = self.spec(claim_uid, claim)?;
+        let path =
+            write_spec(&self.cdi_dir, claim_uid, &built.spec).map_err(CdiPrepareError::from)?;
         Ok(Prepared {
-            cdi_device_ids,
-            device_cdi_ids,
+            cdi_device_ids: built.gpu_ids,
+            device_cdi_ids: built.device_ids,
             cdi_spec: Some(path),
         })
     }

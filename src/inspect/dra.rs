@@ -26,6 +26,7 @@ use crate::core::parse_whole_quantity;
 use crate::core::wire::{
     DRA_ATTR_INDEX, DRA_ATTR_RESOURCE, DRA_CAPACITY_MEMORY, DRA_CAPACITY_SHARES, DRA_DRIVER_NAME,
 };
+use crate::k8s::project::claim_results;
 
 /// The state of a pod whose memory comes from a DRA claim.
 pub const STATE_DRA_CLAIM: &str = "dra-claim";
@@ -97,19 +98,16 @@ impl DraCluster {
         }
         let mut rows: BTreeMap<String, DeviceReport> = BTreeMap::new();
         for (resource, shares) in devices.values() {
-            let row = rows.entry(resource.clone()).or_insert_with(|| DeviceReport {
-                resource: resource.clone(),
-                ..DeviceReport::default()
-            });
+            let row = rows
+                .entry(resource.clone())
+                .or_insert_with(|| DeviceReport {
+                    resource: resource.clone(),
+                    ..DeviceReport::default()
+                });
             row.total = row.total.saturating_add(*shares);
         }
         for claim in &self.claims {
-            let results = claim
-                .status
-                .as_ref()
-                .and_then(|s| s.allocation.as_ref())
-                .and_then(|a| a.devices.as_ref())
-                .and_then(|d| d.results.as_ref());
+            let results = claim_results(claim);
             let holder = holder(claim);
             for r in results.into_iter().flatten() {
                 if r.driver != DRA_DRIVER_NAME || r.pool != report.name {
@@ -237,13 +235,7 @@ impl OtherPath for DraCluster {
         }
         report.gpus.sort_by_key(|g| g.index);
         for claim in &self.claims {
-            let Some(results) = claim
-                .status
-                .as_ref()
-                .and_then(|s| s.allocation.as_ref())
-                .and_then(|a| a.devices.as_ref())
-                .and_then(|d| d.results.as_ref())
-            else {
+            let Some(results) = claim_results(claim) else {
                 continue;
             };
             let namespace = claim.metadata.namespace.clone().unwrap_or_default();

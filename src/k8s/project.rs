@@ -1,5 +1,5 @@
 //! Projections of Kubernetes objects into the core's plain types: a Pod's GPU request and
-//! annotations, a Node's GPUs (count, per-GPU memory, health, unit).
+//! annotations, a Node's GPUs (count, per-GPU memory, health, unit), a ResourceClaim's allocation results.
 //!
 //! Node GPUs come from what the device plugin publishes in `gpushare.io/devices` (per-GPU
 //! memory and health, heterogeneous cards) when present and consistent with the node's
@@ -192,6 +192,19 @@ fn node_gpus_only(node: &Node, use_allocatable: bool) -> NodeGpus {
         published: false,
         address: None,
     }
+}
+
+/// The allocation results of a ResourceClaim (`status.allocation.devices.results`); `None`
+/// while it is not allocated.
+pub fn claim_results(
+    claim: &k8s_openapi::api::resource::v1::ResourceClaim,
+) -> Option<&[k8s_openapi::api::resource::v1::DeviceRequestAllocationResult]> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_deref())
 }
 
 #[cfg(test)]

@@ -406,28 +406,20 @@ async fn grpcio_gets_the_gpu_share_and_the_hca_of_one_claim() {
         .expect("a pass");
     assert_eq!(pass.bound.len(), 1, "{pass:?}");
     let (name, uid) = node.claim_of("p");
-    let script = clients::repo_root().join("tests/clients/dra_kubelet_grpcio.py");
-    let out = tokio::time::timeout(
-        Duration::from_secs(60),
-        tokio::process::Command::new(&python)
-            .arg(&script)
-            .arg("--socket")
-            .arg(plugin.registration_socket())
-            .args(["--authority", "path", "--api", "v1"])
-            .args(["--prepare", "--unprepare"])
-            .arg("--claim")
-            .arg(format!("default/{uid}/{name}"))
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("the python kubelet finishes within a minute")
-    .expect("the python kubelet runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let report: Value = serde_json::from_str(stdout.trim())
-        .unwrap_or_else(|e| panic!("no JSON ({e}): {stdout}\n{stderr}"));
-    assert_eq!(out.status.code(), Some(0), "{report}\n{stderr}");
+    let args = [
+        "--authority",
+        "path",
+        "--api",
+        "v1",
+        "--prepare",
+        "--unprepare",
+        "--claim",
+    ]
+    .map(str::to_string)
+    .into_iter()
+    .chain([format!("default/{uid}/{name}")])
+    .collect::<Vec<_>>();
+    let report = clients::dra_kubelet_grpcio(&python, plugin.registration_socket(), &args).await;
     let answer = &report["prepare"][&uid];
     assert_eq!(answer["error"], "", "{report}");
     let devices = answer["devices"].as_array().expect("devices");

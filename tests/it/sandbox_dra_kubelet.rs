@@ -7,7 +7,6 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use futures::Stream;
 use gpushare_kubelet_api::dra::{health_v1, v1, v1beta1};
@@ -509,36 +508,20 @@ async fn grpcio_dra_kubelet_registers_prepares_watches_health_and_unprepares() {
         "DRAPlugin",
         &[v1::SERVICE, v1beta1::SERVICE, health_v1::SERVICE],
     );
-    let script = clients::repo_root().join("tests/clients/dra_kubelet_grpcio.py");
     for authority in ["path", "localhost"] {
-        let out = tokio::time::timeout(
-            Duration::from_secs(60),
-            tokio::process::Command::new(&python)
-                .arg(&script)
-                .arg("--socket")
-                .arg(&running.registration)
-                .args([
-                    "--authority",
-                    authority,
-                    "--prepare",
-                    "--health",
-                    "--unprepare",
-                ])
-                .arg("--claim")
-                .arg(format!("default/{uid}/{name}"))
-                .arg("--claim")
-                .arg("default/no-such-uid/gone")
-                .kill_on_drop(true)
-                .output(),
-        )
-        .await
-        .expect("the python kubelet finishes within a minute")
-        .expect("the python kubelet runs");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let report: Value = serde_json::from_str(stdout.trim())
-            .unwrap_or_else(|e| panic!("no JSON ({e}): {stdout}\n{stderr}"));
-        assert_eq!(out.status.code(), Some(0), "{report}\n{stderr}");
+        let args = [
+            "--authority",
+            authority,
+            "--prepare",
+            "--health",
+            "--unprepare",
+            "--claim",
+            &format!("default/{uid}/{name}"),
+            "--claim",
+            "default/no-such-uid/gone",
+        ]
+        .map(str::to_string);
+        let report = clients::dra_kubelet_grpcio(&python, &running.registration, &args).await;
         assert_eq!(report["info"]["type"], "DRAPlugin");
         assert_eq!(report["info"]["name"], DRIVER);
         assert_eq!(report["api"], "v1");

@@ -86,6 +86,36 @@ pub fn python_with(modules: &[&str]) -> Option<PathBuf> {
     }
 }
 
+/// Runs the Python DRA kubelet (`tests/clients/dra_kubelet_grpcio.py`: grpcio with the
+/// upstream protos) with `python` against the plugin registered at `socket`, with `args`
+/// (`--prepare`, `--claim ns/uid/name`, …); its JSON report. The test fails when it runs
+/// longer than a minute, prints no JSON or exits non-zero.
+pub async fn dra_kubelet_grpcio(
+    python: &Path,
+    socket: &Path,
+    args: &[String],
+) -> serde_json::Value {
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        tokio::process::Command::new(python)
+            .arg(repo_root().join("tests/clients/dra_kubelet_grpcio.py"))
+            .arg("--socket")
+            .arg(socket)
+            .args(args)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the python kubelet finishes within a minute")
+    .expect("the python kubelet runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let report: serde_json::Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("no JSON ({e}): {stdout}\n{stderr}"));
+    assert_eq!(out.status.code(), Some(0), "{report}\n{stderr}");
+    report
+}
+
 /// promtool.
 pub fn promtool() -> Option<PathBuf> {
     let promtool = std::env::var_os("GPUSHARE_TEST_PROMTOOL")
