@@ -128,14 +128,19 @@ pub fn route(
 }
 
 /// Listens on `address` and serves the admin paths until `stop`; returns the bound address
-/// and the server task. `not_ready` is the `/readyz` body while not ready.
+/// and the server task, or `None` when `address` is empty (the admin server is off).
+/// `not_ready` is the `/readyz` body while not ready.
 pub async fn serve(
     address: &str,
     state: Arc<AdminState>,
     not_ready: &'static str,
     limits: Limits,
     stop: Shutdown,
-) -> anyhow::Result<(SocketAddr, JoinHandle<()>)> {
+) -> anyhow::Result<Option<(SocketAddr, JoinHandle<()>)>> {
+    let address = address.trim();
+    if address.is_empty() {
+        return Ok(None);
+    }
     let listener = TcpListener::bind(address)
         .await
         .map_err(|e| anyhow::anyhow!("admin address {address}: {e}"))?;
@@ -152,7 +157,7 @@ pub async fn serve(
     let task = tokio::spawn(http_server::serve(
         "admin", listener, None, limits, metrics, handler, stop,
     ));
-    Ok((local, task))
+    Ok(Some((local, task)))
 }
 
 #[cfg(test)]

@@ -5,8 +5,10 @@
 //! PATH) it behaves as `gpushare inspect`, so `kubectl inspect gpushare` works.
 
 use std::ffi::OsString;
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
@@ -18,6 +20,8 @@ use crate::config::{self, Config, FlagOverrides, LogFormat, LogLevel};
 use crate::demo;
 #[cfg(unix)]
 use crate::dra;
+use crate::node::{NodeAgent, PreparedAgent};
+use crate::shutdown::Shutdown;
 use crate::{deviceplugin, doctor, extender, failure, inspect, webhook};
 
 /// The heading `--help` shows the global flags under, apart from each role's own.
@@ -259,19 +263,23 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<ExitCode> 
             extender::run(args, config).await
         }
         Command::DevicePlugin(args) => {
-            crate::buildinfo::ensure_server_platform("device-plugin")?;
-            crate::node::check_required(&config).map_err(failure::config)?;
-            crate::gpu::check_config(&config.gpu).map_err(failure::config)?;
-            preflight(doctor::Role::Node, &config).await?;
-            run_node(args, config).await
+            run_node_role(
+                "device-plugin",
+                &config,
+                |prepared| deviceplugin::admit(&config, prepared),
+                |agent, shutdown| deviceplugin::run(args, &config, agent, shutdown),
+            )
+            .await
         }
         #[cfg(unix)]
         Command::DraPlugin(args) => {
-            crate::buildinfo::ensure_server_platform("dra-plugin")?;
-            crate::node::check_required(&config).map_err(failure::config)?;
-            crate::gpu::check_config(&config.gpu).map_err(failure::config)?;
-            preflight(doctor::Role::Node, &config).await?;
-            run_dra(args, config).await
+            run_node_role(
+                "dra-plugin",
+                &config,
+                |prepared| dra::role::admit(&config, prepared),
+                |agent, shutdown| dra::role::run(args, &config, agent, shutdown),
+            )
+            .await
         }
         Command::Inspect(args) => inspect::run(args, config).await,
         Command::Doctor(args) => doctor::run(args, config).await,
@@ -282,34 +290,23 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<ExitCode> 
     }
 }
 
-/// Builds the process's one node agent and hands it to the node role.
-async fn run_node(args: deviceplugin::Args, config: Config) -> anyhow::Result<ExitCode> {
-    let (trigger, _) = crate::shutdown::channel();
-    let shutdown = crate::shutdown::on_signals(trigger);
-    let (client, backend) = crate::node::connect(&config, "device-plugin").await?;
-    let prepared = crate::node::NodeAgent::prepare(&config.node, client, backend)
-        .await?
-        .with_devices(&config.devices);
-    deviceplugin::admit(&prepared)?;
-    let agent = prepared.start(shutdown.clone()).await?;
-    let result = deviceplugin::run(args, &config, agent.agent().clone(), shutdown).await;
-    agent.stop().await;
-    result
-}
-
-/// Builds the process's one node agent and hands it to the DRA plugin role.
-#[cfg(unix)]
-async fn run_dra(args: dra::role::Args, config: Config) -> anyhow::Result<ExitCode> {
-    let (trigger, _) = crate::shutdown::channel();
-    let shutdown = crate::shutdown::on_signals(trigger);
-    let (client, backend) = crate::node::connect(&config, "dra-plugin").await?;
-    let prepared = crate::node::NodeAgent::prepare(&config.node, client, backend)
-        .await?
-        .with_devices(&config.devices);
-    let agent = prepared.start(shutdown.clone()).await?;
-    let result = dra::role::run(args, &config, agent.agent().clone(), shutdown).await;
-    agent.stop().await;
-    result
+/// The start-up of node role `role` (the device plugin, the DRA plugin): the platform, the
+/// settings no node role starts without, the node preflight, then the role on the process's
+/// one node agent ([`crate::node::run_role`]) until SIGTERM/SIGINT.
+async fn run_node_role<Fut>(
+    role: &str,
+    config: &Config,
+    admit: impl FnOnce(PreparedAgent) -> anyhow::Result<PreparedAgent>,
+    run: impl FnOnce(Arc<NodeAgent>, Shutdown) -> Fut,
+) -> anyhow::Result<ExitCode>
+where
+    Fut: Future<Output = anyhow::Result<ExitCode>>,
+{
+    crate::buildinfo::ensure_server_platform(role)?;
+    crate::node::check_required(config).map_err(failure::config)?;
+    crate::gpu::check_config(&config.gpu).map_err(failure::config)?;
+    preflight(doctor::Role::Node, config).await?;
+    crate::node::run_role(config, role, admit, run).await
 }
 
 /// The doctor preflight of a server role, unless `doctor.skip` (`--skip-doctor`).

@@ -32,9 +32,9 @@ use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject as _;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
-use crate::tls::ServingCert;
+use crate::tls::{PeerCheck, ServingCert, provider};
 
 /// The largest answer body read (an extender's inspect of a large cluster is a few MiB).
 pub const MAX_BODY: usize = 64 << 20;
@@ -492,10 +492,6 @@ impl Client {
     }
 }
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
 fn pem_error(what: &str) -> impl Fn(rustls::pki_types::pem::Error) -> SetupError + '_ {
     move |source| SetupError::Pem {
         what: what.to_string(),
@@ -550,18 +546,10 @@ fn connector(tls: &TlsOptions) -> Result<TlsConnector, SetupError> {
         }
         Trust::Pinned(ours) => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(PeerCheck {
-                pinned: Some(ours.clone()),
-                provider,
-            })),
-        Trust::InsecureSkipVerify => {
-            builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(PeerCheck {
-                    pinned: None,
-                    provider,
-                }))
-        }
+            .with_custom_certificate_verifier(Arc::new(PeerCheck::pinned(ours.clone(), provider))),
+        Trust::InsecureSkipVerify => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(PeerCheck::any(provider))),
     };
     let mut config = match &tls.identity {
         Identity::None => builder.with_no_client_auth(),
@@ -584,67 +572,6 @@ fn connector(tls: &TlsOptions) -> Result<TlsConnector, SetupError> {
     };
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(TlsConnector::from(Arc::new(config)))
-}
-
-/// The server-certificate check of [`Trust::Pinned`] (exactly our certificate) and
-/// [`Trust::InsecureSkipVerify`] (any): signatures are verified either way, so the peer
-/// holds the key of the certificate it shows.
-#[derive(Debug)]
-struct PeerCheck {
-    pinned: Option<Arc<ServingCert>>,
-    provider: Arc<rustls::crypto::CryptoProvider>,
-}
-
-impl rustls::client::danger::ServerCertVerifier for PeerCheck {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        match &self.pinned {
-            Some(ours) if !ours.is_ours(end_entity.as_ref()) => Err(rustls::Error::General(
-                "the peer presents a certificate other than this replica's".to_string(),
-            )),
-            _ => Ok(rustls::client::danger::ServerCertVerified::assertion()),
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! certificates and keys read from files and read again when the files change
 //! ([`CertFiles`], [`ServerTls::refresh`]), the certificate a server presents, swappable while
 //! it serves ([`ServingCert`]), and the optional check of client certificates against a CA
-//! file, swappable too ([`ClientCa`]).
+//! file, swappable too ([`ClientCa`]); and the check of the certificate another replica
+//! shows a client calling it ([`PeerCheck`], used by [`crate::outbound`]).
 //!
 //! Client certificates are optional at the TLS layer: a client that presents one must present
 //! one the CA (or the replica set's own serving certificate) vouches for, or the handshake
@@ -19,8 +20,11 @@ use std::time::{Duration, SystemTime};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::client::ResolvesClientCert;
+use tokio_rustls::rustls::client::danger::{
+    HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier,
+};
 use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use tokio_rustls::rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use tokio_rustls::rustls::sign::CertifiedKey;
@@ -62,8 +66,50 @@ fn unreadable(what: &str, why: impl ToString) -> TlsError {
     }
 }
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+/// The crypto provider of every TLS endpoint, serving or calling (ring).
+pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The handshake signature checks of a certificate verifier, with the algorithms of its
+/// `provider` field: the same in every verifier here ([`ClientCa`] serving, [`PeerCheck`]
+/// calling), so the peer proves it holds the key of the certificate it shows.
+macro_rules! signature_checks {
+    () => {
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls12_signature(
+                message,
+                cert,
+                dss,
+                &self.provider.signature_verification_algorithms,
+            )
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(
+                message,
+                cert,
+                dss,
+                &self.provider.signature_verification_algorithms,
+            )
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.provider
+                .signature_verification_algorithms
+                .supported_schemes()
+        }
+    };
 }
 
 /// A certificate with its private key, both PEM.
@@ -298,39 +344,55 @@ impl ClientCertVerifier for ClientCa {
             .verify_client_cert(end_entity, intermediates, now)
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+    signature_checks!();
+}
+
+/// The server-certificate check of a client calling another replica: exactly this replica
+/// set's serving certificate ([`PeerCheck::pinned`]) or any ([`PeerCheck::any`], the
+/// insecure-skip-verify choice). Signatures are verified either way, so the peer holds the
+/// key of the certificate it shows.
+#[derive(Debug)]
+pub struct PeerCheck {
+    pinned: Option<Arc<ServingCert>>,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl PeerCheck {
+    /// Accepts only `ours`, the certificate this replica set serves with.
+    pub fn pinned(ours: Arc<ServingCert>, provider: Arc<rustls::crypto::CryptoProvider>) -> Self {
+        PeerCheck {
+            pinned: Some(ours),
+            provider,
+        }
     }
 
-    fn verify_tls13_signature(
+    /// Accepts any certificate (its signatures still checked).
+    pub fn any(provider: Arc<rustls::crypto::CryptoProvider>) -> Self {
+        PeerCheck {
+            pinned: None,
+            provider,
+        }
+    }
+}
+
+impl ServerCertVerifier for PeerCheck {
+    fn verify_server_cert(
         &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match &self.pinned {
+            Some(ours) if !ours.is_ours(end_entity.as_ref()) => Err(rustls::Error::General(
+                "the peer presents a certificate other than this replica's".to_string(),
+            )),
+            _ => Ok(ServerCertVerified::assertion()),
+        }
     }
 
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
+    signature_checks!();
 }
 
 /// Issues no stateless session tickets (rustls' default too, stated where it matters).

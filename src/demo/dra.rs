@@ -18,13 +18,12 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
 use super::DemoOutcome;
+use super::scenario::{BINPACK_PODS, Walkthrough};
 use crate::config::Config;
-use crate::core::ledger::{GpuSpec, LedgerPod, NodeLedger, PodState};
-use crate::core::memory::{GpuMem, MemoryUnit};
-use crate::core::placement::{GpuPolicy, choose_gpu};
+use crate::core::memory::MemoryUnit;
+use crate::core::placement::GpuPolicy;
 use crate::core::wire::{DRA_DEVICE_CLASS, DRA_DRIVER_NAME};
 use crate::gpu::GpuBackend;
-use crate::gpu::fake::FakeBackend;
 use crate::shutdown;
 use gpushare_sandbox::apiserver::ApiServer;
 use gpushare_sandbox::dra_allocator::DraAllocator;
@@ -82,22 +81,12 @@ fn prepared_gpu(
 
 /// Runs demo 1 and demo 2 on the DRA path, writing the walkthrough to `out`.
 pub async fn run_dra_scenario(fake_gpus: &str, out: &mut dyn Write) -> anyhow::Result<DemoOutcome> {
-    let mut outcome = DemoOutcome::default();
-    let backend = FakeBackend::from_spec(fake_gpus).map_err(|e| anyhow!("--fake-gpus: {e}"))?;
+    let (mut walk, backend) = Walkthrough::new(fake_gpus)?;
     let unit = MemoryUnit::GIB;
-    let gpu_units: Vec<u64> = backend
-        .devices()
-        .iter()
-        .map(|d| unit.units_of_bytes(d.memory_bytes).units())
-        .collect();
-    anyhow::ensure!(
-        gpu_units.len() >= 2 && gpu_units.iter().all(|u| *u >= 2),
-        "the demo needs at least two GPUs of at least 2 GiB (got {fake_gpus})"
-    );
     writeln!(
         out,
         "gpushare demo --dra — a sandbox cluster with one node and {} fake GPUs ({fake_gpus}), served through DRA\n",
-        gpu_units.len()
+        walk.gpu_units.len()
     )?;
     let (trigger, stop) = shutdown::channel();
     let api = ApiServer::start()
@@ -143,32 +132,11 @@ pub async fn run_dra_scenario(fake_gpus: &str, out: &mut dyn Write) -> anyhow::R
     )?;
     let allocator = DraAllocator::new(api.client());
 
-    let mut model = NodeLedger::new(
-        &gpu_units
-            .iter()
-            .map(|u| GpuSpec {
-                total: GpuMem::new(*u),
-                healthy: true,
-            })
-            .collect::<Vec<_>>(),
-    );
-    let half = gpu_units[0] / 2;
-    writeln!(
-        out,
-        "\n━━ Demo 1: binpack — three pods of {half} GiB (half of GPU 0) each ━━"
-    )?;
-    for name in ["binpack-1", "binpack-2", "binpack-3"] {
-        let expected = choose_gpu(&model, GpuMem::new(half), GpuPolicy::Binpack).ok();
-        if let Some(gpu) = expected {
-            model.apply_pod(
-                name.to_string(),
-                LedgerPod {
-                    gpu,
-                    mem: GpuMem::new(half),
-                    state: PodState::Assigned,
-                },
-            );
-        }
+    let half = walk.half();
+    writeln!(out)?;
+    walk.demo1(out)?;
+    for name in BINPACK_PODS {
+        let expected = walk.predict(name);
         submit(&api, name, half)?;
         allocator.reconcile().await?;
         kubelet.sync().await?;
@@ -178,49 +146,27 @@ pub async fn run_dra_scenario(fake_gpus: &str, out: &mut dyn Write) -> anyhow::R
             "▸ {name}: claim allocated and prepared on GPU {}",
             got.map_or("-".to_string(), |g| g.to_string())
         )?;
-        outcome.expect(
-            out,
-            &format!(
-                "{name} runs on GPU {}",
-                expected.map_or("-".to_string(), |g| g.to_string())
-            ),
-            got == expected,
-            format!("it got {got:?}"),
-        );
+        walk.placed(out, name, expected, got);
     }
 
-    writeln!(
-        out,
-        "\n━━ Demo 2: the node has room, but no single GPU does ━━"
-    )?;
-    writeln!(
-        out,
-        "▸ binpack-1 finishes; its {half} GiB on GPU 0 are free again"
-    )?;
+    walk.demo2(out)?;
     api.set_pod_phase(NAMESPACE, "binpack-1", "Succeeded")?;
     allocator.reconcile().await?;
     kubelet.sync().await?;
-    model.remove_pod("binpack-1");
-    let big = gpu_units[0];
-    let free: u64 = model.gpus().iter().map(|g| g.free().units()).sum();
-    let fits_one_gpu = choose_gpu(&model, GpuMem::new(big), GpuPolicy::Binpack).is_ok();
-    writeln!(
-        out,
-        "▸ the node has {free} GiB free in total; binpack-4 asks for {big} GiB"
-    )?;
+    let (big, fits_one_gpu) = walk.big_ask(out)?;
     submit(&api, "binpack-4", big)?;
     let pass = allocator.reconcile().await?;
     kubelet.sync().await?;
     let bound = pass.bound.iter().any(|(p, _)| p.ends_with("/binpack-4"));
     if fits_one_gpu {
-        outcome.expect(
+        walk.outcome.expect(
             out,
             "binpack-4 fits on one GPU with this layout",
             bound,
             format!("{pass:?}"),
         );
     } else {
-        outcome.expect(
+        walk.outcome.expect(
             out,
             "binpack-4 stays Pending: no GPU has the capacity its claim asks",
             !bound && pass.pending.iter().any(|(p, _)| p.ends_with("/binpack-4")),
@@ -229,5 +175,5 @@ pub async fn run_dra_scenario(fake_gpus: &str, out: &mut dyn Write) -> anyhow::R
     }
     trigger.trigger();
     plugin.stop().await;
-    Ok(outcome)
+    Ok(walk.outcome)
 }

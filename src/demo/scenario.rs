@@ -60,6 +60,136 @@ impl DemoOutcome {
     }
 }
 
+/// The pods of demo 1, each asking half of GPU 0.
+pub(super) const BINPACK_PODS: [&str; 3] = ["binpack-1", "binpack-2", "binpack-3"];
+
+/// The steps both paths print and check alike (the default demo here, `--dra` in
+/// [`super::dra`]): the GPUs asked for, the core's prediction of every placement, the demos'
+/// headings and the check of each pod's GPU. The path plays its own cluster between the steps.
+pub(super) struct Walkthrough {
+    /// Each GPU's memory in GiB.
+    pub(super) gpu_units: Vec<u64>,
+    /// The placements the core's rules predict.
+    model: NodeLedger,
+    /// The checks so far.
+    pub(super) outcome: DemoOutcome,
+}
+
+impl Walkthrough {
+    /// The fake GPUs of `fake_gpus` (at least two of at least 2 GiB) and the walkthrough over
+    /// them.
+    pub(super) fn new(fake_gpus: &str) -> anyhow::Result<(Walkthrough, FakeBackend)> {
+        let backend = FakeBackend::from_spec(fake_gpus).map_err(|e| anyhow!("--fake-gpus: {e}"))?;
+        let gpu_units: Vec<u64> = backend
+            .devices()
+            .iter()
+            .map(|d| MemoryUnit::GIB.units_of_bytes(d.memory_bytes).units())
+            .collect();
+        anyhow::ensure!(
+            gpu_units.len() >= 2 && gpu_units.iter().all(|u| *u >= 2),
+            "the demo needs at least two GPUs of at least 2 GiB (got {fake_gpus})"
+        );
+        let model = NodeLedger::new(
+            &gpu_units
+                .iter()
+                .map(|u| GpuSpec {
+                    total: GpuMem::new(*u),
+                    healthy: true,
+                })
+                .collect::<Vec<_>>(),
+        );
+        let walk = Walkthrough {
+            gpu_units,
+            model,
+            outcome: DemoOutcome::default(),
+        };
+        Ok((walk, backend))
+    }
+
+    /// What each pod of demo 1 asks: half of GPU 0, in GiB.
+    pub(super) fn half(&self) -> u64 {
+        self.gpu_units[0] / 2
+    }
+
+    /// The GiB the model holds in use.
+    pub(super) fn used(&self) -> u64 {
+        self.model.used().units()
+    }
+
+    /// Demo 1's heading.
+    pub(super) fn demo1(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        writeln!(
+            out,
+            "━━ Demo 1: binpack — three pods of {} GiB (half of GPU 0) each ━━",
+            self.half()
+        )
+    }
+
+    /// The GPU the core's rules give demo 1's pod `name` now (recorded in the model).
+    pub(super) fn predict(&mut self, name: &str) -> Option<u32> {
+        let half = GpuMem::new(self.half());
+        let expected = choose_gpu(&self.model, half, GpuPolicy::Binpack).ok();
+        if let Some(gpu) = expected {
+            self.model.apply_pod(
+                name.to_string(),
+                LedgerPod {
+                    gpu,
+                    mem: half,
+                    state: PodState::Assigned,
+                },
+            );
+        }
+        expected
+    }
+
+    /// Checks that pod `name` got the GPU predicted.
+    pub(super) fn placed(
+        &mut self,
+        out: &mut dyn Write,
+        name: &str,
+        expected: Option<u32>,
+        got: Option<u32>,
+    ) {
+        self.outcome.expect(
+            out,
+            &format!(
+                "{name} runs on GPU {}",
+                expected.map_or("-".to_string(), |g| g.to_string())
+            ),
+            got == expected,
+            format!("it got {got:?}"),
+        );
+    }
+
+    /// Demo 2's heading and its first step: binpack-1 finishes (gone from the model).
+    pub(super) fn demo2(&mut self, out: &mut dyn Write) -> std::io::Result<()> {
+        writeln!(
+            out,
+            "\n━━ Demo 2: the node has room, but no single GPU does ━━"
+        )?;
+        writeln!(
+            out,
+            "▸ binpack-1 finishes; its {} GiB on GPU 0 are free again",
+            self.half()
+        )?;
+        self.model.remove_pod("binpack-1");
+        Ok(())
+    }
+
+    /// Demo 2's ask: binpack-4 wants all of GPU 0, printed with what the node has free.
+    /// Returns the GiB asked and whether one GPU has that room (the layout decides).
+    pub(super) fn big_ask(&self, out: &mut dyn Write) -> std::io::Result<(u64, bool)> {
+        let big = self.gpu_units[0];
+        let free: u64 = self.model.gpus().iter().map(|g| g.free().units()).sum();
+        let fits_one_gpu = choose_gpu(&self.model, GpuMem::new(big), GpuPolicy::Binpack).is_ok();
+        writeln!(
+            out,
+            "▸ the node has {free} GiB free in total; binpack-4 asks for {big} GiB"
+        )?;
+        Ok((big, fits_one_gpu))
+    }
+}
+
 /// What the played kube-scheduler decided for one pod.
 enum Scheduled {
     Bound { score: Option<i64> },
@@ -72,18 +202,9 @@ pub async fn run_scenario(
     out: &mut dyn Write,
     keep_running: bool,
 ) -> anyhow::Result<DemoOutcome> {
-    let mut outcome = DemoOutcome::default();
-    let backend = FakeBackend::from_spec(fake_gpus).map_err(|e| anyhow!("--fake-gpus: {e}"))?;
+    let (mut walk, backend) = Walkthrough::new(fake_gpus)?;
     let unit = MemoryUnit::GIB;
-    let gpu_units: Vec<u64> = backend
-        .devices()
-        .iter()
-        .map(|d| unit.units_of_bytes(d.memory_bytes).units())
-        .collect();
-    anyhow::ensure!(
-        gpu_units.len() >= 2 && gpu_units.iter().all(|u| *u >= 2),
-        "the demo needs at least two GPUs of at least 2 GiB (got {fake_gpus})"
-    );
+    let gpu_units = walk.gpu_units.clone();
 
     writeln!(
         out,
@@ -158,65 +279,20 @@ pub async fn run_scenario(
     )?;
 
     // The core's rules predict every placement; the demo checks the live system agrees.
-    let mut model: NodeLedger = NodeLedger::new(
-        &gpu_units
-            .iter()
-            .map(|u| GpuSpec {
-                total: GpuMem::new(*u),
-                healthy: true,
-            })
-            .collect::<Vec<_>>(),
-    );
-    let half = gpu_units[0] / 2;
-
-    writeln!(
-        out,
-        "━━ Demo 1: binpack — three pods of {half} GiB (half of GPU 0) each ━━"
-    )?;
-    for name in ["binpack-1", "binpack-2", "binpack-3"] {
-        let expected = choose_gpu(&model, GpuMem::new(half), GpuPolicy::Binpack).ok();
-        if let Some(gpu) = expected {
-            model.apply_pod(
-                name.to_string(),
-                LedgerPod {
-                    gpu,
-                    mem: GpuMem::new(half),
-                    state: PodState::Assigned,
-                },
-            );
-        }
+    let half = walk.half();
+    walk.demo1(out)?;
+    for name in BINPACK_PODS {
+        let expected = walk.predict(name);
         let got = schedule_and_start(&api, &scheduler, &kubelet, name, half, out).await?;
-        outcome.expect(
-            out,
-            &format!(
-                "{name} runs on GPU {}",
-                expected.map_or("-".to_string(), |g| g.to_string())
-            ),
-            got == expected,
-            format!("it got {got:?}"),
-        );
+        walk.placed(out, name, expected, got);
     }
     show_inspect(&api, out, Format::Table).await?;
 
-    writeln!(
-        out,
-        "\n━━ Demo 2: the node has room, but no single GPU does ━━"
-    )?;
-    writeln!(
-        out,
-        "▸ binpack-1 finishes; its {half} GiB on GPU 0 are free again"
-    )?;
+    walk.demo2(out)?;
     api.delete_object("pods", Some(NAMESPACE), "binpack-1")?;
     kubelet.release_pod(NAMESPACE, "binpack-1");
-    model.remove_pod("binpack-1");
-    scheduler.wait_for_used(model.used().units()).await?;
-    let big = gpu_units[0];
-    let free: u64 = model.gpus().iter().map(|g| g.free().units()).sum();
-    let fits_one_gpu = choose_gpu(&model, GpuMem::new(big), GpuPolicy::Binpack).is_ok();
-    writeln!(
-        out,
-        "▸ the node has {free} GiB free in total; binpack-4 asks for {big} GiB"
-    )?;
+    scheduler.wait_for_used(walk.used()).await?;
+    let (big, fits_one_gpu) = walk.big_ask(out)?;
     let got = schedule_and_start(&api, &scheduler, &kubelet, "binpack-4", big, out).await?;
     let pod: Option<Pod> = api.get_as("pods", Some(NAMESPACE), "binpack-4");
     let phase = pod
@@ -224,14 +300,14 @@ pub async fn run_scenario(
         .and_then(|s| s.phase)
         .unwrap_or_default();
     if fits_one_gpu {
-        outcome.expect(
+        walk.outcome.expect(
             out,
             "binpack-4 fits on one GPU with this layout",
             got.is_some(),
             format!("it got {got:?}"),
         );
     } else {
-        outcome.expect(
+        walk.outcome.expect(
             out,
             "binpack-4 stays Pending: no single GPU has room",
             got.is_none() && phase == "Pending",
@@ -249,7 +325,7 @@ pub async fn run_scenario(
     if got.is_some() {
         running.push("binpack-4");
     }
-    outcome.expect(
+    walk.outcome.expect(
         out,
         "the device plugin answered every container start from the extender's choice",
         running.iter().all(|p| recorded.contains(p))
@@ -267,7 +343,7 @@ pub async fn run_scenario(
     plugin.stop().await;
     kubelet.stop().await;
     api.shutdown().await;
-    Ok(outcome)
+    Ok(walk.outcome)
 }
 
 /// Plays kube-scheduler and then kubelet for one single-container pod; returns the GPU it

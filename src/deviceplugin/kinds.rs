@@ -15,28 +15,21 @@
 //! It does not match an Allocate to a pod (a kind's devices carry no per-pod state), write pod
 //! annotations or follow health.
 
-use std::pin::Pin;
 use std::sync::Arc;
 
-use futures::{Stream, StreamExt};
 use tokio::sync::watch;
-use tokio_stream::wrappers::WatchStream;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 use super::Plugin;
 use super::matching::PodSnapshot;
-use super::registration::Endpoint;
-use super::service::plugin_options;
+use super::service::Endpoint;
 use crate::core::wire::HEALTHY;
 use crate::devices::handover::HandOverError;
-use crate::kubelet_api::deviceplugin::device_plugin_server::DevicePlugin;
 use crate::kubelet_api::deviceplugin::{
     AllocateRequest, AllocateResponse, ContainerPreferredAllocationResponse, Device,
-    DevicePluginOptions, Empty, ListAndWatchResponse, PreStartContainerRequest,
-    PreStartContainerResponse, PreferredAllocationRequest, PreferredAllocationResponse,
+    ListAndWatchResponse, PreferredAllocationRequest, PreferredAllocationResponse,
 };
 use crate::node::kinds::{DeviceKind, KindDevices};
-use crate::shutdown::Shutdown;
 
 /// The socket a kind serving `resource` listens on, inside the device-plugin dir:
 /// `gpushare-gpushare.io_rdma.sock`.
@@ -97,7 +90,8 @@ impl KindPlugin {
         find()
     }
 
-    fn allocate(&self, request: AllocateRequest) -> Result<AllocateResponse, Status> {
+    /// Allocate: each container gets exactly the devices its ids name.
+    fn hand_over(&self, request: AllocateRequest) -> Result<AllocateResponse, Status> {
         let mut container_responses = Vec::with_capacity(request.container_requests.len());
         for creq in &request.container_requests {
             let handed = self.kind.hand_over(&creq.devices_ids).map_err(|e| {
@@ -122,10 +116,8 @@ impl KindPlugin {
         })
     }
 
-    async fn preferred_allocation(
-        &self,
-        request: PreferredAllocationRequest,
-    ) -> PreferredAllocationResponse {
+    /// GetPreferredAllocation: for RDMA, the HCAs nearest the GPU of the pod being admitted.
+    async fn nearest(&self, request: PreferredAllocationRequest) -> PreferredAllocationResponse {
         let mut container_responses = Vec::with_capacity(request.container_requests.len());
         for creq in &request.container_requests {
             let size = usize::try_from(creq.allocation_size.max(0)).unwrap_or(0);
@@ -189,16 +181,7 @@ pub(crate) fn pod_gpu<'a>(
     candidates.first().and_then(|p| p.annotations.gpu_index)
 }
 
-/// The service of one serving generation of one kind.
-#[derive(Debug, Clone)]
-pub(crate) struct KindService {
-    plugin: Arc<KindPlugin>,
-    stop: Shutdown,
-}
-
 impl Endpoint for KindPlugin {
-    type Service = KindService;
-
     fn plugin(&self) -> &Plugin {
         &self.gpu
     }
@@ -211,65 +194,27 @@ impl Endpoint for KindPlugin {
         self.kind.resource.clone()
     }
 
-    fn service(self: &Arc<Self>, stop: Shutdown) -> KindService {
-        KindService {
-            plugin: self.clone(),
-            stop,
-        }
-    }
-
     fn set_registered(&self, registered: bool) {
         if !registered {
             tracing::info!(resource = %self.kind.resource, "not registered with kubelet any more");
         }
     }
-}
 
-type DeviceStream = Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send>>;
-
-#[tonic::async_trait]
-impl DevicePlugin for KindService {
-    async fn get_device_plugin_options(
-        &self,
-        _request: Request<Empty>,
-    ) -> Result<Response<DevicePluginOptions>, Status> {
-        Ok(Response::new(plugin_options()))
-    }
-
-    type ListAndWatchStream = DeviceStream;
-
-    async fn list_and_watch(
-        &self,
-        _request: Request<Empty>,
-    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
-        let updates = WatchStream::new(self.plugin.devices_tx.subscribe())
-            .map(|msg| Ok(ListAndWatchResponse::clone(&msg)))
-            .take_until(self.stop.clone().wait());
-        Ok(Response::new(Box::pin(updates)))
-    }
-
-    async fn get_preferred_allocation(
-        &self,
-        request: Request<PreferredAllocationRequest>,
-    ) -> Result<Response<PreferredAllocationResponse>, Status> {
-        Ok(Response::new(
-            self.plugin.preferred_allocation(request.into_inner()).await,
-        ))
+    fn devices(&self) -> &watch::Sender<Arc<ListAndWatchResponse>> {
+        &self.devices_tx
     }
 
     async fn allocate(
-        &self,
-        request: Request<AllocateRequest>,
-    ) -> Result<Response<AllocateResponse>, Status> {
-        self.plugin
-            .allocate(request.into_inner())
-            .map(Response::new)
+        self: &Arc<Self>,
+        request: AllocateRequest,
+    ) -> Result<AllocateResponse, Status> {
+        self.hand_over(request)
     }
 
-    async fn pre_start_container(
-        &self,
-        _request: Request<PreStartContainerRequest>,
-    ) -> Result<Response<PreStartContainerResponse>, Status> {
-        Ok(Response::new(PreStartContainerResponse {}))
+    async fn preferred_allocation(
+        self: &Arc<Self>,
+        request: PreferredAllocationRequest,
+    ) -> PreferredAllocationResponse {
+        self.nearest(request).await
     }
 }

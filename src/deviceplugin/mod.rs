@@ -59,11 +59,7 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use crate::admin::AdminState;
-use crate::config::{
-    AllocateFailure, Config, DeviceListStrategies, DeviceListStrategy, DevicePluginConfig,
-    FlagOverrides, VisibleDevices,
-};
-use crate::core::MemoryUnit;
+use crate::config::{AllocateFailure, Config, DevicePluginConfig, FlagOverrides};
 use crate::core::wire::PLUGIN_SOCKET;
 use crate::gpu::GpuBackend;
 use crate::kubelet_api::deviceplugin::ListAndWatchResponse;
@@ -71,22 +67,23 @@ use crate::node::gpus::ServedGpu;
 use crate::node::health::HealthView;
 use crate::node::mps::MpsState;
 use crate::node::paths::ServingPath;
-use crate::node::{NodeAgent, NodeAgentHandle, PreparedAgent};
+use crate::node::{NodeAgent, NodeAgentHandle, NodeArgs, PreparedAgent};
 use crate::shutdown::Shutdown;
 
 use metrics::Metrics;
 use pods::PodStore;
 use records::Records;
 
-/// Flags of `gpushare device-plugin` (each overrides its `[device_plugin]`, `[node]`, `[gpu]`
-/// or `[doctor]` key). Upstream's flags are accepted: `--memory-unit`, `--health-check`, `--mps`
-/// work; the glog flags (`-logtostderr`, `--v=5`, …) and `--query-kubelet` family are
-/// accepted and ignored, so upstream manifests keep working.
+/// Flags of `gpushare device-plugin`: the node agent's ([`NodeArgs`]) and the kubelet side's
+/// (each overrides its `[device_plugin]`, `[node]`, `[gpu]`, `[devices]` or `[doctor]` key).
+/// Upstream's flags are accepted: `--memory-unit`, `--health-check`, `--mps` work; the glog
+/// flags (`-logtostderr`, `--v=5`, …) and `--query-kubelet` family are accepted and ignored, so
+/// upstream manifests keep working.
 #[derive(Clone, Debug, Default, clap::Args)]
 pub struct Args {
-    /// This node's name [env: NODE_NAME]
-    #[arg(long, value_name = "NAME")]
-    pub node_name: Option<String>,
+    /// The node agent's flags.
+    #[command(flatten)]
+    pub node: NodeArgs,
     /// kubelet's device-plugin directory [default: /var/lib/kubelet/device-plugins]
     #[arg(long, value_name = "DIR")]
     pub device_plugin_dir: Option<PathBuf>,
@@ -94,84 +91,13 @@ pub struct Args {
     /// [default: /var/lib/kubelet/pod-resources/kubelet.sock]
     #[arg(long, value_name = "PATH")]
     pub pod_resources_socket: Option<PathBuf>,
-    /// Size of one unit of aliyun.com/gpu-mem: GiB, MiB or a multiple such as 256MiB [default: GiB]
-    #[arg(long, value_name = "UNIT")]
-    pub memory_unit: Option<MemoryUnit>,
-    /// The GPU's name given to the container (NVIDIA_VISIBLE_DEVICES, mount paths, CDI device
-    /// names) [default: index]
-    #[arg(
-        long = "device-id-strategy",
-        visible_alias = "visible-devices",
-        value_enum
-    )]
-    pub visible_devices: Option<VisibleDevices>,
-    /// How the container gets its GPU; several may be combined (comma-separated or repeated)
-    /// [default: envvar]
-    #[arg(long, value_enum, value_delimiter = ',', value_name = "STRATEGY")]
-    pub device_list_strategy: Vec<DeviceListStrategy>,
-    /// CDI kind of the GPUs in the node's CDI specs [default: nvidia.com/gpu]
-    #[arg(long, value_name = "VENDOR/CLASS")]
-    pub cdi_kind: Option<String>,
-    /// Prefix of the CDI annotation key (cdi-annotations) [default: cdi.k8s.io/]
-    #[arg(long, value_name = "PREFIX")]
-    pub cdi_annotation_prefix: Option<String>,
-    /// Directories of the node's CDI specs, comma-separated [default: /etc/cdi,/var/run/cdi]
-    #[arg(long, value_delimiter = ',', value_name = "DIR")]
-    pub cdi_spec_dirs: Vec<PathBuf>,
-    /// Also answer DeviceSpecs for /dev/nvidia<minor>, /dev/nvidiactl, /dev/nvidia-uvm and
-    /// /dev/nvidia-uvm-tools (runtimes without the NVIDIA hook)
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
-    pub pass_device_specs: Option<bool>,
     /// Answer when no pod matches an Allocate: the upstream env convention, or a gRPC error
     /// [default: env]
     #[arg(long, value_enum)]
     pub allocate_failure: Option<AllocateFailure>,
-    /// Watch XID errors and report unhealthy GPUs [default: true]
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
-    pub health_check: Option<bool>,
-    /// Seconds without new errors after which a GPU with a transient XID is healthy again
-    /// [default: 300]
-    #[arg(long, value_name = "SECS")]
-    pub health_recovery: Option<u64>,
-    /// Memory isolation through CUDA MPS (per-container pinned memory limit)
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
-    pub mps: Option<bool>,
-    /// MPS pipe directory on the host, mounted into containers [default: /tmp/nvidia-mps]
-    #[arg(long, value_name = "DIR")]
-    pub mps_pipe_dir: Option<PathBuf>,
-    /// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for MPS clients and the daemon's default; 0 leaves
-    /// it unset
-    #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u8).range(0..=100))]
-    pub mps_active_thread_percentage: Option<u8>,
-    /// The MPS control program the plugin runs [default: nvidia-cuda-mps-control on PATH]
-    #[arg(long, value_name = "PATH")]
-    pub mps_control: Option<String>,
-    /// CUDA_MPS_LOG_DIRECTORY of the daemon [default: /var/log/nvidia-mps]
-    #[arg(long, value_name = "DIR")]
-    pub mps_log_dir: Option<PathBuf>,
-    /// Host directory that is the daemon's /dev/shm, mounted at /dev/shm into MPS clients;
-    /// empty: none [default: empty]
-    #[arg(long, value_name = "DIR")]
-    pub mps_shm_dir: Option<PathBuf>,
-    /// The daemon's default pinned memory limit per GPU in MiB, for clients that drop their
-    /// own; 0: one memory unit, the smallest safe value [default: 0]
-    #[arg(long, value_name = "MIB")]
-    pub mps_pinned_mem_limit_mib: Option<u64>,
-    /// How often the daemon is asked get_server_list, in milliseconds [default: 5000]
-    #[arg(long, value_name = "MS")]
-    pub mps_check_interval_ms: Option<u64>,
-    /// Longest wait between restarts of a failing daemon, in seconds [default: 60]
-    #[arg(long, value_name = "SECS")]
-    pub mps_restart_backoff_max_secs: Option<u64>,
     /// Address of /healthz, /readyz and /metrics; empty disables them [default: 0.0.0.0:9101]
     #[arg(long, value_name = "ADDR")]
     pub admin_address: Option<String>,
-    /// GPU access.
-    #[command(flatten)]
-    pub gpu: crate::gpu::GpuArgs,
-    /// Where the host's sysfs and /dev are read (RDMA HCAs, generic devices).
-    #[command(flatten)]
-    pub roots: crate::devices::RootArgs,
     /// Do not run the node preflight (doctor) before starting
     #[arg(long)]
     pub skip_doctor: bool,
@@ -202,66 +128,26 @@ impl Args {
     /// The flags as configuration overrides.
     pub fn overrides(&self, flags: &mut FlagOverrides) {
         let dp = |k: &str| format!("device_plugin.{k}");
-        let node = |k: &str| format!("node.{k}");
         let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
-        flags.set(&node("node_name"), self.node_name.clone());
+        self.node.overrides(flags);
         flags.set(&dp("device_plugin_dir"), path(&self.device_plugin_dir));
         flags.set(
             &dp("pod_resources_socket"),
             path(&self.pod_resources_socket),
         );
-        flags.set(&node("memory_unit"), self.memory_unit);
-        flags.set(&node("device_id_strategy"), self.visible_devices);
-        if !self.device_list_strategy.is_empty() {
-            let list = DeviceListStrategies::new(self.device_list_strategy.iter().copied());
-            flags.set(&node("device_list_strategy"), Some(list.to_string()));
-        }
-        flags.set(&node("cdi_kind"), self.cdi_kind.clone());
-        flags.set(
-            &node("cdi_annotation_prefix"),
-            self.cdi_annotation_prefix.clone(),
-        );
-        if !self.cdi_spec_dirs.is_empty() {
-            let dirs: Vec<String> = self
-                .cdi_spec_dirs
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect();
-            flags.set(&node("cdi_spec_dirs"), Some(dirs));
-        }
-        flags.set(&node("pass_device_specs"), self.pass_device_specs);
         flags.set(&dp("allocate_failure"), self.allocate_failure);
-        flags.set(&node("health_check"), self.health_check);
-        flags.set(&node("health_recovery_secs"), self.health_recovery);
-        flags.set(&node("mps"), self.mps);
-        flags.set(&node("mps_pipe_dir"), path(&self.mps_pipe_dir));
-        flags.set(
-            &node("mps_active_thread_percentage"),
-            self.mps_active_thread_percentage,
-        );
-        flags.set(&node("mps_control"), self.mps_control.clone());
-        flags.set(&node("mps_log_dir"), path(&self.mps_log_dir));
-        flags.set(&node("mps_shm_dir"), path(&self.mps_shm_dir));
-        flags.set(
-            &node("mps_pinned_mem_limit_mib"),
-            self.mps_pinned_mem_limit_mib,
-        );
-        flags.set(&node("mps_check_interval_ms"), self.mps_check_interval_ms);
-        flags.set(
-            &node("mps_restart_backoff_max_secs"),
-            self.mps_restart_backoff_max_secs,
-        );
         flags.set(&dp("admin_address"), self.admin_address.clone());
-        self.gpu.overrides(flags);
-        self.roots.overrides(flags);
         flags.set_flag("doctor.skip", self.skip_doctor);
     }
 }
 
-/// The GPUs the device plugin cannot serve: their fake devices would not fit kubelet's 4 MiB
-/// ListAndWatch message in the unit decided. Checked before the agent publishes anything.
-pub fn admit(prepared: &PreparedAgent) -> Result<(), devices::MessageTooLarge> {
-    devices::check_message_size(prepared.found_gpus(), prepared.unit())
+/// What the device plugin reads and refuses before the agent publishes anything: the device
+/// kinds `[devices]` enables, and GPUs whose fake devices would not fit kubelet's 4 MiB
+/// ListAndWatch message in the unit decided.
+pub fn admit(config: &Config, prepared: PreparedAgent) -> anyhow::Result<PreparedAgent> {
+    let prepared = prepared.with_devices(&config.devices);
+    devices::check_message_size(prepared.found_gpus(), prepared.unit())?;
+    Ok(prepared)
 }
 
 /// Runs the device plugin on `agent` until `shutdown` (SIGTERM/SIGINT). The dispatcher has run
@@ -519,29 +405,25 @@ impl DevicePluginHandle {
 }
 
 /// Starts the device plugin in-process with a node agent of its own (the integration tests,
-/// `gpushare demo`): prepares the agent, checks the message size, starts the agent, then
-/// [`serve`]s. The agent stops with the plugin.
+/// `gpushare demo`): the agent is started after [`admit`], then [`serve`]s. The agent stops
+/// with the plugin.
 pub async fn start(
     config: &Config,
     client: kube::Client,
     backend: Arc<dyn GpuBackend>,
     shutdown: Shutdown,
 ) -> anyhow::Result<DevicePluginHandle> {
-    let prepared = NodeAgent::prepare(&config.node, client, backend)
-        .await?
-        .with_devices(&config.devices);
-    admit(&prepared)?;
-    let agent = prepared.start(shutdown.clone()).await?;
-    match serve(config, agent.agent().clone(), shutdown).await {
-        Ok(mut handle) => {
-            handle.own_agent = Some(agent);
-            Ok(handle)
-        }
-        Err(e) => {
-            agent.stop().await;
-            Err(e)
-        }
-    }
+    let (mut handle, agent) = crate::node::serve_on_own_agent(
+        config,
+        client,
+        backend,
+        shutdown,
+        |prepared| admit(config, prepared),
+        |agent, shutdown| serve(config, agent, shutdown),
+    )
+    .await?;
+    handle.own_agent = Some(agent);
+    Ok(handle)
 }
 
 /// Serves the agent's GPUs as the device plugin: offers them on [`ServingPath::DevicePlugin`]
@@ -630,28 +512,24 @@ pub async fn serve(
         }
     }
     tasks.push(tokio::spawn(reconcile::run(plugin.clone(), stop.clone())));
-    let admin_addr = if dp.admin_address.trim().is_empty() {
-        None
-    } else {
-        match crate::admin::serve(
-            dp.admin_address.trim(),
-            admin.clone(),
-            "not registered with kubelet, or (with --mps) the MPS control daemon does not answer",
-            crate::http_server::Limits::from_config(&config.http),
-            stop.clone(),
-        )
-        .await
-        {
-            Ok((addr, task)) => {
-                tasks.push(task);
-                Some(addr)
-            }
-            Err(e) => {
-                // Stops the tasks started so far (and removes the plugin socket).
-                stop_trigger.trigger();
-                agent.withdraw(ServingPath::DevicePlugin);
-                return Err(e);
-            }
+    let admin_addr = match crate::admin::serve(
+        &dp.admin_address,
+        admin.clone(),
+        "not registered with kubelet, or (with --mps) the MPS control daemon does not answer",
+        crate::http_server::Limits::from_config(&config.http),
+        stop.clone(),
+    )
+    .await
+    {
+        Ok(served) => served.map(|(addr, task)| {
+            tasks.push(task);
+            addr
+        }),
+        Err(e) => {
+            // Stops the tasks started so far (and removes the plugin socket).
+            stop_trigger.trigger();
+            agent.withdraw(ServingPath::DevicePlugin);
+            return Err(e);
         }
     };
     Ok(DevicePluginHandle {

@@ -20,13 +20,12 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinHandle;
 use tonic::transport::{Server, Uri};
 
-use super::Plugin;
-use super::service::{PluginService, plugin_options};
+use super::service::{Endpoint, EndpointService, plugin_options};
 use crate::core::wire::{
     DEVICE_PLUGIN_API_VERSION, KUBELET_SOCKET, PLUGIN_SOCKET, RESOURCE_GPU_MEM,
 };
 use crate::kubelet_api::deviceplugin::RegisterRequest;
-use crate::kubelet_api::deviceplugin::device_plugin_server::{DevicePlugin, DevicePluginServer};
+use crate::kubelet_api::deviceplugin::device_plugin_server::DevicePluginServer;
 use crate::kubelet_api::deviceplugin::registration_client::RegistrationClient;
 use crate::shutdown::{Shutdown, Trigger};
 
@@ -37,60 +36,6 @@ const REGISTER_RETRY: Duration = Duration::from_millis(500);
 
 fn inode(path: &Path) -> Option<u64> {
     std::fs::metadata(path).ok().map(|m| m.ino())
-}
-
-/// One socket served and registered: the GPU plugin, or one device kind.
-pub(crate) trait Endpoint: Send + Sync + 'static {
-    /// The gRPC service of one generation.
-    type Service: DevicePlugin;
-    /// The GPU plugin (device-plugin dir, the pod store).
-    fn plugin(&self) -> &Plugin;
-    /// The socket's file name inside the device-plugin dir.
-    fn socket_name(&self) -> String;
-    /// The extended resource registered.
-    fn resource(&self) -> String;
-    /// The service of a generation that stops with `stop`.
-    fn service(self: &Arc<Self>, stop: Shutdown) -> Self::Service;
-    /// Registered with kubelet (`true`) or not any more.
-    fn set_registered(&self, registered: bool);
-    /// The socket's path.
-    fn socket_path(&self) -> std::path::PathBuf {
-        self.plugin()
-            .config
-            .device_plugin_dir
-            .join(self.socket_name())
-    }
-}
-
-impl Endpoint for Plugin {
-    type Service = PluginService;
-
-    fn plugin(&self) -> &Plugin {
-        self
-    }
-
-    fn socket_name(&self) -> String {
-        PLUGIN_SOCKET.to_string()
-    }
-
-    fn resource(&self) -> String {
-        RESOURCE_GPU_MEM.to_string()
-    }
-
-    fn service(self: &Arc<Self>, stop: Shutdown) -> PluginService {
-        PluginService {
-            plugin: self.clone(),
-            stop,
-        }
-    }
-
-    fn set_registered(&self, registered: bool) {
-        self.metrics.registered.set(i64::from(registered));
-        if registered {
-            self.metrics.registrations.inc();
-        }
-        self.update_ready();
-    }
 }
 
 struct Generation {
@@ -114,7 +59,10 @@ impl Generation {
             .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", path.display()))?;
         let socket_inode = inode(&path);
         let (trigger, stop) = crate::shutdown::channel();
-        let service = DevicePluginServer::new(plugin.service(stop.clone()));
+        let service = DevicePluginServer::new(EndpointService {
+            endpoint: plugin.clone(),
+            stop: stop.clone(),
+        });
         let server = tokio::spawn(async move {
             if let Err(e) = Server::builder()
                 .add_service(service)

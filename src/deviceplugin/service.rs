@@ -1,15 +1,23 @@
-//! The tonic `DevicePlugin` service: one per serving generation (a kubelet restart starts a
-//! new one), delegating to the shared [`Plugin`](super::Plugin). ListAndWatch streams end when
-//! their generation stops, so kubelet sees the plugin go away and come back.
+//! The tonic `DevicePlugin` service, one for every socket the device plugin serves: the GPU
+//! resource ([`Plugin`](super::Plugin)) and each device kind beside it
+//! ([`KindPlugin`](super::kinds)) are [`Endpoint`]s, and one [`EndpointService`] per serving
+//! generation (a kubelet restart starts a new one) answers for it: ListAndWatch streams the
+//! endpoint's device list and ends when its generation stops, so kubelet sees the plugin go
+//! away and come back; Allocate and GetPreferredAllocation are the endpoint's own.
+//!
+//! It does not serve a socket or register with kubelet ([`super::registration`] does).
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
+use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 use tonic::{Request, Response, Status};
 
 use super::Plugin;
+use crate::core::wire::{PLUGIN_SOCKET, RESOURCE_GPU_MEM};
 use crate::kubelet_api::deviceplugin::device_plugin_server::DevicePlugin;
 use crate::kubelet_api::deviceplugin::{
     AllocateRequest, AllocateResponse, DevicePluginOptions, Empty, ListAndWatchResponse,
@@ -26,10 +34,81 @@ pub(crate) fn plugin_options() -> DevicePluginOptions {
     }
 }
 
-/// The service of one serving generation.
-#[derive(Debug, Clone)]
-pub(crate) struct PluginService {
-    pub(crate) plugin: Arc<Plugin>,
+/// One socket served and registered: the GPU plugin, or one device kind.
+pub(crate) trait Endpoint: Send + Sync + 'static {
+    /// The GPU plugin (device-plugin dir, the pod store).
+    fn plugin(&self) -> &Plugin;
+    /// The socket's file name inside the device-plugin dir.
+    fn socket_name(&self) -> String;
+    /// The extended resource registered.
+    fn resource(&self) -> String;
+    /// Registered with kubelet (`true`) or not any more.
+    fn set_registered(&self, registered: bool);
+    /// The device list ListAndWatch streams.
+    fn devices(&self) -> &watch::Sender<Arc<ListAndWatchResponse>>;
+    /// Answers one Allocate call.
+    fn allocate(
+        self: &Arc<Self>,
+        request: AllocateRequest,
+    ) -> impl Future<Output = Result<AllocateResponse, Status>> + Send;
+    /// Answers one GetPreferredAllocation call.
+    fn preferred_allocation(
+        self: &Arc<Self>,
+        request: PreferredAllocationRequest,
+    ) -> impl Future<Output = PreferredAllocationResponse> + Send;
+    /// The socket's path.
+    fn socket_path(&self) -> std::path::PathBuf {
+        self.plugin()
+            .config
+            .device_plugin_dir
+            .join(self.socket_name())
+    }
+}
+
+impl Endpoint for Plugin {
+    fn plugin(&self) -> &Plugin {
+        self
+    }
+
+    fn socket_name(&self) -> String {
+        PLUGIN_SOCKET.to_string()
+    }
+
+    fn resource(&self) -> String {
+        RESOURCE_GPU_MEM.to_string()
+    }
+
+    fn set_registered(&self, registered: bool) {
+        self.metrics.registered.set(i64::from(registered));
+        if registered {
+            self.metrics.registrations.inc();
+        }
+        self.update_ready();
+    }
+
+    fn devices(&self) -> &watch::Sender<Arc<ListAndWatchResponse>> {
+        &self.devices_tx
+    }
+
+    fn allocate(
+        self: &Arc<Self>,
+        request: AllocateRequest,
+    ) -> impl Future<Output = Result<AllocateResponse, Status>> + Send {
+        Plugin::allocate(self, request)
+    }
+
+    fn preferred_allocation(
+        self: &Arc<Self>,
+        request: PreferredAllocationRequest,
+    ) -> impl Future<Output = PreferredAllocationResponse> + Send {
+        Plugin::preferred_allocation(self, request)
+    }
+}
+
+/// The service of one serving generation of `endpoint`.
+#[derive(Debug)]
+pub(crate) struct EndpointService<E> {
+    pub(crate) endpoint: Arc<E>,
     /// Fires when this generation stops.
     pub(crate) stop: Shutdown,
 }
@@ -37,7 +116,7 @@ pub(crate) struct PluginService {
 type DeviceStream = Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
-impl DevicePlugin for PluginService {
+impl<E: Endpoint> DevicePlugin for EndpointService<E> {
     async fn get_device_plugin_options(
         &self,
         _request: Request<Empty>,
@@ -51,7 +130,7 @@ impl DevicePlugin for PluginService {
         &self,
         _request: Request<Empty>,
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
-        let updates = WatchStream::new(self.plugin.devices_tx.subscribe())
+        let updates = WatchStream::new(self.endpoint.devices().subscribe())
             .map(|msg| Ok(ListAndWatchResponse::clone(&msg)))
             .take_until(self.stop.clone().wait());
         Ok(Response::new(Box::pin(updates)))
@@ -62,7 +141,9 @@ impl DevicePlugin for PluginService {
         request: Request<PreferredAllocationRequest>,
     ) -> Result<Response<PreferredAllocationResponse>, Status> {
         Ok(Response::new(
-            self.plugin.preferred_allocation(request.into_inner()).await,
+            self.endpoint
+                .preferred_allocation(request.into_inner())
+                .await,
         ))
     }
 
@@ -70,7 +151,7 @@ impl DevicePlugin for PluginService {
         &self,
         request: Request<AllocateRequest>,
     ) -> Result<Response<AllocateResponse>, Status> {
-        self.plugin
+        self.endpoint
             .allocate(request.into_inner())
             .await
             .map(Response::new)

@@ -13,8 +13,9 @@
 //! slices stay (a restarted plugin takes them over; kubelet removes a plugin's slices when it
 //! is gone for good).
 //!
-//! What it does not do: build the node agent (`cli` does, as for the device plugin), decide the
-//! container edits (the node contract, through the preparer), or rewrite pods (the webhook).
+//! What it does not do: build the node agent (`cli` has [`crate::node::run_role`] do it, as
+//! for the device plugin), decide the container edits (the node contract, through the
+//! preparer), or rewrite pods (the webhook).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -35,11 +36,11 @@ use super::plugin::{PluginConfig, RunningPlugin, Served};
 use super::prepare::CdiPreparer;
 use super::slices::{Pool, SliceGpu, device_name};
 use crate::admin::AdminState;
-use crate::config::{Config, DraConfig, FlagOverrides, VisibleDevices};
+use crate::config::{Config, DraConfig, FlagOverrides};
 use crate::core::{GpuPolicy, MemoryUnit};
 use crate::node::health::HealthView;
 use crate::node::paths::ServingPath;
-use crate::node::{NodeAgent, NodeAgentHandle};
+use crate::node::{NodeAgent, NodeAgentHandle, NodeArgs, PreparedAgent};
 use crate::shutdown::Shutdown;
 
 /// The checkpoint's file name in the plugin directory.
@@ -47,13 +48,21 @@ pub const CHECKPOINT_FILE: &str = "checkpoint.json";
 /// The wait before a failed slice publication is tried again.
 const REPUBLISH_AFTER: Duration = Duration::from_secs(2);
 
-/// Flags of `gpushare dra-plugin` (each overrides its `[dra]`, `[node]`, `[gpu]` or `[doctor]`
-/// key).
+/// Flags of `gpushare dra-plugin`: the node agent's ([`NodeArgs`], three of them worded for
+/// the DRA path) and the DRA side's (each overrides its `[dra]`, `[node]`, `[gpu]`,
+/// `[devices]` or `[doctor]` key).
 #[derive(Clone, Debug, Default, clap::Args)]
+#[command(
+    mut_arg("node_name", |a| a.help("This node's name (the pool's name) [env: NODE_NAME]")),
+    mut_arg("visible_devices", |a| a
+        .help("The GPU's name given to the container (NVIDIA_VISIBLE_DEVICES) [default: index]")
+        .visible_alias(None)),
+    mut_arg("health_check", |a| a.help("Watch XID errors and taint unhealthy GPUs [default: true]")),
+)]
 pub struct Args {
-    /// This node's name (the pool's name) [env: NODE_NAME]
-    #[arg(long, value_name = "NAME")]
-    pub node_name: Option<String>,
+    /// The node agent's flags.
+    #[command(flatten)]
+    pub node: NodeArgs,
     /// The DRA driver name [default: gpushare.io]
     #[arg(long, value_name = "NAME")]
     pub driver_name: Option<String>,
@@ -71,35 +80,9 @@ pub struct Args {
     /// Device order in the slice: binpack (fullest GPU first) or spread [default: binpack]
     #[arg(long, value_enum)]
     pub gpu_policy: Option<GpuPolicy>,
-    /// Size of one unit of aliyun.com/gpu-mem: GiB, MiB or a multiple such as 256MiB [default: GiB]
-    #[arg(long, value_name = "UNIT")]
-    pub memory_unit: Option<MemoryUnit>,
-    /// The GPU's name given to the container (NVIDIA_VISIBLE_DEVICES) [default: index]
-    #[arg(long = "device-id-strategy", value_enum)]
-    pub visible_devices: Option<VisibleDevices>,
-    /// Watch XID errors and taint unhealthy GPUs [default: true]
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
-    pub health_check: Option<bool>,
-    /// Seconds without new errors after which a GPU with a transient XID is healthy again
-    /// [default: 300]
-    #[arg(long, value_name = "SECS")]
-    pub health_recovery: Option<u64>,
-    /// Memory isolation through CUDA MPS (per-container pinned memory limit)
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
-    pub mps: Option<bool>,
-    /// MPS pipe directory on the host, mounted into containers [default: /tmp/nvidia-mps]
-    #[arg(long, value_name = "DIR")]
-    pub mps_pipe_dir: Option<PathBuf>,
-    /// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for MPS clients and the daemon's default; 0 leaves
-    /// it unset
-    #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u8).range(0..=100))]
-    pub mps_active_thread_percentage: Option<u8>,
     /// Address of /healthz, /readyz and /metrics; empty disables them [default: 0.0.0.0:9102]
     #[arg(long, value_name = "ADDR")]
     pub admin_address: Option<String>,
-    /// GPU access.
-    #[command(flatten)]
-    pub gpu: crate::gpu::GpuArgs,
     /// Do not run the node preflight (doctor) before starting
     #[arg(long)]
     pub skip_doctor: bool,
@@ -109,26 +92,14 @@ impl Args {
     /// The flags as configuration overrides.
     pub fn overrides(&self, flags: &mut FlagOverrides) {
         let dra = |k: &str| format!("dra.{k}");
-        let node = |k: &str| format!("node.{k}");
         let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
-        flags.set(&node("node_name"), self.node_name.clone());
+        self.node.overrides(flags);
         flags.set(&dra("driver_name"), self.driver_name.clone());
         flags.set(&dra("registry_dir"), path(&self.registry_dir));
         flags.set(&dra("plugin_dir"), path(&self.plugin_dir));
         flags.set(&dra("cdi_dir"), path(&self.cdi_dir));
         flags.set(&dra("gpu_policy"), self.gpu_policy);
-        flags.set(&node("memory_unit"), self.memory_unit);
-        flags.set(&node("device_id_strategy"), self.visible_devices);
-        flags.set(&node("health_check"), self.health_check);
-        flags.set(&node("health_recovery_secs"), self.health_recovery);
-        flags.set(&node("mps"), self.mps);
-        flags.set(&node("mps_pipe_dir"), path(&self.mps_pipe_dir));
-        flags.set(
-            &node("mps_active_thread_percentage"),
-            self.mps_active_thread_percentage,
-        );
         flags.set(&dra("admin_address"), self.admin_address.clone());
-        self.gpu.overrides(flags);
         flags.set_flag("doctor.skip", self.skip_doctor);
     }
 }
@@ -269,20 +240,23 @@ pub async fn start(
     backend: Arc<dyn crate::gpu::GpuBackend>,
     shutdown: Shutdown,
 ) -> anyhow::Result<DraPluginHandle> {
-    let prepared = NodeAgent::prepare(&config.node, client, backend)
-        .await?
-        .with_devices(&config.devices);
-    let agent = prepared.start(shutdown.clone()).await?;
-    match serve(config, agent.agent().clone(), shutdown).await {
-        Ok(mut handle) => {
-            handle.own_agent = Some(agent);
-            Ok(handle)
-        }
-        Err(e) => {
-            agent.stop().await;
-            Err(e)
-        }
-    }
+    let (mut handle, agent) = crate::node::serve_on_own_agent(
+        config,
+        client,
+        backend,
+        shutdown,
+        |prepared| admit(config, prepared),
+        |agent, shutdown| serve(config, agent, shutdown),
+    )
+    .await?;
+    handle.own_agent = Some(agent);
+    Ok(handle)
+}
+
+/// What the DRA plugin reads before the agent publishes anything: the device kinds beside
+/// the GPUs that `[devices]` enables (RDMA HCAs, generic devices), published after them.
+pub fn admit(config: &Config, prepared: PreparedAgent) -> anyhow::Result<PreparedAgent> {
+    Ok(prepared.with_devices(&config.devices))
 }
 
 /// Serves the agent's GPUs on the DRA path (see the module docs). Returns once the sockets are
@@ -423,26 +397,22 @@ async fn serve_offered(
         allocated_rx,
         stop.clone(),
     )));
-    let admin_addr = if dra.admin_address.trim().is_empty() {
-        None
-    } else {
-        match crate::admin::serve(
-            dra.admin_address.trim(),
-            admin.clone(),
-            "not registered with kubelet",
-            crate::http_server::Limits::from_config(&config.http),
-            stop.clone(),
-        )
-        .await
-        {
-            Ok((addr, task)) => {
-                tasks.push(task);
-                Some(addr)
-            }
-            Err(e) => {
-                stop_trigger.trigger();
-                return Err(e);
-            }
+    let admin_addr = match crate::admin::serve(
+        &dra.admin_address,
+        admin.clone(),
+        "not registered with kubelet",
+        crate::http_server::Limits::from_config(&config.http),
+        stop.clone(),
+    )
+    .await
+    {
+        Ok(served) => served.map(|(addr, task)| {
+            tasks.push(task);
+            addr
+        }),
+        Err(e) => {
+            stop_trigger.trigger();
+            return Err(e);
         }
     };
     Ok(DraPluginHandle {

@@ -25,8 +25,12 @@
 //! Start-up is two steps so a role can refuse what it cannot serve before anything is
 //! published: [`NodeAgent::prepare`] reads the node, the GPUs and decides the unit;
 //! [`PreparedAgent::start`] publishes and starts the health task and the MPS supervisor.
+//! [`serve_on_own_agent`] runs both with the role's check between them and starts the role on
+//! the agent, in-process or as the process ([`run_role`], called by `cli`). The node roles'
+//! shared flags are [`NodeArgs`].
 
 pub mod api;
+mod args;
 pub mod contract;
 pub mod gpus;
 pub mod health;
@@ -36,6 +40,8 @@ pub mod paths;
 pub mod publish;
 mod unit_change;
 
+use std::future::Future;
+use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -50,6 +56,7 @@ use crate::k8s::events::Events;
 use crate::shutdown::Shutdown;
 
 use api::ApiCallError;
+pub use args::NodeArgs;
 use contract::NodeTraits;
 use gpus::ServedGpu;
 use health::{HealthTracker, HealthView};
@@ -89,6 +96,54 @@ pub async fn connect(
     let wait = Duration::from_secs(config.cluster.api_wait_secs);
     crate::k8s::reachable::wait_for_api(&config.cluster.kubeconfig, wait, role).await?;
     Ok((client, backend))
+}
+
+/// Starts a node role on an agent of its own: [`NodeAgent::prepare`], then `admit` (the role
+/// reads what more it serves and refuses what it cannot, before anything is published), then
+/// [`PreparedAgent::start`], then `serve` on the agent. The agent is stopped when `serve`
+/// fails, and otherwise comes back beside the role's handle, to be stopped after the role.
+/// [`run_role`] runs a role so as the process; the roles' in-process `start` (the integration
+/// tests, `gpushare demo`) call it directly.
+pub async fn serve_on_own_agent<H, Fut>(
+    config: &Config,
+    client: kube::Client,
+    backend: Arc<dyn GpuBackend>,
+    shutdown: Shutdown,
+    admit: impl FnOnce(PreparedAgent) -> anyhow::Result<PreparedAgent>,
+    serve: impl FnOnce(Arc<NodeAgent>, Shutdown) -> Fut,
+) -> anyhow::Result<(H, NodeAgentHandle)>
+where
+    Fut: Future<Output = anyhow::Result<H>>,
+{
+    let prepared = admit(NodeAgent::prepare(&config.node, client, backend).await?)?;
+    let agent = prepared.start(shutdown.clone()).await?;
+    match serve(agent.agent().clone(), shutdown).await {
+        Ok(handle) => Ok((handle, agent)),
+        Err(e) => {
+            agent.stop().await;
+            Err(e)
+        }
+    }
+}
+
+/// Runs node role `role` as the process until SIGTERM/SIGINT: opens the GPUs and the API
+/// client ([`connect`]), starts the process's one agent and the role on it
+/// ([`serve_on_own_agent`]) and stops the agent after the role.
+pub async fn run_role<Fut>(
+    config: &Config,
+    role: &str,
+    admit: impl FnOnce(PreparedAgent) -> anyhow::Result<PreparedAgent>,
+    run: impl FnOnce(Arc<NodeAgent>, Shutdown) -> Fut,
+) -> anyhow::Result<ExitCode>
+where
+    Fut: Future<Output = anyhow::Result<ExitCode>>,
+{
+    let (trigger, _) = crate::shutdown::channel();
+    let shutdown = crate::shutdown::on_signals(trigger);
+    let (client, backend) = connect(config, role).await?;
+    let (code, agent) = serve_on_own_agent(config, client, backend, shutdown, admit, run).await?;
+    agent.stop().await;
+    Ok(code)
 }
 
 /// Why the node agent did not start.
