@@ -77,7 +77,8 @@ pub struct Args {
     /// Where each prepared claim's CDI spec is written [default: /var/run/cdi]
     #[arg(long, value_name = "DIR")]
     pub cdi_dir: Option<PathBuf>,
-    /// Device order in the slice: binpack (fullest GPU first) or spread [default: binpack]
+    /// Device order in the slice: binpack (least free memory first: best fit) or spread (most
+    /// free first) [default: binpack]
     #[arg(long, value_enum)]
     pub gpu_policy: Option<GpuPolicy>,
     /// Address of /healthz, /readyz and /metrics; empty disables them [default: 0.0.0.0:9102]

@@ -14,7 +14,8 @@
 //! the same pool, so a claim's `matchAttribute` can align them.
 //!
 //! Device order: kube-scheduler takes the first device that fits, in slice order, so the
-//! order carries the GPU policy: `binpack` lists the fullest GPU first, `spread` the emptiest,
+//! order carries the GPU policy: `binpack` lists the GPU with the least memory free first (the
+//! first that fits is then the best fit, the extender's choice), `spread` the most free first,
 //! from the memory allocated on each GPU (ties by index). It is a hint, not a promise: the
 //! scheduler reads the slice as last published, and several pods scheduled between two
 //! publications see the same order.
@@ -94,7 +95,7 @@ pub fn build_slices(
     others: &[Device],
     generation: i64,
 ) -> Vec<ResourceSlice> {
-    let devices = ordered(gpus, policy)
+    let devices = ordered(gpus, policy, unit)
         .into_iter()
         .map(|g| device(g, unit, driver_version))
         .chain(others.iter().cloned())
@@ -132,15 +133,20 @@ pub fn build_slices(
         .collect()
 }
 
-/// The GPUs in first-fit order for `policy`.
-pub fn ordered(gpus: &[SliceGpu], policy: GpuPolicy) -> Vec<&SliceGpu> {
+/// The GPUs in first-fit order for `policy`, by the memory free on each (published memory
+/// less what is allocated): `binpack` the least free first, so the first GPU that fits is the
+/// best fit, the extender's binpack choice; `spread` the most free first, the extender's
+/// spread choice. Ties by index, as the extender breaks them.
+pub fn ordered(gpus: &[SliceGpu], policy: GpuPolicy, unit: MemoryUnit) -> Vec<&SliceGpu> {
+    let free =
+        |g: &SliceGpu| published_memory(g.memory_bytes, unit).saturating_sub(g.allocated_bytes);
     let mut out: Vec<&SliceGpu> = gpus.iter().collect();
     out.sort_by(|a, b| {
-        let by_use = match policy {
-            GpuPolicy::Binpack => b.allocated_bytes.cmp(&a.allocated_bytes),
-            GpuPolicy::Spread => a.allocated_bytes.cmp(&b.allocated_bytes),
+        let by_free = match policy {
+            GpuPolicy::Binpack => free(a).cmp(&free(b)),
+            GpuPolicy::Spread => free(b).cmp(&free(a)),
         };
-        by_use.then(a.index.cmp(&b.index))
+        by_free.then(a.index.cmp(&b.index))
     });
     out
 }
@@ -399,16 +405,47 @@ mod tests {
     }
 
     #[test]
-    fn binpack_lists_the_fullest_gpu_first_and_spread_the_emptiest() {
+    fn binpack_lists_the_least_free_gpu_first_and_spread_the_most_free() {
         let gpus = [gpu(0, 16, 2), gpu(1, 16, 10), gpu(2, 16, 0), gpu(3, 16, 10)];
         let order = |p| {
-            ordered(&gpus, p)
+            ordered(&gpus, p, MemoryUnit::GIB)
                 .iter()
                 .map(|g| g.index)
                 .collect::<Vec<_>>()
         };
         assert_eq!(order(GpuPolicy::Binpack), [1, 3, 0, 2]);
         assert_eq!(order(GpuPolicy::Spread), [2, 0, 1, 3]);
+    }
+
+    /// GPUs of different sizes: the order is by memory free, so first fit over it places a
+    /// pod where the extender's best fit (binpack) or most-free (spread) choice would.
+    #[test]
+    fn on_mixed_gpus_first_fit_over_the_order_is_the_extenders_choice() {
+        use crate::core::placement::choose_gpu_in;
+        let sizes = [8, 32, 4, 16];
+        for allocated in [[0, 0, 0, 0], [4, 0, 0, 0], [4, 30, 4, 1], [8, 8, 0, 15]] {
+            let gpus: Vec<SliceGpu> = (0..4)
+                .map(|i| gpu(i as u32, sizes[i], allocated[i]))
+                .collect();
+            for policy in [GpuPolicy::Binpack, GpuPolicy::Spread] {
+                for ask in 1..=8u64 {
+                    let first_fit = ordered(&gpus, policy, MemoryUnit::GIB)
+                        .into_iter()
+                        .find(|g| g.memory_bytes / GIB - g.allocated_bytes / GIB >= ask)
+                        .map(|g| g.index);
+                    let slots: Vec<crate::core::ledger::GpuSlot> = (0..4)
+                        .map(|i| crate::core::ledger::GpuSlot {
+                            total: crate::core::GpuMem::new(sizes[i]),
+                            used: crate::core::GpuMem::new(allocated[i]),
+                            healthy: true,
+                        })
+                        .collect();
+                    let extender =
+                        choose_gpu_in(&slots, crate::core::GpuMem::new(ask), policy).ok();
+                    assert_eq!(first_fit, extender, "{policy:?} {ask} GiB on {allocated:?}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -95,6 +95,19 @@ async fn the_dra_demo_places_by_binpack_and_leaves_an_unfittable_claim_pending()
         "{}",
         stdout(&out)
     );
+    // GPUs of three sizes: the slice's order makes first fit place each claim where the
+    // extender's best fit would (the smallest GPU that fits first).
+    let mut out = Vec::new();
+    let outcome = gpushare::demo::run_dra_scenario("8GiB,32GiB,4GiB", &mut out)
+        .await
+        .expect("the DRA demo runs");
+    let text = String::from_utf8_lossy(&out);
+    assert!(
+        outcome.failures.is_empty(),
+        "{:?}\n{text}",
+        outcome.failures
+    );
+    assert!(text.contains("binpack-1 runs on GPU 2"), "{text}");
 }
 
 /// `gpushare demo --keep-running` stopped by SIGTERM (systemd, `kill`, a closing terminal)
