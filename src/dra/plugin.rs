@@ -12,9 +12,12 @@
 //!   prepared claims hold ([`super::claims`]), handed to the [`Preparer`] (which writes what
 //!   the containers get, and names the CDI devices), recorded, and the checkpoint saved before
 //!   the answer. Each claim gets its own answer; a claim's failure changes nothing else.
+//!   A recorded claim whose CDI spec file is gone (the CDI directory was cleared, the state
+//!   directory was not) gets it written again from the recorded shares before the answer.
 //! - `NodeUnprepareResources` works from the checkpoint alone (the claim may be gone): the
-//!   [`Preparer`] undoes, the claim leaves the checkpoint. An unknown claim is already
-//!   unprepared.
+//!   [`Preparer`] undoes, the claim leaves the checkpoint. A claim the checkpoint does not
+//!   know is undone by its uid alone (the CDI spec has a deterministic name), so nothing
+//!   leaks when the checkpoint was lost.
 //! - `NodeWatchResources` streams the complete device list with `HEALTHY`/`UNHEALTHY` on every
 //!   change of [`Served`].
 //!
@@ -134,12 +137,18 @@ pub struct Prepared {
 pub type PrepareError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What makes a claim's shares reach its containers (the node agent's container contract and
-/// CDI writer). Both calls must be idempotent.
+/// CDI writer). Both calls must be idempotent, and what `prepare` writes for a claim must be
+/// found again from its uid alone (a deterministic name), so that `unprepare` undoes it when
+/// the checkpoint was lost.
 pub trait Preparer: Send + Sync + 'static {
-    /// Makes the shares of claim `claim_uid` available; names their CDI devices.
+    /// Makes the shares of claim `claim_uid` available; names their CDI devices. Also called
+    /// for a recorded claim whose CDI spec is gone (written again from the recorded shares).
     fn prepare(&self, claim_uid: &str, shares: &[ClaimShare]) -> Result<Prepared, PrepareError>;
-    /// Undoes [`Preparer::prepare`] for a claim recorded in the checkpoint.
-    fn unprepare(&self, claim_uid: &str, claim: &PreparedClaim) -> Result<(), PrepareError>;
+    /// Undoes [`Preparer::prepare`] for claim `claim_uid`: `claim` is its record in the
+    /// checkpoint, `None` when the checkpoint has none (never prepared, already unprepared, or
+    /// the checkpoint was lost): undo whatever is found under the uid.
+    fn unprepare(&self, claim_uid: &str, claim: Option<&PreparedClaim>)
+    -> Result<(), PrepareError>;
 }
 
 /// Why one claim was not prepared (its error in the answer to kubelet).
@@ -232,9 +241,20 @@ impl Core {
         let mut cp = self.checkpoint.lock().await;
         let mut out = BTreeMap::new();
         let mut fresh = Vec::new();
+        let mut restored = false;
         for c in claims {
             if let Some(p) = cp.claims.get(&c.uid) {
-                out.insert(c.uid, Ok(p.shares.clone()));
+                let answer = match self.restore(&c.uid, p) {
+                    Ok(None) => Ok(p.shares.clone()),
+                    Ok(Some(again)) => {
+                        let shares = again.shares.clone();
+                        cp.claims.insert(c.uid.clone(), again);
+                        restored = true;
+                        Ok(shares)
+                    }
+                    Err(e) => Err(e),
+                };
+                out.insert(c.uid, answer);
                 continue;
             }
             match self.prepare_one(&c, &cp).await {
@@ -255,12 +275,57 @@ impl Core {
             let e = Arc::new(e);
             for uid in fresh {
                 if let Some(p) = cp.claims.remove(&uid) {
-                    let _ = self.preparer.unprepare(&uid, &p);
+                    let _ = self.preparer.unprepare(&uid, Some(&p));
                 }
                 out.insert(uid, Err(ClaimFailure::Checkpoint(e.clone())));
             }
+        } else if restored
+            && fresh.is_empty()
+            && let Err(e) = cp.save(&self.config.checkpoint)
+        {
+            // The claims stay recorded either way; only their CDI ids may be stale on disk.
+            tracing::warn!(error = %e, "the DRA checkpoint could not be saved after a CDI spec was restored");
         }
         out
+    }
+
+    /// A recorded claim whose CDI spec file is gone (a reboot cleared the CDI directory but
+    /// not the state directory, or someone deleted it): the spec written again from the
+    /// recorded shares before the answer. `None` when the spec is there (or none was written).
+    fn restore(&self, uid: &str, p: &PreparedClaim) -> Result<Option<PreparedClaim>, ClaimFailure> {
+        if !p.cdi_spec.as_ref().is_some_and(|f| !f.exists()) {
+            return Ok(None);
+        }
+        let id = format!("{}/{}", p.namespace, p.name);
+        let shares: Vec<ClaimShare> = p.shares.iter().map(|s| s.share.clone()).collect();
+        tracing::info!(claim = %id, "the CDI spec of a prepared claim is gone: writing it again");
+        let again =
+            self.preparer
+                .prepare(uid, &shares)
+                .map_err(|source| ClaimFailure::Prepare {
+                    claim: id.clone(),
+                    source,
+                })?;
+        if again.cdi_device_ids.len() != shares.len() {
+            return Err(ClaimFailure::Shape {
+                claim: id,
+                got: again.cdi_device_ids.len(),
+                want: shares.len(),
+            });
+        }
+        Ok(Some(PreparedClaim {
+            namespace: p.namespace.clone(),
+            name: p.name.clone(),
+            shares: shares
+                .into_iter()
+                .zip(again.cdi_device_ids)
+                .map(|(share, cdi_device_ids)| PreparedShare {
+                    share,
+                    cdi_device_ids,
+                })
+                .collect(),
+            cdi_spec: again.cdi_spec,
+        }))
     }
 
     async fn prepare_one(
@@ -328,15 +393,15 @@ impl Core {
         let mut out = BTreeMap::new();
         let mut changed = false;
         for uid in uids {
-            let error = match cp.claims.get(&uid) {
-                None => String::new(),
-                Some(p) => match self.preparer.unprepare(&uid, p) {
-                    Ok(()) => {
-                        cp.claims.remove(&uid);
-                        changed = true;
-                        String::new()
-                    }
-                    Err(e) => format!("unpreparing claim {}/{}: {e}", p.namespace, p.name),
+            let recorded = cp.claims.get(&uid);
+            let error = match self.preparer.unprepare(&uid, recorded) {
+                Ok(()) => {
+                    changed |= cp.claims.remove(&uid).is_some();
+                    String::new()
+                }
+                Err(e) => match recorded {
+                    Some(p) => format!("unpreparing claim {}/{}: {e}", p.namespace, p.name),
+                    None => format!("unpreparing claim {uid}: {e}"),
                 },
             };
             out.insert(uid, error);

@@ -84,6 +84,7 @@ async fn node(tweak: impl FnOnce(&mut Config)) -> Node {
     config.node.node_name = NODE.into();
     config.dra.registry_dir = dir.path().join("registry");
     config.dra.plugin_dir = dir.path().join("plugin");
+    config.dra.state_dir = dir.path().join("state");
     config.dra.cdi_dir = dir.path().join("cdi");
     config.dra.admin_address = String::new();
     config.doctor.skip = true;
