@@ -293,7 +293,7 @@ impl Core {
     /// not the state directory, or someone deleted it): the spec written again from the
     /// recorded shares before the answer. `None` when the spec is there (or none was written).
     fn restore(&self, uid: &str, p: &PreparedClaim) -> Result<Option<PreparedClaim>, ClaimFailure> {
-        if !p.cdi_spec.as_ref().is_some_and(|f| !f.exists()) {
+        if p.cdi_spec.as_ref().is_none_or(|f| f.exists()) {
             return Ok(None);
         }
         let id = format!("{}/{}", p.namespace, p.name);
