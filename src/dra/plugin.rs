@@ -73,7 +73,7 @@ pub struct PluginConfig {
     pub registry_dir: PathBuf,
     /// The plugin's own directory (`/var/lib/kubelet/plugins/<driver>`), for `dra.sock`.
     pub plugin_dir: PathBuf,
-    /// The checkpoint file.
+    /// The checkpoint file (`<state dir>/checkpoint.json`).
     pub checkpoint: PathBuf,
     /// The memory unit of the node.
     pub unit: MemoryUnit,
