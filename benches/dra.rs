@@ -9,7 +9,10 @@
 //! (answered from the checkpoint), then `NodeUnprepareResources`; p50/p99 of each. And the
 //! slice update latency after a health change: from the GPU turning unhealthy to the tainted
 //! slice stored in the API server (`Pool::update` + `publish::sync_slices`, what the role's
-//! publishing loop does). It drives the plugin in-process, not a child process. Without `--bench` (`cargo test --all-targets`) a 5-pod smoke run.
+//! publishing loop does). It drives the plugin in-process, not a child process. The plugin's
+//! state directory (the checkpoint) and CDI directory are on tmpfs (`/dev/shm` where it
+//! exists, else `/tmp`; the report's header names it), as `/var/run` is on a node. Without
+//! `--bench` (`cargo test --all-targets`) a 5-pod smoke run.
 //!
 //! Figures depend on the machine; FAIL lines are reported, not fatal.
 
@@ -89,6 +92,16 @@ fn ms(d: Duration) -> String {
     format!("{:.3} ms", d.as_secs_f64() * 1000.0)
 }
 
+/// Where the state and CDI directories go: tmpfs, as `/var/run` on a node.
+fn scratch() -> &'static std::path::Path {
+    let shm = std::path::Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm
+    } else {
+        std::path::Path::new("/tmp")
+    }
+}
+
 async fn run(pods: usize) -> anyhow::Result<Vec<(String, String, String)>> {
     let server = ApiServer::start().await?;
     let client = server.client();
@@ -146,7 +159,9 @@ async fn run(pods: usize) -> anyhow::Result<Vec<(String, String, String)>> {
             .await?
             .items;
 
-    let dir = tempfile::Builder::new().prefix("gsb").tempdir_in("/tmp")?;
+    let dir = tempfile::Builder::new()
+        .prefix("gsb")
+        .tempdir_in(scratch())?;
     let cdi = dir.path().join("cdi");
     std::fs::create_dir_all(&cdi)?;
     let config = PluginConfig {
@@ -154,7 +169,7 @@ async fn run(pods: usize) -> anyhow::Result<Vec<(String, String, String)>> {
         node: "node-a".into(),
         registry_dir: dir.path().join("registry"),
         plugin_dir: dir.path().join("plugin"),
-        checkpoint: dir.path().join("checkpoint.json"),
+        checkpoint: dir.path().join("state/checkpoint.json"),
         unit: MemoryUnit::GIB,
     };
     let served = Served::from_gpus(&gpus(None), MemoryUnit::GIB);
@@ -280,14 +295,15 @@ fn main() -> std::process::ExitCode {
     match runtime.block_on(run(pods)) {
         Ok(figures) => {
             println!(
-                "## gpushare DRA plugin bench ({}, {} build, {} CPUs)\n",
+                "## gpushare DRA plugin bench ({}, {} build, {} CPUs, state and CDI dirs in {})\n",
                 if bench { "full" } else { "smoke" },
                 if cfg!(debug_assertions) {
                     "DEBUG"
                 } else {
                     "release"
                 },
-                std::thread::available_parallelism().map_or(0, |n| n.get())
+                std::thread::available_parallelism().map_or(0, |n| n.get()),
+                scratch().display()
             );
             println!("| figure | measured | budget |\n| --- | --- | --- |");
             for (name, value, budget) in figures {

@@ -444,9 +444,13 @@ pub struct DraConfig {
     pub driver_name: String,
     /// kubelet's plugin registry directory (`<driver_name>-reg.sock` is created there).
     pub registry_dir: PathBuf,
-    /// The plugin's own directory (`dra.sock`, the checkpoint); empty:
+    /// The plugin's own directory (`dra.sock`); empty:
     /// `/var/lib/kubelet/plugins/<driver_name>`.
     pub plugin_dir: PathBuf,
+    /// Where the checkpoint of prepared claims is kept (`checkpoint.json`); empty:
+    /// `/var/run/gpushare/<driver_name>`. It should live as long as `cdi_dir` (both on tmpfs:
+    /// a reboot clears both, and kubelet prepares every claim again).
+    pub state_dir: PathBuf,
     /// Where the transient CDI spec of each prepared claim is written.
     pub cdi_dir: PathBuf,
     /// binpack | spread: the order of the devices in the slice (first fit follows it).
@@ -461,6 +465,7 @@ impl Default for DraConfig {
             driver_name: crate::core::wire::DRA_DRIVER_NAME.to_string(),
             registry_dir: PathBuf::from(DEFAULT_DRA_REGISTRY_DIR),
             plugin_dir: PathBuf::new(),
+            state_dir: PathBuf::new(),
             cdi_dir: PathBuf::from(DEFAULT_DRA_CDI_DIR),
             gpu_policy: GpuPolicy::Binpack,
             admin_address: "0.0.0.0:9102".to_string(),
@@ -474,6 +479,8 @@ pub const DEFAULT_DRA_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
 pub const DEFAULT_DRA_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
 /// Where prepared claims' transient CDI specs go.
 pub const DEFAULT_DRA_CDI_DIR: &str = "/var/run/cdi";
+/// The parent of the DRA plugin's state directory (`<this>/<driver>`, the checkpoint).
+pub const DEFAULT_DRA_STATE_DIR: &str = "/var/run/gpushare";
 
 impl DraConfig {
     /// The plugin directory: `plugin_dir`, or `/var/lib/kubelet/plugins/<driver_name>`.
@@ -482,6 +489,15 @@ impl DraConfig {
             PathBuf::from(DEFAULT_DRA_PLUGINS_DIR).join(&self.driver_name)
         } else {
             self.plugin_dir.clone()
+        }
+    }
+
+    /// The state directory: `state_dir`, or `/var/run/gpushare/<driver_name>`.
+    pub fn state_dir(&self) -> PathBuf {
+        if self.state_dir.as_os_str().is_empty() {
+            PathBuf::from(DEFAULT_DRA_STATE_DIR).join(&self.driver_name)
+        } else {
+            self.state_dir.clone()
         }
     }
 }

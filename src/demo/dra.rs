@@ -109,6 +109,7 @@ pub async fn run_dra_scenario(fake_gpus: &str, out: &mut dyn Write) -> anyhow::R
     config.node.memory_unit = unit;
     config.dra.registry_dir = root.path().join("registry");
     config.dra.plugin_dir = root.path().join("plugin");
+    config.dra.state_dir = root.path().join("state");
     config.dra.cdi_dir = root.path().join("cdi");
     config.dra.admin_address = String::new();
     config.dra.gpu_policy = GpuPolicy::Binpack;

@@ -5,7 +5,9 @@
 //! claim may be gone by then; after a restart the plugin has forgotten everything. So prepare
 //! records each claim here before it answers, and unprepare reads what to undo (the CDI spec
 //! to remove) from here, then drops the claim. [`Checkpoint::held`] is what prepared claims
-//! hold on each GPU, for the over-consumption check.
+//! hold on each GPU, for the over-consumption check. It lives in the plugin's state directory
+//! (`dra.state_dir`, `/var/run/gpushare/<driver>`: tmpfs, like the CDI specs it protects), so
+//! a reboot clears both together.
 //!
 //! The file is replaced atomically (a temporary file in the same directory, `fsync`, rename,
 //! `fsync` of the directory), so a crash leaves the old or the new checkpoint, never half of

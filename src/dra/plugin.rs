@@ -12,9 +12,12 @@
 //!   prepared claims hold ([`super::claims`]), handed to the [`Preparer`] (which writes what
 //!   the containers get, and names the CDI devices), recorded, and the checkpoint saved before
 //!   the answer. Each claim gets its own answer; a claim's failure changes nothing else.
+//!   A recorded claim whose CDI spec file is gone (the CDI directory was cleared, the state
+//!   directory was not) gets it written again from the recorded shares before the answer.
 //! - `NodeUnprepareResources` works from the checkpoint alone (the claim may be gone): the
-//!   [`Preparer`] undoes, the claim leaves the checkpoint. An unknown claim is already
-//!   unprepared.
+//!   [`Preparer`] undoes, the claim leaves the checkpoint. A claim the checkpoint does not
+//!   know is undone by its uid alone (the CDI spec has a deterministic name), so nothing
+//!   leaks when the checkpoint was lost.
 //! - `NodeWatchResources` streams the complete device list with `HEALTHY`/`UNHEALTHY` on every
 //!   change of [`Served`].
 //!
@@ -73,7 +76,7 @@ pub struct PluginConfig {
     pub registry_dir: PathBuf,
     /// The plugin's own directory (`/var/lib/kubelet/plugins/<driver>`), for `dra.sock`.
     pub plugin_dir: PathBuf,
-    /// The checkpoint file.
+    /// The checkpoint file (`<state dir>/checkpoint.json`).
     pub checkpoint: PathBuf,
     /// The memory unit of the node.
     pub unit: MemoryUnit,
@@ -156,13 +159,19 @@ pub struct Prepared {
 pub type PrepareError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What makes a claim's shares reach its containers (the node agent's container contract and
-/// CDI writer). Both calls must be idempotent.
+/// CDI writer). Both calls must be idempotent, and what `prepare` writes for a claim must be
+/// found again from its uid alone (a deterministic name), so that `unprepare` undoes it when
+/// the checkpoint was lost.
 pub trait Preparer: Send + Sync + 'static {
     /// Makes what claim `claim_uid` holds available (its GPU shares and its devices of other
-    /// kinds); names their CDI devices.
+    /// kinds); names their CDI devices. Also called for a recorded claim whose CDI spec is
+    /// gone (written again from the record).
     fn prepare(&self, claim_uid: &str, claim: &ClaimDevices) -> Result<Prepared, PrepareError>;
-    /// Undoes [`Preparer::prepare`] for a claim recorded in the checkpoint.
-    fn unprepare(&self, claim_uid: &str, claim: &PreparedClaim) -> Result<(), PrepareError>;
+    /// Undoes [`Preparer::prepare`] for claim `claim_uid`: `claim` is its record in the
+    /// checkpoint, `None` when the checkpoint has none (never prepared, already unprepared, or
+    /// the checkpoint was lost): undo whatever is found under the uid.
+    fn unprepare(&self, claim_uid: &str, claim: Option<&PreparedClaim>)
+    -> Result<(), PrepareError>;
 }
 
 /// Why one claim was not prepared (its error in the answer to kubelet).
@@ -255,9 +264,19 @@ impl Core {
         let mut cp = self.checkpoint.lock().await;
         let mut out = BTreeMap::new();
         let mut fresh = Vec::new();
+        let mut restored = false;
         for c in claims {
             if let Some(p) = cp.claims.get(&c.uid) {
-                out.insert(c.uid, Ok(p.clone()));
+                let answer = match self.restore(&c.uid, p) {
+                    Ok(None) => Ok(p.clone()),
+                    Ok(Some(again)) => {
+                        cp.claims.insert(c.uid.clone(), again.clone());
+                        restored = true;
+                        Ok(again)
+                    }
+                    Err(e) => Err(e),
+                };
+                out.insert(c.uid, answer);
                 continue;
             }
             match self.prepare_one(&c, &cp).await {
@@ -278,12 +297,41 @@ impl Core {
             let e = Arc::new(e);
             for uid in fresh {
                 if let Some(p) = cp.claims.remove(&uid) {
-                    let _ = self.preparer.unprepare(&uid, &p);
+                    let _ = self.preparer.unprepare(&uid, Some(&p));
                 }
                 out.insert(uid, Err(ClaimFailure::Checkpoint(e.clone())));
             }
+        } else if restored
+            && fresh.is_empty()
+            && let Err(e) = cp.save(&self.config.checkpoint)
+        {
+            // The claims stay recorded either way; only their CDI ids may be stale on disk.
+            tracing::warn!(error = %e, "the DRA checkpoint could not be saved after a CDI spec was restored");
         }
         out
+    }
+
+    /// A recorded claim whose CDI spec file is gone (a reboot cleared the CDI directory but
+    /// not the state directory, or someone deleted it): the spec written again from the
+    /// recorded shares before the answer. `None` when the spec is there (or none was written).
+    fn restore(&self, uid: &str, p: &PreparedClaim) -> Result<Option<PreparedClaim>, ClaimFailure> {
+        if p.cdi_spec.as_ref().is_none_or(|f| f.exists()) {
+            return Ok(None);
+        }
+        let id = format!("{}/{}", p.namespace, p.name);
+        let held = ClaimDevices {
+            gpus: p.shares.iter().map(|s| s.share.clone()).collect(),
+            devices: p.devices.iter().map(|d| d.share.clone()).collect(),
+        };
+        tracing::info!(claim = %id, "the CDI spec of a prepared claim is gone: writing it again");
+        let again = self
+            .preparer
+            .prepare(uid, &held)
+            .map_err(|source| ClaimFailure::Prepare {
+                claim: id.clone(),
+                source,
+            })?;
+        record(&id, &p.namespace, &p.name, held, again).map(Some)
     }
 
     async fn prepare_one(
@@ -330,38 +378,7 @@ impl Core {
                     claim: id.clone(),
                     source,
                 })?;
-        if prepared.cdi_device_ids.len() != held.gpus.len()
-            || prepared.device_cdi_ids.len() != held.devices.len()
-        {
-            return Err(ClaimFailure::Shape {
-                claim: id,
-                got: prepared.cdi_device_ids.len() + prepared.device_cdi_ids.len(),
-                want: held.gpus.len() + held.devices.len(),
-            });
-        }
-        Ok(PreparedClaim {
-            namespace: c.namespace.clone(),
-            name: c.name.clone(),
-            shares: held
-                .gpus
-                .into_iter()
-                .zip(prepared.cdi_device_ids)
-                .map(|(share, cdi_device_ids)| PreparedShare {
-                    share,
-                    cdi_device_ids,
-                })
-                .collect(),
-            devices: held
-                .devices
-                .into_iter()
-                .zip(prepared.device_cdi_ids)
-                .map(|(share, cdi_device_ids)| PreparedDevice {
-                    share,
-                    cdi_device_ids,
-                })
-                .collect(),
-            cdi_spec: prepared.cdi_spec,
-        })
+        record(&id, &c.namespace, &c.name, held, prepared)
     }
 
     /// Unprepares each claim; the error per claim uid (empty when done).
@@ -370,15 +387,15 @@ impl Core {
         let mut out = BTreeMap::new();
         let mut changed = false;
         for uid in uids {
-            let error = match cp.claims.get(&uid) {
-                None => String::new(),
-                Some(p) => match self.preparer.unprepare(&uid, p) {
-                    Ok(()) => {
-                        cp.claims.remove(&uid);
-                        changed = true;
-                        String::new()
-                    }
-                    Err(e) => format!("unpreparing claim {}/{}: {e}", p.namespace, p.name),
+            let recorded = cp.claims.get(&uid);
+            let error = match self.preparer.unprepare(&uid, recorded) {
+                Ok(()) => {
+                    changed |= cp.claims.remove(&uid).is_some();
+                    String::new()
+                }
+                Err(e) => match recorded {
+                    Some(p) => format!("unpreparing claim {}/{}: {e}", p.namespace, p.name),
+                    None => format!("unpreparing claim {uid}: {e}"),
                 },
             };
             out.insert(uid, error);
@@ -402,6 +419,50 @@ impl Core {
             })
             .collect()
     }
+}
+
+/// The record of claim `id` (`namespace/name`) holding `held`, prepared as `prepared`: each
+/// result with its CDI ids; a preparer that named CDI devices for another number of results
+/// is refused.
+fn record(
+    id: &str,
+    namespace: &str,
+    name: &str,
+    held: ClaimDevices,
+    prepared: Prepared,
+) -> Result<PreparedClaim, ClaimFailure> {
+    if prepared.cdi_device_ids.len() != held.gpus.len()
+        || prepared.device_cdi_ids.len() != held.devices.len()
+    {
+        return Err(ClaimFailure::Shape {
+            claim: id.to_string(),
+            got: prepared.cdi_device_ids.len() + prepared.device_cdi_ids.len(),
+            want: held.gpus.len() + held.devices.len(),
+        });
+    }
+    Ok(PreparedClaim {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        shares: held
+            .gpus
+            .into_iter()
+            .zip(prepared.cdi_device_ids)
+            .map(|(share, cdi_device_ids)| PreparedShare {
+                share,
+                cdi_device_ids,
+            })
+            .collect(),
+        devices: held
+            .devices
+            .into_iter()
+            .zip(prepared.device_cdi_ids)
+            .map(|(share, cdi_device_ids)| PreparedDevice {
+                share,
+                cdi_device_ids,
+            })
+            .collect(),
+        cdi_spec: prepared.cdi_spec,
+    })
 }
 
 /// One device of a prepared claim as kubelet is told of it.

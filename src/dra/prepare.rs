@@ -10,8 +10,9 @@
 //! the pinned memory limit, the pipe directory and its mounts; the strategies of `[node]`
 //! apply as on the device-plugin path (a CDI strategy adds the NVIDIA CDI device of the GPU to
 //! the share's CDI ids, `pass_device_specs` adds the device nodes). The spec file is replaced
-//! atomically ([`crate::gpu::cdi::write_spec`]); unprepare removes it (one already gone is
-//! fine). Both are idempotent.
+//! atomically ([`crate::gpu::cdi::write_spec`]) under a name made of the kind and the claim
+//! uid; unprepare removes it by that name, recorded in the checkpoint or not (one already gone
+//! is fine). Both are idempotent.
 //!
 //! A device of another kind the claim holds (an RDMA HCA, a generic device) is one more CDI
 //! device of the same spec, `<claim uid>-<n>`, numbered after the GPU shares: the device
@@ -251,7 +252,13 @@ impl Preparer for CdiPreparer {
         })
     }
 
-    fn unprepare(&self, claim_uid: &str, _claim: &PreparedClaim) -> Result<(), PrepareError> {
+    /// Removes the claim's spec by its deterministic name, recorded or not (a lost checkpoint
+    /// leaks nothing).
+    fn unprepare(
+        &self,
+        claim_uid: &str,
+        _claim: Option<&PreparedClaim>,
+    ) -> Result<(), PrepareError> {
         remove_spec(&self.cdi_dir, &self.kind, claim_uid).map_err(CdiPrepareError::from)?;
         Ok(())
     }
@@ -345,16 +352,28 @@ mod tests {
         );
         p.unprepare(
             "uid-1",
-            &PreparedClaim {
+            Some(&PreparedClaim {
                 namespace: "d".into(),
                 name: "c".into(),
                 shares: vec![],
                 devices: vec![],
                 cdi_spec: Some(path.clone()),
-            },
+            }),
         )
         .expect("unprepared");
         assert!(!path.exists());
+        // Without a record (the checkpoint was lost) the spec is found by the claim's uid.
+        let again = p
+            .prepare(
+                "uid-1",
+                &ClaimDevices {
+                    gpus: shares.to_vec(),
+                    devices: Vec::new(),
+                },
+            )
+            .expect("prepared");
+        p.unprepare("uid-1", None).expect("unprepared");
+        assert!(again.cdi_spec.is_some_and(|f| !f.exists()));
         let unknown = p.prepare(
             "uid-2",
             &ClaimDevices {

@@ -43,7 +43,7 @@ use crate::node::paths::ServingPath;
 use crate::node::{NodeAgent, NodeAgentHandle, NodeArgs, PreparedAgent};
 use crate::shutdown::Shutdown;
 
-/// The checkpoint's file name in the plugin directory.
+/// The checkpoint's file name in the state directory (`dra.state_dir`).
 pub const CHECKPOINT_FILE: &str = "checkpoint.json";
 /// The wait before a failed slice publication is tried again.
 const REPUBLISH_AFTER: Duration = Duration::from_secs(2);
@@ -70,10 +70,13 @@ pub struct Args {
     /// [default: /var/lib/kubelet/plugins_registry]
     #[arg(long, value_name = "DIR")]
     pub registry_dir: Option<PathBuf>,
-    /// The plugin's directory (dra.sock, the checkpoint)
-    /// [default: /var/lib/kubelet/plugins/<driver>]
+    /// The plugin's directory (dra.sock) [default: /var/lib/kubelet/plugins/<driver>]
     #[arg(long, value_name = "DIR")]
     pub plugin_dir: Option<PathBuf>,
+    /// Where the checkpoint of prepared claims is kept; keep it as short-lived as --cdi-dir
+    /// [default: /var/run/gpushare/<driver>]
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
     /// Where each prepared claim's CDI spec is written [default: /var/run/cdi]
     #[arg(long, value_name = "DIR")]
     pub cdi_dir: Option<PathBuf>,
@@ -98,6 +101,7 @@ impl Args {
         flags.set(&dra("driver_name"), self.driver_name.clone());
         flags.set(&dra("registry_dir"), path(&self.registry_dir));
         flags.set(&dra("plugin_dir"), path(&self.plugin_dir));
+        flags.set(&dra("state_dir"), path(&self.state_dir));
         flags.set(&dra("cdi_dir"), path(&self.cdi_dir));
         flags.set(&dra("gpu_policy"), self.gpu_policy);
         flags.set(&dra("admin_address"), self.admin_address.clone());
@@ -148,8 +152,10 @@ impl Role {
             .iter()
             .map(|g| {
                 let mut g = g.clone();
-                // The agent's view says whether, not why (the Event and the log say why).
-                g.unhealthy = (!view.is_healthy(&g.uuid)).then(|| "xid".to_string());
+                // The taint's value and the health message: `xid-79`, `gpu-lost` (a GPU the
+                // view does not know is down as `unknown`).
+                g.unhealthy = (!view.is_healthy(&g.uuid))
+                    .then(|| view.reason(&g.uuid).unwrap_or("unknown").to_string());
                 g.allocated_bytes = allocated.get(&device_name(&g)).copied().unwrap_or(0);
                 g
             })
@@ -336,7 +342,7 @@ async fn serve_offered(
         node: role.node.clone(),
         registry_dir: dra.registry_dir.clone(),
         plugin_dir: plugin_dir.clone(),
-        checkpoint: plugin_dir.join(CHECKPOINT_FILE),
+        checkpoint: dra.state_dir().join(CHECKPOINT_FILE),
         unit,
     };
     let sockets = [

@@ -48,6 +48,23 @@ pub fn classify_xid(xid: u64) -> XidClass {
     }
 }
 
+/// Why a GPU is down, as the health view names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cause {
+    Xid(u64),
+    Lost,
+}
+
+impl Cause {
+    /// A short name that is a valid label value: `xid-79`, `gpu-lost`.
+    fn label(self) -> String {
+        match self {
+            Cause::Xid(xid) => format!("xid-{xid}"),
+            Cause::Lost => "gpu-lost".to_string(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum State {
     Healthy,
@@ -56,6 +73,7 @@ enum State {
         until: Option<Instant>,
         lost: bool,
         reason: String,
+        cause: Cause,
     },
 }
 
@@ -71,11 +89,14 @@ pub struct HealthChange {
 }
 
 /// The health of every served GPU as the node agent publishes it (a `tokio::sync::watch`):
-/// one view for every role of the process.
+/// one view for every role of the process: whether each GPU is healthy, and why not.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HealthView {
     /// Healthy or not, by UUID.
     pub healthy: BTreeMap<String, bool>,
+    /// Why each GPU that is down is down, by UUID, as a label value: `xid-<n>` (the XID that
+    /// took it down; a fatal one is kept over later transient ones) or `gpu-lost`.
+    pub reasons: BTreeMap<String, String>,
     /// XIDs at a PCI address that is none of the served GPUs (NVSwitch/NVLink), since start.
     pub unattributed_xids: u64,
 }
@@ -89,6 +110,14 @@ impl HealthView {
                 .iter()
                 .map(|(u, s)| (u.clone(), matches!(s, State::Healthy)))
                 .collect(),
+            reasons: tracker
+                .gpus
+                .iter()
+                .filter_map(|(u, s)| match s {
+                    State::Down { cause, .. } => Some((u.clone(), cause.label())),
+                    State::Healthy => None,
+                })
+                .collect(),
             unattributed_xids,
         }
     }
@@ -96,6 +125,11 @@ impl HealthView {
     /// Whether `uuid` is healthy (unknown GPUs are not).
     pub fn is_healthy(&self, uuid: &str) -> bool {
         self.healthy.get(uuid).copied().unwrap_or(false)
+    }
+
+    /// Why `uuid` is down (`xid-79`, `gpu-lost`); `None` when it is healthy or unknown.
+    pub fn reason(&self, uuid: &str) -> Option<&str> {
+        self.reasons.get(uuid).map(String::as_str)
     }
 
     /// How many GPUs are down.
@@ -136,50 +170,60 @@ impl HealthTracker {
 
     /// Applies a backend event at `now`; returns the GPUs whose health changed.
     pub fn apply(&mut self, event: &HealthEvent, now: Instant) -> Vec<HealthChange> {
-        let (targets, until, lost, reason): (Vec<String>, Option<Instant>, bool, String) =
-            match event {
-                HealthEvent::Xid { uuid, xid } => {
-                    let until = match classify_xid(*xid) {
-                        XidClass::Application => return Vec::new(),
-                        XidClass::Fatal => None,
-                        XidClass::Transient => Some(now + self.recovery),
-                    };
-                    let targets = match uuid {
-                        Some(u) if self.gpus.contains_key(u) => vec![u.clone()],
-                        Some(_) => return Vec::new(),
-                        None => self.gpus.keys().cloned().collect(),
-                    };
-                    (targets, until, false, format!("XID {xid}"))
+        let (targets, until, lost, cause) = match event {
+            HealthEvent::Xid { uuid, xid } => {
+                let until = match classify_xid(*xid) {
+                    XidClass::Application => return Vec::new(),
+                    XidClass::Fatal => None,
+                    XidClass::Transient => Some(now + self.recovery),
+                };
+                let targets: Vec<String> = match uuid {
+                    Some(u) if self.gpus.contains_key(u) => vec![u.clone()],
+                    Some(_) => return Vec::new(),
+                    None => self.gpus.keys().cloned().collect(),
+                };
+                (targets, until, false, Cause::Xid(*xid))
+            }
+            HealthEvent::Unattributed { .. } => return Vec::new(),
+            HealthEvent::Lost { uuid } => {
+                if !self.gpus.contains_key(uuid) {
+                    return Vec::new();
                 }
-                HealthEvent::Unattributed { .. } => return Vec::new(),
-                HealthEvent::Lost { uuid } => {
-                    if !self.gpus.contains_key(uuid) {
-                        return Vec::new();
-                    }
-                    (
-                        vec![uuid.clone()],
-                        Some(now + self.recovery),
-                        true,
-                        "GPU lost".to_string(),
-                    )
-                }
-            };
+                (
+                    vec![uuid.clone()],
+                    Some(now + self.recovery),
+                    true,
+                    Cause::Lost,
+                )
+            }
+        };
+        let reason = match cause {
+            Cause::Xid(xid) => format!("XID {xid}"),
+            Cause::Lost => "GPU lost".to_string(),
+        };
         let mut changes = Vec::new();
         for uuid in targets {
             let Some(state) = self.gpus.get_mut(&uuid) else {
                 continue;
             };
             let was_healthy = matches!(state, State::Healthy);
-            // A fatal error stays fatal; a new transient error pushes the recovery out.
-            let new_until = match state {
-                State::Down { until: None, .. } => None,
-                _ => until,
-            };
             let new_lost = lost || matches!(state, State::Down { lost: true, .. });
+            // A fatal error stays fatal, and stays the reason; a new transient error pushes
+            // the recovery out.
+            let (new_until, new_reason, new_cause) = match state {
+                State::Down {
+                    until: None,
+                    reason,
+                    cause,
+                    ..
+                } if until.is_some() => (None, reason.clone(), *cause),
+                _ => (until, reason.clone(), cause),
+            };
             *state = State::Down {
                 until: new_until,
                 lost: new_lost,
-                reason: reason.clone(),
+                reason: new_reason,
+                cause: new_cause,
             };
             if was_healthy {
                 changes.push(HealthChange {
@@ -201,6 +245,7 @@ impl HealthTracker {
                 until: Some(until),
                 lost,
                 reason,
+                ..
             } = state
             else {
                 continue;
@@ -298,6 +343,10 @@ mod tests {
                 .is_empty()
         );
         assert_eq!(t.unhealthy(), vec!["GPU-b".to_string()]);
+        // The view names the fatal XID, not the later transient one.
+        let view = HealthView::of(&t, 0);
+        assert_eq!(view.reason("GPU-b"), Some("xid-79"));
+        assert_eq!(view.reason("GPU-a"), None);
     }
 
     #[test]
@@ -330,6 +379,7 @@ mod tests {
             },
             now,
         );
+        assert_eq!(HealthView::of(&t, 0).reason("GPU-a"), Some("gpu-lost"));
         let later = now + Duration::from_secs(300);
         assert!(t.recover(later, |_| false).is_empty());
         assert!(!t.is_healthy("GPU-a"));

@@ -63,18 +63,18 @@ impl Preparer for FilePreparer {
         })
     }
 
-    fn unprepare(&self, uid: &str, claim: &PreparedClaim) -> Result<(), PrepareError> {
-        self.log
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(uid.to_string());
-        if let Some(spec) = &claim.cdi_spec {
-            match std::fs::remove_file(spec) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
-                _ => {}
-            }
+    fn unprepare(&self, uid: &str, claim: Option<&PreparedClaim>) -> Result<(), PrepareError> {
+        if claim.is_some() {
+            self.log
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(uid.to_string());
         }
-        Ok(())
+        // By its deterministic name: recorded or not.
+        match std::fs::remove_file(self.spec(uid)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
+        }
     }
 }
 

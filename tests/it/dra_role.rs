@@ -3,7 +3,10 @@
 //! sandbox DRA allocator and DRA kubelet, and Python grpcio with the upstream protos. A pod
 //! with a claim from a template is allocated, bound, prepared (the CDI spec's envs and device
 //! names checked), unprepared after deletion across a restart of the plugin; an Xid reaches the
-//! slice (taint) and `NodeWatchResources`, recovery removes both.
+//! slice (a taint whose value names it) and `NodeWatchResources`, recovery removes both. The
+//! lifetimes of the state: a CDI spec cleared while the checkpoint stayed (a reboot with the
+//! state on disk) is written again on the next prepare; a checkpoint lost while the spec
+//! stayed leaks no spec on unprepare.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -84,6 +87,7 @@ async fn node(tweak: impl FnOnce(&mut Config)) -> Node {
     config.node.node_name = NODE.into();
     config.dra.registry_dir = dir.path().join("registry");
     config.dra.plugin_dir = dir.path().join("plugin");
+    config.dra.state_dir = dir.path().join("state");
     config.dra.cdi_dir = dir.path().join("cdi");
     config.dra.admin_address = String::new();
     config.doctor.skip = true;
@@ -275,16 +279,26 @@ async fn an_xid_taints_the_device_and_reports_unhealthy_and_recovery_removes_bot
         .find(|(_, d)| d.index == 1)
         .map(|(n, _)| n.clone())
         .expect("GPU 1 served");
+    // The taint's value names the XID.
     let tainted = |devices: &[Value]| {
         devices
             .iter()
             .find(|d| d["name"] == gpu1.as_str())
             .is_some_and(|d| {
                 d["taints"].as_array().is_some_and(|t| {
-                    t.iter()
-                        .any(|t| t["key"] == DRA_TAINT_UNHEALTHY && t["effect"] == "NoSchedule")
+                    t.iter().any(|t| {
+                        t["key"] == DRA_TAINT_UNHEALTHY
+                            && t["effect"] == "NoSchedule"
+                            && t["value"] == "xid-62"
+                    })
                 })
             })
+    };
+    let untainted = |devices: &[Value]| {
+        devices
+            .iter()
+            .find(|d| d["name"] == gpu1.as_str())
+            .is_some_and(|d| d["taints"].is_null())
     };
     // XID 62 is transient: down, then healthy again after the quiet period.
     node.health.inject(HealthEvent::Xid {
@@ -297,11 +311,11 @@ async fn an_xid_taints_the_device_and_reports_unhealthy_and_recovery_removes_bot
             ps.iter().any(|p| {
                 p.health
                     .iter()
-                    .any(|h| h.device == gpu1 && h.health == "UNHEALTHY")
+                    .any(|h| h.device == gpu1 && h.health == "UNHEALTHY" && h.message == "xid-62")
             })
         })
         .await
-        .expect("UNHEALTHY reaches kubelet");
+        .expect("UNHEALTHY, naming the XID, reaches kubelet");
     assert!(
         node.slice_devices()
             .iter()
@@ -309,7 +323,7 @@ async fn an_xid_taints_the_device_and_reports_unhealthy_and_recovery_removes_bot
             .all(|d| d["taints"].is_null()),
         "GPU 0 is untouched"
     );
-    wait_until("the taint removed", || !tainted(&node.slice_devices())).await;
+    wait_until("the taint removed", || untainted(&node.slice_devices())).await;
     kubelet
         .wait_plugins("HEALTHY again", |ps| {
             ps.iter().any(|p| {
@@ -388,5 +402,129 @@ async fn grpcio_prepares_and_unprepares_through_the_role() {
     assert_eq!(report["health"].as_array().map(Vec::len), Some(2));
     assert_eq!(report["unprepare"][&uid], "");
     assert!(!spec_file(&node.cdi_dir(), &uid).exists());
+    plugin.stop().await;
+}
+
+/// One grpcio kubelet call (`--prepare` or `--unprepare`) of `claim` (`ns/uid/name`); its
+/// JSON report.
+async fn grpcio(python: &Path, socket: &Path, step: &str, claim: &str) -> Value {
+    let script = clients::repo_root().join("tests/clients/dra_kubelet_grpcio.py");
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new(python)
+            .arg(&script)
+            .arg("--socket")
+            .arg(socket)
+            .args(["--authority", "path", "--api", "v1", step])
+            .arg("--claim")
+            .arg(claim)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the python kubelet finishes within a minute")
+    .expect("the python kubelet runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let report: Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("no JSON ({e}): {stdout}\n{stderr}"));
+    assert_eq!(out.status.code(), Some(0), "{report}\n{stderr}");
+    report
+}
+
+/// The role started, a pod `p` (2 + 1 units) allocated, its claim prepared by grpcio: the
+/// plugin, `ns/uid/name` of the claim, and its uid.
+async fn prepared_by_grpcio(node: &Node, python: &Path) -> (DraPluginHandle, String, String) {
+    let plugin = node.start().await;
+    let mut generation = plugin.published_generation();
+    tokio::time::timeout(Duration::from_secs(30), generation.wait_for(|g| *g >= 1))
+        .await
+        .expect("the slice is published in time")
+        .expect("open");
+    submit(&node.api, "p", 2, 1);
+    let pass = DraAllocator::new(node.api.client())
+        .reconcile()
+        .await
+        .expect("a pass");
+    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    let p: Pod = node.api.get_as("pods", Some("default"), "p").expect("pod");
+    let name = p
+        .status
+        .and_then(|s| s.resource_claim_statuses)
+        .and_then(|s| s[0].resource_claim_name.clone())
+        .expect("claim name");
+    let uid = node
+        .api
+        .get_object("resourceclaims", Some("default"), &name)
+        .expect("claim")["metadata"]["uid"]
+        .as_str()
+        .expect("uid")
+        .to_string();
+    let claim = format!("default/{uid}/{name}");
+    let report = grpcio(python, plugin.registration_socket(), "--prepare", &claim).await;
+    assert_eq!(report["prepare"][&uid]["error"], "", "{report}");
+    assert!(
+        spec_file(&node.cdi_dir(), &uid).exists(),
+        "the spec is written"
+    );
+    (plugin, claim, uid)
+}
+
+/// A reboot with the state directory on disk: the CDI directory (tmpfs) is empty, the
+/// checkpoint still records the claim, and kubelet prepares it again: the spec is written
+/// again from the recorded shares before the answer, the same as before.
+#[tokio::test]
+async fn a_cdi_spec_cleared_while_the_checkpoint_stayed_is_written_again_on_prepare() {
+    let Some(python) = clients::python_with(&["grpc", "grpc_tools"]) else {
+        return;
+    };
+    let node = node(|_| {}).await;
+    let (plugin, claim, uid) = prepared_by_grpcio(&node, &python).await;
+    let spec = spec_file(&node.cdi_dir(), &uid);
+    let written = std::fs::read(&spec).expect("the spec");
+    let checkpoint = node.dir.path().join("state").join(role::CHECKPOINT_FILE);
+    assert!(checkpoint.exists(), "the checkpoint is in the state dir");
+    plugin.stop().await;
+    std::fs::remove_file(&spec).expect("the reboot clears the CDI directory");
+
+    let plugin = node.start().await;
+    let report = grpcio(&python, plugin.registration_socket(), "--prepare", &claim).await;
+    assert_eq!(report["prepare"][&uid]["error"], "", "{report}");
+    assert_eq!(
+        report["prepare"][&uid]["devices"][0]["cdi_device_ids"],
+        json!([format!("gpushare.io/gpu={uid}-0")]),
+        "{report}"
+    );
+    assert_eq!(
+        std::fs::read(&spec).expect("the spec is written again"),
+        written,
+        "the same spec as before"
+    );
+    let report = grpcio(&python, plugin.registration_socket(), "--unprepare", &claim).await;
+    assert_eq!(report["unprepare"][&uid], "", "{report}");
+    assert!(!spec.exists(), "the spec is removed");
+    plugin.stop().await;
+}
+
+/// The checkpoint is lost while the CDI spec stays (the state directory cleared, the CDI
+/// directory on disk): unprepare of the claim the plugin no longer knows still removes its
+/// spec, by its deterministic name.
+#[tokio::test]
+async fn unprepare_of_a_claim_missing_from_a_lost_checkpoint_removes_its_spec() {
+    let Some(python) = clients::python_with(&["grpc", "grpc_tools"]) else {
+        return;
+    };
+    let node = node(|_| {}).await;
+    let (plugin, claim, uid) = prepared_by_grpcio(&node, &python).await;
+    plugin.stop().await;
+    std::fs::remove_dir_all(node.dir.path().join("state")).expect("the state is lost");
+
+    let plugin = node.start().await;
+    let report = grpcio(&python, plugin.registration_socket(), "--unprepare", &claim).await;
+    assert_eq!(report["unprepare"][&uid], "", "{report}");
+    assert!(
+        !spec_file(&node.cdi_dir(), &uid).exists(),
+        "no spec leaks when the checkpoint was lost"
+    );
     plugin.stop().await;
 }

@@ -62,6 +62,7 @@ fn dra_enabled_renders_the_plugin_its_class_and_least_privilege() {
         "--driver-name=gpushare.io",
         "--registry-dir=/var/lib/kubelet/plugins_registry",
         "--plugin-dir=/var/lib/kubelet/plugins/gpushare.io",
+        "--state-dir=/var/run/gpushare/gpushare.io",
         "--cdi-dir=/var/run/cdi",
         "--gpu-policy=binpack",
         "--memory-unit=GiB",
@@ -99,6 +100,14 @@ fn dra_enabled_renders_the_plugin_its_class_and_least_privilege() {
     assert_eq!(
         host("/var/run/cdi"),
         Some(("/var/run/cdi".into(), "DirectoryOrCreate".into()))
+    );
+    // The checkpoint lives as long as the CDI specs: both under /var/run.
+    assert_eq!(
+        host("/var/run/gpushare/gpushare.io"),
+        Some((
+            "/var/run/gpushare/gpushare.io".into(),
+            "DirectoryOrCreate".into()
+        ))
     );
 
     let class = find(&docs, "DeviceClass", "gpu-mem.gpushare.io").expect("the DeviceClass");
@@ -185,10 +194,9 @@ fn a_users_node_affinity_keeps_its_terms_and_gains_the_path_rule() {
         Some(dra_gpu_class_selector("example.com").as_str())
     );
     let ds = find(&docs, "DaemonSet", "gpushare-dra-plugin").expect("ds");
-    assert!(
-        strings(&ds["spec"]["template"]["spec"]["containers"][0]["args"])
-            .contains(&"--plugin-dir=/var/lib/kubelet/plugins/example.com".to_string())
-    );
+    let args = strings(&ds["spec"]["template"]["spec"]["containers"][0]["args"]);
+    assert!(args.contains(&"--plugin-dir=/var/lib/kubelet/plugins/example.com".to_string()));
+    assert!(args.contains(&"--state-dir=/var/run/gpushare/example.com".to_string()));
 }
 
 #[test]
