@@ -127,6 +127,7 @@ async fn node(dev: &Path) -> Node {
     config.dra.registry_dir = dir.path().join("registry");
     config.dra.plugin_dir = dir.path().join("plugin");
     config.dra.cdi_dir = dir.path().join("cdi");
+    config.dra.state_dir = dir.path().join("state");
     config.dra.admin_address = String::new();
     config.doctor.skip = true;
     config.devices.sysfs_root = fixture("rdma/hgx-h100-8gpu-roce/sys");
@@ -368,6 +369,18 @@ async fn one_claim_gets_gpu_memory_and_the_hca_under_the_same_root_and_prepare_h
     let fuse = &devices[2]["containerEdits"];
     assert_eq!(fuse["deviceNodes"][0]["path"], "/dev/fuse");
     assert!(strings(&fuse["env"]).contains(&"FUSE_OK=1".to_string()));
+
+    // The spec cleared while the checkpoint stayed (a reboot with the state on disk): asked
+    // again, the plugin writes it again, the HCA and the generic device included.
+    std::fs::remove_file(&spec_path).expect("cleared");
+    let again = kubelet
+        .prepare_pod("default", "trainer")
+        .await
+        .expect("prepares");
+    assert_eq!(again[0].outcome, claims[0].outcome, "the same answer");
+    let restored: Value =
+        serde_json::from_slice(&std::fs::read(&spec_path).expect("written again")).expect("json");
+    assert_eq!(restored, spec, "the same spec");
 
     // Released: unprepare removes the spec.
     node.api

@@ -373,31 +373,23 @@ async fn grpcio_kubelet_drives_the_plugin_with_per_claim_errors() {
         .expect("uid")
         .to_string();
     let _plugin = node.start_plugin();
-    let script = clients::repo_root().join("tests/clients/dra_kubelet_grpcio.py");
     for (authority, api) in [("path", "v1"), ("localhost", "v1beta1")] {
-        let out = tokio::time::timeout(
-            Duration::from_secs(60),
-            tokio::process::Command::new(&python)
-                .arg(&script)
-                .arg("--socket")
-                .arg(node.config.registration_socket())
-                .args(["--authority", authority, "--api", api])
-                .args(["--prepare", "--health", "--unprepare"])
-                .arg("--claim")
-                .arg(format!("default/{uid}/{name}"))
-                .arg("--claim")
-                .arg(format!("default/{stray_uid}/stray"))
-                .kill_on_drop(true)
-                .output(),
-        )
-        .await
-        .expect("the python kubelet finishes within a minute")
-        .expect("the python kubelet runs");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let report: Value = serde_json::from_str(stdout.trim())
-            .unwrap_or_else(|e| panic!("no JSON ({e}): {stdout}\n{stderr}"));
-        assert_eq!(out.status.code(), Some(0), "{report}\n{stderr}");
+        let args = [
+            "--authority",
+            authority,
+            "--api",
+            api,
+            "--prepare",
+            "--health",
+            "--unprepare",
+            "--claim",
+            &format!("default/{uid}/{name}"),
+            "--claim",
+            &format!("default/{stray_uid}/stray"),
+        ]
+        .map(str::to_string);
+        let report =
+            clients::dra_kubelet_grpcio(&python, &node.config.registration_socket(), &args).await;
         assert_eq!(report["info"]["type"], "DRAPlugin");
         assert_eq!(report["info"]["name"], DRA_DRIVER_NAME);
         assert_eq!(report["info"]["supported_versions"], json!(SERVICES));
@@ -543,31 +535,12 @@ async fn grpcio_unprepares_after_a_plugin_restart_and_the_claim_is_gone() {
         .as_str()
         .expect("uid")
         .to_string();
-    let script = clients::repo_root().join("tests/clients/dra_kubelet_grpcio.py");
+    let socket = node.config.registration_socket();
+    let claim = format!("default/{uid}/{name}");
     let kubelet = |step: &'static str| {
-        let mut cmd = tokio::process::Command::new(&python);
-        cmd.arg(&script)
-            .arg("--socket")
-            .arg(node.config.registration_socket())
-            .arg(step)
-            .arg("--claim")
-            .arg(format!("default/{uid}/{name}"))
-            .kill_on_drop(true);
-        async move {
-            let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
-                .await
-                .expect("the python kubelet finishes within a minute")
-                .expect("the python kubelet runs");
-            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-            let report: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
-                panic!(
-                    "no JSON ({e}): {stdout}\n{}",
-                    String::from_utf8_lossy(&out.stderr)
-                )
-            });
-            assert_eq!(out.status.code(), Some(0), "{report}");
-            report
-        }
+        let args = [step, "--claim", &claim].map(str::to_string);
+        let (python, socket) = (python.clone(), socket.clone());
+        async move { clients::dra_kubelet_grpcio(&python, &socket, &args).await }
     };
     let plugin = node.start_plugin();
     let report = kubelet("--prepare").await;

@@ -370,28 +370,19 @@ async fn grpcio_prepares_and_unprepares_through_the_role() {
         .as_str()
         .expect("uid")
         .to_string();
-    let script = clients::repo_root().join("tests/clients/dra_kubelet_grpcio.py");
-    let out = tokio::time::timeout(
-        Duration::from_secs(60),
-        tokio::process::Command::new(&python)
-            .arg(&script)
-            .arg("--socket")
-            .arg(plugin.registration_socket())
-            .args(["--authority", "path", "--api", "v1"])
-            .args(["--prepare", "--health", "--unprepare"])
-            .arg("--claim")
-            .arg(format!("default/{uid}/{name}"))
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("the python kubelet finishes within a minute")
-    .expect("the python kubelet runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let report: Value = serde_json::from_str(stdout.trim())
-        .unwrap_or_else(|e| panic!("no JSON ({e}): {stdout}\n{stderr}"));
-    assert_eq!(out.status.code(), Some(0), "{report}\n{stderr}");
+    let args = [
+        "--authority",
+        "path",
+        "--api",
+        "v1",
+        "--prepare",
+        "--health",
+        "--unprepare",
+        "--claim",
+        &format!("default/{uid}/{name}"),
+    ]
+    .map(str::to_string);
+    let report = clients::dra_kubelet_grpcio(&python, plugin.registration_socket(), &args).await;
     let good = &report["prepare"][&uid];
     assert_eq!(good["error"], "", "{report}");
     assert_eq!(
@@ -408,28 +399,8 @@ async fn grpcio_prepares_and_unprepares_through_the_role() {
 /// One grpcio kubelet call (`--prepare` or `--unprepare`) of `claim` (`ns/uid/name`); its
 /// JSON report.
 async fn grpcio(python: &Path, socket: &Path, step: &str, claim: &str) -> Value {
-    let script = clients::repo_root().join("tests/clients/dra_kubelet_grpcio.py");
-    let out = tokio::time::timeout(
-        Duration::from_secs(60),
-        tokio::process::Command::new(python)
-            .arg(&script)
-            .arg("--socket")
-            .arg(socket)
-            .args(["--authority", "path", "--api", "v1", step])
-            .arg("--claim")
-            .arg(claim)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("the python kubelet finishes within a minute")
-    .expect("the python kubelet runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let report: Value = serde_json::from_str(stdout.trim())
-        .unwrap_or_else(|e| panic!("no JSON ({e}): {stdout}\n{stderr}"));
-    assert_eq!(out.status.code(), Some(0), "{report}\n{stderr}");
-    report
+    let args = ["--authority", "path", "--api", "v1", step, "--claim", claim].map(str::to_string);
+    clients::dra_kubelet_grpcio(python, socket, &args).await
 }
 
 /// The role started, a pod `p` (2 + 1 units) allocated, its claim prepared by grpcio: the
