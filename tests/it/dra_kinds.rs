@@ -8,7 +8,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use gpushare::config::Config;
 use gpushare::config::devices::GenericDeviceConfig;
@@ -21,11 +20,10 @@ use gpushare::shutdown::Shutdown;
 use gpushare_sandbox::apiserver::ApiServer;
 use gpushare_sandbox::dra_allocator::DraAllocator;
 use gpushare_sandbox::dra_kubelet::{ClaimOutcome, DraKubelet};
-use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::ResourceSlice;
 use serde_json::{Value, json};
 
 use crate::support::clients;
+use crate::support::dra;
 use crate::support::fixture;
 use crate::support::hgx::{HGX_NEAREST, dev_path, fake_dev, hgx_backend};
 use crate::support::socket_dir::short_tempdir;
@@ -51,11 +49,7 @@ impl Node {
         )
         .await
         .expect("the DRA plugin starts");
-        let mut generation = plugin.published_generation();
-        tokio::time::timeout(Duration::from_secs(30), generation.wait_for(|g| *g >= 1))
-            .await
-            .expect("the slice is published in time")
-            .expect("open");
+        dra::published(&plugin).await;
         plugin
     }
 
@@ -64,34 +58,11 @@ impl Node {
     }
 
     fn slice_devices(&self) -> Vec<Value> {
-        self.api
-            .list_objects("resourceslices", None)
-            .into_iter()
-            .filter_map(|v| serde_json::from_value::<ResourceSlice>(v).ok())
-            .filter(|s| s.spec.node_name.as_deref() == Some(NODE))
-            .flat_map(|s| s.spec.devices.unwrap_or_default())
-            .map(|d| serde_json::to_value(d).expect("json"))
-            .collect()
+        dra::slice_devices(&self.api, NODE)
     }
 
     fn claim_of(&self, pod: &str) -> (String, String) {
-        let p: Pod = self
-            .api
-            .get_as("pods", Some("default"), pod)
-            .expect("the pod");
-        let name = p
-            .status
-            .and_then(|s| s.resource_claim_statuses)
-            .and_then(|s| s[0].resource_claim_name.clone())
-            .expect("the pod's claim");
-        let uid = self
-            .api
-            .get_object("resourceclaims", Some("default"), &name)
-            .expect("the claim")["metadata"]["uid"]
-            .as_str()
-            .expect("uid")
-            .to_string();
-        (name, uid)
+        dra::pod_claim(&self.api, pod)
     }
 }
 

@@ -27,6 +27,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use crate::support::clients;
+use crate::support::dra;
 use crate::support::socket_dir::short_tempdir;
 
 const GIB: u64 = 1 << 30;
@@ -356,22 +357,7 @@ async fn grpcio_kubelet_drives_the_plugin_with_per_claim_errors() {
         }))
         .expect("the stray claim");
     let stray_uid = stray["metadata"]["uid"].as_str().expect("uid").to_string();
-    let p: Pod = node
-        .server
-        .get_as("pods", Some("default"), "p")
-        .expect("pod");
-    let name = p
-        .status
-        .and_then(|s| s.resource_claim_statuses)
-        .and_then(|s| s[0].resource_claim_name.clone())
-        .expect("claim name");
-    let uid = node
-        .server
-        .get_object("resourceclaims", Some("default"), &name)
-        .expect("claim")["metadata"]["uid"]
-        .as_str()
-        .expect("uid")
-        .to_string();
+    let (name, uid) = dra::pod_claim(&node.server, "p");
     let _plugin = node.start_plugin();
     for (authority, api) in [("path", "v1"), ("localhost", "v1beta1")] {
         let args = [
@@ -519,22 +505,7 @@ async fn grpcio_unprepares_after_a_plugin_restart_and_the_claim_is_gone() {
         return;
     };
     let node = node().await;
-    let p: Pod = node
-        .server
-        .get_as("pods", Some("default"), "p")
-        .expect("pod");
-    let name = p
-        .status
-        .and_then(|s| s.resource_claim_statuses)
-        .and_then(|s| s[0].resource_claim_name.clone())
-        .expect("claim name");
-    let uid = node
-        .server
-        .get_object("resourceclaims", Some("default"), &name)
-        .expect("claim")["metadata"]["uid"]
-        .as_str()
-        .expect("uid")
-        .to_string();
+    let (name, uid) = dra::pod_claim(&node.server, "p");
     let socket = node.config.registration_socket();
     let claim = format!("default/{uid}/{name}");
     let kubelet = |step: &'static str| {

@@ -10,7 +10,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use gpushare::config::Config;
 use gpushare::core::MemoryUnit;
@@ -24,10 +23,10 @@ use gpushare_sandbox::apiserver::ApiServer;
 use gpushare_sandbox::dra_allocator::DraAllocator;
 use gpushare_sandbox::dra_kubelet::{ClaimOutcome, DraKubelet};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::ResourceSlice;
 use serde_json::{Value, json};
 
 use crate::support::clients;
+use crate::support::dra;
 use crate::support::socket_dir::short_tempdir;
 use crate::support::wait::wait_until;
 
@@ -59,14 +58,7 @@ impl Node {
     }
 
     fn slice_devices(&self) -> Vec<Value> {
-        self.api
-            .list_objects("resourceslices", None)
-            .into_iter()
-            .filter_map(|v| serde_json::from_value::<ResourceSlice>(v).ok())
-            .filter(|s| s.spec.node_name.as_deref() == Some(NODE))
-            .flat_map(|s| s.spec.devices.unwrap_or_default())
-            .map(|d| serde_json::to_value(d).expect("json"))
-            .collect()
+        dra::slice_devices(&self.api, NODE)
     }
 }
 
@@ -151,11 +143,7 @@ fn spec_file(dir: &Path, claim_uid: &str) -> PathBuf {
 async fn the_role_publishes_prepares_a_cdi_spec_and_unprepares_across_a_restart() {
     let node = node(|_| {}).await;
     let plugin = node.start().await;
-    let mut generation = plugin.published_generation();
-    tokio::time::timeout(Duration::from_secs(30), generation.wait_for(|g| *g >= 1))
-        .await
-        .expect("the slice is published in time")
-        .expect("open");
+    dra::published(&plugin).await;
     let devices = node.slice_devices();
     assert_eq!(devices.len(), 2, "one device per GPU: {devices:?}");
     assert_eq!(devices[0]["attributes"]["uuid"]["string"], fake_uuid(0));
@@ -346,30 +334,14 @@ async fn grpcio_prepares_and_unprepares_through_the_role() {
     };
     let node = node(|_| {}).await;
     let plugin = node.start().await;
-    let mut generation = plugin.published_generation();
-    tokio::time::timeout(Duration::from_secs(30), generation.wait_for(|g| *g >= 1))
-        .await
-        .expect("the slice is published in time")
-        .expect("open");
+    dra::published(&plugin).await;
     submit(&node.api, "p", 2, 2);
     let pass = DraAllocator::new(node.api.client())
         .reconcile()
         .await
         .expect("a pass");
     assert_eq!(pass.bound.len(), 1, "{pass:?}");
-    let p: Pod = node.api.get_as("pods", Some("default"), "p").expect("pod");
-    let name = p
-        .status
-        .and_then(|s| s.resource_claim_statuses)
-        .and_then(|s| s[0].resource_claim_name.clone())
-        .expect("claim name");
-    let uid = node
-        .api
-        .get_object("resourceclaims", Some("default"), &name)
-        .expect("claim")["metadata"]["uid"]
-        .as_str()
-        .expect("uid")
-        .to_string();
+    let (name, uid) = dra::pod_claim(&node.api, "p");
     let args = [
         "--authority",
         "path",
@@ -407,30 +379,14 @@ async fn grpcio(python: &Path, socket: &Path, step: &str, claim: &str) -> Value 
 /// plugin, `ns/uid/name` of the claim, and its uid.
 async fn prepared_by_grpcio(node: &Node, python: &Path) -> (DraPluginHandle, String, String) {
     let plugin = node.start().await;
-    let mut generation = plugin.published_generation();
-    tokio::time::timeout(Duration::from_secs(30), generation.wait_for(|g| *g >= 1))
-        .await
-        .expect("the slice is published in time")
-        .expect("open");
+    dra::published(&plugin).await;
     submit(&node.api, "p", 2, 1);
     let pass = DraAllocator::new(node.api.client())
         .reconcile()
         .await
         .expect("a pass");
     assert_eq!(pass.bound.len(), 1, "{pass:?}");
-    let p: Pod = node.api.get_as("pods", Some("default"), "p").expect("pod");
-    let name = p
-        .status
-        .and_then(|s| s.resource_claim_statuses)
-        .and_then(|s| s[0].resource_claim_name.clone())
-        .expect("claim name");
-    let uid = node
-        .api
-        .get_object("resourceclaims", Some("default"), &name)
-        .expect("claim")["metadata"]["uid"]
-        .as_str()
-        .expect("uid")
-        .to_string();
+    let (name, uid) = dra::pod_claim(&node.api, "p");
     let claim = format!("default/{uid}/{name}");
     let report = grpcio(python, plugin.registration_socket(), "--prepare", &claim).await;
     assert_eq!(report["prepare"][&uid]["error"], "", "{report}");

@@ -11,6 +11,7 @@ pub mod canned_http;
 pub mod clients;
 pub mod deviceplugin_cluster;
 pub mod doctor_node;
+pub mod dra;
 pub mod extender_cluster;
 pub mod extender_http;
 pub mod helm_chart;

@@ -1,0 +1,47 @@
+//! What the DRA tests read back from the sandbox: a node's published devices, a pod's claim,
+//! and the wait for a plugin's first publication.
+
+use std::time::Duration;
+
+use gpushare::dra::role::DraPluginHandle;
+use gpushare_sandbox::apiserver::ApiServer;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use serde_json::Value;
+
+/// The devices of every ResourceSlice of `node`, as JSON, in slice order.
+pub fn slice_devices(api: &ApiServer, node: &str) -> Vec<Value> {
+    api.list_objects("resourceslices", None)
+        .into_iter()
+        .filter_map(|v| serde_json::from_value::<ResourceSlice>(v).ok())
+        .filter(|s| s.spec.node_name.as_deref() == Some(node))
+        .flat_map(|s| s.spec.devices.unwrap_or_default())
+        .map(|d| serde_json::to_value(d).expect("json"))
+        .collect()
+}
+
+/// The name and uid of the first claim of pod `default/<pod>` (its `resourceClaimStatuses`).
+pub fn pod_claim(api: &ApiServer, pod: &str) -> (String, String) {
+    let p: Pod = api.get_as("pods", Some("default"), pod).expect("the pod");
+    let name = p
+        .status
+        .and_then(|s| s.resource_claim_statuses)
+        .and_then(|s| s[0].resource_claim_name.clone())
+        .expect("the pod's claim");
+    let uid = api
+        .get_object("resourceclaims", Some("default"), &name)
+        .expect("the claim")["metadata"]["uid"]
+        .as_str()
+        .expect("uid")
+        .to_string();
+    (name, uid)
+}
+
+/// Waits (30 s at most) until `plugin` has published its first slice.
+pub async fn published(plugin: &DraPluginHandle) {
+    let mut generation = plugin.published_generation();
+    tokio::time::timeout(Duration::from_secs(30), generation.wait_for(|g| *g >= 1))
+        .await
+        .expect("the slice is published in time")
+        .expect("open");
+}
