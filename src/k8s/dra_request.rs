@@ -10,6 +10,14 @@
 //! them) and recorded in the annotation `gpushare.io/dra-gpu-mem`. The template's name is
 //! derived from its content (`gpushare-gpu-mem-<hash>`), so pods of the same shape share one.
 //!
+//! Devices of other kinds the pod asks for in the same containers (`gpushare.io/rdma: 1`, a
+//! generic device's resource), when the webhook is told of them ([`KindRequest`]), move into
+//! the same claim: one request per container and kind (`<container>-<kind>`, `count` = the
+//! limit) of the kind's DeviceClass, the container bound to it too, and for an HCA a
+//! `matchAttribute` constraint on `resource.kubernetes.io/pcieRoot` with the container's GPU
+//! request, so the HCA is the one under the GPU's PCIe root; the annotation records them under
+//! `devices`. A pod asking for such devices without GPU memory is left alone.
+//!
 //! Pods that already name claims, and pods without GPU memory, are left alone (`None`). Init
 //! containers (native sidecars included) are rewritten like app containers. What it does not
 //! do: create the template or talk to the API (the webhook does), decide whether a namespace
@@ -30,7 +38,8 @@ use serde_json::{Value, json};
 
 use crate::core::request::RequestError;
 use crate::core::wire::{
-    DRA_ATTR_UUID, DRA_CAPACITY_MEMORY, DRA_POD_CLAIM, POD_ANN_DRA_GPU_MEM, RESOURCE_GPU_MEM,
+    DRA_ATTR_PCIE_ROOT, DRA_ATTR_UUID, DRA_CAPACITY_MEMORY, DRA_POD_CLAIM, POD_ANN_DRA_GPU_MEM,
+    RESOURCE_GPU_MEM, dra_kind_class_name,
 };
 use crate::core::{GpuMem, MemoryUnit};
 
@@ -46,9 +55,54 @@ pub struct DraRewrite {
     pub patch: Vec<Value>,
 }
 
+/// A device kind the rewrite moves into the pod's claim (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KindRequest {
+    /// The extended resource pods write in their limits (`gpushare.io/rdma`).
+    pub resource: String,
+    /// The kind's DeviceClass (`rdma.gpushare.io`).
+    pub class: String,
+    /// The attribute the kind's device must share with the container's GPU
+    /// (`resource.kubernetes.io/pcieRoot` for an HCA); `None`: no constraint.
+    pub align: Option<String>,
+}
+
+/// The kinds `[devices]` enables, as the rewrite moves them: the HCAs (aligned with the GPU on
+/// `resource.kubernetes.io/pcieRoot`), then each generic declaration (no constraint: such a
+/// device may have no PCI place), each with the DeviceClass the chart installs for it.
+pub fn kind_requests(devices: &crate::config::devices::DevicesConfig) -> Vec<KindRequest> {
+    let mut out = Vec::new();
+    let mut add = |resource: &str, align: Option<&str>| {
+        if let Some(class) = dra_kind_class_name(resource) {
+            out.push(KindRequest {
+                resource: resource.to_string(),
+                class,
+                align: align.map(str::to_string),
+            });
+        }
+    };
+    if devices.rdma.enabled {
+        add(&devices.rdma.resource, Some(DRA_ATTR_PCIE_ROOT));
+    }
+    for g in &devices.generic {
+        add(&g.resource, None);
+    }
+    out
+}
+
 /// Why a pod cannot be rewritten.
 #[derive(Debug, thiserror::Error)]
 pub enum RewriteError {
+    /// A container's limit of a device kind is not a whole number.
+    #[error("container {container}: {resource} {value:?} is not a whole number of devices")]
+    KindCount {
+        /// The container.
+        container: String,
+        /// The kind's resource.
+        resource: String,
+        /// What it says.
+        value: String,
+    },
     /// A container's `aliyun.com/gpu-mem` limit cannot be read.
     #[error(transparent)]
     Request(#[from] RequestError),
@@ -58,13 +112,26 @@ pub enum RewriteError {
 }
 
 /// Rewrites `pod` (in `namespace`) onto the DRA path of `driver` with DeviceClass `class`;
-/// `None` when the pod is left as it is.
+/// `None` when the pod is left as it is. Devices of other kinds are left in its limits
+/// ([`rewrite_with_kinds`] moves them).
 pub fn rewrite(
     pod: &Pod,
     namespace: &str,
     unit: MemoryUnit,
     driver: &str,
     class: &str,
+) -> Result<Option<DraRewrite>, RewriteError> {
+    rewrite_with_kinds(pod, namespace, unit, driver, class, &[])
+}
+
+/// [`rewrite`], moving the devices of `kinds` the pod's containers ask for into its claim.
+pub fn rewrite_with_kinds(
+    pod: &Pod,
+    namespace: &str,
+    unit: MemoryUnit,
+    driver: &str,
+    class: &str,
+    kinds: &[KindRequest],
 ) -> Result<Option<DraRewrite>, RewriteError> {
     let has_claims = pod
         .spec
@@ -92,7 +159,9 @@ pub fn rewrite(
         .map(|c| c.name.clone())
         .filter(|n| wanted.contains_key(n))
         .collect();
-    let template_spec = claim_spec(&order, &wanted, unit, driver, class);
+    let devices = kind_asks(&spec, kinds)?;
+    let mut template_spec = claim_spec(&order, &wanted, unit, driver, class);
+    add_kinds(&mut template_spec, &devices, &wanted);
     let name = template_name(&template_spec)?;
     let template = ResourceClaimTemplate {
         metadata: ObjectMeta {
@@ -123,7 +192,7 @@ pub fn rewrite(
         "value": serde_json::to_value(&out_spec.resource_claims)?,
     }));
     for (i, c) in out_spec.containers.iter_mut().enumerate() {
-        if bind(c, &wanted) {
+        if bind(c, &wanted, &devices, kinds) {
             patch.push(json!({
                 "op": "add", "path": format!("/spec/containers/{i}/resources"),
                 "value": serde_json::to_value(&c.resources)?,
@@ -131,18 +200,28 @@ pub fn rewrite(
         }
     }
     for (i, c) in out_spec.init_containers.iter_mut().flatten().enumerate() {
-        if bind(c, &wanted) {
+        if bind(c, &wanted, &devices, kinds) {
             patch.push(json!({
                 "op": "add", "path": format!("/spec/initContainers/{i}/resources"),
                 "value": serde_json::to_value(&c.resources)?,
             }));
         }
     }
-    let record = json!({
+    let mut record = json!({
         "unit": unit.to_string(),
         "containers": wanted.iter().map(|(n, m)| (n.clone(), m.units())).collect::<BTreeMap<_, _>>(),
-    })
-    .to_string();
+    });
+    if !devices.is_empty() {
+        let mut by_container: BTreeMap<&str, BTreeMap<&str, u64>> = BTreeMap::new();
+        for d in &devices {
+            by_container
+                .entry(d.container.as_str())
+                .or_default()
+                .insert(d.kind.resource.as_str(), d.count);
+        }
+        record["devices"] = json!(by_container);
+    }
+    let record = record.to_string();
     let annotations = out.metadata.annotations.get_or_insert_with(BTreeMap::new);
     if annotations.is_empty() {
         patch.push(json!({ "op": "add", "path": "/metadata/annotations", "value": {} }));
@@ -160,28 +239,163 @@ pub fn rewrite(
     }))
 }
 
-/// Binds `c` to its own request when it asks GPU memory; drops the extended resource from
-/// every container (a zero limit too: a DRA node does not advertise it). Whether it changed.
-fn bind(c: &mut Container, wanted: &BTreeMap<String, GpuMem>) -> bool {
+/// One container's ask for devices of one kind.
+#[derive(Clone, Debug)]
+struct KindAsk<'a> {
+    container: String,
+    kind: &'a KindRequest,
+    count: u64,
+    /// The claim's request for it.
+    request: String,
+}
+
+/// What the containers (init first, in spec order) ask of each kind, with unique request
+/// names `<container>-<kind name>` (a DNS label of at most 63 characters).
+fn kind_asks<'a>(
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+    kinds: &'a [KindRequest],
+) -> Result<Vec<KindAsk<'a>>, RewriteError> {
+    let mut out: Vec<KindAsk<'a>> = Vec::new();
+    let mut taken: Vec<String> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+        .map(|c| c.name.clone())
+        .collect();
+    for c in spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+    {
+        for kind in kinds {
+            let r = c.resources.as_ref();
+            let value = r
+                .and_then(|r| r.limits.as_ref())
+                .and_then(|l| l.get(&kind.resource))
+                .or_else(|| {
+                    r.and_then(|r| r.requests.as_ref())
+                        .and_then(|l| l.get(&kind.resource))
+                });
+            let Some(value) = value else { continue };
+            let count: u64 = value
+                .0
+                .trim()
+                .parse()
+                .map_err(|_| RewriteError::KindCount {
+                    container: c.name.clone(),
+                    resource: kind.resource.clone(),
+                    value: value.0.clone(),
+                })?;
+            if count == 0 {
+                continue;
+            }
+            let short = kind
+                .resource
+                .rsplit('/')
+                .next()
+                .unwrap_or(&kind.resource)
+                .to_ascii_lowercase()
+                .replace(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '-'), "-");
+            let base: String = format!("{}-{short}", c.name)
+                .chars()
+                .take(59)
+                .collect::<String>()
+                .trim_end_matches('-')
+                .to_string();
+            let mut request = base.clone();
+            let mut n = 1;
+            while taken.contains(&request) {
+                n += 1;
+                request = format!("{base}-{n}");
+            }
+            taken.push(request.clone());
+            out.push(KindAsk {
+                container: c.name.clone(),
+                kind,
+                count,
+                request,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Adds a request per kind ask to `spec`, with the alignment constraint to the container's
+/// GPU request.
+fn add_kinds(spec: &mut ResourceClaimSpec, asks: &[KindAsk<'_>], gpus: &BTreeMap<String, GpuMem>) {
+    let Some(devices) = spec.devices.as_mut() else {
+        return;
+    };
+    for a in asks {
+        devices
+            .requests
+            .get_or_insert_with(Vec::new)
+            .push(DeviceRequest {
+                name: a.request.clone(),
+                exactly: Some(ExactDeviceRequest {
+                    device_class_name: a.kind.class.clone(),
+                    count: (a.count > 1).then(|| i64::try_from(a.count).unwrap_or(i64::MAX)),
+                    ..Default::default()
+                }),
+                first_available: None,
+            });
+        if let Some(attribute) = &a.kind.align
+            && gpus.contains_key(&a.container)
+        {
+            devices
+                .constraints
+                .get_or_insert_with(Vec::new)
+                .push(DeviceConstraint {
+                    requests: Some(vec![a.container.clone(), a.request.clone()]),
+                    match_attribute: Some(attribute.clone()),
+                    distinct_attribute: None,
+                });
+        }
+    }
+}
+
+/// Binds `c` to its own request when it asks GPU memory, and to its kinds' requests; drops
+/// the extended resources moved into the claim from every container (a zero limit too: a DRA
+/// node does not advertise them). Whether it changed.
+fn bind(
+    c: &mut Container,
+    wanted: &BTreeMap<String, GpuMem>,
+    asks: &[KindAsk<'_>],
+    kinds: &[KindRequest],
+) -> bool {
     let mut changed = false;
     if let Some(resources) = c.resources.as_mut() {
         for list in [&mut resources.limits, &mut resources.requests] {
             if let Some(map) = list.as_mut() {
                 changed |= map.remove(RESOURCE_GPU_MEM).is_some();
+                for k in kinds {
+                    changed |= map.remove(&k.resource).is_some();
+                }
                 if map.is_empty() {
                     *list = None;
                 }
             }
         }
     }
+    let mut requests: Vec<String> = Vec::new();
     if wanted.contains_key(&c.name) {
+        requests.push(c.name.clone());
+    }
+    requests.extend(
+        asks.iter()
+            .filter(|a| a.container == c.name)
+            .map(|a| a.request.clone()),
+    );
+    for request in requests {
         c.resources
             .get_or_insert_with(Default::default)
             .claims
             .get_or_insert_with(Vec::new)
             .push(ContainerClaim {
                 name: DRA_POD_CLAIM.to_string(),
-                request: Some(c.name.clone()),
+                request: Some(request),
             });
         changed = true;
     }
@@ -308,6 +522,137 @@ mod tests {
                 .insert(last, op["value"].clone());
         }
         doc
+    }
+
+    #[test]
+    fn kinds_move_into_the_claim_and_an_hca_is_aligned_with_its_containers_gpu() {
+        let mut config = crate::config::devices::DevicesConfig::default();
+        config.rdma.enabled = true;
+        config.generic = vec![crate::config::devices::GenericDeviceConfig {
+            resource: "example.com/fuse".into(),
+            paths: Vec::new(),
+            shares: 1,
+            envs: BTreeMap::new(),
+            mounts: Vec::new(),
+        }];
+        let kinds = kind_requests(&config);
+        assert_eq!(
+            kinds.iter().map(|k| k.class.as_str()).collect::<Vec<_>>(),
+            ["rdma.gpushare.io", "fuse.example.com"]
+        );
+        let original = pod(json!({
+            "metadata": { "name": "p", "namespace": "ns" },
+            "spec": { "containers": [
+                { "name": "trainer", "image": "x", "resources": {
+                    "limits": { "aliyun.com/gpu-mem": "4", "gpushare.io/rdma": "2", "cpu": "1" },
+                    "requests": { "gpushare.io/rdma": "2" } } },
+                { "name": "fuse", "image": "x", "resources": {
+                    "limits": { "example.com/fuse": "1" } } },
+            ] },
+        }));
+        let r = rewrite_with_kinds(
+            &original,
+            "ns",
+            MemoryUnit::GIB,
+            "gpushare.io",
+            "gpu-mem.gpushare.io",
+            &kinds,
+        )
+        .expect("rewrites")
+        .expect("rewritten");
+        let devices = r
+            .template
+            .spec
+            .clone()
+            .and_then(|t| t.spec)
+            .and_then(|s| s.devices)
+            .expect("devices");
+        let requests = devices.requests.expect("requests");
+        let names: Vec<&str> = requests.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["trainer", "trainer-rdma", "fuse-fuse"]);
+        let nic = requests[1].exactly.as_ref().expect("exactly");
+        assert_eq!(nic.device_class_name, "rdma.gpushare.io");
+        assert_eq!(nic.count, Some(2));
+        assert_eq!(requests[2].exactly.as_ref().expect("exactly").count, None);
+        let constraints = devices.constraints.expect("constraints");
+        assert_eq!(
+            constraints.len(),
+            1,
+            "only the HCA is aligned: {constraints:?}"
+        );
+        assert_eq!(
+            constraints[0].requests.as_deref(),
+            Some(&["trainer".to_string(), "trainer-rdma".to_string()][..])
+        );
+        assert_eq!(
+            constraints[0].match_attribute.as_deref(),
+            Some("resource.kubernetes.io/pcieRoot")
+        );
+        // The pod: the kinds' resources gone, each container bound to its requests, the
+        // annotation records them; the patch gives the same pod.
+        let spec = r.pod.spec.clone().expect("spec");
+        let trainer = spec.containers[0].resources.clone().expect("resources");
+        let limits = trainer.limits.expect("cpu stays");
+        assert!(!limits.contains_key("gpushare.io/rdma") && limits.contains_key("cpu"));
+        assert!(trainer.requests.is_none(), "an emptied list goes");
+        let bound: Vec<Option<String>> = trainer
+            .claims
+            .expect("claims")
+            .into_iter()
+            .map(|c| c.request)
+            .collect();
+        assert_eq!(bound, [Some("trainer".into()), Some("trainer-rdma".into())]);
+        let fuse = spec.containers[1].resources.clone().expect("resources");
+        assert!(fuse.limits.is_none());
+        assert_eq!(
+            fuse.claims.expect("claims")[0].request.as_deref(),
+            Some("fuse-fuse")
+        );
+        let record: Value = serde_json::from_str(
+            &r.pod.metadata.annotations.clone().expect("annotations")[POD_ANN_DRA_GPU_MEM],
+        )
+        .expect("json");
+        assert_eq!(record["devices"]["trainer"]["gpushare.io/rdma"], 2);
+        assert_eq!(record["devices"]["fuse"]["example.com/fuse"], 1);
+        let patched = apply(serde_json::to_value(&original).expect("json"), &r.patch);
+        assert_eq!(patched, serde_json::to_value(&r.pod).expect("json"));
+        // A count that is not a whole number is refused by name.
+        let bad = pod(json!({
+            "metadata": { "name": "p", "namespace": "ns" },
+            "spec": { "containers": [{ "name": "c", "image": "x", "resources": {
+                "limits": { "aliyun.com/gpu-mem": "1", "gpushare.io/rdma": "half" } } }] },
+        }));
+        let err = rewrite_with_kinds(
+            &bad,
+            "ns",
+            MemoryUnit::GIB,
+            "gpushare.io",
+            "gpu-mem.gpushare.io",
+            &kinds,
+        )
+        .expect_err("refused");
+        assert!(
+            err.to_string().contains("gpushare.io/rdma \"half\""),
+            "{err}"
+        );
+        // Without GPU memory the pod is left alone.
+        let nic_only = pod(json!({
+            "metadata": { "name": "p", "namespace": "ns" },
+            "spec": { "containers": [{ "name": "c", "image": "x", "resources": {
+                "limits": { "gpushare.io/rdma": "1" } } }] },
+        }));
+        assert!(
+            rewrite_with_kinds(
+                &nic_only,
+                "ns",
+                MemoryUnit::GIB,
+                "gpushare.io",
+                "gpu-mem.gpushare.io",
+                &kinds
+            )
+            .expect("reads")
+            .is_none()
+        );
     }
 
     #[test]

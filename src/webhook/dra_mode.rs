@@ -5,7 +5,9 @@
 //! has one, else `webhook.gpu_mem_path`: the label wins both ways. On the extender path the
 //! pod gets what [`super::admission::mutate`] gives it (our scheduler). On the DRA path it is
 //! rewritten by [`crate::k8s::dra_request`] (one claim from a ResourceClaimTemplate, one
-//! request per GPU container) and the template is made to exist in the pod's namespace first:
+//! request per GPU container, and the devices of the kinds `[devices]` enables the pod asks for
+//! in its limits, an HCA aligned with its container's GPU) and the template is made to exist
+//! in the pod's namespace first:
 //! created, an `AlreadyExists` is fine (pods of one shape share it), and a create whose answer
 //! was lost is settled by reading the template. A dry run creates nothing (the webhook
 //! configurations say `sideEffects: NoneOnDryRun`). Pods that already name claims are left
@@ -38,6 +40,7 @@ pub struct DraMode {
     client: kube::Client,
     default_path: GpuMemPath,
     unit: MemoryUnit,
+    kinds: Vec<dra_request::KindRequest>,
 }
 
 impl std::fmt::Debug for DraMode {
@@ -45,6 +48,7 @@ impl std::fmt::Debug for DraMode {
         f.debug_struct("DraMode")
             .field("default_path", &self.default_path)
             .field("unit", &self.unit)
+            .field("kinds", &self.kinds)
             .finish_non_exhaustive()
     }
 }
@@ -95,7 +99,15 @@ impl DraMode {
             client,
             default_path,
             unit,
+            kinds: Vec::new(),
         }
+    }
+
+    /// The same, moving the devices of `kinds` a gpu-mem pod asks for into its claim
+    /// ([`dra_request::kind_requests`] of `[devices]`).
+    pub fn with_kinds(mut self, kinds: Vec<dra_request::KindRequest>) -> DraMode {
+        self.kinds = kinds;
+        self
     }
 
     /// The path of gpu-mem pods in `namespace`: its label, else the cluster-wide default. A
@@ -197,12 +209,13 @@ impl DraMode {
         if self.path_of(namespace).await? == GpuMemPath::Extender {
             return Ok(None);
         }
-        let rewritten = match dra_request::rewrite(
+        let rewritten = match dra_request::rewrite_with_kinds(
             pod,
             namespace,
             self.unit,
             DRA_DRIVER_NAME,
             DRA_DEVICE_CLASS,
+            &self.kinds,
         ) {
             Ok(r) => r,
             // Malformed: the validating endpoint refuses it with the fix; nothing to do here.

@@ -247,11 +247,10 @@ pub async fn start(
     // With the API, the path of each gpu-mem pod is its namespace's label (else
     // webhook.gpu_mem_path); without it, every pod takes the extender path.
     let dra = match (&client, w.gpu_mem_path) {
-        (Some(c), path) => Some(dra_mode::DraMode::new(
-            c.clone(),
-            path,
-            config.node.memory_unit,
-        )),
+        (Some(c), path) => Some(
+            dra_mode::DraMode::new(c.clone(), path, config.node.memory_unit)
+                .with_kinds(crate::k8s::dra_request::kind_requests(&config.devices)),
+        ),
         (None, crate::config::GpuMemPath::Extender) => None,
         (None, crate::config::GpuMemPath::Dra) => {
             return Err(crate::failure::config(anyhow::anyhow!(

@@ -4,7 +4,8 @@
 //! grpcio with the upstream protos. The slice lists the GPUs then the HCAs and the generic
 //! devices, with the standard `resource.kubernetes.io/` PCIe attributes; one claim asking GPU
 //! memory and an HCA under the same `pcieRoot` (`matchAttribute`) gets the HCA INDEX pairs with
-//! the GPU, and prepare hands over both (and a generic device) in one CDI spec.
+//! the GPU, and prepare hands over both (and a generic device) in one CDI spec; a pod written
+//! with `gpushare.io/rdma` in its limits gets the same through the webhook's rewrite.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use gpushare::core::wire::{
     dra_kind_class_selector,
 };
 use gpushare::dra::role::{self, DraPluginHandle};
+use gpushare::k8s::dra_request::{kind_requests, rewrite_with_kinds};
 use gpushare::shutdown::Shutdown;
 use gpushare_sandbox::apiserver::ApiServer;
 use gpushare_sandbox::dra_allocator::DraAllocator;
@@ -421,5 +423,78 @@ async fn grpcio_gets_the_gpu_share_and_the_hca_of_one_claim() {
         "a shared HCA's result has a share id: {report}"
     );
     assert_eq!(report["unprepare"][&uid], "");
+    plugin.stop().await;
+}
+
+/// The same job written for the device-plugin path (`aliyun.com/gpu-mem` and `gpushare.io/rdma`
+/// in its limits), rewritten as the webhook's DRA mode does with `[devices]` (the node's own
+/// configuration): one claim whose HCA is the one under the GPU's root.
+#[tokio::test]
+async fn a_pod_written_with_limits_gets_its_gpu_and_the_hca_under_its_root() {
+    let dev = short_tempdir();
+    fake_dev(dev.path());
+    let node = node(dev.path()).await;
+    let plugin = node.start().await;
+    submit(&node.api, "whole", 80, false);
+    let pass = DraAllocator::new(node.api.client())
+        .reconcile()
+        .await
+        .expect("a pass");
+    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": { "name": "limits", "namespace": "default" },
+        "spec": { "containers": [{ "name": "trainer", "image": "x", "resources": {
+            "limits": { "aliyun.com/gpu-mem": "10", "gpushare.io/rdma": "1" } } }] },
+    }))
+    .expect("a pod");
+    let r = rewrite_with_kinds(
+        &pod,
+        "default",
+        gpushare::core::MemoryUnit::GIB,
+        DRA_DRIVER_NAME,
+        DRA_DEVICE_CLASS,
+        &kind_requests(&node.config.devices),
+    )
+    .expect("rewrites")
+    .expect("rewritten");
+    node.api
+        .create_object(serde_json::to_value(&r.template).expect("json"))
+        .expect("the template");
+    let mut value = serde_json::to_value(&r.pod).expect("json");
+    value["apiVersion"] = json!("v1");
+    value["kind"] = json!("Pod");
+    node.api.create_object(value).expect("the pod");
+    let pass = DraAllocator::new(node.api.client())
+        .reconcile()
+        .await
+        .expect("a pass");
+    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    let (name, _) = node.claim_of("limits");
+    let claim = node
+        .api
+        .get_object("resourceclaims", Some("default"), &name)
+        .expect("the claim");
+    let results = claim["status"]["allocation"]["devices"]["results"]
+        .as_array()
+        .expect("results")
+        .clone();
+    let device_of = |request: &str| {
+        results
+            .iter()
+            .find(|r| r["request"] == request)
+            .and_then(|r| r["device"].as_str())
+            .unwrap_or_else(|| panic!("no result for {request}: {results:?}"))
+            .to_string()
+    };
+    let gpu1 = plugin
+        .served()
+        .borrow()
+        .devices
+        .iter()
+        .find(|(_, d)| d.index == 1)
+        .map(|(n, _)| n.clone())
+        .expect("GPU 1");
+    assert_eq!(device_of("trainer"), gpu1);
+    assert_eq!(device_of("trainer-rdma"), "rdma-mlx5-3");
     plugin.stop().await;
 }

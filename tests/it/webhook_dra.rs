@@ -25,6 +25,13 @@ const GIB: u64 = 1 << 30;
 /// serving `default_path`, the DeviceClass, and the namespaces `dra-ns`, `ext-ns` (labelled)
 /// and `plain-ns` (no label).
 async fn cluster(default_path: GpuMemPath) -> (ApiServer, WebhookHandle) {
+    cluster_with(default_path, |_| {}).await
+}
+
+async fn cluster_with(
+    default_path: GpuMemPath,
+    tweak: impl FnOnce(&mut Config),
+) -> (ApiServer, WebhookHandle) {
     let api = ApiServer::start().await.expect("sandbox");
     for (kind, path) in [
         ("MutatingWebhookConfiguration", "/mutate"),
@@ -66,6 +73,7 @@ async fn cluster(default_path: GpuMemPath) -> (ApiServer, WebhookHandle) {
     c.webhook.port = 0;
     c.webhook.self_signed = true;
     c.webhook.gpu_mem_path = default_path;
+    tweak(&mut c);
     let hook = webhook::start(
         &c,
         Some(api.client()),
@@ -301,4 +309,55 @@ async fn a_lost_answer_to_the_template_create_is_settled_by_reading_it() {
     assert_eq!(claims(&again), [DRA_POD_CLAIM]);
     assert_eq!(templates(&api, "dra-ns").len(), 1);
     hook.stop().await;
+}
+
+/// With `[devices.rdma]` in the webhook's configuration, a gpu-mem pod's `gpushare.io/rdma`
+/// moves into its claim: a request of the HCA class aligned with the container's GPU on
+/// `resource.kubernetes.io/pcieRoot`, and the extended resource leaves the limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_hca_in_the_limits_moves_into_the_claim_aligned_with_the_gpu() {
+    let (api, _hook) = cluster_with(GpuMemPath::Extender, |c| {
+        c.devices.rdma.enabled = true;
+    })
+    .await;
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "trainer" },
+        "spec": { "containers": [{ "name": "main", "image": "cuda", "resources": {
+            "limits": { "aliyun.com/gpu-mem": "4", "gpushare.io/rdma": "1" } } }] },
+    }))
+    .expect("a pod");
+    let admitted = create(&api, "dra-ns", &pod).await;
+    assert_eq!(claims(&admitted), ["gpushare-gpu-mem"]);
+    let resources = admitted.spec.as_ref().expect("spec").containers[0]
+        .resources
+        .clone()
+        .expect("resources");
+    assert!(resources.limits.is_none(), "{resources:?}");
+    let bound: Vec<Option<String>> = resources
+        .claims
+        .expect("claims")
+        .into_iter()
+        .map(|c| c.request)
+        .collect();
+    assert_eq!(bound, [Some("main".into()), Some("main-rdma".into())]);
+    let templates = templates(&api, "dra-ns");
+    assert_eq!(templates.len(), 1);
+    let devices = &templates[0]["spec"]["spec"]["devices"];
+    assert_eq!(devices["requests"][1]["name"], "main-rdma");
+    assert_eq!(
+        devices["requests"][1]["exactly"]["deviceClassName"],
+        "rdma.gpushare.io"
+    );
+    assert_eq!(
+        devices["constraints"][0]["matchAttribute"],
+        "resource.kubernetes.io/pcieRoot"
+    );
+    // On the extender path the same pod keeps its limits for the device plugin.
+    let kept = create(&api, "ext-ns", &pod).await;
+    let limits = kept.spec.as_ref().expect("spec").containers[0]
+        .resources
+        .clone()
+        .and_then(|r| r.limits)
+        .expect("limits");
+    assert!(limits.contains_key("gpushare.io/rdma"));
 }
