@@ -2,9 +2,10 @@
 //! with a fix.
 //!
 //! Node (`--role node`):
-//! - `dra-registry-dir`, `dra-plugin-dir`, `dra-cdi-dir`: kubelet's plugin registry, the
-//!   plugin's socket directory and the CDI directory the plugin writes its per-claim specs in
-//!   are directories writable by their owner (the plugin runs as root);
+//! - `dra-registry-dir`, `dra-plugin-dir`, `dra-cdi-dir`, `dra-state-dir`: kubelet's plugin
+//!   registry, the plugin's socket directory, the CDI directory the plugin writes its per-claim
+//!   specs in and its state directory (the checkpoint) are directories writable by their owner
+//!   (the plugin runs as root);
 //! - `dra-cdi-runtime`: the runtime the kubelet uses hands CDI devices over and reads the
 //!   plugin's CDI directory (the runtime reading is [`super::cdi`]'s);
 //! - `dra-plugin-conflict`: no device plugin serves the same GPUs (gpushare's own
@@ -68,6 +69,9 @@ pub struct DraArgs {
     /// Where the DRA plugin writes its CDI specs
     #[arg(long, value_name = "DIR", default_value = DEFAULT_CDI_DIR)]
     pub cdi_dir: PathBuf,
+    /// The DRA plugin's state directory (its checkpoint) [default: /var/run/gpushare/<driver>]
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Default for DraArgs {
@@ -78,6 +82,7 @@ impl Default for DraArgs {
             registry_dir: PathBuf::from(DEFAULT_REGISTRY_DIR),
             plugin_dir: None,
             cdi_dir: PathBuf::from(DEFAULT_CDI_DIR),
+            state_dir: None,
         }
     }
 }
@@ -88,6 +93,13 @@ impl DraArgs {
         self.plugin_dir
             .clone()
             .unwrap_or_else(|| Path::new(DEFAULT_PLUGINS_DIR).join(&self.driver_name))
+    }
+
+    /// `--state-dir`, or `/var/run/gpushare/<driver>`.
+    pub fn state_dir(&self) -> PathBuf {
+        self.state_dir.clone().unwrap_or_else(|| {
+            Path::new(crate::config::DEFAULT_DRA_STATE_DIR).join(&self.driver_name)
+        })
     }
 }
 
@@ -154,7 +166,7 @@ fn dir_check(
 }
 
 /// The node checks, in order: `dra-registry-dir`, `dra-plugin-dir`, `dra-cdi-dir`,
-/// `dra-cdi-runtime`, `dra-plugin-conflict`. `device_plugin_dir` is kubelet's device-plugin
+/// `dra-state-dir`, `dra-cdi-runtime`, `dra-plugin-conflict`. `device_plugin_dir` is kubelet's device-plugin
 /// directory; `node` this node's object, when the API answered.
 pub fn node_checks(
     host: &HostRoot,
@@ -165,6 +177,7 @@ pub fn node_checks(
     let registry = &args.registry_dir;
     let plugin = args.plugin_dir();
     let cdi_dir = &args.cdi_dir;
+    let state = args.state_dir();
     vec![
         dir_check(
             host,
@@ -204,6 +217,21 @@ pub fn node_checks(
                     "mkdir -p {}; the chart mounts it as hostPath DirectoryOrCreate; the runtime \
                      must read it (cdi_spec_dirs)",
                     cdi_dir.display()
+                ),
+            ),
+        ),
+        dir_check(
+            host,
+            "dra-state-dir",
+            "DRA plugin state directory (its checkpoint)",
+            &state,
+            (
+                Status::Warn,
+                format!(
+                    "mkdir -p {}; the chart mounts it as hostPath DirectoryOrCreate \
+                     (dra.stateDir); keep it on a tmpfs like the CDI directory: the checkpoint of \
+                     prepared claims lives as long as their CDI specs",
+                    state.display()
                 ),
             ),
         ),

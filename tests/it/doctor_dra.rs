@@ -43,6 +43,7 @@ fn sound_root() -> tempfile::TempDir {
             "/var/lib/kubelet/plugins/gpushare.io",
             "/var/lib/kubelet/device-plugins",
             "/var/run/cdi",
+            "/var/run/gpushare/gpushare.io",
         ],
         &[
             ("/etc/containerd/config.toml", CONTAINERD_2),
@@ -97,10 +98,11 @@ fn text_of(report: &Value, id: &str) -> String {
     )
 }
 
-const NODE_IDS: [&str; 5] = [
+const NODE_IDS: [&str; 6] = [
     "dra-registry-dir",
     "dra-plugin-dir",
     "dra-cdi-dir",
+    "dra-state-dir",
     "dra-cdi-runtime",
     "dra-plugin-conflict",
 ];
@@ -156,6 +158,7 @@ fn broken_directories_runtime_and_a_device_plugin_fail_with_their_fixes() {
         &[
             ("/etc/containerd/config.toml", CONTAINERD_17_CDI_OFF),
             ("/var/run/cdi", "not a directory"),
+            ("/var/run/gpushare/gpushare.io", "not a directory"),
             ("/var/lib/kubelet/device-plugins/aliyungpushare.sock", ""),
             ("/var/lib/kubelet/device-plugins/nvidia-gpu.sock", ""),
         ],
@@ -182,6 +185,10 @@ fn broken_directories_runtime_and_a_device_plugin_fail_with_their_fixes() {
     );
     assert!(plug.contains("chmod u+w"), "{plug}");
     assert!(text_of(&rep, "dra-cdi-dir").contains("/var/run/cdi exists but is not a directory"));
+    assert!(
+        text_of(&rep, "dra-state-dir")
+            .contains("/var/run/gpushare/gpushare.io exists but is not a directory")
+    );
     let rt = text_of(&rep, "dra-cdi-runtime");
     assert!(rt.contains("CDI DISABLED"), "{rt}");
     assert!(rt.contains("enable_cdi = true"), "{rt}");
