@@ -349,6 +349,11 @@ mod tests {
         ])
     }
 
+    /// `c` read as node-a's driver `gpushare.io` reads it, in `unit`.
+    fn read_in(c: &ResourceClaim, unit: MemoryUnit) -> Result<ClaimDevices, ClaimError> {
+        read_claim(c, "gpushare.io", "node-a", &devices(), &others(), unit)
+    }
+
     fn claim(results: serde_json::Value) -> ResourceClaim {
         serde_json::from_value(json!({
             "metadata": { "name": "c", "namespace": "ns", "uid": "u-1" },
@@ -367,16 +372,7 @@ mod tests {
               "shareID": "s-2", "consumedCapacity": { "memory": "2Gi" } },
             { "request": "nic", "driver": "other.example.com", "pool": "x", "device": "eth0" },
         ]));
-        let shares = read_claim(
-            &c,
-            "gpushare.io",
-            "node-a",
-            &devices(),
-            &others(),
-            MemoryUnit::GIB,
-        )
-        .expect("reads")
-        .gpus;
+        let shares = read_in(&c, MemoryUnit::GIB).expect("reads").gpus;
         assert_eq!(shares.len(), 2);
         assert_eq!(shares[0].uuid, "GPU-A");
         assert_eq!(shares[0].share_id.as_deref(), Some("s-1"));
@@ -390,16 +386,7 @@ mod tests {
         let c = claim(json!([
             { "request": "r", "driver": "gpushare.io", "pool": "node-a", "device": "gpu-b" },
         ]));
-        let shares = read_claim(
-            &c,
-            "gpushare.io",
-            "node-a",
-            &devices(),
-            &others(),
-            MemoryUnit::MIB,
-        )
-        .expect("reads")
-        .gpus;
+        let shares = read_in(&c, MemoryUnit::MIB).expect("reads").gpus;
         assert_eq!(shares[0].memory_bytes, 8 * GIB);
         assert_eq!(shares[0].units, GpuMem::new(8192));
         assert_eq!(shares[0].share_id, None);
@@ -407,16 +394,7 @@ mod tests {
 
     #[test]
     fn each_claim_gets_its_own_typed_error() {
-        let read = |results| {
-            read_claim(
-                &claim(results),
-                "gpushare.io",
-                "node-a",
-                &devices(),
-                &others(),
-                MemoryUnit::GIB,
-            )
-        };
+        let read = |results| read_in(&claim(results), MemoryUnit::GIB);
         assert!(matches!(
             read(
                 json!([{ "request": "r", "driver": "gpushare.io", "pool": "node-b", "device": "gpu-a" }])
@@ -444,15 +422,7 @@ mod tests {
         ));
         let mut unallocated = claim(json!([]));
         unallocated.status = None;
-        let err = read_claim(
-            &unallocated,
-            "gpushare.io",
-            "node-a",
-            &devices(),
-            &others(),
-            MemoryUnit::GIB,
-        )
-        .expect_err("not allocated");
+        let err = read_in(&unallocated, MemoryUnit::GIB).expect_err("not allocated");
         assert_eq!(err.to_string(), "claim ns/c is not allocated");
     }
 
@@ -492,15 +462,7 @@ mod tests {
             { "request": "b", "driver": "gpushare.io", "pool": "node-a", "device": "gpu-b",
               "shareID": "2", "consumedCapacity": { "memory": "3Gi" } },
         ]));
-        let shares = read_claim(
-            &c,
-            "gpushare.io",
-            "node-a",
-            &devices(),
-            &others(),
-            MemoryUnit::GIB,
-        )
-        .expect("reads");
+        let shares = read_in(&c, MemoryUnit::GIB).expect("reads");
         let held = BTreeMap::from([("gpu-b".to_string(), 2 * GIB)]);
         assert_eq!(admit("ns/c", &shares, &held, &devices(), &others()), Ok(()));
         let held = BTreeMap::from([("gpu-b".to_string(), 3 * GIB)]);
@@ -525,15 +487,7 @@ mod tests {
               "shareID": "s-2", "consumedCapacity": { "shares": "1" } },
             { "request": "fuse", "driver": "gpushare.io", "pool": "node-a", "device": "fuse-fuse" },
         ]));
-        let got = read_claim(
-            &c,
-            "gpushare.io",
-            "node-a",
-            &devices(),
-            &others(),
-            MemoryUnit::GIB,
-        )
-        .expect("reads");
+        let got = read_in(&c, MemoryUnit::GIB).expect("reads");
         assert_eq!(got.gpus.len(), 1);
         assert_eq!(
             got.devices,
@@ -574,14 +528,7 @@ mod tests {
               "shareID": "s-2", "consumedCapacity": { "shares": "two" } },
         ]));
         assert!(matches!(
-            read_claim(
-                &only_nic,
-                "gpushare.io",
-                "node-a",
-                &devices(),
-                &others(),
-                MemoryUnit::GIB
-            ),
+            read_in(&only_nic, MemoryUnit::GIB),
             Err(ClaimError::BadQuantity { .. })
         ));
     }

@@ -24,6 +24,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
+use crate::core::resource_name::{dns_label as label, unique_dns_label};
 use crate::core::wire::{
     DRA_ATTR_RESOURCE, DRA_ATTR_TYPE, DRA_CAPACITY_SHARES, DRA_TYPE_GENERIC, DRA_TYPE_RDMA,
 };
@@ -129,40 +130,6 @@ pub fn place_attributes(place: &PciLocation) -> BTreeMap<String, AttributeValue>
         .collect()
 }
 
-/// `text` as a DNS label fragment: lower case, `[a-z0-9-]`, others become `-`.
-fn label(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            let c = c.to_ascii_lowercase();
-            if c.is_ascii_lowercase() || c.is_ascii_digit() {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect::<String>()
-        .trim_matches('-')
-        .to_string()
-}
-
-/// A device name of at most 63 characters from `prefix` and `id`, unique among `taken`.
-fn unique_name(prefix: &str, id: &str, taken: &mut Vec<String>) -> String {
-    let base: String = format!("{}-{}", label(prefix), label(id))
-        .chars()
-        .take(56)
-        .collect::<String>()
-        .trim_matches('-')
-        .to_string();
-    let mut name = base.clone();
-    let mut n = 1;
-    while taken.contains(&name) {
-        n += 1;
-        name = format!("{base}-{n}");
-    }
-    taken.push(name.clone());
-    name
-}
-
 /// Every device of `kinds`, in the kinds' order (RDMA first, then the generic declarations),
 /// each kind's devices in discovery order. Names never collide with GPU names (`gpu-…`): a
 /// generic resource named `gpu` gets `gpu-x-…`.
@@ -199,7 +166,7 @@ pub fn kind_devices(kinds: &DeviceKinds) -> Vec<KindDevice> {
                         );
                     }
                     out.push(KindDevice {
-                        name: unique_name(DRA_TYPE_RDMA, &hca.name, &mut taken),
+                        name: unique_dns_label(&[DRA_TYPE_RDMA, &hca.name], &mut taken),
                         resource: kind.resource.clone(),
                         kind: DRA_TYPE_RDMA,
                         id: hca.name.clone(),
@@ -220,7 +187,7 @@ pub fn kind_devices(kinds: &DeviceKinds) -> Vec<KindDevice> {
                 };
                 for d in devices {
                     out.push(KindDevice {
-                        name: unique_name(&prefix, &d.id, &mut taken),
+                        name: unique_dns_label(&[&prefix, &d.id], &mut taken),
                         resource: kind.resource.clone(),
                         kind: DRA_TYPE_GENERIC,
                         id: d.id.clone(),
@@ -261,10 +228,16 @@ mod tests {
     #[test]
     fn names_are_dns_labels_unique_and_never_a_gpu_name() {
         let mut taken = Vec::new();
-        assert_eq!(unique_name("rdma", "mlx5_0", &mut taken), "rdma-mlx5-0");
-        assert_eq!(unique_name("rdma", "mlx5-0", &mut taken), "rdma-mlx5-0-2");
+        assert_eq!(
+            unique_dns_label(&["rdma", "mlx5_0"], &mut taken),
+            "rdma-mlx5-0"
+        );
+        assert_eq!(
+            unique_dns_label(&["rdma", "mlx5-0"], &mut taken),
+            "rdma-mlx5-0-2"
+        );
         let long = "x".repeat(100);
-        let name = unique_name("fuse", &long, &mut taken);
+        let name = unique_dns_label(&["fuse", &long], &mut taken);
         assert!(name.len() <= 63, "{name}");
         assert_eq!(label("GPU_a/b"), "gpu-a-b");
     }

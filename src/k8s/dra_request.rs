@@ -37,6 +37,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 
 use crate::core::request::RequestError;
+use crate::core::resource_name::unique_dns_label;
 use crate::core::wire::{
     DRA_ATTR_PCIE_ROOT, DRA_ATTR_UUID, DRA_CAPACITY_MEMORY, DRA_POD_CLAIM, POD_ANN_DRA_GPU_MEM,
     RESOURCE_GPU_MEM, dra_kind_class_name,
@@ -291,26 +292,8 @@ fn kind_asks<'a>(
             if count == 0 {
                 continue;
             }
-            let short = kind
-                .resource
-                .rsplit('/')
-                .next()
-                .unwrap_or(&kind.resource)
-                .to_ascii_lowercase()
-                .replace(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '-'), "-");
-            let base: String = format!("{}-{short}", c.name)
-                .chars()
-                .take(59)
-                .collect::<String>()
-                .trim_end_matches('-')
-                .to_string();
-            let mut request = base.clone();
-            let mut n = 1;
-            while taken.contains(&request) {
-                n += 1;
-                request = format!("{base}-{n}");
-            }
-            taken.push(request.clone());
+            let short = kind.resource.rsplit('/').next().unwrap_or(&kind.resource);
+            let request = unique_dns_label(&[&c.name, short], &mut taken);
             out.push(KindAsk {
                 container: c.name.clone(),
                 kind,

@@ -66,6 +66,24 @@ impl Node {
     fn claim_of(&self, pod: &str) -> (String, String) {
         dra::pod_claim(&self.api, pod)
     }
+
+    /// The device pod `pod`'s claim was allocated for `request`.
+    fn allocated(&self, pod: &str, request: &str) -> String {
+        let (name, _) = self.claim_of(pod);
+        let claim = self
+            .api
+            .get_object("resourceclaims", Some("default"), &name)
+            .expect("the claim");
+        let results = &claim["status"]["allocation"]["devices"]["results"];
+        results
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["request"] == request)
+            .and_then(|r| r["device"].as_str())
+            .unwrap_or_else(|| panic!("no result for {request}: {results}"))
+            .to_string()
+    }
 }
 
 async fn node(dev: &Path) -> Node {
@@ -256,27 +274,8 @@ async fn one_claim_gets_gpu_memory_and_the_hca_under_the_same_root_and_prepare_h
     assert_eq!(report.prepared.len(), 2, "{report:?}");
 
     let (_, claim_uid) = node.claim_of("trainer");
-    let claim = node
-        .api
-        .get_object(
-            "resourceclaims",
-            Some("default"),
-            &node.claim_of("trainer").0,
-        )
-        .expect("the claim");
-    let results = claim["status"]["allocation"]["devices"]["results"]
-        .as_array()
-        .expect("results")
-        .clone();
-    let device_of = |request: &str| {
-        results
-            .iter()
-            .find(|r| r["request"] == request)
-            .and_then(|r| r["device"].as_str())
-            .expect("a result")
-            .to_string()
-    };
-    assert_eq!(device_of("nic"), "rdma-mlx5-3", "{results:?}");
+    let device_of = |request: &str| node.allocated("trainer", request);
+    assert_eq!(device_of("nic"), "rdma-mlx5-3");
     assert_eq!(device_of("fuse"), "fuse-fuse");
 
     let pod_uid = node
@@ -469,23 +468,7 @@ async fn a_pod_written_with_limits_gets_its_gpu_and_the_hca_under_its_root() {
         .await
         .expect("a pass");
     assert_eq!(pass.bound.len(), 1, "{pass:?}");
-    let (name, _) = node.claim_of("limits");
-    let claim = node
-        .api
-        .get_object("resourceclaims", Some("default"), &name)
-        .expect("the claim");
-    let results = claim["status"]["allocation"]["devices"]["results"]
-        .as_array()
-        .expect("results")
-        .clone();
-    let device_of = |request: &str| {
-        results
-            .iter()
-            .find(|r| r["request"] == request)
-            .and_then(|r| r["device"].as_str())
-            .unwrap_or_else(|| panic!("no result for {request}: {results:?}"))
-            .to_string()
-    };
+    let device_of = |request: &str| node.allocated("limits", request);
     let gpu1 = plugin
         .served()
         .borrow()

@@ -1,5 +1,7 @@
 //! The rule for extended resource names a device kind may register (`<domain>/<name>`, outside
-//! kubernetes.io, not one of the GPU resources). Pure: it reads no configuration.
+//! kubernetes.io, not one of the GPU resources), and the DNS labels gpushare makes names from
+//! ([`dns_label`], [`unique_dns_label`]: DRA device and request names). Pure: it reads no
+//! configuration.
 
 /// Resource names no device kind may take: gpushare's own and NVIDIA's GPU resources.
 pub const RESERVED_RESOURCES: &[&str] = &[
@@ -62,6 +64,44 @@ pub fn check_resource_name(name: &str) -> Result<(), ResourceNameError> {
         return Err(ResourceNameError::BadName(name.to_string()));
     }
     Ok(())
+}
+
+/// `text` as a DNS label fragment: lower case, every character outside `[a-z0-9]` a `-`, no
+/// `-` at either end.
+pub fn dns_label(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            let c = c.to_ascii_lowercase();
+            if c.is_ascii_lowercase() || c.is_ascii_digit() {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect::<String>()
+        .trim_matches('-')
+        .to_string()
+}
+
+/// A DNS label of `parts` ([`dns_label`] each) joined by `-`, at most 63 characters, unique
+/// among `taken` (a `-<n>` suffix when it is not), which it joins.
+pub fn unique_dns_label(parts: &[&str], taken: &mut Vec<String>) -> String {
+    let joined: Vec<String> = parts.iter().map(|p| dns_label(p)).collect();
+    let base: String = joined
+        .join("-")
+        .chars()
+        .take(56)
+        .collect::<String>()
+        .trim_matches('-')
+        .to_string();
+    let mut name = base.clone();
+    let mut n = 1;
+    while taken.contains(&name) {
+        n += 1;
+        name = format!("{base}-{n}");
+    }
+    taken.push(name.clone());
+    name
 }
 
 #[cfg(test)]
