@@ -534,138 +534,84 @@ impl Registration for Service {
     }
 }
 
-#[tonic::async_trait]
-impl v1::dra_plugin_server::DraPlugin for Service {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<v1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
-        let claims = claim_refs(
-            request
-                .into_inner()
-                .claims
-                .into_iter()
-                .map(|c| (c.namespace, c.uid, c.name)),
-        );
-        let node = self.0.config.node.clone();
-        let claims = self
-            .0
-            .prepare(claims)
-            .await
-            .into_iter()
-            .map(|(uid, r)| {
-                let answer = match r {
-                    Ok(p) => v1::NodePrepareResourceResponse {
-                        devices: answered(p)
-                            .map(|a| v1::Device {
-                                request_names: vec![a.request],
-                                pool_name: node.clone(),
-                                device_name: a.device,
-                                cdi_device_ids: a.cdi_device_ids,
-                                share_id: a.share_id,
-                            })
-                            .collect(),
-                        error: String::new(),
-                    },
-                    Err(e) => v1::NodePrepareResourceResponse {
-                        devices: Vec::new(),
-                        error: e.to_string(),
-                    },
-                };
-                (uid, answer)
-            })
-            .collect();
-        Ok(Response::new(v1::NodePrepareResourcesResponse { claims }))
-    }
+/// `DRAPlugin` of one protocol version (`v1`, `v1beta1`): the same prepare and unprepare,
+/// answered in that version's types; `$device` builds one answered device (`v1` carries its
+/// `share_id`, `v1beta1` has none).
+macro_rules! dra_plugin_service {
+    ($v:ident, $device:expr) => {
+        #[tonic::async_trait]
+        impl $v::dra_plugin_server::DraPlugin for Service {
+            async fn node_prepare_resources(
+                &self,
+                request: Request<$v::NodePrepareResourcesRequest>,
+            ) -> Result<Response<$v::NodePrepareResourcesResponse>, Status> {
+                let claims = claim_refs(
+                    request
+                        .into_inner()
+                        .claims
+                        .into_iter()
+                        .map(|c| (c.namespace, c.uid, c.name)),
+                );
+                let node = self.0.config.node.clone();
+                let device: fn(Answered, String) -> $v::Device = $device;
+                let claims = self
+                    .0
+                    .prepare(claims)
+                    .await
+                    .into_iter()
+                    .map(|(uid, r)| {
+                        let answer = match r {
+                            Ok(p) => $v::NodePrepareResourceResponse {
+                                devices: answered(p).map(|a| device(a, node.clone())).collect(),
+                                error: String::new(),
+                            },
+                            Err(e) => $v::NodePrepareResourceResponse {
+                                devices: Vec::new(),
+                                error: e.to_string(),
+                            },
+                        };
+                        (uid, answer)
+                    })
+                    .collect();
+                Ok(Response::new($v::NodePrepareResourcesResponse { claims }))
+            }
 
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<v1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
-        let uids = request
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|c| c.uid)
-            .collect();
-        let claims = self
-            .0
-            .unprepare(uids)
-            .await
-            .into_iter()
-            .map(|(uid, error)| (uid, v1::NodeUnprepareResourceResponse { error }))
-            .collect();
-        Ok(Response::new(v1::NodeUnprepareResourcesResponse { claims }))
-    }
+            async fn node_unprepare_resources(
+                &self,
+                request: Request<$v::NodeUnprepareResourcesRequest>,
+            ) -> Result<Response<$v::NodeUnprepareResourcesResponse>, Status> {
+                let uids = request
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|c| c.uid)
+                    .collect();
+                let claims = self
+                    .0
+                    .unprepare(uids)
+                    .await
+                    .into_iter()
+                    .map(|(uid, error)| (uid, $v::NodeUnprepareResourceResponse { error }))
+                    .collect();
+                Ok(Response::new($v::NodeUnprepareResourcesResponse { claims }))
+            }
+        }
+    };
 }
 
-#[tonic::async_trait]
-impl v1beta1::dra_plugin_server::DraPlugin for Service {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<v1beta1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
-        let claims = claim_refs(
-            request
-                .into_inner()
-                .claims
-                .into_iter()
-                .map(|c| (c.namespace, c.uid, c.name)),
-        );
-        let node = self.0.config.node.clone();
-        let claims = self
-            .0
-            .prepare(claims)
-            .await
-            .into_iter()
-            .map(|(uid, r)| {
-                let answer = match r {
-                    Ok(p) => v1beta1::NodePrepareResourceResponse {
-                        devices: answered(p)
-                            .map(|a| v1beta1::Device {
-                                request_names: vec![a.request],
-                                pool_name: node.clone(),
-                                device_name: a.device,
-                                cdi_device_ids: a.cdi_device_ids,
-                            })
-                            .collect(),
-                        error: String::new(),
-                    },
-                    Err(e) => v1beta1::NodePrepareResourceResponse {
-                        devices: Vec::new(),
-                        error: e.to_string(),
-                    },
-                };
-                (uid, answer)
-            })
-            .collect();
-        Ok(Response::new(v1beta1::NodePrepareResourcesResponse {
-            claims,
-        }))
-    }
-
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<v1beta1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
-        let uids = request
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|c| c.uid)
-            .collect();
-        let claims = self
-            .0
-            .unprepare(uids)
-            .await
-            .into_iter()
-            .map(|(uid, error)| (uid, v1beta1::NodeUnprepareResourceResponse { error }))
-            .collect();
-        Ok(Response::new(v1beta1::NodeUnprepareResourcesResponse {
-            claims,
-        }))
-    }
-}
+dra_plugin_service!(v1, |a, pool_name| v1::Device {
+    request_names: vec![a.request],
+    pool_name,
+    device_name: a.device,
+    cdi_device_ids: a.cdi_device_ids,
+    share_id: a.share_id,
+});
+dra_plugin_service!(v1beta1, |a, pool_name| v1beta1::Device {
+    request_names: vec![a.request],
+    pool_name,
+    device_name: a.device,
+    cdi_device_ids: a.cdi_device_ids,
+});
 
 /// The health list on every change of [`Served`], as `(device, healthy, message)`.
 fn health_stream(core: Arc<Core>) -> impl Stream<Item = Vec<(String, bool, String)>> + Send {
@@ -679,80 +625,50 @@ fn unix_now() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
-type HealthV1Stream =
-    Pin<Box<dyn Stream<Item = Result<health_v1::NodeWatchResourcesResponse, Status>> + Send>>;
-type HealthV1alpha1Stream =
-    Pin<Box<dyn Stream<Item = Result<health_v1alpha1::NodeWatchResourcesResponse, Status>> + Send>>;
+/// `DRAResourceHealth` of one protocol version (`health_v1`, `health_v1alpha1` for kubelets up
+/// to 1.36): the complete device list with its health on every change of [`Served`].
+macro_rules! dra_health_service {
+    ($v:ident) => {
+        #[tonic::async_trait]
+        impl $v::dra_resource_health_server::DraResourceHealth for Service {
+            type NodeWatchResourcesStream =
+                Pin<Box<dyn Stream<Item = Result<$v::NodeWatchResourcesResponse, Status>> + Send>>;
 
-#[tonic::async_trait]
-impl health_v1::dra_resource_health_server::DraResourceHealth for Service {
-    type NodeWatchResourcesStream = HealthV1Stream;
-
-    async fn node_watch_resources(
-        &self,
-        _: Request<health_v1::NodeWatchResourcesRequest>,
-    ) -> Result<Response<HealthV1Stream>, Status> {
-        let pool = self.0.config.node.clone();
-        let stream = health_stream(self.0.clone()).map(move |list| {
-            let now = unix_now();
-            Ok(health_v1::NodeWatchResourcesResponse {
-                devices: list
-                    .into_iter()
-                    .map(|(device, healthy, message)| health_v1::DeviceHealth {
-                        device: Some(health_v1::DeviceIdentifier {
-                            pool_name: pool.clone(),
-                            device_name: device,
-                        }),
-                        health: if healthy {
-                            health_v1::HealthStatus::Healthy
-                        } else {
-                            health_v1::HealthStatus::Unhealthy
-                        } as i32,
-                        last_updated_time: now,
-                        health_check_timeout_seconds: HEALTH_TIMEOUT_SECONDS,
-                        message: message.chars().take(1024).collect(),
+            async fn node_watch_resources(
+                &self,
+                _: Request<$v::NodeWatchResourcesRequest>,
+            ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+                let pool = self.0.config.node.clone();
+                let stream = health_stream(self.0.clone()).map(move |list| {
+                    let now = unix_now();
+                    Ok($v::NodeWatchResourcesResponse {
+                        devices: list
+                            .into_iter()
+                            .map(|(device, healthy, message)| $v::DeviceHealth {
+                                device: Some($v::DeviceIdentifier {
+                                    pool_name: pool.clone(),
+                                    device_name: device,
+                                }),
+                                health: if healthy {
+                                    $v::HealthStatus::Healthy
+                                } else {
+                                    $v::HealthStatus::Unhealthy
+                                } as i32,
+                                last_updated_time: now,
+                                health_check_timeout_seconds: HEALTH_TIMEOUT_SECONDS,
+                                message: message.chars().take(1024).collect(),
+                            })
+                            .collect(),
                     })
-                    .collect(),
-            })
-        });
-        Ok(Response::new(Box::pin(stream)))
-    }
+                });
+                Ok(Response::new(Box::pin(stream)))
+            }
+        }
+    };
 }
 
-#[tonic::async_trait]
-impl health_v1alpha1::dra_resource_health_server::DraResourceHealth for Service {
-    type NodeWatchResourcesStream = HealthV1alpha1Stream;
-
-    async fn node_watch_resources(
-        &self,
-        _: Request<health_v1alpha1::NodeWatchResourcesRequest>,
-    ) -> Result<Response<HealthV1alpha1Stream>, Status> {
-        let pool = self.0.config.node.clone();
-        let stream = health_stream(self.0.clone()).map(move |list| {
-            let now = unix_now();
-            Ok(health_v1alpha1::NodeWatchResourcesResponse {
-                devices: list
-                    .into_iter()
-                    .map(|(device, healthy, message)| health_v1alpha1::DeviceHealth {
-                        device: Some(health_v1alpha1::DeviceIdentifier {
-                            pool_name: pool.clone(),
-                            device_name: device,
-                        }),
-                        health: if healthy {
-                            health_v1alpha1::HealthStatus::Healthy
-                        } else {
-                            health_v1alpha1::HealthStatus::Unhealthy
-                        } as i32,
-                        last_updated_time: now,
-                        health_check_timeout_seconds: HEALTH_TIMEOUT_SECONDS,
-                        message: message.chars().take(1024).collect(),
-                    })
-                    .collect(),
-            })
-        });
-        Ok(Response::new(Box::pin(stream)))
-    }
-}
+dra_health_service!(health_v1);
+dra_health_service!(health_v1alpha1);
 
 /// A serving plugin; dropping it stops the servers (their sockets stay until the next start
 /// removes them).
