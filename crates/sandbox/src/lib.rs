@@ -15,6 +15,8 @@
 
 pub mod apiserver;
 pub mod dra_allocator;
+pub mod dra_cel;
 pub mod dra_kubelet;
 pub mod kubelet;
 pub mod nvml_stub;
+pub mod quantity;

@@ -65,11 +65,15 @@
 
 mod admission;
 mod discovery;
+mod feature_gates;
+mod field_errors;
 mod http_api;
 mod patch;
+mod resource_strategy;
 mod selector;
 mod store;
 mod table;
+mod validation_resource;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -80,6 +84,7 @@ use anyhow::Context as _;
 use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 
+pub use feature_gates::{FeatureGate, NEWEST_MINOR, OLDEST_MINOR, UnsupportedVersion};
 use store::Store;
 pub(crate) use store::new_uid;
 
@@ -430,11 +435,38 @@ impl ApiServer {
         }
     }
 
-    /// Emulates the `DRAConsumableCapacity` feature gate (on by default, as from Kubernetes
-    /// 1.36): off, every write and dry-run create drops the consumable-capacity fields of
-    /// ResourceSlices, ResourceClaims and their templates, as a gate-off API server does.
+    /// Plays Kubernetes `1.<minor>` (1.34 to 1.37; 1.37, the newest the project ships, until
+    /// set): `/version` answers it, every feature gate goes back to that version's default
+    /// (see [`FeatureGate::default_at`]) and `resource.k8s.io` writes are validated with its
+    /// limits.
+    pub fn set_kubernetes_version(&self, minor: u32) -> Result<(), UnsupportedVersion> {
+        let cluster = feature_gates::Cluster::checked(minor)?;
+        self.shared().store().set_cluster(cluster);
+        Ok(())
+    }
+
+    /// The Kubernetes minor version played.
+    pub fn kubernetes_minor(&self) -> u32 {
+        self.shared().store().cluster().minor()
+    }
+
+    /// Turns one feature gate on or off, as `--feature-gates=<gate>=<bool>` on kube-apiserver:
+    /// the fields a disabled gate covers are dropped from `resource.k8s.io` writes (unless the
+    /// stored object already uses them), as upstream's registry strategies do.
+    pub fn set_feature_gate(&self, gate: FeatureGate, enabled: bool) {
+        self.shared().store().set_gate(gate, enabled);
+    }
+
+    /// Whether a feature gate is on.
+    pub fn feature_gate(&self, gate: FeatureGate) -> bool {
+        self.shared().store().cluster().enabled(gate)
+    }
+
+    /// The `DRAConsumableCapacity` gate ([`ApiServer::set_feature_gate`]): off, writes and
+    /// dry-run creates drop the consumable-capacity fields of ResourceSlices, ResourceClaims
+    /// and their templates, as a gate-off API server does.
     pub fn set_consumable_capacity(&self, enabled: bool) {
-        self.inner.shared.store().set_consumable_capacity(enabled);
+        self.set_feature_gate(FeatureGate::DRAConsumableCapacity, enabled);
     }
 
     /// Creates every document of a (multi-document) YAML text, of any supported kind.
