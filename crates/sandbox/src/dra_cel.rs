@@ -199,7 +199,9 @@ fn bind_macro(
     let name = match args.first().map(|a| (&a.expr, a.id)) {
         Some((Expr::Ident(name), _)) => name.clone(),
         Some((_, id)) => {
-            return Err(helper.new_error(id, "cel.bind() variable names must be simple identifiers"));
+            return Err(
+                helper.new_error(id, "cel.bind() variable names must be simple identifiers")
+            );
         }
         None => return Ok(None),
     };
