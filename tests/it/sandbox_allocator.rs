@@ -1967,3 +1967,88 @@ fn product_bug_the_kind_classes_select_without_an_error_on_gpu_devices() {
         other => panic!("the claim is not allocated: {other:?}"),
     }
 }
+
+/// One request of two devices never takes one shared device twice, however much capacity it
+/// has: the request goes on after the device it took (the sandbox once gave it the same GPU
+/// twice).
+#[test]
+fn a_request_of_two_devices_takes_two_devices_even_from_shared_ones() {
+    let gpu = |name: &str| {
+        shared(with(
+            dev(name),
+            "capacity",
+            json!({ "memory": { "value": "16Gi", "requestPolicy": { "default": "16Gi",
+                "validRange": { "min": "1Gi", "max": "16Gi", "step": "1Gi" } } } }),
+        ))
+    };
+    let two = json!({ "name": "req-0", "exactly": { "deviceClassName": CLASS_A, "count": 2,
+        "capacity": { "requests": { "memory": "1Gi" } } } });
+    let mut case = Case {
+        features: Features::default(),
+        claims: vec![claim("claim-0", vec![two], vec![])],
+        slices: vec![slice1(
+            "slice-1",
+            On::Node(NODE_1),
+            "pool-1",
+            DRIVER_A,
+            vec![gpu("gpu-0")],
+        )],
+        ..base("count-two-on-one-shared-device")
+    };
+    let (result, _) = run(&case);
+    assert!(matches!(result, Ok(None)), "{result:?}");
+    case.slices = vec![slice1(
+        "slice-1",
+        On::Node(NODE_1),
+        "pool-1",
+        DRIVER_A,
+        vec![gpu("gpu-0"), gpu("gpu-1")],
+    )];
+    let (result, _) = run(&case);
+    let allocation = result.expect("no error").expect("allocated");
+    assert_eq!(
+        devices(&allocation),
+        [vec![
+            (
+                "req-0".into(),
+                DRIVER_A.into(),
+                "pool-1".into(),
+                "gpu-0".into()
+            ),
+            (
+                "req-0".into(),
+                DRIVER_A.into(),
+                "pool-1".into(),
+                "gpu-1".into()
+            ),
+        ]]
+    );
+    // Two requests of one claim may share one device: each is a share of its own.
+    let case = Case {
+        features: Features::default(),
+        claims: vec![claim(
+            "claim-0",
+            vec![
+                capacity_request(req("req-0", CLASS_A, 1), "1Gi"),
+                capacity_request(req("req-1", CLASS_A, 1), "1Gi"),
+            ],
+            vec![],
+        )],
+        slices: vec![slice1(
+            "slice-1",
+            On::Node(NODE_1),
+            "pool-1",
+            DRIVER_A,
+            vec![with(
+                gpu("gpu-0"),
+                "capacity",
+                json!({ "capacity-0": { "value": "16Gi" } }),
+            )],
+        )],
+        ..base("two-requests-one-shared-device")
+    };
+    let (result, _) = run(&case);
+    let allocation = result.expect("no error").expect("allocated");
+    assert_eq!(devices(&allocation)[0].len(), 2);
+    assert!(devices(&allocation)[0].iter().all(|d| d.3 == "gpu-0"));
+}
