@@ -299,3 +299,72 @@ fn build<'a>(
     }
     pool
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn selector(v: serde_json::Value) -> NodeSelector {
+        serde_json::from_value(v).expect("a node selector")
+    }
+
+    #[test]
+    fn node_selectors_match_as_node_affinity_does() {
+        let node = NodeView {
+            name: "node-1".into(),
+            labels: BTreeMap::from([("zone".into(), "a".into()), ("gpus".into(), "8".into())]),
+        };
+        let term = |r: serde_json::Value| selector(json!({ "nodeSelectorTerms": [r] }));
+        for (requirement, want) in [
+            (
+                json!({ "matchExpressions": [{ "key": "zone", "operator": "In", "values": ["a", "b"] }] }),
+                true,
+            ),
+            (
+                json!({ "matchExpressions": [{ "key": "zone", "operator": "NotIn", "values": ["a"] }] }),
+                false,
+            ),
+            (
+                json!({ "matchExpressions": [{ "key": "rack", "operator": "NotIn", "values": ["a"] }] }),
+                true,
+            ),
+            (
+                json!({ "matchExpressions": [{ "key": "zone", "operator": "Exists" }] }),
+                true,
+            ),
+            (
+                json!({ "matchExpressions": [{ "key": "zone", "operator": "DoesNotExist" }] }),
+                false,
+            ),
+            (
+                json!({ "matchExpressions": [{ "key": "gpus", "operator": "Gt", "values": ["4"] }] }),
+                true,
+            ),
+            (
+                json!({ "matchExpressions": [{ "key": "gpus", "operator": "Lt", "values": ["4"] }] }),
+                false,
+            ),
+            (
+                json!({ "matchFields": [{ "key": "metadata.name", "operator": "In", "values": ["node-1"] }] }),
+                true,
+            ),
+            (
+                json!({ "matchFields": [{ "key": "metadata.name", "operator": "In", "values": ["node-2"] }] }),
+                false,
+            ),
+            (json!({}), false),
+        ] {
+            assert_eq!(
+                selector_matches(&term(requirement.clone()), &node),
+                want,
+                "{requirement}"
+            );
+        }
+        // Terms are ORed.
+        let either = selector(json!({ "nodeSelectorTerms": [
+            { "matchExpressions": [{ "key": "zone", "operator": "In", "values": ["b"] }] },
+            { "matchExpressions": [{ "key": "zone", "operator": "In", "values": ["a"] }] }] }));
+        assert!(selector_matches(&either, &node));
+    }
+}
