@@ -279,8 +279,8 @@ mod tests {
     #[test]
     fn the_layout_fits_its_slots() {
         assert_eq!(FILE_BYTES, 64 + 32 * 1024);
-        assert!(SLOT_PEAK + 8 <= SLOT_BYTES);
-        assert!(HEADER_LIMIT + 8 <= HEADER_BYTES);
+        const { assert!(SLOT_PEAK + 8 <= SLOT_BYTES) };
+        const { assert!(HEADER_LIMIT + 8 <= HEADER_BYTES) };
         assert_eq!(slot_offset(SLOTS), FILE_BYTES);
     }
 

@@ -162,8 +162,15 @@ fn build() -> Result<PathBuf, String> {
 }
 
 /// The limiter library cargo built for this test run: `deps/` beside the test binary (cargo
-/// rebuilds that copy for the tests; the one in `target/<profile>/` only for `cargo build`).
+/// rebuilds that copy for the tests; the one in `target/<profile>/` only for `cargo build`),
+/// or the one `GPUSHARE_LIMITER_LIB` names (`make limiter` runs the tests against the
+/// release build it made).
 pub fn library() -> PathBuf {
+    if let Some(lib) = std::env::var_os("GPUSHARE_LIMITER_LIB").filter(|l| !l.is_empty()) {
+        let lib = PathBuf::from(lib);
+        return std::fs::canonicalize(&lib)
+            .unwrap_or_else(|e| panic!("GPUSHARE_LIMITER_LIB={}: {e}", lib.display()));
+    }
     let exe = std::env::current_exe().expect("the test binary's path");
     let deps = exe.parent().expect("target/<profile>/deps");
     let lib = deps.join("libgpushare_limiter.so");
