@@ -41,7 +41,7 @@ DIST_BASE_URL ?= https://github.com/gpushare/gpushare/releases/download/v$(VERSI
 .PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup \
   tools license-check lint-packaging static-arm64 glibc-arm64 qemu-arm64 plugin-windows plugin-macos \
   build-no-demo dist dist-built dist-check check-macos check-windows qemu-arm64-static layers manifests clients docs \
-  test-clients fresh-clone chart checkov limiter limiter-arm64 bench-limiter
+  test-clients fresh-clone chart checkov limiter limiter-arm64 bench-limiter test-gpu-limiter
 .PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup soak
 
 help: ## list the targets
@@ -87,8 +87,13 @@ test-cluster: ## the #[ignore]d cluster_* tests against the cluster $KUBECONFIG 
 	@[ -n "$$KUBECONFIG" ] || { echo "test-cluster: KUBECONFIG is not set: there is no cluster to test against (kind create cluster --config tests/cluster/kind.yaml)" >&2; exit 1; }
 	@GPUSHARE_TEST_NO_SKIP=1 CARGO="$(CARGO)" tests/suite.sh --require-tests $(CI_FLAGS) --test it -- --ignored cluster_
 
-test-gpu: ## the #[ignore]d gpu_* tests on a machine with NVIDIA GPUs; fails when no test ran (a skip fails)
+test-gpu: ## the #[ignore]d gpu_* tests on a machine with NVIDIA GPUs, then the CUDA memory limiter's conformance table; fails when no test ran (a skip fails)
 	@GPUSHARE_TEST_NO_SKIP=1 CARGO="$(CARGO)" tests/suite.sh --require-tests $(CI_FLAGS) --test it -- --ignored gpu_
+	@$(MAKE) --no-print-directory test-gpu-limiter
+
+test-gpu-limiter: ## the CUDA memory limiter on a real GPU: driver API routes, nvidia-smi, PyTorch (default, expandable_segments, cudaMallocAsync), CUDA graphs, NCCL, vLLM, as a table (SKIPPED rows name what is missing)
+	$(CARGO) build $(CI_FLAGS) --release -p gpushare-limiter --lib
+	python3 tests/gpu/limiter_conformance.py --library $(or $(CARGO_TARGET_DIR),target)/release/libgpushare_limiter.so
 
 fresh-clone: ## a fresh `git clone` of HEAD walked through `make test` (install step, SKIPPED lines) by tests/it/packaging/fresh_clone.rs
 	$(CARGO) test $(CI_FLAGS) --test it -- --ignored --nocapture fresh_clone_

@@ -387,6 +387,11 @@ int main(int argc, char **argv) {
       unsigned long long used = 0;
       if (t) t((int)n1, &used);
       printf("truth %llu\n", used); i++;
+    } else if (!strcmp(op, "driver-version")) {
+      typedef CUresult (*f_version)(int *);
+      int v = 0;
+      CUresult r = CALL(f_version, "cuDriverGetVersion", &v);
+      printf("driver-version %d %d\n", r, v);
     } else if (!strcmp(op, "which")) {
       which(a1); i++;
     } else if (!strcmp(op, "ready")) {
