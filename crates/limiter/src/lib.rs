@@ -11,9 +11,10 @@
 //!
 //! The library starts nothing when loaded: no constructor of its own, no thread, no file
 //! opened until a hooked function is first called. The only code that runs at load time is
-//! the Rust standard library's, which records `argc`/`argv`/`envp` in three statics
-//! (`std::sys::args::unix::imp::ARGV_INIT_ARRAY`, an `.init_array` entry the tests list by
-//! name alongside the C toolchain's `frame_dummy`).
+//! the toolchain's: the Rust standard library records `argc`/`argv`/`envp` in three statics
+//! (`std::sys::args::unix::imp::ARGV_INIT_ARRAY`), and on aarch64 compiler-rt reads the CPU's
+//! atomics features (`init_have_lse_atomics`, `__init_cpu_features`). The tests and
+//! `make limiter` check that nothing else is in `.init_array`.
 //!
 //! This is the workspace's one crate with `unsafe` code (its own `[lints]` in `Cargo.toml`):
 //! an interposer is made of C calls and raw pointers. Every `unsafe` block says why it is
