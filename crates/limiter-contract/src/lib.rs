@@ -22,6 +22,27 @@
 //! The limiter reads nothing from the container's environment: a pod cannot raise its limit
 //! or switch the limiter off by its spec. One variable, [`TEST_ROOT_ENV`], exists for tests
 //! outside containers and is ignored wherever [`LIMITS_PATH`] exists.
+//!
+//! # On the node (what the node agent provides)
+//!
+//! The host side is the node agent's to choose; what the limiter needs of it:
+//!
+//! - **The library** installed once per node (`make limiter` builds it for glibc 2.17), by
+//!   writing a temporary file and renaming it over the old one, never rewriting it in place:
+//!   running containers have the old file mounted and mapped. For example
+//!   `/var/lib/gpushare/limiter/libgpushare_limiter.so`, with the preload list
+//!   ([`preload_file_contents`]) beside it.
+//! - **Per container**, created before the container starts and removed once it is gone: the
+//!   limits file (written with [`Limits::render`], then mounted read-only) and the state
+//!   directory, on a tmpfs (the ledgers are shared memory maps), mode `1777` (the container's
+//!   processes may run as any user), shared by no other container; for example
+//!   `/run/gpushare/limiter/<pod uid>/<container>/{limits,state}`. The container is known at
+//!   `Allocate` (device plugin) or in the claim's CDI spec (DRA).
+//! - **The mounts** come after the pod's own volumes (kubelet appends device-plugin and CDI
+//!   mounts to the container's; runtimes mount parents first), so no volume of the pod hides
+//!   them; the webhook should still refuse pods that mount anything at these paths.
+//! - **Usage**: [`read_container`] / [`read_gpu`] on the host's state directory, from a
+//!   blocking context.
 
 pub mod ledger;
 pub mod limits;
