@@ -47,6 +47,11 @@ impl Resolved {
         base != 0 && object_base(addr) == Some(base)
     }
 
+    /// Whether `addr` is the real address of any entry point the limiter knows.
+    pub fn knows(&self, addr: *mut c_void) -> bool {
+        self.real.iter().any(|r| r.load(Ordering::Acquire) == addr)
+    }
+
     /// The hook of the hooked entry point whose real address is `addr` and whose family is
     /// `family` (the name asked for), if any: pointer-based routing. The address says exactly
     /// which versioned entry point the driver chose, so the hook has its exact signature.

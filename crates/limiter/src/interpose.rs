@@ -160,12 +160,29 @@ fn note_foreign_copy(library: Library, addr: *mut c_void) {
 }
 
 /// `cuGetProcAddress`'s answer `addr` for the name `wanted`, mapped to the hook of the exact
-/// entry point it is (or left alone).
+/// entry point it is (or left alone). An address the limiter cannot place in a family it
+/// hooks (CUDA 3.1's `cuMemAlloc`, or a driver that hands out addresses its symbol table does
+/// not have) is left alone and said once on standard error: what it allocates is not counted.
 pub fn route_proc_address(addr: *mut c_void, wanted: &[u8]) -> *mut c_void {
     let Some(lib) = driver::library(Library::Cuda, addr) else {
         return addr;
     };
-    lib.hook_for(addr, symbols::family(wanted)).unwrap_or(addr)
+    let family = symbols::family(wanted);
+    if let Some(hook) = lib.hook_for(addr, family) {
+        return hook;
+    }
+    let hooked_family = SYMBOLS.iter().any(|s| {
+        s.hook.is_some()
+            && s.library == Library::Cuda
+            && symbols::family(s.name.to_bytes()) == family
+    });
+    if hooked_family && !addr.is_null() && !lib.knows(addr) {
+        crate::warn_once(&format!(
+            "{}: cuGetProcAddress answered an entry point the limiter does not know ({addr:p}); what it allocates is not counted",
+            String::from_utf8_lossy(family)
+        ));
+    }
+    addr
 }
 
 /// The exported `dlsym`: calls [`route`], then returns its answer or jumps to the real one.
