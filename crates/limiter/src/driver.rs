@@ -105,6 +105,7 @@ pub fn object_base(addr: *const c_void) -> Option<usize> {
 /// thread is resolving it, and when it is not loaded.
 pub fn library(library: Library, hint: *const c_void) -> Option<&'static Resolved> {
     let lib = slot(library);
+    let mut waited_since: Option<std::time::Instant> = None;
     loop {
         match lib.state.load(Ordering::Acquire) {
             2 => {
@@ -124,10 +125,20 @@ pub fn library(library: Library, hint: *const c_void) -> Option<&'static Resolve
                     return found.then_some(lib);
                 }
             }
-            // Another thread resolves it (a matter of microseconds), or this one does and
-            // has re-entered: the re-entrant guard in `boundary` keeps hooks from getting
-            // here on the resolving thread, so waiting is safe.
-            _ => std::thread::yield_now(),
+            // Another thread resolves it, a matter of microseconds. The wait is bounded: the
+            // resolving thread takes the loader's lock (dlopen, dlsym), and this thread may
+            // hold it (a library's constructor looking a driver symbol up during dlopen).
+            // Rather than deadlock, that lookup is answered unhooked after a second.
+            _ => {
+                let since = *waited_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() > std::time::Duration::from_secs(1) {
+                    crate::warn_once(
+                        "a driver library was being resolved by another thread for over a second: one lookup answered without the limiter",
+                    );
+                    return None;
+                }
+                std::thread::yield_now();
+            }
         }
     }
 }
