@@ -37,6 +37,7 @@ mod sandbox_apiserver;
 mod sandbox_dra;
 mod sandbox_dra_kubelet;
 mod sandbox_kubelet;
+mod sandbox_rbac;
 mod settle;
 mod soak;
 mod startup;

@@ -19,11 +19,13 @@ use tokio::sync::{broadcast, mpsc};
 
 use super::admission;
 use super::discovery::{self, ResourceDef};
+use super::identity::{self, Identity};
 use super::patch::PatchKind;
 use super::selector::Selectors;
 use super::store::{ApiError, EventType, Part, StoredEvent, meta_str};
 use super::table::{self, IncludeObject};
 use super::{FaultAction, RecordedRequest, Shared};
+use super::{protobuf_body, rbac, request_info, reviews, serving_tls};
 
 type Body = BoxBody<Bytes, std::io::Error>;
 
@@ -37,9 +39,15 @@ async fn stopped(shutdown: &mut tokio::sync::watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
-/// Accepts connections until shutdown.
-pub(super) async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+/// Accepts connections until shutdown: plain HTTP, or HTTPS when the first byte is a TLS
+/// handshake (see `serving_tls`).
+pub(super) async fn serve(
+    listener: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+    tls: Arc<tokio_rustls::rustls::ServerConfig>,
+) {
     let mut shutdown = shared.shutdown.clone();
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     loop {
         let accepted = tokio::select! {
             _ = stopped(&mut shutdown) => break,
@@ -49,13 +57,24 @@ pub(super) async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>
             continue;
         };
         let shared = shared.clone();
+        let acceptor = acceptor.clone();
         let mut conn_shutdown = shared.shutdown.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| handle(shared.clone(), req));
-            let conn = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service);
+            let mut first = [0u8; 1];
+            let tls = matches!(stream.peek(&mut first).await, Ok(1) if first[0] == serving_tls::HANDSHAKE);
+            let http = hyper::server::conn::http1::Builder::new();
+            let serve = async move {
+                if tls {
+                    if let Ok(stream) = acceptor.accept(stream).await {
+                        let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                    }
+                } else {
+                    let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                }
+            };
             tokio::select! {
-                _ = conn => {}
+                _ = serve => {}
                 _ = stopped(&mut conn_shutdown) => {}
             }
         });
@@ -109,13 +128,32 @@ async fn handle(
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    let authorization = parts
+        .headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let user = shared.authenticate(identity::bearer(authorization));
     shared.record(RecordedRequest {
         method: parts.method.clone(),
         path: path.clone(),
         query: query.clone(),
         content_type: content_type.clone(),
         body: String::from_utf8_lossy(&bytes).into_owned(),
+        username: user.as_ref().ok().map(|u| u.username.clone()),
     });
+    let Ok(user) = user else {
+        return Ok(error_response(&ApiError::unauthorized()));
+    };
+    let parsed_query = parse_query(&query);
+    let attributes = request_info::resolve(&parts.method, &path, &parsed_query);
+    let decision = rbac::authorize(&shared.store(), &user, &attributes);
+    if !decision.allowed {
+        return Ok(error_response(&rbac::forbidden(
+            &user,
+            &attributes,
+            &decision.reason,
+        )));
+    }
     let path_and_query = if query.is_empty() {
         path.clone()
     } else {
@@ -150,7 +188,7 @@ async fn handle(
     let mut request = Req {
         method: parts.method,
         path,
-        query: parse_query(&query),
+        query: parsed_query,
         path_and_query,
         content_type,
         accept: parts
@@ -159,6 +197,7 @@ async fn handle(
             .and_then(|v| v.to_str().ok())
             .map(str::to_string),
         body: bytes,
+        user,
     };
     let mut warnings = Vec::new();
     if let Some(namespace) = pod_create_namespace(&request) {
@@ -263,6 +302,8 @@ struct Req {
     content_type: Option<String>,
     accept: Option<String>,
     body: Bytes,
+    /// The authenticated identity.
+    user: Identity,
 }
 
 impl Req {
@@ -280,6 +321,14 @@ impl Req {
     fn json_body(&self) -> Result<Value, ApiError> {
         if self.body.is_empty() {
             return Err(ApiError::bad_request("the request has no body"));
+        }
+        if self
+            .content_type
+            .as_deref()
+            .is_some_and(|c| c.starts_with(protobuf_body::PROTOBUF))
+        {
+            return protobuf_body::decode(&self.body)
+                .map_err(|why| ApiError::with_code(415, "UnsupportedMediaType", &why));
         }
         match serde_json::from_slice::<Value>(&self.body) {
             Ok(v) => Ok(v),
@@ -465,7 +514,7 @@ fn collection(
 ) -> Response<Body> {
     if !def.stored {
         return if req.method == Method::POST {
-            respond(access_review(shared, req))
+            respond(review(shared, req, def))
         } else {
             error_response(&ApiError::method_not_allowed(&req.method))
         };
@@ -734,34 +783,17 @@ fn object(
     }
 }
 
-fn access_review(shared: &Arc<Shared>, req: &Req) -> Result<(u16, Value), ApiError> {
-    let mut review = req.json_body()?;
-    if !review.is_object() {
-        return Err(ApiError::bad_request("the review is not a JSON object"));
+/// A self review (see `reviews`), answered for the requesting identity.
+fn review(shared: &Arc<Shared>, req: &Req, def: &ResourceDef) -> Result<(u16, Value), ApiError> {
+    if def.id == "selfsubjectreviews" {
+        return Ok(reviews::subject_review(&req.user, &def.api_version()));
     }
-    let attributes = review.pointer("/spec/resourceAttributes");
-    let field = |f: &str| {
-        attributes
-            .and_then(|a| a.get(f))
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string()
-    };
-    let verb = field("verb");
-    let resource = match field("subresource").as_str() {
-        "" => field("resource"),
-        sub => format!("{}/{sub}", field("resource")),
-    };
-    let allowed = !shared.is_denied(&verb, &resource);
-    review["apiVersion"] = json!("authorization.k8s.io/v1");
-    review["kind"] = json!("SelfSubjectAccessReview");
-    review["status"] = if allowed {
-        json!({ "allowed": true, "reason": "sandbox API server allows everything" })
-    } else {
-        json!({ "allowed": false, "denied": true,
-                "reason": format!("sandbox API server denies {verb} on {resource}") })
-    };
-    Ok((201, review))
+    let body = req.json_body()?;
+    let store = shared.store();
+    match def.id {
+        "selfsubjectrulesreviews" => reviews::rules_review(&store, &req.user, body),
+        _ => reviews::access_review(&store, &req.user, body),
+    }
 }
 
 /// One watch event line.

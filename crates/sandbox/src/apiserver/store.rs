@@ -145,6 +145,33 @@ impl ApiError {
         )
     }
 
+    /// Upstream's `NewForbidden`: `<resource>[.group] ["name"] is forbidden: <why>`, or
+    /// `forbidden: <why>` without a resource.
+    pub fn forbidden(group: &str, resource: &str, name: &str, why: &str) -> ApiError {
+        let qualified = if group.is_empty() {
+            resource.to_string()
+        } else {
+            format!("{resource}.{group}")
+        };
+        let message = match (qualified.is_empty() || resource.is_empty(), name.is_empty()) {
+            (true, _) => format!("forbidden: {why}"),
+            (false, true) => format!("{qualified} is forbidden: {why}"),
+            (false, false) => format!("{qualified} {name:?} is forbidden: {why}"),
+        };
+        let mut details = json!({});
+        for (key, value) in [("name", name), ("group", group), ("kind", resource)] {
+            if !value.is_empty() {
+                details[key] = json!(value);
+            }
+        }
+        ApiError::with(403, "Forbidden", message, Some(details))
+    }
+
+    /// The 401 of a request without valid credentials.
+    pub fn unauthorized() -> ApiError {
+        ApiError::with(401, "Unauthorized", "Unauthorized".into(), None)
+    }
+
     pub fn gone(message: impl Into<String>) -> ApiError {
         ApiError::with(410, "Expired", message.into(), None)
     }
@@ -805,6 +832,21 @@ fn check_kind(def: &ResourceDef, obj: &Value) -> Result<(), ApiError> {
 }
 
 fn validate_name(def: &ResourceDef, name: &str) -> Result<(), ApiError> {
+    if def.group == "rbac.authorization.k8s.io" {
+        // Upstream's ValidateRBACName: any valid path segment (`system:discovery`).
+        return if name == "." || name == ".." || name.contains(['/', '%']) {
+            Err(ApiError::invalid(
+                def,
+                name,
+                format!(
+                    "{} \"{name}\" is invalid: metadata.name: Invalid value: \"{name}\": may not be '.' or '..' and may not contain '/' or '%'",
+                    def.kind
+                ),
+            ))
+        } else {
+            Ok(())
+        };
+    }
     let ok = name.len() <= 253
         && name
             .chars()
@@ -892,7 +934,7 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-fn random_u64() -> u64 {
+pub(crate) fn random_u64() -> u64 {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
