@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use serde_json::{Value, json};
 
 /// One served resource (a plural in one group/version).
+#[derive(Debug)]
 pub(super) struct ResourceDef {
     /// The key used by the test controls and the store: the plural, or `plural.group` for
     /// a second resource with the same plural.

@@ -85,6 +85,8 @@
 //! 429/503/504 on their own, so a single injected 503 is invisible to them.
 
 mod admission;
+mod admission_policy;
+mod cel_expr;
 mod discovery;
 mod http_api;
 mod identity;

@@ -24,16 +24,26 @@ const LIVE_CAPACITY: usize = 16_384;
 #[derive(Clone, Debug)]
 pub(crate) struct ApiError {
     pub code: u16,
-    pub reason: &'static str,
+    pub reason: std::borrow::Cow<'static, str>,
     pub message: String,
     pub details: Option<Value>,
 }
 
 impl ApiError {
     fn with(code: u16, reason: &'static str, message: String, details: Option<Value>) -> ApiError {
+        ApiError::new(code, reason, message, details)
+    }
+
+    /// A `Status` with any reason (an admission webhook's own, say) and details.
+    pub fn new(
+        code: u16,
+        reason: impl Into<std::borrow::Cow<'static, str>>,
+        message: String,
+        details: Option<Value>,
+    ) -> ApiError {
         ApiError {
             code,
-            reason,
+            reason: reason.into(),
             message,
             details,
         }
@@ -235,7 +245,16 @@ pub(crate) struct StoredEvent {
     pub old: Option<Value>,
 }
 
-type Key = (&'static str, String, String);
+/// (resource id, namespace or "", name).
+pub(crate) type Key = (&'static str, String, String);
+
+/// What a PATCH would do, before it is done (admission sees it first).
+pub(crate) enum PreparedPatch {
+    /// `current` becomes `next`.
+    Update { current: Value, next: Value },
+    /// An apply patch of a missing object creates this one.
+    Create(Value),
+}
 
 /// The objects, the counter and the event history.
 pub(crate) struct Store {
@@ -379,8 +398,30 @@ impl Store {
         Ok(obj)
     }
 
+    /// Stores an object a create prepared ([`Store::admit_create`]); 409 when its name was
+    /// taken meanwhile.
+    pub fn commit_create(
+        &mut self,
+        def: &'static ResourceDef,
+        key: Key,
+        obj: Value,
+    ) -> Result<Value, ApiError> {
+        if self.objects.contains_key(&key) {
+            return Err(ApiError::already_exists(def, &key.2));
+        }
+        Ok(self.commit(key, obj, EventType::Added, None))
+    }
+
+    /// `obj` as a dry-run write answers it (fields a disabled gate drops are dropped).
+    pub fn dry_run_view(&self, def: &ResourceDef, mut obj: Value) -> Value {
+        if !self.consumable_capacity {
+            drop_consumable_capacity(def.id, &mut obj);
+        }
+        obj
+    }
+
     /// The checks and defaults of a create: the key and the object to store.
-    fn admit_create(
+    pub fn admit_create(
         &self,
         def: &'static ResourceDef,
         url_namespace: Option<&str>,
@@ -537,22 +578,62 @@ impl Store {
             .count()
     }
 
-    /// Replaces an object (PUT); 409 when the body's resourceVersion is stale.
-    pub fn update(
-        &mut self,
+    /// What a PUT would store: `(current, next)`, checked as [`Store::update`] checks it.
+    pub fn prepare_update(
+        &self,
         def: &'static ResourceDef,
         namespace: Option<&str>,
         name: &str,
         obj: Value,
         part: Part,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<(Value, Value), ApiError> {
+        let (key, current) = self.update_target(def, namespace, name, &obj)?;
+        let next = Store::next_object(def, &key.2, &current, obj, part)?;
+        Ok((current, next))
+    }
+
+    /// What a PATCH would do, checked as [`Store::patch`] checks it.
+    pub fn prepare_patch(
+        &self,
+        def: &'static ResourceDef,
+        namespace: Option<&str>,
+        name: &str,
+        kind: PatchKind,
+        body: &[u8],
+        part: Part,
+    ) -> Result<PreparedPatch, ApiError> {
+        let key = Store::key(def, namespace, name);
+        let Some(current) = self.objects.get(&key).cloned() else {
+            if kind == PatchKind::Apply && part == Part::Main {
+                let mut obj = patch::parse_apply_body(body)?;
+                if obj.get("metadata").is_none_or(|m| !m.is_object()) {
+                    obj["metadata"] = json!({});
+                }
+                set_meta(&mut obj, "name", json!(name));
+                return Ok(PreparedPatch::Create(obj));
+            }
+            return Err(ApiError::not_found(def, name));
+        };
+        let patched = patch::apply(kind, &current, body)?;
+        let next = Store::next_object(def, name, &current, patched, part)?;
+        Ok(PreparedPatch::Update { current, next })
+    }
+
+    /// The stored object a PUT of `obj` replaces, after the body checks.
+    fn update_target(
+        &self,
+        def: &'static ResourceDef,
+        namespace: Option<&str>,
+        name: &str,
+        obj: &Value,
+    ) -> Result<(Key, Value), ApiError> {
         if !obj.is_object() {
             return Err(ApiError::bad_request(
                 "the request body is not a JSON object",
             ));
         }
-        check_kind(def, &obj)?;
-        if let Some(body_name) = meta_str(&obj, "name")
+        check_kind(def, obj)?;
+        if let Some(body_name) = meta_str(obj, "name")
             && body_name != name
         {
             return Err(ApiError::bad_request(format!(
@@ -565,6 +646,19 @@ impl Store {
             .get(&key)
             .cloned()
             .ok_or_else(|| ApiError::not_found(def, name))?;
+        Ok((key, current))
+    }
+
+    /// Replaces an object (PUT); 409 when the body's resourceVersion is stale.
+    pub fn update(
+        &mut self,
+        def: &'static ResourceDef,
+        namespace: Option<&str>,
+        name: &str,
+        obj: Value,
+        part: Part,
+    ) -> Result<Value, ApiError> {
+        let (key, current) = self.update_target(def, namespace, name, &obj)?;
         self.replace(def, key, current, obj, part)
     }
 
@@ -604,20 +698,36 @@ impl Store {
         new: Value,
         part: Part,
     ) -> Result<Value, ApiError> {
-        let name = key.2.clone();
+        let next = Store::next_object(def, &key.2, &current, new, part)?;
+        if next == current {
+            // A no-op write does not bump the resourceVersion, as in the real server.
+            return Ok(current);
+        }
+        Ok(self.commit(key, next, EventType::Modified, Some(current)))
+    }
+
+    /// What replacing `current` with `new` stores: system metadata kept, (per `part`) the
+    /// other half of the object kept; 409 when `new` carries a stale resourceVersion.
+    fn next_object(
+        def: &'static ResourceDef,
+        name: &str,
+        current: &Value,
+        new: Value,
+        part: Part,
+    ) -> Result<Value, ApiError> {
         if !new.is_object() {
             return Err(ApiError::bad_request(
                 "the patched object is not a JSON object",
             ));
         }
-        let current_rv = meta_str(&current, "resourceVersion")
+        let current_rv = meta_str(current, "resourceVersion")
             .unwrap_or("")
             .to_string();
         if let Some(rv) = meta_str(&new, "resourceVersion")
             && !rv.is_empty()
             && rv != current_rv
         {
-            return Err(ApiError::stale(def, &name));
+            return Err(ApiError::stale(def, name));
         }
         let mut next = match part {
             Part::Status => {
@@ -665,11 +775,22 @@ impl Store {
             set_meta(&mut next, "generation", json!(generation + 1));
         }
         set_meta(&mut next, "resourceVersion", json!(current_rv));
-        if next == current {
-            // A no-op write does not bump the resourceVersion, as in the real server.
-            return Ok(current);
-        }
-        Ok(self.commit(key, next, EventType::Modified, Some(current)))
+        Ok(next)
+    }
+
+    /// The object a DELETE would remove, after its preconditions are checked.
+    pub fn prepare_delete(
+        &self,
+        def: &'static ResourceDef,
+        namespace: Option<&str>,
+        name: &str,
+        uid: Option<&str>,
+        rv: Option<&str>,
+    ) -> Result<Value, ApiError> {
+        let current = self.get(def, namespace, name)?;
+        check_precondition(def, name, &current, Precondition::Uid, uid)?;
+        check_precondition(def, name, &current, Precondition::ResourceVersion, rv)?;
+        Ok(current)
     }
 
     /// Deletes an object, checking the optional uid / resourceVersion preconditions.
