@@ -33,6 +33,7 @@ mod mps;
 mod packaging;
 mod rdma;
 mod realdata;
+mod sandbox_admission;
 mod sandbox_apiserver;
 mod sandbox_dra;
 mod sandbox_dra_kubelet;

@@ -24,7 +24,7 @@ use super::patch::PatchKind;
 use super::selector::Selectors;
 use super::store::{ApiError, EventType, Part, PreparedPatch, StoredEvent, meta_str};
 use super::table::{self, IncludeObject};
-use super::{FaultAction, RecordedRequest, Shared};
+use super::{FaultAction, RecordedRequest, Refusal, Shared};
 use super::{protobuf_body, rbac, request_info, reviews, serving_tls};
 
 type Body = BoxBody<Bytes, std::io::Error>;
@@ -141,18 +141,26 @@ async fn handle(
         body: String::from_utf8_lossy(&bytes).into_owned(),
         username: user.as_ref().ok().map(|u| u.username.clone()),
     });
+    let refused = |username: Option<String>, err: ApiError| {
+        shared.refuse(Refusal {
+            method: parts.method.clone(),
+            path: path.clone(),
+            query: query.clone(),
+            username,
+            code: err.code,
+            message: err.message.clone(),
+        });
+        Ok(error_response(&err))
+    };
     let Ok(user) = user else {
-        return Ok(error_response(&ApiError::unauthorized()));
+        return refused(None, ApiError::unauthorized());
     };
     let parsed_query = parse_query(&query);
     let attributes = request_info::resolve(&parts.method, &path, &parsed_query);
     let decision = rbac::authorize(&shared.store(), &user, &attributes);
     if !decision.allowed {
-        return Ok(error_response(&rbac::forbidden(
-            &user,
-            &attributes,
-            &decision.reason,
-        )));
+        let err = rbac::forbidden(&user, &attributes, &decision.reason);
+        return refused(Some(user.username.clone()), err);
     }
     let path_and_query = if query.is_empty() {
         path.clone()

@@ -51,31 +51,43 @@
 //!   `Table`s for pods and nodes.
 //! - Errors are real `Status` objects with the matching HTTP code; malformed input answers
 //!   400, unknown paths 404, unsupported methods 405. Bad input never panics.
-//! - Admission: on pod create, registered Mutating- and ValidatingWebhookConfigurations
-//!   are called over HTTPS as kube-apiserver calls them (see `admission`; webhooks named
-//!   by Service need [`ApiServer::route_service`]). Apps/v1 `deployments` and
-//!   `daemonsets`, batch/v1 `jobs`, core `secrets`, `services` and `serviceaccounts`,
-//!   `rbac.authorization.k8s.io/v1` roles, cluster roles and their bindings, and
-//!   `admissionregistration.k8s.io/v1` webhook configurations and admission policies with
-//!   their bindings are stored like any other object, and so are `resource.k8s.io/v1`
-//!   `resourceslices` and `deviceclasses` (cluster-scoped), `resourceclaimtemplates` and
-//!   `resourceclaims` (namespaced; claims with the `status` subresource, written by the
-//!   sandbox allocator, `crate::dra_allocator`).
-//! - `dryRun=All` on create: validated and answered, nothing stored.
+//! - Admission on every write (create, update, patch, delete, delete-collection,
+//!   `pods/binding`, the `status` subresources): stored MutatingWebhookConfigurations, then
+//!   the object as it will be stored, then ValidatingAdmissionPolicies with their bindings
+//!   (CEL, `admission_policy`, `cel_expr`) and ValidatingWebhookConfigurations, matched as
+//!   upstream matches them (rules with subresources and scope, namespace and object
+//!   selectors, match conditions; a namespaced write under a namespace selector needs its
+//!   Namespace object) and called over HTTPS as kube-apiserver calls them (see `admission`;
+//!   webhooks named by Service need [`ApiServer::route_service`]). A write is stored only if
+//!   the object it was admitted against is still the stored one (a patch is computed again).
+//!   Without any admission configuration stored, writes take the direct path.
+//! - Apps/v1 `deployments` and `daemonsets`, batch/v1 `jobs`, core `secrets`, `services` and
+//!   `serviceaccounts`, `rbac.authorization.k8s.io/v1` roles, cluster roles and their
+//!   bindings, and `admissionregistration.k8s.io/v1` webhook configurations and admission
+//!   policies with their bindings are stored like any other object, and so are
+//!   `resource.k8s.io/v1` `resourceslices` and `deviceclasses` (cluster-scoped),
+//!   `resourceclaimtemplates` and `resourceclaims` (namespaced; claims with the `status`
+//!   subresource, written by the sandbox allocator, `crate::dra_allocator`).
+//! - `dryRun=All` on every write: validated and admitted (webhooks get `dryRun: true`, and
+//!   one with side effects refuses it), answered, nothing stored.
 //! - Test controls (they bypass authorization and admission): [`ApiServer::seed_yaml`],
 //!   [`ApiServer::get_object`], [`ApiServer::set_pod_phase`], the `DRAConsumableCapacity`
 //!   gate ([`ApiServer::set_consumable_capacity`]), fault injection ([`Fault`]: error codes,
 //!   delays, dropped connections, cut watches, requests held at a [`Hold`] until released —
 //!   a paused client; a filter on `fieldManager=<identity>` singles out one replica's lease
-//!   writes), and a request log naming who sent each request ([`ApiServer::requests`]).
+//!   writes), a request log naming who sent each request ([`ApiServer::requests`]) and the
+//!   requests refused by authentication or RBAC ([`ApiServer::refusals`]).
 //!   Faults apply after authentication and authorization. Clock skew is not the server's
 //!   business: the extender's leader election reads an injectable clock.
 //!
 //! # Limits (it is a test double)
 //! Authentication by bearer tokens only (no client certificates, no anonymous user, no
 //! impersonation, no TokenReview or SubjectAccessReview of other users); no ClusterRole
-//! aggregation, Node authorizer or RBAC escalation checks; no admission but pod-create
-//! webhooks, no controllers (a Deployment never gets pods), no defaulting beyond a
+//! aggregation, Node authorizer or RBAC escalation checks; no admission plugins but the
+//! webhooks and ValidatingAdmissionPolicies (no NamespaceLifecycle, NodeRestriction,
+//! MutatingAdmissionPolicy; the CEL libraries `cel_expr` lists as missing, no `authorizer`
+//! variable, no audit annotations), no controllers (a Deployment never gets pods), no
+//! defaulting beyond a
 //! pod's `Pending` phase, no validation of object schemas, no garbage collection, graceful
 //! deletion or finalizers, no namespace lifecycle (objects may live in any namespace), no
 //! field managers, protobuf (except the self reviews' request bodies) or CBOR, no legacy
@@ -259,6 +271,23 @@ pub struct RecordedRequest {
     pub username: Option<String>,
 }
 
+/// A request refused before it reached the store: 401 (no valid token) or 403 (RBAC).
+#[derive(Clone, Debug)]
+pub struct Refusal {
+    /// The HTTP method.
+    pub method: http::Method,
+    /// The path, without the query.
+    pub path: String,
+    /// The raw query string.
+    pub query: String,
+    /// Who sent it; `None` when it was not authenticated.
+    pub username: Option<String>,
+    /// 401 or 403.
+    pub code: u16,
+    /// The `Status` message answered.
+    pub message: String,
+}
+
 /// An open watch stream, cuttable by a [`FaultAction::CutWatch`].
 struct OpenWatch {
     path_and_query: String,
@@ -269,6 +298,7 @@ struct OpenWatch {
 struct Controls {
     faults: Vec<Fault>,
     requests: Vec<RecordedRequest>,
+    refusals: Vec<Refusal>,
     /// Bearer token → identity, for every token minted.
     tokens: HashMap<String, Identity>,
     /// Kubeconfig files written so far (a counter for their names).
@@ -351,6 +381,10 @@ impl Shared {
         self.controls().requests.push(request);
     }
 
+    fn refuse(&self, refusal: Refusal) {
+        self.controls().refusals.push(refusal);
+    }
+
     /// The identity a bearer token stands for (see `identity`): a ServiceAccount's only while
     /// its object exists, with that object's uid.
     fn authenticate(&self, token: Option<&str>) -> Result<Identity, Unauthenticated> {
@@ -414,6 +448,7 @@ impl ApiServer {
             controls: Mutex::new(Controls {
                 faults: Vec::new(),
                 requests: Vec::new(),
+                refusals: Vec::new(),
                 tokens: HashMap::from([(admin_token.clone(), Identity::admin())]),
                 kubeconfigs: 0,
                 watches: Vec::new(),
@@ -708,6 +743,12 @@ impl ApiServer {
     /// Every request received so far, in order.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         self.shared().controls().requests.clone()
+    }
+
+    /// Every request refused by authentication (401) or authorization (403) so far, in
+    /// order: what a role was not allowed to do.
+    pub fn refusals(&self) -> Vec<Refusal> {
+        self.shared().controls().refusals.clone()
     }
 
     /// Stops the server: no new connections, open watches end. Waits for the accept loop.
