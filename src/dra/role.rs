@@ -263,6 +263,10 @@ pub async fn start(
 /// What the DRA plugin reads before the agent publishes anything: the device kinds beside
 /// the GPUs that `[devices]` enables (RDMA HCAs, generic devices), published after them.
 pub fn admit(config: &Config, prepared: PreparedAgent) -> anyhow::Result<PreparedAgent> {
+    prepared
+        .enforcement()
+        .admit(ServingPath::Dra)
+        .map_err(crate::failure::config)?;
     Ok(prepared.with_devices(&config.devices))
 }
 
@@ -356,7 +360,8 @@ async fn serve_offered(
         &dra.driver_name,
         &dra.cdi_dir,
     )
-    .with_kinds(agent.device_kinds().clone());
+    .with_kinds(agent.device_kinds().clone())
+    .with_enforcement(agent.enforcement().clone());
     let plugin = match super::plugin::start(
         plugin_config,
         role.client.clone(),
@@ -372,6 +377,7 @@ async fn serve_offered(
     };
     let admin = AdminState::new();
     let mut tasks = Vec::new();
+    agent.enforcement().status().register(&admin);
     let mut registration = plugin.registration();
     {
         let admin = admin.clone();
