@@ -641,6 +641,13 @@ mod tests {
                     container_path: "/tmp/nvidia-mps".to_string(),
                     options: vec!["bind".to_string()],
                 }],
+                hooks: vec![CdiHook {
+                    hook_name: "createRuntime".to_string(),
+                    path: "/usr/local/bin/gpushare".to_string(),
+                    args: vec!["gpushare".to_string(), "cdi-hook".to_string()],
+                    env: vec!["PATH=/usr/bin".to_string()],
+                    timeout: Some(30),
+                }],
             },
         });
         spec
@@ -669,6 +676,10 @@ mod tests {
         assert_eq!(edits["deviceNodes"][0]["permissions"], "rw");
         assert_eq!(edits["mounts"][0]["hostPath"], "/tmp/nvidia-mps");
         assert_eq!(edits["mounts"][0]["containerPath"], "/tmp/nvidia-mps");
+        assert_eq!(edits["hooks"][0]["hookName"], "createRuntime");
+        assert_eq!(edits["hooks"][0]["path"], "/usr/local/bin/gpushare");
+        assert_eq!(edits["hooks"][0]["args"][1], "cdi-hook");
+        assert_eq!(edits["hooks"][0]["timeout"], 30);
         let back: TransientSpec = serde_json::from_str(&text).expect("round trip");
         assert_eq!(back, spec);
         // Rewriting replaces it whole, and leaves no temporary file behind.
@@ -715,6 +726,13 @@ mod tests {
             .env
             .push("NOVALUE".to_string());
         assert!(write_spec(dir.path(), "c", &bad).is_err());
+        for (stage, path) in [("createRuntime", "gpushare"), ("preStart", "/bin/x")] {
+            let mut bad = spec.clone();
+            bad.devices[0].container_edits.hooks[0].hook_name = stage.to_string();
+            bad.devices[0].container_edits.hooks[0].path = path.to_string();
+            let err = write_spec(dir.path(), "c", &bad).expect_err("bad hook");
+            assert!(err.to_string().contains("OCI stage"), "{err}");
+        }
         let mut bad = spec;
         bad.devices[0].name = "-x".to_string();
         assert!(write_spec(dir.path(), "c", &bad).is_err());

@@ -54,7 +54,7 @@ pub enum LimitError {
     #[error("no way to reach the driver: {0}")]
     Unavailable(String),
     /// The driver has no per-cgroup memory limits (older than R615).
-    #[error("the driver has no per-cgroup memory limits (R615 / CUDA 13.4 or newer needed): {0}")]
+    #[error("the driver has no per-cgroup memory limits (it is older than R615 / CUDA 13.4): {0}")]
     TooOld(String),
     /// The driver refuses on this GPU or host: memory partitioning off, a MIG GPU, cgroup v1,
     /// or (misc backend, reading) no limit reaches the cgroup.
@@ -260,7 +260,7 @@ impl SmiLimits {
             return Ok(run.stdout);
         }
         let shown = format!(
-            "`{} {}` exited {}: {}",
+            "`{} {}` failed ({}): {}",
             self.program,
             args.join(" "),
             run.status,

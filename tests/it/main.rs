@@ -21,6 +21,7 @@ mod dra;
 mod dra_kinds;
 mod dra_plugin;
 mod dra_role;
+mod enforcement;
 mod extender;
 mod gpu;
 mod ha;

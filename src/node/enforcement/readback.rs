@@ -352,11 +352,11 @@ pub fn check_records(
 fn clear(enforcer: &Enforcer, limits: &dyn MemoryLimits, rec: &LimitRecord, leaf: &Leaf) {
     let mut failed = false;
     for uuid in rec.limits.keys() {
-        if let Err(e) = limits.set(uuid, &leaf.path, 0, NO_LIMIT) {
-            if leaf.exists() {
-                tracing::warn!(gpu = uuid, cgroup = %leaf.path.display(), error = %e, "could not clear a stopped container's limit");
-                failed = true;
-            }
+        if let Err(e) = limits.set(uuid, &leaf.path, 0, NO_LIMIT)
+            && leaf.exists()
+        {
+            tracing::warn!(gpu = uuid, cgroup = %leaf.path.display(), error = %e, "could not clear a stopped container's limit");
+            failed = true;
         }
     }
     let outcome = if failed {
