@@ -213,6 +213,54 @@ impl Host {
         ]
     }
 
+    /// `[node]` and `[gpu]` for driver enforcement on this host: the NVML stub, the hook (this
+    /// test build of gpushare), the state directory, the fake roots for the agent and the
+    /// hook, a readback every second.
+    pub fn driver_config(&self, config: &mut gpushare::config::Config) {
+        config.gpu.backend = gpushare::config::GpuBackendKind::Nvml;
+        config.gpu.nvml_library = self.library.display().to_string();
+        let n = &mut config.node;
+        n.enforcement = gpushare::config::enforcement::Enforcement::Driver;
+        n.enforcement_hook = super::bin();
+        n.enforcement_state_dir = self.state.clone();
+        n.enforcement_cdi_dir = self.root().join("limit-cdi");
+        n.enforcement_check_secs = 1;
+        n.cgroup_root = self.cgroup.clone();
+        n.runtime_cgroup_root = self.cgroup.clone();
+        n.runtime_proc_root = self.proc.clone();
+    }
+
+    /// The NVML backend over the stub.
+    pub fn backend(&self) -> std::sync::Arc<dyn gpushare::gpu::GpuBackend> {
+        std::sync::Arc::new(
+            gpushare::gpu::nvml::NvmlBackend::open(&self.library.display().to_string())
+                .expect("the stub loads"),
+        )
+    }
+
+    /// NVIDIA's CDI spec for the stub's GPUs (devices `0`, `1` and their UUIDs), in a
+    /// directory of its own; returns the directory.
+    pub fn nvidia_cdi_spec(&self) -> PathBuf {
+        let dir = self.root().join("nvidia-cdi");
+        std::fs::create_dir_all(&dir).expect("dir");
+        let mut devices = Vec::new();
+        for (i, g) in gpus().iter().enumerate() {
+            for name in [i.to_string(), g.uuid.clone()] {
+                devices.push(json!({
+                    "name": name,
+                    "containerEdits": { "deviceNodes": [{ "path": format!("/dev/nvidia{i}") }] },
+                }));
+            }
+        }
+        std::fs::write(
+            dir.join("nvidia.json"),
+            json!({ "cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": devices })
+                .to_string(),
+        )
+        .expect("spec");
+        dir
+    }
+
     /// Runs the stub's workload in container `c`'s cgroup: what it sees of GPU `index`, then
     /// each allocation.
     pub fn workload(&self, c: &Container, index: usize, allocs: &[u64]) -> Output {
