@@ -222,10 +222,16 @@ fn identity(annotations: &BTreeMap<String, String>) -> (String, String, String, 
             .unwrap_or_default()
     };
     (
-        get(&["io.kubernetes.cri.sandbox-namespace", "io.kubernetes.pod.namespace"]),
+        get(&[
+            "io.kubernetes.cri.sandbox-namespace",
+            "io.kubernetes.pod.namespace",
+        ]),
         get(&["io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"]),
         get(&["io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"]),
-        get(&["io.kubernetes.cri.container-name", "io.kubernetes.container.name"]),
+        get(&[
+            "io.kubernetes.cri.container-name",
+            "io.kubernetes.container.name",
+        ]),
     )
 }
 
@@ -365,9 +371,18 @@ mod tests {
     #[test]
     fn pod_names_come_from_either_runtime() {
         let containerd = BTreeMap::from([
-            ("io.kubernetes.cri.sandbox-namespace".to_string(), "d".to_string()),
-            ("io.kubernetes.cri.sandbox-name".to_string(), "p".to_string()),
-            ("io.kubernetes.cri.container-name".to_string(), "c".to_string()),
+            (
+                "io.kubernetes.cri.sandbox-namespace".to_string(),
+                "d".to_string(),
+            ),
+            (
+                "io.kubernetes.cri.sandbox-name".to_string(),
+                "p".to_string(),
+            ),
+            (
+                "io.kubernetes.cri.container-name".to_string(),
+                "c".to_string(),
+            ),
         ]);
         assert_eq!(
             identity(&containerd),

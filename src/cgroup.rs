@@ -55,10 +55,12 @@ impl Leaf {
             .iter()
             .filter(|c| matches!(c, Component::Normal(_)))
             .count();
-        if components
-            .iter()
-            .any(|c| matches!(c, Component::ParentDir | Component::CurDir | Component::Prefix(_)))
-        {
+        if components.iter().any(|c| {
+            matches!(
+                c,
+                Component::ParentDir | Component::CurDir | Component::Prefix(_)
+            )
+        }) {
             return Err(CgroupError::Unsafe {
                 relative: relative.to_string(),
                 why: "it holds . or .. components",
@@ -271,15 +273,25 @@ mod tests {
     #[test]
     fn v1_root_escapes_and_missing_directories_are_refused() {
         let (_d, roots) = tree();
-        process(&roots, 1, "12:memory:/kubepods/pod1/c1\n1:name=systemd:/x\n");
+        process(
+            &roots,
+            1,
+            "12:memory:/kubepods/pod1/c1\n1:name=systemd:/x\n",
+        );
         assert!(matches!(leaf_of(&roots, 1), Err(CgroupError::V1 { .. })));
         process(&roots, 2, "0::/\n");
         let err = leaf_of(&roots, 2).expect_err("root");
         assert!(err.to_string().contains("root cgroup"), "{err}");
         process(&roots, 3, "0::/kubepods/../kubepods/pod1/c1\n");
-        assert!(matches!(leaf_of(&roots, 3), Err(CgroupError::Unsafe { .. })));
+        assert!(matches!(
+            leaf_of(&roots, 3),
+            Err(CgroupError::Unsafe { .. })
+        ));
         process(&roots, 4, "0::/kubepods/pod1/gone\n");
-        assert!(matches!(leaf_of(&roots, 4), Err(CgroupError::Missing { .. })));
+        assert!(matches!(
+            leaf_of(&roots, 4),
+            Err(CgroupError::Missing { .. })
+        ));
         assert!(matches!(leaf_of(&roots, 5), Err(CgroupError::Proc { .. })));
         #[cfg(unix)]
         {
@@ -307,7 +319,10 @@ mod tests {
             dmem_capacity(&roots.cgroup),
             [("nvidia/00000000:02:00.0/vidmem".to_string(), 102641958912)]
         );
-        assert_eq!(dmem_region("00000000:3B:00.0"), "nvidia/00000000:3b:00.0/vidmem");
+        assert_eq!(
+            dmem_region("00000000:3B:00.0"),
+            "nvidia/00000000:3b:00.0/vidmem"
+        );
         let leaf = roots.cgroup.join("kubepods/pod1/c1");
         assert_eq!(populated(&leaf), None);
         std::fs::write(leaf.join("cgroup.events"), "populated 1\nfrozen 0\n").expect("events");

@@ -44,8 +44,8 @@ use crate::gpu::cdi::{
     remove_spec, write_spec,
 };
 use crate::node::contract::{self, ContainerEdits, NodeTraits, Target};
-use crate::node::gpus::ServedGpu;
 use crate::node::enforcement::{Enforcer, Mechanism};
+use crate::node::gpus::ServedGpu;
 use crate::node::kinds::DeviceKinds;
 use crate::node::paths::ServingPath;
 
@@ -176,7 +176,9 @@ impl CdiPreparer {
                 .as_ref()
                 .filter(|e| e.mechanism(ServingPath::Dra) == Mechanism::Driver)
                 .map(|e| {
-                    edits.envs.extend(crate::node::enforcement::limit_envs(share.memory_bytes));
+                    edits
+                        .envs
+                        .extend(crate::node::enforcement::limit_envs(share.memory_bytes));
                     e.hook_edit(&gpu.uuid, share.memory_bytes)
                 });
             let mut container_edits = container_edits(&edits);

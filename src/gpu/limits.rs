@@ -125,7 +125,9 @@ pub struct NvmlLimits {
 
 impl fmt::Debug for NvmlLimits {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("NvmlLimits").field("nvml", &self.nvml).finish()
+        f.debug_struct("NvmlLimits")
+            .field("nvml", &self.nvml)
+            .finish()
     }
 }
 
@@ -145,9 +147,8 @@ impl NvmlLimits {
             )));
         }
         let nvml = Nvml::open(OsStr::new(library)).map_err(|e| match e {
-            gpushare_nvml_limits::Error::Load { .. } | gpushare_nvml_limits::Error::Symbol { .. } => {
-                LimitError::Unavailable(e.to_string())
-            }
+            gpushare_nvml_limits::Error::Load { .. }
+            | gpushare_nvml_limits::Error::Symbol { .. } => LimitError::Unavailable(e.to_string()),
             other => nvml_error(other),
         })?;
         Ok(NvmlLimits {
@@ -264,7 +265,11 @@ impl SmiLimits {
             self.program,
             args.join(" "),
             run.status,
-            if text.is_empty() { "(no output)" } else { &text }
+            if text.is_empty() {
+                "(no output)"
+            } else {
+                &text
+            }
         );
         Err(classify_smi(&text, shown))
     }
@@ -353,7 +358,14 @@ impl MemoryLimits for SmiLimits {
     }
 
     fn get(&self, gpu: &str, cgroup: &Path) -> Result<LimitReading, LimitError> {
-        let out = self.run(&["memory-limits", "--get", "-n", path_text(cgroup)?, "-i", gpu])?;
+        let out = self.run(&[
+            "memory-limits",
+            "--get",
+            "-n",
+            path_text(cgroup)?,
+            "-i",
+            gpu,
+        ])?;
         parse_smi_get(&out).ok_or_else(|| {
             LimitError::Failed(format!(
                 "`{} memory-limits --get` printed no soft and hard limit: {}",

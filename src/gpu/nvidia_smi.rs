@@ -112,7 +112,9 @@ impl GpuBackend for NvidiaSmiBackend {
     fn memory_limits(
         &self,
     ) -> Result<Arc<dyn super::limits::MemoryLimits>, super::limits::LimitError> {
-        Ok(Arc::new(super::limits::SmiLimits::new(&self.options.program)))
+        Ok(Arc::new(super::limits::SmiLimits::new(
+            &self.options.program,
+        )))
     }
 
     /// Blocking: runs nvidia-smi (call from a blocking context in async code).

@@ -504,7 +504,9 @@ fn attach_gpu_memory(report: &mut NodeReport, node: &Node) {
         for pod in &mut gpu.pods {
             let mine: Vec<ContainerMemory> = rows
                 .iter()
-                .filter(|r| r.index == gpu.index && r.namespace == pod.namespace && r.pod == pod.name)
+                .filter(|r| {
+                    r.index == gpu.index && r.namespace == pod.namespace && r.pod == pod.name
+                })
                 .cloned()
                 .collect();
             if mine.is_empty() {
@@ -516,7 +518,10 @@ fn attach_gpu_memory(report: &mut NodeReport, node: &Node) {
                 .find(|s| *s != LimitState::Enforced)
                 .unwrap_or(LimitState::Enforced);
             pod.gpu_memory = Some(PodGpuMemory {
-                used_bytes: mine.iter().filter_map(|r| r.used).fold(0, u64::saturating_add),
+                used_bytes: mine
+                    .iter()
+                    .filter_map(|r| r.used)
+                    .fold(0, u64::saturating_add),
                 state: state.as_str().to_string(),
                 containers: mine,
             });

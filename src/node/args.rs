@@ -175,11 +175,20 @@ impl NodeArgs {
             &node("enforcement_install_hook"),
             self.enforcement_install_hook,
         );
-        flags.set(&node("enforcement_state_dir"), path(&self.enforcement_state_dir));
-        flags.set(&node("enforcement_cdi_dir"), path(&self.enforcement_cdi_dir));
+        flags.set(
+            &node("enforcement_state_dir"),
+            path(&self.enforcement_state_dir),
+        );
+        flags.set(
+            &node("enforcement_cdi_dir"),
+            path(&self.enforcement_cdi_dir),
+        );
         flags.set(&node("enforcement_check_secs"), self.enforcement_check_secs);
         flags.set(&node("cgroup_root"), path(&self.cgroup_root));
-        flags.set(&node("runtime_cgroup_root"), path(&self.runtime_cgroup_root));
+        flags.set(
+            &node("runtime_cgroup_root"),
+            path(&self.runtime_cgroup_root),
+        );
         flags.set(&node("runtime_proc_root"), path(&self.runtime_proc_root));
         self.gpu.overrides(flags);
         self.roots.overrides(flags);

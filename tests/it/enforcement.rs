@@ -11,7 +11,9 @@
 use gpushare_sandbox::nvml_stub::{self, MemoryAccounting};
 use serde_json::Value;
 
-use crate::support::enforcement::{self, GIB, Host, fake_smi, gpus, hook, oci_state, run_hook_as_runtime};
+use crate::support::enforcement::{
+    self, GIB, Host, fake_smi, gpus, hook, oci_state, run_hook_as_runtime,
+};
 use crate::support::{stderr, stdout};
 
 const POD: (&str, &str, &str) = ("team-a", "trainer", "main");
@@ -37,18 +39,33 @@ fn the_hook_sets_soft_and_hard_on_exactly_the_containers_cgroup_under_dmem() {
     assert!(out.status.success(), "{}", stderr(&out));
     let four = (4 * GIB).to_string();
     // Hard and soft on GPU 1 of c1's own cgroup; nothing on GPU 0, nothing on c2.
-    assert_eq!(host.dmem(&c1.path, "dmem.max", 1).as_deref(), Some(four.as_str()));
-    assert_eq!(host.dmem(&c1.path, "dmem.min", 1).as_deref(), Some(four.as_str()));
+    assert_eq!(
+        host.dmem(&c1.path, "dmem.max", 1).as_deref(),
+        Some(four.as_str())
+    );
+    assert_eq!(
+        host.dmem(&c1.path, "dmem.min", 1).as_deref(),
+        Some(four.as_str())
+    );
     assert_eq!(host.dmem(&c1.path, "dmem.max", 0), None);
     assert_eq!(host.dmem(&c2.path, "dmem.max", 1), None);
     // The driver's propagation: the pod and kubepods count the leaf's soft limit.
     let pod = c1.path.parent().expect("pod").to_path_buf();
-    assert_eq!(host.dmem(&pod, "dmem.min", 1).as_deref(), Some(four.as_str()));
+    assert_eq!(
+        host.dmem(&pod, "dmem.min", 1).as_deref(),
+        Some(four.as_str())
+    );
     // Idempotent: the same hook again changes nothing (no double count upwards).
     let again = run_hook_as_runtime(&spec, &oci_state(&c1));
     assert!(again.status.success(), "{}", stderr(&again));
-    assert_eq!(host.dmem(&c1.path, "dmem.max", 1).as_deref(), Some(four.as_str()));
-    assert_eq!(host.dmem(&pod, "dmem.min", 1).as_deref(), Some(four.as_str()));
+    assert_eq!(
+        host.dmem(&c1.path, "dmem.max", 1).as_deref(),
+        Some(four.as_str())
+    );
+    assert_eq!(
+        host.dmem(&pod, "dmem.min", 1).as_deref(),
+        Some(four.as_str())
+    );
     // The record names the pod and container from the bundle, the cgroup and the limit.
     let rec = record(&host, "c1");
     assert_eq!(rec["namespace"], "team-a");
@@ -59,7 +76,11 @@ fn the_hook_sets_soft_and_hard_on_exactly_the_containers_cgroup_under_dmem() {
     assert_eq!(rec["limits"][uuid(1)], 4 * GIB);
     // A second GPU of the same container adds to its record.
     let other = hook(&[(&uuid(0), 2 * GIB)], &host.hook_flags());
-    assert!(run_hook_as_runtime(&other, &oci_state(&c1)).status.success());
+    assert!(
+        run_hook_as_runtime(&other, &oci_state(&c1))
+            .status
+            .success()
+    );
     let rec = record(&host, "c1");
     assert_eq!(rec["limits"][uuid(0)], 2 * GIB);
     assert_eq!(rec["limits"][uuid(1)], 4 * GIB);
@@ -91,7 +112,10 @@ fn a_container_past_its_limit_runs_out_of_memory_and_its_neighbour_sees_the_whol
         // c2 has no limit: the whole 16 GiB, and 8 GiB fit.
         let free = host.workload(&c2, 0, &[8 * GIB]);
         let text = stdout(&free);
-        assert!(text.starts_with(&format!("memory total={}", 16 * GIB)), "{text}");
+        assert!(
+            text.starts_with(&format!("memory total={}", 16 * GIB)),
+            "{text}"
+        );
         assert!(free.status.success(), "{backend:?}: {text}");
     }
 }
@@ -123,7 +147,10 @@ fn every_failure_is_refused_naming_the_gpu_the_cgroup_and_the_drivers_error() {
     // Memory partitioning off: NVML's Not Supported.
     let host = Host::new(MemoryAccounting::Off, "615.10.02");
     let err = refused(&host, &[(&uuid(0), GIB)], &host.hook_flags(), true);
-    assert_names(&err, &[&uuid(0), leaf, "Not Supported (NVML error 3)", "cannot set"]);
+    assert_names(
+        &err,
+        &[&uuid(0), leaf, "Not Supported (NVML error 3)", "cannot set"],
+    );
 
     // A leaf whose parent did not enable +dmem: NVML's Not Found.
     let host = dmem();
@@ -139,7 +166,10 @@ fn every_failure_is_refused_naming_the_gpu_the_cgroup_and_the_drivers_error() {
     // An unknown GPU.
     let host = dmem();
     let err = refused(&host, &[("GPU-nope", GIB)], &host.hook_flags(), true);
-    assert_names(&err, &["GPU-nope", leaf, "unknown GPU", "nvmlDeviceGetHandleByUUID"]);
+    assert_names(
+        &err,
+        &["GPU-nope", leaf, "unknown GPU", "nvmlDeviceGetHandleByUUID"],
+    );
 
     // A GPU in MIG mode.
     let host = dmem();
@@ -150,10 +180,20 @@ fn every_failure_is_refused_naming_the_gpu_the_cgroup_and_the_drivers_error() {
     // No NVML at all.
     let host = dmem();
     let mut flags = host.hook_flags();
-    let at = flags.iter().position(|f| f == "--nvml-library").expect("flag") + 1;
+    let at = flags
+        .iter()
+        .position(|f| f == "--nvml-library")
+        .expect("flag")
+        + 1;
     flags[at] = "/nonexistent/libnvidia-ml.so.1".into();
     let err = refused(&host, &[(&uuid(0), GIB)], &flags, true);
-    assert_names(&err, &["no way to set GPU memory limits", "/nonexistent/libnvidia-ml.so.1"]);
+    assert_names(
+        &err,
+        &[
+            "no way to set GPU memory limits",
+            "/nonexistent/libnvidia-ml.so.1",
+        ],
+    );
 
     // A driver older than R615: its NVML lacks the calls.
     let host = Host::with_library(
@@ -171,7 +211,10 @@ fn cgroups_that_are_not_the_containers_own_are_never_touched() {
     let spec = hook(&[(&uuid(0), GIB)], &host.hook_flags());
     // cgroup v1 only.
     let c = host.container("u1", "v1", 201, POD, true);
-    host.process(201, "12:memory:/kubepods/podu1/v1\n1:name=systemd:/kubepods/podu1/v1\n");
+    host.process(
+        201,
+        "12:memory:/kubepods/podu1/v1\n1:name=systemd:/kubepods/podu1/v1\n",
+    );
     let out = run_hook_as_runtime(&spec, &oci_state(&c));
     assert!(!out.status.success());
     assert_names(&stderr(&out), &["container v1", "cgroup v2"]);
@@ -185,14 +228,20 @@ fn cgroups_that_are_not_the_containers_own_are_never_touched() {
     let c = host.container("u1", "intruder", 204, POD, true);
     host.process(204, &format!("0::{}\n", other.relative));
     let out = run_hook_as_runtime(&spec, &oci_state(&c));
-    assert_names(&stderr(&out), &["container intruder", "not the container's own"]);
+    assert_names(
+        &stderr(&out),
+        &["container intruder", "not the container's own"],
+    );
     assert_eq!(host.dmem(&other.path, "dmem.max", 0), None, "untouched");
     // A symlink out of the tree.
     let outside = host.root().join("outside");
     std::fs::create_dir_all(&outside).expect("dir");
     #[cfg(unix)]
-    std::os::unix::fs::symlink(&outside, host.cgroup.join("kubepods/cri-containerd-esc.scope"))
-        .expect("link");
+    std::os::unix::fs::symlink(
+        &outside,
+        host.cgroup.join("kubepods/cri-containerd-esc.scope"),
+    )
+    .expect("link");
     let c = host.container("u1", "esc", 205, POD, true);
     host.process(205, "0::/kubepods/cri-containerd-esc.scope\n");
     let out = run_hook_as_runtime(&spec, &oci_state(&c));
@@ -245,13 +294,20 @@ fn the_static_build_sets_and_reads_back_through_nvidia_smi() {
     );
     // A driver whose nvidia-smi has no memory-limits command.
     let old = tempfile::tempdir().expect("dir");
-    let smi = fake_smi(old.path(), "", Some("Option memory-limits is not recognized"));
+    let smi = fake_smi(
+        old.path(),
+        "",
+        Some("Option memory-limits is not recognized"),
+    );
     let mut flags = flags;
     flags[3] = smi.display().to_string();
     let c = host.container("u1", "c2", 102, POD, true);
     let out = run_hook_as_runtime(&hook(&[(&uuid(0), 4 * GIB)], &flags), &oci_state(&c));
     assert!(!out.status.success());
-    assert_names(&stderr(&out), &[&uuid(0), "older than R615", "not recognized"]);
+    assert_names(
+        &stderr(&out),
+        &[&uuid(0), "older than R615", "not recognized"],
+    );
     // The readback is checked: a limit that reads back otherwise fails.
     let wrong = tempfile::tempdir().expect("dir");
     let smi = fake_smi(wrong.path(), "soft limit: 0 MiB\nhard limit: max\n", None);
@@ -260,4 +316,143 @@ fn the_static_build_sets_and_reads_back_through_nvidia_smi() {
     let out = run_hook_as_runtime(&hook(&[(&uuid(0), 4 * GIB)], &flags), &oci_state(&c));
     assert_names(&stderr(&out), &["reads back as soft 0"]);
     let _ = enforcement::GIB;
+}
+
+/// `gpushare doctor --role node` on the fake host with `toml` as its configuration: the
+/// `enforcement` check as `status | detail | hint` (the other checks read this machine).
+fn doctor(host: &Host, extra: &[&str], node_toml: &str) -> String {
+    let config = host.root().join("gpushare.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[node]\ncgroup_root = \"{}\"\nenforcement_hook = \"{}\"\nenforcement_state_dir = \"{}\"\n{node_toml}",
+            host.cgroup.display(),
+            crate::support::bin().display(),
+            host.root().display(),
+        ),
+    )
+    .expect("config");
+    let library = host.library.display().to_string();
+    let config = config.display().to_string();
+    let mut args = vec![
+        "doctor",
+        "--role",
+        "node",
+        "--no-cluster",
+        "--config",
+        &config,
+        "--gpu-backend",
+        "nvml",
+        "--nvml-library",
+        &library,
+        "-o",
+        "json",
+    ];
+    args.extend_from_slice(extra);
+    let out = crate::support::run(&args);
+    let report: Value = serde_json::from_str(&stdout(&out)).expect("json");
+    let check = report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["id"] == "enforcement")
+        .expect("the enforcement check")
+        .clone();
+    format!(
+        "{} | {} | {}",
+        check["status"], check["detail"], check["hint"]
+    )
+}
+
+#[test]
+fn doctor_shows_the_mechanism_each_gpu_gets_and_the_fix() {
+    let host = Host::new(MemoryAccounting::Dmem, "615.10.02");
+    let text = doctor(
+        &host,
+        &[
+            "--enforcement",
+            "driver",
+            "--device-list-strategy",
+            "cdi-cri",
+        ],
+        "",
+    );
+    assert_names(
+        &text,
+        &[
+            "\"ok\"",
+            "GPU 0 (GPU-enf-0) on the device plugin: driver (dmem backend)",
+        ],
+    );
+    assert_names(&text, &["GPU 1 (GPU-enf-1) on the device plugin: driver"]);
+    // The envvar strategy cannot hand the hook over: driver fails, auto warns with the fix.
+    let text = doctor(&host, &["--enforcement", "driver"], "");
+    assert_names(
+        &text,
+        &[
+            "\"fail\"",
+            "enforcement needs a CDI strategy",
+            "cdi-cri",
+            "refuses to start",
+        ],
+    );
+    let text = doctor(&host, &[], "");
+    assert_names(
+        &text,
+        &["\"warn\"", "on the device plugin: none", "add cdi-cri"],
+    );
+    // A driver older than R615: the reason and its fix; auto says what it falls back to.
+    let old = Host::new(MemoryAccounting::Dmem, "550.54.15");
+    let text = doctor(
+        &old,
+        &[
+            "--enforcement",
+            "driver",
+            "--device-list-strategy",
+            "cdi-cri",
+        ],
+        "",
+    );
+    assert_names(
+        &text,
+        &[
+            "\"fail\"",
+            "driver 550.54.15 is older than R615",
+            "upgrade the driver",
+        ],
+    );
+    let text = doctor(&old, &["--device-list-strategy", "cdi-cri"], "");
+    assert_names(
+        &text,
+        &[
+            "\"ok\"",
+            "on the device plugin: none",
+            "why: MPS is off; not driver: driver 550.54.15",
+        ],
+    );
+    // cgroup v1 (no cgroup.controllers at the root) and no hook.
+    let v1 = Host::new(MemoryAccounting::Misc, "615.10.02");
+    std::fs::remove_file(v1.cgroup.join("cgroup.controllers")).expect("v1");
+    let text = doctor(
+        &v1,
+        &[
+            "--enforcement",
+            "driver",
+            "--device-list-strategy",
+            "cdi-cri",
+        ],
+        "",
+    );
+    assert_names(&text, &["is not a cgroup v2 root"]);
+    let text = doctor(
+        &host,
+        &[
+            "--enforcement",
+            "driver",
+            "--device-list-strategy",
+            "cdi-cri",
+        ],
+        "",
+    );
+    assert!(!text.contains("is not there"), "{text}");
 }

@@ -13,9 +13,7 @@ use std::path::Path;
 use gpushare::config::enforcement::Enforcement;
 use gpushare::config::{Config, DeviceListStrategies, DeviceListStrategy};
 use gpushare::core::MemoryUnit;
-use gpushare::core::wire::{
-    DRA_DEVICE_CLASS, DRA_DRIVER_NAME, NODE_ANN_CONTAINER_GPU_MEMORY,
-};
+use gpushare::core::wire::{DRA_DEVICE_CLASS, DRA_DRIVER_NAME, NODE_ANN_CONTAINER_GPU_MEMORY};
 use gpushare::dra::role;
 use gpushare::gpu::fake::FakeBackend;
 use gpushare::k8s::dra_request::rewrite;
@@ -129,9 +127,15 @@ fn submit(api: &ApiServer, name: &str, gib: u64) {
         ] },
     }))
     .expect("a pod");
-    let r = rewrite(&pod, "default", MemoryUnit::GIB, DRA_DRIVER_NAME, DRA_DEVICE_CLASS)
-        .expect("rewrites")
-        .expect("rewritten");
+    let r = rewrite(
+        &pod,
+        "default",
+        MemoryUnit::GIB,
+        DRA_DRIVER_NAME,
+        DRA_DEVICE_CLASS,
+    )
+    .expect("rewrites")
+    .expect("rewritten");
     api.create_object(serde_json::to_value(&r.template).expect("json"))
         .expect("the template");
     let mut value = serde_json::to_value(&r.pod).expect("json");
@@ -154,10 +158,16 @@ async fn dra_a_4gib_pod_is_limited_to_4gib_on_its_own_cgroup_and_the_readback_sh
         Mechanism::Driver
     );
     let kubelet = DraKubelet::start(&config.dra.registry_dir, NODE, api.client()).expect("kubelet");
-    kubelet.wait_registered(DRA_DRIVER_NAME).await.expect("registers");
+    kubelet
+        .wait_registered(DRA_DRIVER_NAME)
+        .await
+        .expect("registers");
 
     submit(&api, "p", 4);
-    let pass = DraAllocator::new(api.client()).reconcile().await.expect("a pass");
+    let pass = DraAllocator::new(api.client())
+        .reconcile()
+        .await
+        .expect("a pass");
     assert_eq!(pass.bound.len(), 1, "{pass:?}");
     assert_eq!(kubelet.sync().await.expect("sync").prepared, ["default/p"]);
     let uid = api.get_object("pods", Some("default"), "p").expect("pod")["metadata"]["uid"]
@@ -179,8 +189,14 @@ async fn dra_a_4gib_pod_is_limited_to_4gib_on_its_own_cgroup_and_the_readback_sh
     )
     .expect("json");
     let env = env_of(&spec, 0);
-    assert!(env.iter().any(|e| e == "NVIDIA_GPU_MEMORY_REQUEST=4096"), "{env:?}");
-    assert!(env.iter().any(|e| e == "NVIDIA_GPU_MEMORY_LIMIT=4096"), "{env:?}");
+    assert!(
+        env.iter().any(|e| e == "NVIDIA_GPU_MEMORY_REQUEST=4096"),
+        "{env:?}"
+    );
+    assert!(
+        env.iter().any(|e| e == "NVIDIA_GPU_MEMORY_LIMIT=4096"),
+        "{env:?}"
+    );
     let index: usize = env
         .iter()
         .find_map(|e| e.strip_prefix("ALIYUN_COM_GPU_MEM_IDX="))
@@ -189,9 +205,17 @@ async fn dra_a_4gib_pod_is_limited_to_4gib_on_its_own_cgroup_and_the_readback_sh
         .expect("an index");
     let hook = hook_of(&spec, 0);
     assert_eq!(hook["hookName"], "createRuntime");
-    let args: Vec<&str> = hook["args"].as_array().expect("args").iter().filter_map(Value::as_str).collect();
+    let args: Vec<&str> = hook["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
     let limit = format!("{}={}", gpus()[index].uuid, 4 * GIB);
-    assert!(args.windows(2).any(|w| w == ["--limit", limit.as_str()]), "{args:?}");
+    assert!(
+        args.windows(2).any(|w| w == ["--limit", limit.as_str()]),
+        "{args:?}"
+    );
 
     // The runtime creates the container and runs the hook.
     let main = host.container(&uid, "ctr-main", 4242, ("default", "p", "main"), true);
@@ -199,10 +223,24 @@ async fn dra_a_4gib_pod_is_limited_to_4gib_on_its_own_cgroup_and_the_readback_sh
     let out = run_hook_as_runtime(&hook, &oci_state(&main));
     assert!(out.status.success(), "{}", stderr(&out));
     let four = (4 * GIB).to_string();
-    assert_eq!(host.dmem(&main.path, "dmem.max", index).as_deref(), Some(four.as_str()));
-    assert_eq!(host.dmem(&main.path, "dmem.min", index).as_deref(), Some(four.as_str()));
-    assert_eq!(host.dmem(&side.path, "dmem.max", index), None, "only that container");
-    assert_eq!(host.dmem(&main.path, "dmem.max", 1 - index), None, "only that GPU");
+    assert_eq!(
+        host.dmem(&main.path, "dmem.max", index).as_deref(),
+        Some(four.as_str())
+    );
+    assert_eq!(
+        host.dmem(&main.path, "dmem.min", index).as_deref(),
+        Some(four.as_str())
+    );
+    assert_eq!(
+        host.dmem(&side.path, "dmem.max", index),
+        None,
+        "only that container"
+    );
+    assert_eq!(
+        host.dmem(&main.path, "dmem.max", 1 - index),
+        None,
+        "only that GPU"
+    );
     assert!(host.workload(&main, index, &[GIB]).status.success());
 
     // The readback: the node annotation, /metrics, inspect.
@@ -215,19 +253,33 @@ async fn dra_a_4gib_pod_is_limited_to_4gib_on_its_own_cgroup_and_the_readback_sh
     let (_, metrics) = extender_http::get(admin, "/metrics").await;
     let labels = ["namespace=\"default\"", "pod=\"p\"", "container=\"main\""];
     assert_eq!(
-        metric(&metrics, "gpushare_container_gpu_memory_limit_bytes", &labels).as_deref(),
+        metric(
+            &metrics,
+            "gpushare_container_gpu_memory_limit_bytes",
+            &labels
+        )
+        .as_deref(),
         Some(four.as_str()),
         "{metrics}"
     );
     assert_eq!(
-        metric(&metrics, "gpushare_container_gpu_memory_used_bytes", &labels).as_deref(),
+        metric(
+            &metrics,
+            "gpushare_container_gpu_memory_used_bytes",
+            &labels
+        )
+        .as_deref(),
         Some(GIB.to_string().as_str())
     );
     let kubeconfig = kubeconfig_for(&api.url());
     let kc = kubeconfig.path().display().to_string();
     let wide = inspect(&kc, "wide").await;
     assert!(wide.status.success(), "{}", stderr(&wide));
-    assert!(stdout(&wide).contains("default/p=1.0/4"), "{}", stdout(&wide));
+    assert!(
+        stdout(&wide).contains("default/p=1.0/4"),
+        "{}",
+        stdout(&wide)
+    );
     let json = inspect(&kc, "json").await;
     let report: Value = serde_json::from_str(&stdout(&json)).expect("json");
     let share = &report["nodes"][0]["gpus"][index]["pods"][0];
@@ -236,7 +288,10 @@ async fn dra_a_4gib_pod_is_limited_to_4gib_on_its_own_cgroup_and_the_readback_sh
 
     // Someone raises the hard limit behind the driver's back: a mismatch, an Event on the
     // pod, counted, a health message on the device.
-    let key = format!("nvidia/{}/vidmem", gpus()[index].pci_bus_id.to_ascii_lowercase());
+    let key = format!(
+        "nvidia/{}/vidmem",
+        gpus()[index].pci_bus_id.to_ascii_lowercase()
+    );
     std::fs::write(main.path.join("dmem.max"), format!("{key} {}\n", 8 * GIB)).expect("raised");
     wait_until("the mismatch is seen", || {
         row(&published_rows(&api, NODE), "p", "main").is_some_and(|r| r["state"] == "mismatch")
@@ -248,7 +303,12 @@ async fn dra_a_4gib_pod_is_limited_to_4gib_on_its_own_cgroup_and_the_readback_sh
     .await;
     let (_, metrics) = extender_http::get(admin, "/metrics").await;
     assert_eq!(
-        metric(&metrics, "gpushare_enforcement_violations_total", &["state=\"mismatch\""]).as_deref(),
+        metric(
+            &metrics,
+            "gpushare_enforcement_violations_total",
+            &["state=\"mismatch\""]
+        )
+        .as_deref(),
         Some("1"),
         "{metrics}"
     );
@@ -257,7 +317,8 @@ async fn dra_a_4gib_pod_is_limited_to_4gib_on_its_own_cgroup_and_the_readback_sh
             ps.iter().any(|p| {
                 p.health.iter().any(|h| {
                     h.health == "HEALTHY"
-                        && h.message.contains("GPU memory limit mismatch for default/p container main")
+                        && h.message
+                            .contains("GPU memory limit mismatch for default/p container main")
                 })
             })
         })
@@ -279,7 +340,12 @@ async fn dra_a_4gib_pod_is_limited_to_4gib_on_its_own_cgroup_and_the_readback_sh
     );
     let (_, metrics) = extender_http::get(admin, "/metrics").await;
     assert_eq!(
-        metric(&metrics, "gpushare_enforcement_cleanups_total", &["outcome=\"cleared\""]).as_deref(),
+        metric(
+            &metrics,
+            "gpushare_enforcement_cleanups_total",
+            &["outcome=\"cleared\""]
+        )
+        .as_deref(),
         Some("1")
     );
     plugin.stop().await;
@@ -328,8 +394,10 @@ async fn device_plugin_a_4gib_pod_gets_the_limit_device_whose_hook_limits_its_co
         .expect("the limit spec"),
     )
     .expect("json");
-    let uid = cluster.api.get_object("pods", Some("default"), "p").expect("pod")["metadata"]
-        ["uid"]
+    let uid = cluster
+        .api
+        .get_object("pods", Some("default"), "p")
+        .expect("pod")["metadata"]["uid"]
         .as_str()
         .expect("uid")
         .to_string();
@@ -337,7 +405,11 @@ async fn device_plugin_a_4gib_pod_gets_the_limit_device_whose_hook_limits_its_co
     let out = run_hook_as_runtime(&hook_of(&spec, 0), &oci_state(&main));
     assert!(out.status.success(), "{}", stderr(&out));
     let limited = host.workload(&main, 0, &[3 * GIB, 2 * GIB]);
-    assert!(stdout(&limited).starts_with(&format!("memory total={}", 4 * GIB)), "{}", stdout(&limited));
+    assert!(
+        stdout(&limited).starts_with(&format!("memory total={}", 4 * GIB)),
+        "{}",
+        stdout(&limited)
+    );
     assert_eq!(limited.status.code(), Some(2), "past 4 GiB: out of memory");
     wait_until("the readback", || {
         metric(
@@ -427,7 +499,10 @@ async fn driver_on_a_node_without_support_refuses_to_start_and_auto_falls_back_s
         cluster.bound_pod("p", &[("main", 4)], Some(0), 1);
         cluster.allocate("p", "main", 4).await.expect("allocated")
     };
-    assert!(!resp.envs.contains_key("NVIDIA_GPU_MEMORY_LIMIT"), "no driver limit");
+    assert!(
+        !resp.envs.contains_key("NVIDIA_GPU_MEMORY_LIMIT"),
+        "no driver limit"
+    );
     assert_eq!(resp.cdi_devices.len(), 1, "no limit device");
     cluster.stop().await;
     let _ = nvml_stub::LIBRARY_NAME;

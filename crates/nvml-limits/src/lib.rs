@@ -186,10 +186,17 @@ impl Nvml {
             reason: e.to_string(),
         })?;
         // SAFETY: each type below is the signature nvml.h (CUDA 13.4) declares for its name.
-        let init: InitFn = required(unsafe { lookup(&lib, b"nvmlInit_v2\0") }, &shown, "nvmlInit_v2")?;
+        let init: InitFn = required(
+            unsafe { lookup(&lib, b"nvmlInit_v2\0") },
+            &shown,
+            "nvmlInit_v2",
+        )?;
         // SAFETY: as above.
-        let shutdown: InitFn =
-            required(unsafe { lookup(&lib, b"nvmlShutdown\0") }, &shown, "nvmlShutdown")?;
+        let shutdown: InitFn = required(
+            unsafe { lookup(&lib, b"nvmlShutdown\0") },
+            &shown,
+            "nvmlShutdown",
+        )?;
         // SAFETY: as above.
         let error_string: ErrorStringFn = required(
             unsafe { lookup(&lib, b"nvmlErrorString\0") },
@@ -298,7 +305,9 @@ impl Nvml {
     pub fn set_limits(&self, uuid: &str, cgroup: &str, soft: u64, hard: u64) -> Result<(), Error> {
         let set = self.set_limits.ok_or(Error::NoMemoryLimits)?;
         let device = self.device(uuid)?;
-        let path = CString::new(cgroup).map_err(|_| Error::Nul { what: "cgroup path" })?;
+        let path = CString::new(cgroup).map_err(|_| Error::Nul {
+            what: "cgroup path",
+        })?;
         let mut limits = SetMemoryLimitsV1 {
             name_space: path.as_ptr(),
             soft_limit: soft,
@@ -315,7 +324,9 @@ impl Nvml {
     pub fn get_limits(&self, uuid: &str, cgroup: &str) -> Result<MemoryLimits, Error> {
         let get = self.get_limits.ok_or(Error::NoMemoryLimits)?;
         let device = self.device(uuid)?;
-        let path = CString::new(cgroup).map_err(|_| Error::Nul { what: "cgroup path" })?;
+        let path = CString::new(cgroup).map_err(|_| Error::Nul {
+            what: "cgroup path",
+        })?;
         let mut limits = GetMemoryLimitsV1 {
             name_space: path.as_ptr(),
             soft_limit: 0,
@@ -357,6 +368,9 @@ mod tests {
     #[test]
     fn a_missing_library_names_itself() {
         let err = Nvml::open(OsStr::new("/nonexistent/libnvidia-ml.so.1")).expect_err("absent");
-        assert!(err.to_string().contains("/nonexistent/libnvidia-ml.so.1"), "{err}");
+        assert!(
+            err.to_string().contains("/nonexistent/libnvidia-ml.so.1"),
+            "{err}"
+        );
     }
 }

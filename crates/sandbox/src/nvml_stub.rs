@@ -132,7 +132,12 @@ pub fn build_workload(out_dir: &Path) -> anyhow::Result<PathBuf> {
 }
 
 fn build_variant(out_dir: &Path, defines: &[&str]) -> anyhow::Result<PathBuf> {
-    let cached = cached_build(SOURCE, LIBRARY_NAME, defines, &["-shared", "-fPIC", "-O1", "-Wall"])?;
+    let cached = cached_build(
+        SOURCE,
+        LIBRARY_NAME,
+        defines,
+        &["-shared", "-fPIC", "-O1", "-Wall"],
+    )?;
     std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let target = out_dir.join(LIBRARY_NAME);
     // A copy, not a link: the loader treats one inode as one library, and each test needs its

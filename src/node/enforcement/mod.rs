@@ -117,11 +117,13 @@ pub fn driver_major(version: &str) -> Option<u32> {
 
 /// What the node offers of the driver's limits: `limits` (the GPU backend's way to them, or
 /// why there is none), the driver version and GPUs of `inventory`, the cgroup v2 tree at
-/// `config.cgroup_root`, the hook at `config.enforcement_hook` and the state directory.
+/// `config.cgroup_root`, the hook at `config.enforcement_hook` and the state directory
+/// (created when `create_state_dir`, else only looked at: doctor changes nothing).
 pub fn probe(
     config: &NodeConfig,
     inventory: &Inventory,
     limits: Result<&dyn MemoryLimits, &LimitError>,
+    create_state_dir: bool,
 ) -> Support {
     let mut support = Support {
         driver_version: inventory.driver_version.clone(),
@@ -198,14 +200,21 @@ pub fn probe(
             config.enforcement_hook.display()
         ));
     }
-    // Created only when nothing else stands in the way (it is a host directory).
-    if support.problems.is_empty()
-        && let Err(e) = std::fs::create_dir_all(&config.enforcement_state_dir)
-    {
+    let state = &config.enforcement_state_dir;
+    let state_problem = if !create_state_dir {
+        let parent_is_dir = state.parent().is_some_and(Path::is_dir);
+        (!state.is_dir() && !parent_is_dir).then(|| "neither it nor its parent exists".to_string())
+    } else if support.problems.is_empty() {
+        // Created only when nothing else stands in the way (it is a host directory).
+        std::fs::create_dir_all(state).err().map(|e| e.to_string())
+    } else {
+        None
+    };
+    if let Some(why) = state_problem {
         support.problems.push(format!(
-            "cannot create the state directory {}: {e}; fix: mount a host directory there (the \
-             hook records the limits it sets in it)",
-            config.enforcement_state_dir.display()
+            "the state directory {} cannot be used ({why}); fix: mount a host directory there \
+             (the hook records the limits it sets in it, the node agent reads them back)",
+            state.display()
         ));
     }
     support
@@ -285,9 +294,9 @@ fn hands_over_cdi(config: &NodeConfig, path: ServingPath) -> bool {
     }
 }
 
-const NEEDS_CDI: &str = "the device-plugin path hands the hook over as a CDI device, and \
-     --device-list-strategy has no CDI strategy; fix: add cdi-cri (kubelet 1.28+) or \
-     cdi-annotations to --device-list-strategy";
+const NEEDS_CDI: &str = "the device-plugin path hands the hook over as a CDI device, so \
+     enforcement needs a CDI strategy and --device-list-strategy has none; fix: add cdi-cri \
+     (kubelet 1.28+) or cdi-annotations to --device-list-strategy";
 
 /// What `path`'s containers get on a node that offers `support`, for `config.enforcement`.
 pub fn decide(
@@ -389,20 +398,21 @@ impl Enforcer {
         backend: &Arc<dyn GpuBackend>,
         inventory: &Inventory,
     ) -> Enforcer {
-        let wants_driver = matches!(
-            config.enforcement,
-            Enforcement::Auto | Enforcement::Driver
-        );
+        let wants_driver = matches!(config.enforcement, Enforcement::Auto | Enforcement::Driver);
         if wants_driver && config.enforcement_install_hook {
             match install_hook(&config.enforcement_hook) {
-                Ok(true) => tracing::info!(hook = %config.enforcement_hook.display(), "installed the memory-limit hook"),
+                Ok(true) => {
+                    tracing::info!(hook = %config.enforcement_hook.display(), "installed the memory-limit hook")
+                }
                 Ok(false) => {}
-                Err(e) => tracing::warn!(hook = %config.enforcement_hook.display(), error = %e, "could not install the memory-limit hook"),
+                Err(e) => {
+                    tracing::warn!(hook = %config.enforcement_hook.display(), error = %e, "could not install the memory-limit hook")
+                }
             }
         }
         let (support, limits) = if wants_driver {
             let limits = backend.memory_limits();
-            let support = probe(config, inventory, limits.as_ref().map(|l| l.as_ref()));
+            let support = probe(config, inventory, limits.as_ref().map(|l| l.as_ref()), true);
             (support, limits.ok())
         } else {
             (
@@ -563,7 +573,10 @@ impl Enforcer {
 
     /// The CDI annotation key of a limit device (`cdi-annotations`).
     pub fn limit_annotation_key(&self) -> String {
-        format!("{}{LIMIT_CDI_ANNOTATION}", self.config.cdi_annotation_prefix)
+        format!(
+            "{}{LIMIT_CDI_ANNOTATION}",
+            self.config.cdi_annotation_prefix
+        )
     }
 
     /// How the device-plugin path names the limit device: as a CDI device (`cdi-cri`) and/or
@@ -649,12 +662,18 @@ mod tests {
         let d = |c: &NodeConfig, s: &Support, p| decide(c, s, p).expect("auto decides");
         let dra = ServingPath::Dra;
         let dp = ServingPath::DevicePlugin;
-        assert_eq!(d(&config(Enforcement::Auto, true, false), &ok, dra).mechanism, Mechanism::Driver);
+        assert_eq!(
+            d(&config(Enforcement::Auto, true, false), &ok, dra).mechanism,
+            Mechanism::Driver
+        );
         // The device-plugin path without a CDI strategy cannot hand the hook over.
         let no_cdi = d(&config(Enforcement::Auto, true, false), &ok, dp);
         assert_eq!(no_cdi.mechanism, Mechanism::Mps);
         assert!(no_cdi.why.contains("cdi-cri"), "{}", no_cdi.why);
-        assert_eq!(d(&config(Enforcement::Auto, true, true), &ok, dp).mechanism, Mechanism::Driver);
+        assert_eq!(
+            d(&config(Enforcement::Auto, true, true), &ok, dp).mechanism,
+            Mechanism::Driver
+        );
         let fallback = d(&config(Enforcement::Auto, false, true), &bad, dp);
         assert_eq!(fallback.mechanism, Mechanism::None);
         assert!(fallback.why.contains("older than R615"), "{}", fallback.why);
@@ -666,18 +685,31 @@ mod tests {
             problems: vec!["driver 550 is older than R615; fix: upgrade".into()],
             ..supported()
         };
-        let err = decide(&config(Enforcement::Driver, false, false), &bad, ServingPath::DevicePlugin)
-            .expect_err("refused");
+        let err = decide(
+            &config(Enforcement::Driver, false, false),
+            &bad,
+            ServingPath::DevicePlugin,
+        )
+        .expect_err("refused");
         let msg = err.to_string();
         assert!(msg.contains("older than R615"), "{msg}");
         assert!(msg.contains("cdi-cri"), "{msg}");
         assert!(
-            decide(&config(Enforcement::Driver, false, false), &supported(), ServingPath::Dra).is_ok()
+            decide(
+                &config(Enforcement::Driver, false, false),
+                &supported(),
+                ServingPath::Dra
+            )
+            .is_ok()
         );
         assert_eq!(
-            decide(&config(Enforcement::None, true, true), &supported(), ServingPath::Dra)
-                .expect("none")
-                .mechanism,
+            decide(
+                &config(Enforcement::None, true, true),
+                &supported(),
+                ServingPath::Dra
+            )
+            .expect("none")
+            .mechanism,
             Mechanism::None
         );
     }

@@ -244,11 +244,17 @@ pub struct Scope {
 }
 
 /// The state of one recorded container's limit on one GPU.
-fn judge(expected: u64, read: Result<crate::gpu::limits::LimitReading, LimitError>) -> (LimitState, Option<u64>, Option<u64>, String) {
+fn judge(
+    expected: u64,
+    read: Result<crate::gpu::limits::LimitReading, LimitError>,
+) -> (LimitState, Option<u64>, Option<u64>, String) {
     match read {
-        Ok(r) if r.soft == expected && r.hard == expected => {
-            (LimitState::Enforced, Some(r.hard), Some(r.used), String::new())
-        }
+        Ok(r) if r.soft == expected && r.hard == expected => (
+            LimitState::Enforced,
+            Some(r.hard),
+            Some(r.used),
+            String::new(),
+        ),
         Ok(r) if r.is_unlimited() => (
             LimitState::Missing,
             None,
@@ -383,7 +389,11 @@ fn container_id(raw: &str) -> &str {
 
 /// Rows for the device-plugin path's running GPU containers that no record names: the hook
 /// never ran for them (a runtime that ignores CDI while the envvar strategy hands the GPU over).
-pub fn unrecorded(pods: &[Pod], recorded: &BTreeSet<String>, scope: &Scope) -> Vec<ContainerMemory> {
+pub fn unrecorded(
+    pods: &[Pod],
+    recorded: &BTreeSet<String>,
+    scope: &Scope,
+) -> Vec<ContainerMemory> {
     let mut rows = Vec::new();
     for pod in pods {
         let (ann, _) = crate::k8s::project::pod_annotations(pod);
@@ -448,12 +458,7 @@ fn for_annotation(rows: &[ContainerMemory]) -> Vec<ContainerMemory> {
 }
 
 /// Runs the readback until `stop`: a cycle at once, then every `enforcement_check_secs`.
-pub async fn run(
-    enforcer: Arc<Enforcer>,
-    client: kube::Client,
-    scope: Scope,
-    stop: Shutdown,
-) {
+pub async fn run(enforcer: Arc<Enforcer>, client: kube::Client, scope: Scope, stop: Shutdown) {
     let Some(limits) = enforcer.limits().cloned() else {
         return;
     };
@@ -472,7 +477,10 @@ pub async fn run(
         if let Ok(n) = refreshed
             && n > 0
         {
-            tracing::info!(specs = n, "rewrote the device-plugin path's limit specs with the current hook");
+            tracing::info!(
+                specs = n,
+                "rewrote the device-plugin path's limit specs with the current hook"
+            );
         }
     }
     let events = Events::new(client.clone(), DEVICE_PLUGIN_COMPONENT, &scope.node);
@@ -525,14 +533,19 @@ pub async fn run(
             }
             let value = super::report::to_annotation(&for_annotation(&rows));
             if published.as_deref() != Some(value.as_str()) {
-                let ann = BTreeMap::from([(NODE_ANN_CONTAINER_GPU_MEMORY.to_string(), value.clone())]);
+                let ann =
+                    BTreeMap::from([(NODE_ANN_CONTAINER_GPU_MEMORY.to_string(), value.clone())]);
                 match crate::node::api::bounded(crate::k8s::write::patch_node_annotations(
-                    &client, &scope.node, &ann,
+                    &client,
+                    &scope.node,
+                    &ann,
                 ))
                 .await
                 {
                     Ok(_) => published = Some(value),
-                    Err(e) => tracing::debug!(error = %e, "container GPU memory not published on the node"),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "container GPU memory not published on the node")
+                    }
                 }
             }
         }
@@ -559,7 +572,13 @@ mod tests {
 
     #[test]
     fn readings_are_judged_against_the_share() {
-        let r = |soft, hard| Ok(LimitReading { soft, hard, used: 7 });
+        let r = |soft, hard| {
+            Ok(LimitReading {
+                soft,
+                hard,
+                used: 7,
+            })
+        };
         assert_eq!(judge(4, r(4, 4)).0, LimitState::Enforced);
         assert_eq!(judge(4, r(0, NO_LIMIT)).0, LimitState::Missing);
         let (state, limit, _, detail) = judge(4, r(0, 8));

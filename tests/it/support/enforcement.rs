@@ -303,7 +303,11 @@ pub fn run_hook_as_runtime(hook: &Value, state: &Value) -> Output {
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|e| e.as_str()?.split_once('=').map(|(k, v)| (k.into(), v.into())))
+        .filter_map(|e| {
+            e.as_str()?
+                .split_once('=')
+                .map(|(k, v)| (k.into(), v.into()))
+        })
         .collect();
     let mut cmd = Command::new(path);
     #[cfg(unix)]
@@ -360,10 +364,7 @@ pub fn fake_smi(dir: &Path, get_output: &str, fail: Option<&str>) -> PathBuf {
     };
     std::fs::write(
         &path,
-        format!(
-            "#!/bin/sh\necho \"$*\" >> '{}'\n{body}",
-            calls.display()
-        ),
+        format!("#!/bin/sh\necho \"$*\" >> '{}'\n{body}", calls.display()),
     )
     .expect("script");
     #[cfg(unix)]
