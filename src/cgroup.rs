@@ -9,6 +9,9 @@
 //! `..` components, always a directory under the root (its real path too, so a symlink cannot
 //! lead out of the tree).
 //!
+//! [`EventsWatch`] (Linux) waits for the `cgroup.events` of a set of cgroups to change
+//! (inotify), so a stopped container's cgroup is noticed while it still exists.
+//!
 //! It does not write anything, talk to the GPU, or know which container a cgroup belongs to.
 
 use std::path::{Component, Path, PathBuf};
@@ -237,6 +240,87 @@ pub fn check_inside(root: &Path, path: &Path) -> Result<(), CgroupError> {
     Ok(())
 }
 
+/// Waits for the `cgroup.events` file of watched cgroups to change (the kernel notifies a
+/// modification when `populated` or `frozen` flips): inotify, Linux only.
+#[cfg(target_os = "linux")]
+#[derive(Debug)]
+pub struct EventsWatch {
+    fd: rustix::fd::OwnedFd,
+    watched: std::collections::BTreeMap<PathBuf, i32>,
+}
+
+#[cfg(target_os = "linux")]
+impl EventsWatch {
+    /// A watch of nothing yet.
+    pub fn new() -> std::io::Result<EventsWatch> {
+        use rustix::fs::inotify::{CreateFlags, init};
+        Ok(EventsWatch {
+            fd: init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)?,
+            watched: std::collections::BTreeMap::new(),
+        })
+    }
+
+    /// Watches the `cgroup.events` of each of `cgroups` (directories), and no other; returns
+    /// those newly watched (a change before now is not reported: look at them once).
+    pub fn set(&mut self, cgroups: &[PathBuf]) -> Vec<PathBuf> {
+        use rustix::fs::inotify::{WatchFlags, add_watch, remove_watch};
+        let gone: Vec<PathBuf> = self
+            .watched
+            .keys()
+            .filter(|p| !cgroups.contains(p))
+            .cloned()
+            .collect();
+        for p in gone {
+            if let Some(wd) = self.watched.remove(&p) {
+                let _ = remove_watch(&self.fd, wd);
+            }
+        }
+        let mut added = Vec::new();
+        for p in cgroups {
+            if self.watched.contains_key(p) {
+                continue;
+            }
+            if let Ok(wd) = add_watch(&self.fd, p.join("cgroup.events"), WatchFlags::MODIFY) {
+                self.watched.insert(p.clone(), wd);
+                added.push(p.clone());
+            }
+        }
+        added
+    }
+
+    /// Waits up to `timeout` for changes; the cgroups whose `cgroup.events` changed.
+    pub fn wait(&mut self, timeout: std::time::Duration) -> Vec<PathBuf> {
+        use rustix::event::{PollFd, PollFlags, Timespec, poll};
+        use rustix::fs::inotify::{ReadFlags, Reader};
+        let limit = Timespec {
+            tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        let mut fds = [PollFd::new(&self.fd, PollFlags::IN)];
+        if !matches!(poll(&mut fds, Some(&limit)), Ok(n) if n > 0) {
+            return Vec::new();
+        }
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+        let mut reader = Reader::new(&self.fd, &mut buf);
+        let mut changed = Vec::new();
+        let mut dropped = Vec::new();
+        while let Ok(event) = reader.next() {
+            let wd = event.wd();
+            if let Some((p, _)) = self.watched.iter().find(|(_, w)| **w == wd) {
+                if event.events().contains(ReadFlags::IGNORED) {
+                    dropped.push(p.clone());
+                } else if !changed.contains(p) {
+                    changed.push(p.clone());
+                }
+            }
+        }
+        for p in dropped {
+            self.watched.remove(&p);
+        }
+        changed
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,5 +414,28 @@ mod tests {
         std::fs::write(leaf.join("cgroup.events"), "populated 0\nfrozen 0\n").expect("events");
         assert_eq!(populated(&leaf), Some(false));
         assert!(!has_dmem_files(&leaf));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_watch_sees_cgroup_events_change() {
+        let (_d, roots) = tree();
+        let leaf = roots.cgroup.join("kubepods/pod1/c1");
+        std::fs::write(leaf.join("cgroup.events"), "populated 1\n").expect("events");
+        let mut watch = EventsWatch::new().expect("inotify");
+        assert_eq!(watch.set(std::slice::from_ref(&leaf)), [leaf.clone()]);
+        assert!(
+            watch.set(std::slice::from_ref(&leaf)).is_empty(),
+            "watched already"
+        );
+        assert!(watch.wait(std::time::Duration::from_millis(1)).is_empty());
+        std::fs::write(leaf.join("cgroup.events"), "populated 0\n").expect("events");
+        assert_eq!(
+            watch.wait(std::time::Duration::from_secs(5)),
+            [leaf.clone()]
+        );
+        watch.set(&[]);
+        std::fs::write(leaf.join("cgroup.events"), "populated 1\n").expect("events");
+        assert!(watch.wait(std::time::Duration::from_millis(50)).is_empty());
     }
 }

@@ -463,7 +463,9 @@ fn doctor_shows_the_mechanism_each_gpu_gets_and_the_fix() {
 #[ignore = "needs an NVIDIA GPU with driver R615+, cgroup v2 and root"]
 fn gpu_two_containers_on_one_gpu_one_past_its_limit_runs_out_of_memory() {
     let out = std::process::Command::new("sh")
-        .arg(crate::support::source_tree::repo_path("tests/gpu/enforcement.sh"))
+        .arg(crate::support::source_tree::repo_path(
+            "tests/gpu/enforcement.sh",
+        ))
         .env("GPUSHARE", crate::support::bin())
         .output()
         .expect("sh runs");

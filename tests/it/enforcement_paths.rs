@@ -507,3 +507,52 @@ async fn driver_on_a_node_without_support_refuses_to_start_and_auto_falls_back_s
     cluster.stop().await;
     let _ = nvml_stub::LIBRARY_NAME;
 }
+
+#[tokio::test]
+async fn a_stopped_containers_limit_is_cleared_while_its_cgroup_still_exists() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let host = Host::new(MemoryAccounting::Dmem, "615.10.02");
+    let mut config = Config::default();
+    host.driver_config(&mut config);
+    let backend = host.backend();
+    let inventory = backend.inventory().expect("the stub's GPUs");
+    let enforcer = Arc::new(gpushare::node::enforcement::Enforcer::prepare(
+        &config.node,
+        &backend,
+        &inventory,
+    ));
+    assert!(enforcer.support().ok(), "{:?}", enforcer.support());
+    let limits = enforcer.limits().expect("NVML's limits").clone();
+    let c = host.container("u1", "c1", 101, ("default", "p", "main"), true);
+    let hook = crate::support::enforcement::hook(&[(&gpus()[0].uuid, 4 * GIB)], &host.hook_flags());
+    assert!(run_hook_as_runtime(&hook, &oci_state(&c)).status.success());
+    let pod_dir = c.path.parent().expect("pod").to_path_buf();
+    assert_eq!(
+        host.dmem(&pod_dir, "dmem.min", 0),
+        Some((4 * GIB).to_string())
+    );
+    // Only the watch runs (no readback cycle): the container stops, its cgroup stays.
+    let stop = Arc::new(AtomicBool::new(false));
+    let watch = {
+        let (enforcer, stop) = (enforcer.clone(), stop.clone());
+        std::thread::spawn(move || {
+            gpushare::node::enforcement::readback::watch_stops(enforcer, limits, stop)
+        })
+    };
+    host.stop(&c);
+    wait_until("the limit cleared while the cgroup exists", || {
+        host.dmem(&c.path, "dmem.max", 0).as_deref() == Some("max")
+            && !host.state.join("c1.json").exists()
+    })
+    .await;
+    assert!(c.path.is_dir(), "the runtime has not removed it");
+    assert_eq!(
+        host.dmem(&pod_dir, "dmem.min", 0).as_deref(),
+        Some("0"),
+        "the ancestors no longer count its soft limit"
+    );
+    assert_eq!(enforcer.status().cycles(), 0, "no readback cycle did it");
+    stop.store(true, Ordering::Relaxed);
+    watch.join().expect("the watch ends");
+}

@@ -14,7 +14,8 @@
 //!
 //! Cleanup: a recorded cgroup that holds no process any more (`populated 0`: the container
 //! stopped, its cgroup not yet removed) has its limits cleared (soft 0, no hard limit) before
-//! the runtime removes it — under dmem a soft limit left on a removed cgroup stays counted in
+//! the runtime removes it — noticed at once through inotify on its `cgroup.events`
+//! ([`watch_stops`]), and by every cycle as well — under dmem a soft limit left on a removed cgroup stays counted in
 //! its ancestors — and the record is removed; a cgroup already gone is counted as a missed
 //! cleanup. The first cycle runs at start, so a restarted node agent reconciles what happened
 //! while it was down.
@@ -354,8 +355,12 @@ pub fn check_records(
     (rows, ids)
 }
 
-/// Clears a stopped container's limits and drops its record.
+/// Clears a stopped container's limits and drops its record (once: a record already dropped,
+/// by the other of the readback and the watch, is left alone).
 fn clear(enforcer: &Enforcer, limits: &dyn MemoryLimits, rec: &LimitRecord, leaf: &Leaf) {
+    if record::read(enforcer.state_dir(), &rec.container_id).is_none() {
+        return;
+    }
     let mut failed = false;
     for uuid in rec.limits.keys() {
         if let Err(e) = limits.set(uuid, &leaf.path, 0, NO_LIMIT)
@@ -380,6 +385,54 @@ fn clear(enforcer: &Enforcer, limits: &dyn MemoryLimits, rec: &LimitRecord, leaf
         "stopped container: limits cleared"
     );
     let _ = record::remove(enforcer.state_dir(), &rec.container_id);
+}
+
+/// Clears the limits of a recorded container the moment its cgroup empties (inotify on
+/// `cgroup.events`), between the readback's cycles, so the runtime's removal of the cgroup
+/// rarely comes first. Re-reads the records every second; returns when `stop` is set.
+#[cfg(target_os = "linux")]
+pub fn watch_stops(
+    enforcer: Arc<Enforcer>,
+    limits: Arc<dyn MemoryLimits>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) {
+    let mut watch = match crate::cgroup::EventsWatch::new() {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(error = %e, "no inotify: stopped containers are cleared by the readback only");
+            return;
+        }
+    };
+    let root = enforcer.config().cgroup_root.clone();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let (records, _) = record::read_all(enforcer.state_dir());
+        let leaves: BTreeMap<std::path::PathBuf, (LimitRecord, Leaf)> = records
+            .into_iter()
+            .filter_map(|r| {
+                let leaf = Leaf::at(&root, &r.cgroup).ok()?;
+                Some((leaf.path.clone(), (r, leaf)))
+            })
+            .collect();
+        let paths: Vec<std::path::PathBuf> = leaves.keys().cloned().collect();
+        // A cgroup that emptied before it was watched is looked at once.
+        let added = watch.set(&paths);
+        for changed in added.into_iter().chain(watch.wait(Duration::from_secs(1))) {
+            if let Some((rec, leaf)) = leaves.get(&changed)
+                && crate::cgroup::populated(&leaf.path) == Some(false)
+            {
+                clear(&enforcer, limits.as_ref(), rec, leaf);
+            }
+        }
+    }
+}
+
+/// Sets the flag when dropped (the watch thread's stop).
+struct StopOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// The container id of a status's `containerID` (`containerd://<id>`, `cri-o://<id>`).
@@ -481,6 +534,18 @@ pub async fn run(enforcer: Arc<Enforcer>, client: kube::Client, scope: Scope, st
                 specs = n,
                 "rewrote the device-plugin path's limit specs with the current hook"
             );
+        }
+    }
+    let stop_watch = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let _stop_watch = StopOnDrop(stop_watch.clone());
+    #[cfg(target_os = "linux")]
+    {
+        let (enforcer, limits) = (enforcer.clone(), limits.clone());
+        if let Err(e) = std::thread::Builder::new()
+            .name("enforcement-stops".to_string())
+            .spawn(move || watch_stops(enforcer, limits, stop_watch))
+        {
+            tracing::warn!(error = %e, "cannot start the cgroup watch: stopped containers are cleared by the readback only");
         }
     }
     let events = Events::new(client.clone(), DEVICE_PLUGIN_COMPONENT, &scope.node);
