@@ -423,7 +423,7 @@ mod tests {
         let leaf = roots.cgroup.join("kubepods/pod1/c1");
         std::fs::write(leaf.join("cgroup.events"), "populated 1\n").expect("events");
         let mut watch = EventsWatch::new().expect("inotify");
-        assert_eq!(watch.set(std::slice::from_ref(&leaf)), [leaf.clone()]);
+        assert_eq!(watch.set(std::slice::from_ref(&leaf)), vec![leaf.clone()]);
         assert!(
             watch.set(std::slice::from_ref(&leaf)).is_empty(),
             "watched already"
@@ -432,7 +432,7 @@ mod tests {
         std::fs::write(leaf.join("cgroup.events"), "populated 0\n").expect("events");
         assert_eq!(
             watch.wait(std::time::Duration::from_secs(5)),
-            [leaf.clone()]
+            vec![leaf.clone()]
         );
         watch.set(&[]);
         std::fs::write(leaf.join("cgroup.events"), "populated 1\n").expect("events");
