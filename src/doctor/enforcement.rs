@@ -40,26 +40,21 @@ fn under_root(host: &HostRoot, node: &NodeConfig) -> NodeConfig {
 
 /// Opens the configured backend's way to the limits, off the runtime and within a deadline.
 async fn open_limits(config: &Config) -> Result<Arc<dyn MemoryLimits>, LimitError> {
-    let gpu = config.gpu.clone();
-    let opened = tokio::time::timeout(
-        OPEN_TIMEOUT,
-        tokio::task::spawn_blocking(move || {
-            crate::gpu::open(&gpu)
-                .map_err(|e| LimitError::Unavailable(e.to_string()))?
-                .memory_limits()
-        }),
-    )
+    let opened = tokio::time::timeout(OPEN_TIMEOUT, async {
+        let backend = crate::gpu::open_off_runtime(&config.gpu)
+            .await
+            .map_err(|e| LimitError::Unavailable(e.to_string()))?;
+        tokio::task::spawn_blocking(move || backend.memory_limits())
+            .await
+            .map_err(|e| LimitError::Unavailable(format!("the probe did not finish: {e}")))?
+    })
     .await;
-    match opened {
-        Ok(Ok(result)) => result,
-        Ok(Err(e)) => Err(LimitError::Unavailable(format!(
-            "the probe did not finish: {e}"
-        ))),
-        Err(_) => Err(LimitError::Unavailable(format!(
+    opened.unwrap_or_else(|_| {
+        Err(LimitError::Unavailable(format!(
             "no answer within {} s",
             OPEN_TIMEOUT.as_secs()
-        ))),
-    }
+        )))
+    })
 }
 
 /// The `enforcement` check for the serving paths of this node: the device plugin's, and the
