@@ -5,7 +5,8 @@
 //! node agent reads every limit back, into `/metrics`, the node annotation that `inspect -o
 //! wide` / `-o json` show as used/allocated, and, when a limit is missing, an Event on the pod,
 //! a counted violation and (DRA) a health message on the device; a stopped container's limit
-//! is cleared before its cgroup goes. `enforcement = driver` on a node without support refuses
+//! is cleared before its cgroup goes (the cgroup watch alone does it), and a restarted node
+//! agent reconciles the records left while it was down. `enforcement = driver` on a node without support refuses
 //! to start with the reason; `auto` there falls back and says which mechanism it chose.
 
 use std::path::Path;
@@ -555,4 +556,60 @@ async fn a_stopped_containers_limit_is_cleared_while_its_cgroup_still_exists() {
     assert_eq!(enforcer.status().cycles(), 0, "no readback cycle did it");
     stop.store(true, Ordering::Relaxed);
     watch.join().expect("the watch ends");
+}
+
+#[tokio::test]
+async fn a_restarted_node_agent_reconciles_what_happened_while_it_was_down() {
+    let host = Host::new(MemoryAccounting::Dmem, "615.10.02");
+    let hook = crate::support::enforcement::hook(&[(&gpus()[0].uuid, 2 * GIB)], &host.hook_flags());
+    // While no node agent ran: one container stopped (its cgroup still there), one went
+    // entirely, one still runs.
+    let stopped = host.container("u1", "stopped", 301, ("default", "a", "main"), true);
+    let gone = host.container("u2", "gone", 302, ("default", "b", "main"), true);
+    let running = host.container("u3", "running", 303, ("default", "c", "main"), true);
+    for c in [&stopped, &gone, &running] {
+        assert!(run_hook_as_runtime(&hook, &oci_state(c)).status.success());
+    }
+    host.stop(&stopped);
+    for f in ["dmem.max", "dmem.min", "dmem.current", "cgroup.events"] {
+        std::fs::remove_file(gone.path.join(f)).expect("gone");
+    }
+    std::fs::remove_dir(&gone.path).expect("the runtime removed it");
+
+    let api = dra_api().await;
+    let dir = short_tempdir();
+    let config = dra_config(&host, dir.path());
+    let plugin = role::start(&config, api.client(), host.backend(), Shutdown::never())
+        .await
+        .expect("starts");
+    wait_until("the first cycle reconciled the records", || {
+        !host.state.join("stopped.json").exists() && !host.state.join("gone.json").exists()
+    })
+    .await;
+    assert_eq!(
+        host.dmem(&stopped.path, "dmem.max", 0).as_deref(),
+        Some("max"),
+        "cleared"
+    );
+    assert!(
+        host.state.join("running.json").exists(),
+        "the running one is kept"
+    );
+    wait_until("the running one read back", || {
+        row(&published_rows(&api, NODE), "c", "main").is_some_and(|r| r["state"] == "enforced")
+    })
+    .await;
+    let (_, metrics) = extender_http::get(plugin.admin_addr().expect("admin"), "/metrics").await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "gpushare_enforcement_cleanups_total",
+            &["outcome=\"missed\""]
+        )
+        .as_deref(),
+        Some("1"),
+        "{metrics}"
+    );
+    plugin.stop().await;
+    api.shutdown().await;
 }
