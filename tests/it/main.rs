@@ -21,6 +21,8 @@ mod dra;
 mod dra_kinds;
 mod dra_plugin;
 mod dra_role;
+mod enforcement;
+mod enforcement_paths;
 mod extender;
 mod gpu;
 mod ha;
