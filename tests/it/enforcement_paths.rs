@@ -32,7 +32,7 @@ use crate::support::deviceplugin_cluster::{self, NODE as DP_NODE};
 use crate::support::enforcement::{GIB, Host, gpus, oci_state, run_hook_as_runtime};
 use crate::support::socket_dir::short_tempdir;
 use crate::support::wait::wait_until;
-use crate::support::{extender_http, kubeconfig_for, run, stderr, stdout};
+use crate::support::{extender_http, run, stderr, stdout};
 
 const NODE: &str = "node-a";
 
@@ -278,8 +278,7 @@ async fn dra_a_4gib_pod_is_limited_to_4gib_on_its_own_cgroup_and_the_readback_sh
         .as_deref(),
         Some(GIB.to_string().as_str())
     );
-    let kubeconfig = kubeconfig_for(&api.url());
-    let kc = kubeconfig.path().display().to_string();
+    let kc = api.admin_kubeconfig_path().display().to_string();
     let wide = inspect(&kc, "wide").await;
     assert!(wide.status.success(), "{}", stderr(&wide));
     assert!(
