@@ -66,7 +66,8 @@ impl GlobalArgs {
     }
 }
 
-/// GPU memory sharing for Kubernetes: scheduler extender, device plugin, inspect and doctor.
+/// GPU memory sharing for Kubernetes: scheduler extender, device plugin, DRA plugin, inspect,
+/// doctor, webhook and CDI hook.
 ///
 /// A drop-in successor of Aliyun's gpushare: pods ask for `aliyun.com/gpu-mem` (GiB by
 /// default), the extender picks one GPU with room, the device plugin hands it to the

@@ -1,6 +1,6 @@
 //! The one home of what the integration tests share: running the built binary and fixture
 //! paths here; the sandbox fixtures, builders and waits in the modules below. Test modules
-//! import from `support` only, never from each other (checked by `tests/layers.rs`).
+//! import from `support` only, never from each other (checked by `make layers`).
 
 #![allow(dead_code)]
 
