@@ -29,6 +29,7 @@ use tokio::task::JoinHandle;
 use crate::admin::AdminState;
 use crate::config::{Config, FlagOverrides};
 use crate::shutdown::{self, Shutdown, Trigger};
+pub use certs::DEFAULT_REFRESH;
 use certs::ServingCert;
 use routes::WebhookState;
 
@@ -120,10 +121,6 @@ impl Args {
         flags.set("webhook.gpu_mem_path", *gpu_mem_path);
     }
 }
-
-/// How often the certificate is checked: the files of `--tls-cert` for changes, the Secret of
-/// `--self-signed` for renewal (and the caBundles).
-pub const DEFAULT_REFRESH: Duration = Duration::from_secs(60);
 
 /// A running webhook (in-process).
 #[derive(Debug)]
