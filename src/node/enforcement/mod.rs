@@ -29,6 +29,7 @@
 pub mod readback;
 pub mod record;
 pub mod report;
+pub mod status;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
