@@ -24,7 +24,7 @@
 //! patch writes a clean slate: our annotations that the bind does not set (left by another
 //! pod this one was copied from) are removed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,6 +34,8 @@ use kube::api::Api;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+pub use super::bind_owners::BindOwners;
+use super::bind_owners::{Outcome, Ticket};
 use super::cache::{Reservation, ReserveError};
 use super::filter::pod_request;
 use super::leader::{Fenced, Ticket as Admission};
@@ -250,66 +252,6 @@ where
         RetryError::Failed(e) => e,
         RetryError::DeadlineExceeded => CallError::Timeout,
     })
-}
-
-/// What the owner of a bind has found out so far.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Outcome {
-    /// Still trying.
-    Running,
-    /// Bound to the node (the message for the scheduler).
-    Bound(String),
-    /// Certainly not bound by us; the reservation is released.
-    Failed(String),
-    /// The budget ran out with the outcome unknown; the owner keeps settling it.
-    Unknown(String),
-}
-
-impl Outcome {
-    fn is_final(&self) -> bool {
-        matches!(self, Outcome::Bound(_) | Outcome::Failed(_))
-    }
-}
-
-/// One live owner, as a retried bind finds it.
-#[derive(Clone, Debug)]
-struct Ticket {
-    node: String,
-    token: u64,
-    outcome: watch::Receiver<Outcome>,
-}
-
-/// The owners of reservations still settling, by pod UID.
-#[derive(Debug, Default)]
-pub struct BindOwners {
-    tickets: Mutex<HashMap<String, Ticket>>,
-}
-
-impl BindOwners {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Ticket>> {
-        self.tickets.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn get(&self, uid: &str) -> Option<Ticket> {
-        self.lock().get(uid).cloned()
-    }
-
-    fn remove(&self, uid: &str, token: u64) {
-        let mut t = self.lock();
-        if t.get(uid).is_some_and(|x| x.token == token) {
-            t.remove(uid);
-        }
-    }
-
-    /// How many reservations are still owned by a running task.
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    /// Whether no bind is settling.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// What one round of writes achieved.

@@ -11,6 +11,7 @@
 //! subcommand.
 
 pub mod bind;
+mod bind_owners;
 pub mod cache;
 #[cfg(test)]
 mod cache_props;
