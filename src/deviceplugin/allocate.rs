@@ -453,21 +453,13 @@ impl Plugin {
     /// now would run without its memory limit (or not reach the daemon at all). Nothing is
     /// claimed; kubelet fails the pod with this message.
     fn refuse_without_mps(self: &Arc<Self>, containers: usize) -> Result<(), Status> {
-        let Some(mps) = self.agent.mps() else {
+        let Err(refused) = self.node.check_mps() else {
             return Ok(());
         };
-        if mps.serving() {
-            return Ok(());
-        }
         for _ in 0..containers.max(1) {
             self.metrics.allocation("mps_not_serving");
         }
-        let msg = format!(
-            "MPS mode: the CUDA MPS control daemon on {} is not serving ({}), so no GPU is handed              out without its memory limit. The device plugin restarts the daemon on its own; if              this persists, run `gpushare doctor --mps` on the node and read the daemon's log in              {}",
-            mps.control.pipe_dir.display(),
-            mps.why(),
-            mps.control.log_dir.display()
-        );
+        let msg = refused.to_string();
         tracing::error!("Allocate refused: {msg}");
         self.allocate_failed_event(msg.clone());
         Err(Status::unavailable(msg))

@@ -32,13 +32,15 @@ use tokio::task::JoinHandle;
 
 use super::claims::allocated_per_device;
 use super::kinds::{KindDevice, kind_devices};
-use super::plugin::{PluginConfig, RunningPlugin, Served};
+use super::metrics::DraMetrics;
+use super::plugin::{PluginConfig, PluginHooks, Reconciled, RunningPlugin, Served};
 use super::prepare::CdiPreparer;
 use super::slices::{Pool, SliceGpu, device_name};
 use crate::admin::AdminState;
 use crate::config::{Config, DraConfig, FlagOverrides};
 use crate::core::{GpuPolicy, MemoryUnit};
 use crate::node::health::HealthView;
+use crate::node::monitor::{NodeMetrics, NodeMonitor, NodeRole};
 use crate::node::paths::ServingPath;
 use crate::node::{NodeAgent, NodeAgentHandle, NodeArgs, PreparedAgent};
 use crate::shutdown::Shutdown;
@@ -172,6 +174,8 @@ pub struct DraPluginHandle {
     tasks: Vec<JoinHandle<()>>,
     admin_addr: Option<std::net::SocketAddr>,
     admin: Arc<AdminState>,
+    metrics: DraMetrics,
+    node: Arc<NodeMonitor>,
     sockets: [PathBuf; 2],
     own_agent: Option<NodeAgentHandle>,
 }
@@ -201,9 +205,34 @@ impl DraPluginHandle {
         self.admin_addr
     }
 
-    /// Whether `/readyz` answers ready (kubelet accepted the registration).
+    /// Whether `/readyz` answers ready (kubelet accepted the registration and, with MPS, the
+    /// daemon serves).
     pub fn is_ready(&self) -> bool {
         self.admin.is_ready()
+    }
+
+    /// The metrics of the kubelet side.
+    pub fn metrics(&self) -> &DraMetrics {
+        &self.metrics
+    }
+
+    /// The node metrics (health, the memory-unit refusal, MPS).
+    pub fn node_metrics(&self) -> &NodeMetrics {
+        self.node.metrics()
+    }
+
+    /// The metrics in the Prometheus text format.
+    pub fn render_metrics(&self) -> String {
+        self.admin.render_metrics()
+    }
+
+    /// Settles the checkpoint against the API and the CDI directory now (a start does it once
+    /// in the background).
+    pub async fn reconcile(&self) -> Reconciled {
+        match &self.plugin {
+            Some(p) => p.reconcile().await,
+            None => Reconciled::default(),
+        }
     }
 
     /// The devices served now (names, health) as the plugin checks claims against them.
@@ -357,11 +386,19 @@ async fn serve_offered(
         &dra.cdi_dir,
     )
     .with_kinds(agent.device_kinds().clone());
-    let plugin = match super::plugin::start(
+    let admin = AdminState::new();
+    let metrics = DraMetrics::new(&admin);
+    let node = NodeMonitor::new(agent.clone(), admin.clone(), NodeRole::DraPlugin);
+    let hooks = PluginHooks {
+        metrics: Some(metrics.clone()),
+        node: Some(node.clone()),
+    };
+    let plugin = match super::plugin::start_with(
         plugin_config,
         role.client.clone(),
         served_rx,
         Arc::new(preparer),
+        hooks,
         stop.clone(),
     ) {
         Ok(p) => p,
@@ -370,11 +407,11 @@ async fn serve_offered(
             return Err(e.into());
         }
     };
-    let admin = AdminState::new();
-    let mut tasks = Vec::new();
+    let mut tasks = vec![node.follow(stop.clone())];
     let mut registration = plugin.registration();
     {
-        let admin = admin.clone();
+        let node = node.clone();
+        let metrics = metrics.clone();
         let stop = stop.clone();
         tasks.push(tokio::spawn(async move {
             let stop_fut = stop.wait();
@@ -384,7 +421,8 @@ async fn serve_offered(
                     .borrow_and_update()
                     .as_ref()
                     .is_some_and(|s| s.plugin_registered);
-                admin.set_ready(ok);
+                metrics.registered.set(i64::from(ok));
+                node.set_role_ready(ok);
                 tokio::select! {
                     _ = &mut stop_fut => return,
                     r = registration.changed() => if r.is_err() { return },
@@ -407,7 +445,7 @@ async fn serve_offered(
     let admin_addr = match crate::admin::serve(
         &dra.admin_address,
         admin.clone(),
-        "not registered with kubelet",
+        "not registered with kubelet, or (with --mps) the MPS control daemon does not answer",
         crate::http_server::Limits::from_config(&config.http),
         stop.clone(),
     )
@@ -430,6 +468,8 @@ async fn serve_offered(
         tasks,
         admin_addr,
         admin,
+        metrics,
+        node,
         sockets,
         own_agent: None,
     })

@@ -35,6 +35,7 @@ pub mod contract;
 pub mod gpus;
 pub mod health;
 pub mod kinds;
+pub mod monitor;
 pub mod mps;
 pub mod paths;
 pub mod publish;

@@ -1090,8 +1090,8 @@ async fn the_device_plugin_counts_an_unattributed_xid_and_marks_no_gpu() {
             .all(|x| x.health == wire::HEALTHY),
         "the unattributed Xid marked GPU 0"
     );
-    assert_eq!(plugin.metrics().unattributed_xids.get(), 1);
-    assert_eq!(plugin.metrics().unhealthy_gpus.get(), 1);
+    assert_eq!(plugin.node_metrics().unattributed_xids.get(), 1);
+    assert_eq!(plugin.node_metrics().unhealthy_gpus.get(), 1);
     plugin.stop().await;
     kubelet.stop().await;
     api.shutdown().await;
