@@ -523,6 +523,42 @@ mod tests {
         );
     }
 
+    /// An exclusive device (one share, published without `allowMultipleAllocations`) is
+    /// allocated whole, as upstream's allocator does: a result claiming to consume none of it
+    /// still holds it, so a second claim on it is refused. A shared device's zero is one share.
+    #[test]
+    fn a_consumption_on_an_exclusive_device_holds_the_whole_device() {
+        let c = claim(json!([
+            { "request": "fuse", "driver": "gpushare.io", "pool": "node-a", "device": "fuse-fuse",
+              "shareID": "s-1", "consumedCapacity": { "shares": "0" } },
+            { "request": "nic", "driver": "gpushare.io", "pool": "node-a", "device": "rdma-mlx5-0",
+              "shareID": "s-2", "consumedCapacity": { "shares": "0" } },
+        ]));
+        let got = read_in(&c, MemoryUnit::GIB).expect("reads");
+        assert_eq!(got.devices[0].shares, 1, "the exclusive device, whole");
+        assert_eq!(
+            got.devices[1].shares, 1,
+            "a shared device's zero is one share"
+        );
+        let held = BTreeMap::from([("fuse-fuse".to_string(), 1)]);
+        assert!(matches!(
+            admit("ns/c", &got, &held, &devices(), &others()),
+            Err(ClaimError::OverConsumption { .. })
+        ));
+    }
+
+    #[test]
+    fn consumed_memory_is_rounded_up_to_whole_units_at_least_one() {
+        assert_eq!(as_allocated(0, MemoryUnit::GIB), GIB);
+        assert_eq!(as_allocated(1, MemoryUnit::GIB), GIB);
+        assert_eq!(as_allocated(GIB, MemoryUnit::GIB), GIB);
+        assert_eq!(as_allocated(GIB + 1, MemoryUnit::GIB), 2 * GIB);
+        assert_eq!(
+            as_allocated(u64::MAX, MemoryUnit::GIB),
+            u64::MAX / GIB * GIB
+        );
+    }
+
     #[test]
     fn results_on_other_kinds_are_device_shares_checked_against_their_shares() {
         let c = claim(json!([

@@ -6,7 +6,7 @@
 //!   answers type `DRAPlugin`, the driver name, the service socket
 //!   `<plugin_dir>/dra.sock` and the services listed in [`SERVICES`];
 //!   `NotifyRegistrationStatus` is kept ([`RunningPlugin::registration`]).
-//! - `NodePrepareResources` (one call at a time: the checkpoint is locked for the call): a
+//! - `NodePrepareResources` (each claim on its own): a
 //!   claim already in the checkpoint is answered from it (idempotent); else the claim is read
 //!   from the API, its results for this driver checked against the served devices and what
 //!   prepared claims hold ([`super::claims`]), handed to the [`Preparer`] (which writes what
@@ -20,6 +20,17 @@
 //!   leaks when the checkpoint was lost.
 //! - `NodeWatchResources` streams the complete device list with `HEALTHY`/`UNHEALTHY` on every
 //!   change of [`Served`].
+//!
+//! - A socket removed under the running plugin is served again (kubelet's plugin watcher then
+//!   registers it again); until kubelet has, the plugin counts as not registered.
+//! - The checkpoint is settled against the API and the preparer's files once after a start
+//!   ([`RunningPlugin::reconcile`]).
+//!
+//! Locks: one per claim (held across that claim's API read, so a claim is never prepared and
+//! unprepared at once) and the checkpoint's (held only for local work: checks, the preparer's
+//! writes, the save). No lock is held across an API call, and every claim read has a
+//! deadline ([`CLAIM_READ_TIMEOUT`]): prepare and unprepare of unrelated claims never wait
+//! for each other.
 //!
 //! What it does not do: decide the container edits or write CDI specs (the [`Preparer`]), build
 //! or publish ResourceSlices ([`super::slices`]), watch GPUs, re-register after a kubelet
@@ -1055,46 +1066,149 @@ pub fn start_with(
         })
     };
     let svc = Service(core.clone());
-    let services = Server::builder()
-        .add_service(v1::dra_plugin_server::DraPluginServer::new(svc.clone()))
-        .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(
-            svc.clone(),
-        ))
-        .add_service(
-            health_v1::dra_resource_health_server::DraResourceHealthServer::new(svc.clone()),
-        )
-        .add_service(
-            health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(svc.clone()),
-        );
-    let stop = shutdown.clone();
-    let t1 = tokio::spawn(async move {
-        if let Err(e) = services
-            .serve_with_incoming_shutdown(
-                crate::kubelet_api::unix_server::incoming(service_listener),
-                stop.wait(),
-            )
-            .await
-        {
-            tracing::warn!(error = %e, "DRA plugin gRPC server ended with an error");
-        }
-    });
-    let t2 = tokio::spawn(async move {
-        if let Err(e) = Server::builder()
-            .add_service(RegistrationServer::new(svc))
-            .serve_with_incoming_shutdown(
-                crate::kubelet_api::unix_server::incoming(registration_listener),
-                shutdown.wait(),
-            )
-            .await
-        {
-            tracing::warn!(error = %e, "DRA registration gRPC server ended with an error");
-        }
-    });
+    let serving = tokio::spawn(serve_sockets(
+        svc,
+        [
+            (config_socket(&core, Socket::Service), service_listener),
+            (
+                config_socket(&core, Socket::Registration),
+                registration_listener,
+            ),
+        ],
+        shutdown,
+    ));
     Ok(RunningPlugin {
         registration: registration_rx,
         core,
-        tasks: vec![t1, t2, settle],
+        tasks: vec![serving, settle],
     })
+}
+
+/// How often the plugin checks that its sockets are still there.
+const SOCKET_CHECK: Duration = Duration::from_millis(500);
+
+/// The two sockets of the plugin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Socket {
+    /// `<plugin_dir>/dra.sock`: the DRA and health services.
+    Service,
+    /// `<registry_dir>/<driver>-reg.sock`: kubelet's registration.
+    Registration,
+}
+
+fn config_socket(core: &Core, which: Socket) -> (Socket, PathBuf) {
+    let path = match which {
+        Socket::Service => core.config.service_socket(),
+        Socket::Registration => core.config.registration_socket(),
+    };
+    (which, path)
+}
+
+/// The inode of the socket file at `path`, when there is one.
+fn socket_inode(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let m = std::fs::symlink_metadata(path).ok()?;
+    m.file_type().is_socket().then(|| m.ino())
+}
+
+/// Serves `which` on `listener` until `stop`.
+fn serve_socket(
+    svc: Service,
+    which: Socket,
+    listener: UnixListener,
+    stop: Shutdown,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let incoming = crate::kubelet_api::unix_server::incoming(listener);
+        let served =
+            match which {
+                Socket::Service => Server::builder()
+                    .add_service(v1::dra_plugin_server::DraPluginServer::new(svc.clone()))
+                    .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(
+                        svc.clone(),
+                    ))
+                    .add_service(
+                        health_v1::dra_resource_health_server::DraResourceHealthServer::new(
+                            svc.clone(),
+                        ),
+                    )
+                    .add_service(
+                        health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
+                            svc,
+                        ),
+                    )
+                    .serve_with_incoming_shutdown(incoming, stop.wait())
+                    .await,
+                Socket::Registration => {
+                    Server::builder()
+                        .add_service(RegistrationServer::new(svc))
+                        .serve_with_incoming_shutdown(incoming, stop.wait())
+                        .await
+                }
+            };
+        if let Err(e) = served {
+            tracing::warn!(error = %e, socket = ?which, "DRA plugin gRPC server ended with an error");
+        }
+    })
+}
+
+/// Serves both sockets until `stop`, and serves a socket again when its file is removed
+/// under the plugin (a clean-up, a kubelet that wiped its registry): kubelet's plugin watcher
+/// finds a new registration socket and registers the plugin again. Until it has, the plugin
+/// counts as not registered (its readiness follows). A socket file replaced by another
+/// process is left to it (a second plugin on the node; logged).
+async fn serve_sockets(
+    svc: Service,
+    listeners: [((Socket, PathBuf), UnixListener); 2],
+    stop: Shutdown,
+) {
+    let mut served: Vec<(Socket, PathBuf, Option<u64>, JoinHandle<()>)> = listeners
+        .into_iter()
+        .map(|((which, path), listener)| {
+            let inode = socket_inode(&path);
+            let task = serve_socket(svc.clone(), which, listener, stop.clone());
+            (which, path, inode, task)
+        })
+        .collect();
+    let stop_fut = stop.clone().wait();
+    tokio::pin!(stop_fut);
+    loop {
+        tokio::select! {
+            _ = &mut stop_fut => break,
+            _ = tokio::time::sleep(SOCKET_CHECK) => {}
+        }
+        for (which, path, inode, task) in served.iter_mut() {
+            let now = socket_inode(path);
+            if now.is_some() && now == *inode {
+                continue;
+            }
+            if now.is_some() {
+                if inode.is_some() {
+                    tracing::warn!(socket = %path.display(), "the plugin's socket was replaced by another process: leaving it");
+                    *inode = None;
+                }
+                continue;
+            }
+            tracing::warn!(socket = %path.display(), "the plugin's socket is gone: serving it again");
+            if *which == Socket::Registration {
+                // kubelet deregistered the plugin when the socket went away.
+                svc.0.registration.send_replace(None);
+            }
+            match listen(path) {
+                Ok(listener) => {
+                    task.abort();
+                    *inode = socket_inode(path);
+                    *task = serve_socket(svc.clone(), *which, listener, stop.clone());
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot serve the plugin's socket again (retrying)")
+                }
+            }
+        }
+    }
+    for (_, _, _, task) in served {
+        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+    }
 }
 
 #[cfg(test)]

@@ -47,6 +47,8 @@ use crate::shutdown::Shutdown;
 
 /// The checkpoint's file name in the state directory (`dra.state_dir`).
 pub const CHECKPOINT_FILE: &str = "checkpoint.json";
+/// The record of fatal Xids in the state directory, beside the checkpoint.
+pub const FATAL_XIDS_FILE: &str = "fatal-xids.json";
 /// The wait before a failed slice publication is tried again.
 const REPUBLISH_AFTER: Duration = Duration::from_secs(2);
 
@@ -292,7 +294,9 @@ pub async fn start(
 /// What the DRA plugin reads before the agent publishes anything: the device kinds beside
 /// the GPUs that `[devices]` enables (RDMA HCAs, generic devices), published after them.
 pub fn admit(config: &Config, prepared: PreparedAgent) -> anyhow::Result<PreparedAgent> {
-    Ok(prepared.with_devices(&config.devices))
+    Ok(prepared
+        .with_devices(&config.devices)
+        .with_fatal_xid_record(config.dra.state_dir().join(FATAL_XIDS_FILE)))
 }
 
 /// Serves the agent's GPUs on the DRA path (see the module docs). Returns once the sockets are

@@ -32,6 +32,7 @@
 pub mod api;
 mod args;
 pub mod contract;
+pub mod fatal_xids;
 pub mod gpus;
 pub mod health;
 pub mod kinds;
@@ -42,6 +43,7 @@ pub mod publish;
 mod unit_change;
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -242,6 +244,7 @@ pub struct PreparedAgent {
     inventory: Inventory,
     unit_refused: Option<String>,
     kinds: kinds::DeviceKinds,
+    fatal_xids: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for PreparedAgent {
@@ -302,6 +305,7 @@ impl NodeAgent {
             inventory,
             unit_refused: unit.refused,
             kinds: kinds::DeviceKinds::default(),
+            fatal_xids: None,
         })
     }
 
@@ -422,6 +426,13 @@ impl PreparedAgent {
         self
     }
 
+    /// Keeps the fatal Xids in `path` ([`fatal_xids`]): a GPU one took down stays down across
+    /// restarts until the node reboots or the GPU leaves.
+    pub fn with_fatal_xid_record(mut self, path: PathBuf) -> Self {
+        self.fatal_xids = Some(path);
+        self
+    }
+
     /// The GPUs read (those offered and those left out).
     pub fn found_gpus(&self) -> &Inventory {
         &self.inventory
@@ -446,14 +457,41 @@ impl PreparedAgent {
             inventory,
             unit_refused,
             kinds,
+            fatal_xids,
         } = self;
         let unit = config.memory_unit;
         let gpus = gpus::served_gpus(&inventory, unit);
+        let mut tracker = HealthTracker::new(
+            gpus.iter().map(|g| g.uuid.clone()),
+            Duration::from_secs(config.health_recovery_secs),
+        );
+        let record = fatal_xids.map(|path| {
+            let present: Vec<String> = gpus.iter().map(|g| g.uuid.clone()).collect();
+            let record = fatal_xids::FatalXids::load(&path, &fatal_xids::boot_id(), &present);
+            for (uuid, xid) in &record.gpus {
+                tracing::warn!(
+                    uuid,
+                    xid,
+                    "GPU down since a fatal Xid before this start (recorded)"
+                );
+                tracker.apply(
+                    &crate::gpu::HealthEvent::Xid {
+                        uuid: Some(uuid.clone()),
+                        xid: *xid,
+                    },
+                    tokio::time::Instant::now(),
+                );
+            }
+            if let Err(e) = record.save(&path) {
+                tracing::warn!(error = %e, "cannot write the fatal Xid record");
+            }
+            (path, record)
+        });
         publish::publish_gpu_count(&client, &node, gpus.len()).await?;
         publish::publish_devices(
             &client,
             &node,
-            &publish::device_annotations(&gpus, unit, |_| true),
+            &publish::device_annotations(&gpus, unit, |u| tracker.is_healthy(u)),
         )
         .await?;
         publish::publish_devices(
@@ -473,10 +511,6 @@ impl PreparedAgent {
                 .warn("Start", "GpuShareMemoryUnitChangeRefused", refused)
                 .await;
         }
-        let tracker = HealthTracker::new(
-            gpus.iter().map(|g| g.uuid.clone()),
-            Duration::from_secs(config.health_recovery_secs),
-        );
         let health = watch::Sender::new(Arc::new(HealthView::of(&tracker, 0)));
         let mps = config.mps.then(|| {
             let mut control = crate::gpu::mps::MpsControl::new(
@@ -527,6 +561,7 @@ impl PreparedAgent {
                 Ok(rx) => tasks.push(tokio::spawn(health_task(
                     agent.clone(),
                     tracker,
+                    record,
                     rx,
                     stop.clone(),
                 ))),
@@ -571,6 +606,7 @@ impl NodeAgentHandle {
 async fn health_task(
     agent: Arc<NodeAgent>,
     mut tracker: HealthTracker,
+    mut record: Option<(PathBuf, fatal_xids::FatalXids)>,
     mut events: tokio::sync::mpsc::Receiver<crate::gpu::HealthEvent>,
     stop: Shutdown,
 ) {
@@ -611,6 +647,15 @@ async fn health_task(
         };
         if changes.is_empty() {
             continue;
+        }
+        if let Some((path, kept)) = record.as_mut() {
+            let fatal = tracker.fatal_xids();
+            if fatal != kept.gpus {
+                kept.gpus = fatal;
+                if let Err(e) = kept.save(path) {
+                    tracing::warn!(error = %e, "cannot record a fatal Xid: a restart would forget it");
+                }
+            }
         }
         let view = Arc::new(HealthView::of(&tracker, unattributed));
         agent.health.send_replace(view.clone());

@@ -18,6 +18,7 @@ mod doctor_managed;
 mod doctor_migration;
 mod doctor_rdma;
 mod dra;
+mod dra_faults;
 mod dra_kinds;
 mod dra_plugin;
 mod dra_role;
