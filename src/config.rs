@@ -481,6 +481,8 @@ pub const DEFAULT_DRA_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
 pub const DEFAULT_DRA_CDI_DIR: &str = "/var/run/cdi";
 /// The parent of the DRA plugin's state directory (`<this>/<driver>`, the checkpoint).
 pub const DEFAULT_DRA_STATE_DIR: &str = "/var/run/gpushare";
+/// Where the node roles keep one lock file per GPU (`node.gpu_lock_dir` when empty).
+pub const DEFAULT_GPU_LOCK_DIR: &str = "/var/run/gpushare/gpus";
 
 impl DraConfig {
     /// The plugin directory: `plugin_dir`, or `/var/lib/kubelet/plugins/<driver_name>`.
@@ -553,6 +555,10 @@ pub struct NodeConfig {
     pub mps_check_interval_ms: u64,
     /// The longest wait between two restarts of a daemon that keeps failing, in seconds.
     pub mps_restart_backoff_max_secs: u64,
+    /// Host directory of the GPU lock files both node roles take before offering a GPU (one
+    /// path per GPU across processes); empty: /var/run/gpushare/gpus, or with the fake backend
+    /// a directory of the process's own.
+    pub gpu_lock_dir: PathBuf,
 }
 
 impl Default for NodeConfig {
@@ -578,6 +584,7 @@ impl Default for NodeConfig {
             mps_pinned_mem_limit_mib: 0,
             mps_check_interval_ms: 5000,
             mps_restart_backoff_max_secs: 60,
+            gpu_lock_dir: PathBuf::new(),
         }
     }
 }

@@ -17,7 +17,8 @@ use crate::admin::AdminState;
 pub struct OutcomeLabel {
     /// `matched`, `repeated` (the same container asked again), `single_gpu_fallback`,
     /// `no_candidate`, `patch_failed` (the API refused), `patch_unknown` (no answer in time),
-    /// `mps_not_serving` (refused while the MPS control daemon does not serve).
+    /// `mps_not_serving` (refused while the MPS control daemon does not serve), `held_back`
+    /// (the pod's GPU is held back by the path's gate: another path serves it).
     pub outcome: String,
 }
 

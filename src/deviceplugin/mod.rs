@@ -66,6 +66,7 @@ use crate::kubelet_api::deviceplugin::ListAndWatchResponse;
 use crate::node::gpus::ServedGpu;
 use crate::node::health::HealthView;
 use crate::node::monitor::{NodeMetrics, NodeMonitor, NodeRole};
+use crate::node::path_gate::{GateSettings, Offer, PathGate};
 use crate::node::paths::ServingPath;
 use crate::node::{NodeAgent, NodeAgentHandle, NodeArgs, PreparedAgent};
 use crate::shutdown::Shutdown;
@@ -190,8 +191,11 @@ pub(crate) struct Plugin {
     pub(crate) config: DevicePluginConfig,
     /// The node agent: the GPUs, the unit, health, MPS, node publishing, the contract.
     pub(crate) agent: Arc<NodeAgent>,
-    /// The GPUs the agent offers on this path.
+    /// The node's GPUs, listed on this path; those the gate holds back are listed unhealthy
+    /// and refused in Allocate.
     pub(crate) gpus: Vec<ServedGpu>,
+    /// What the path's gate offers now ([`crate::node::path_gate`]).
+    pub(crate) offer: watch::Receiver<Offer>,
     pub(crate) devices_tx: watch::Sender<Arc<ListAndWatchResponse>>,
     pub(crate) pods: PodStore,
     /// The allocations answered, by pod UID. Held for in-memory steps only, never across an
@@ -270,9 +274,17 @@ impl Plugin {
         self.gpus.iter().find(|g| g.uuid == uuid)
     }
 
-    /// Re-sends the device list for the health `view`.
+    /// Re-sends the device list for the health `view` and the gate's offer: a GPU's devices
+    /// are healthy when it is and the gate offers it.
     pub(crate) fn refresh_devices(&self, view: &HealthView) {
-        let msg = devices::list_and_watch_response(&self.gpus, |u| view.is_healthy(u));
+        let offer = self.offer.borrow().clone();
+        let offered = |u: &str| {
+            self.gpus
+                .iter()
+                .any(|g| g.uuid == u && offer.is_offered(g.index))
+        };
+        let msg =
+            devices::list_and_watch_response(&self.gpus, |u| view.is_healthy(u) && offered(u));
         self.devices_tx.send_replace(Arc::new(msg));
     }
 
@@ -285,6 +297,7 @@ impl Plugin {
 #[derive(Debug)]
 pub struct DevicePluginHandle {
     plugin: Arc<Plugin>,
+    gate: Option<PathGate>,
     stop: Arc<crate::shutdown::Trigger>,
     tasks: Vec<JoinHandle<()>>,
     admin_addr: Option<std::net::SocketAddr>,
@@ -370,14 +383,22 @@ impl DevicePluginHandle {
         &self.plugin.agent
     }
 
+    /// What the path's gate offers now, and every change after.
+    pub fn offer(&self) -> watch::Receiver<Offer> {
+        self.plugin.offer.clone()
+    }
+
     /// Stops serving, ends the ListAndWatch streams, removes the socket and gives the GPUs
     /// back to the agent (and stops the agent when [`start`] built it).
-    pub async fn stop(self) {
+    pub async fn stop(mut self) {
         self.stop.trigger();
-        for task in self.tasks {
+        for task in std::mem::take(&mut self.tasks) {
             let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
         }
         let _ = std::fs::remove_file(self.plugin.socket_path());
+        if let Some(gate) = self.gate.take() {
+            gate.close().await;
+        }
         self.plugin.agent.withdraw(ServingPath::DevicePlugin);
         if let Some(agent) = self.own_agent {
             agent.stop().await;
@@ -418,8 +439,16 @@ pub async fn serve(
     shutdown: Shutdown,
 ) -> anyhow::Result<DevicePluginHandle> {
     let dp = config.device_plugin.clone();
-    let all: Vec<u32> = agent.gpus().iter().map(|g| g.index).collect();
-    let gpus = agent.offer(ServingPath::DevicePlugin, all)?;
+    let gate = agent
+        .open_path(
+            ServingPath::DevicePlugin,
+            GateSettings {
+                dra_driver: config.dra.driver_name.clone(),
+            },
+            shutdown.clone(),
+        )
+        .await;
+    let gpus = agent.gpus().to_vec();
     let admin = AdminState::new();
     let metrics = Metrics::new(&admin);
     let node = NodeMonitor::new(agent.clone(), admin.clone(), NodeRole::DevicePlugin);
@@ -431,6 +460,7 @@ pub async fn serve(
         config: dp.clone(),
         agent: agent.clone(),
         gpus,
+        offer: gate.offer(),
         devices_tx,
         pods: PodStore::default(),
         records: std::sync::Mutex::default(),
@@ -450,6 +480,7 @@ pub async fn serve(
     tasks.push(tokio::spawn(follow_health(
         plugin.clone(),
         health,
+        gate.offer(),
         stop.clone(),
     )));
     // The node metrics and the readiness (MPS) follow the agent.
@@ -503,6 +534,7 @@ pub async fn serve(
     };
     Ok(DevicePluginHandle {
         plugin,
+        gate: Some(gate),
         stop: stop_trigger,
         tasks,
         admin_addr,
@@ -510,18 +542,21 @@ pub async fn serve(
     })
 }
 
-/// Follows the agent's health view into ListAndWatch until `stop`.
+/// Follows the agent's health view and the gate's offer into ListAndWatch until `stop`.
 async fn follow_health(
     plugin: Arc<Plugin>,
     mut health: watch::Receiver<Arc<HealthView>>,
+    mut offer: watch::Receiver<Offer>,
     stop: Shutdown,
 ) {
     loop {
         tokio::select! {
             _ = stop.clone().wait() => return,
             changed = health.changed() => if changed.is_err() { return },
+            changed = offer.changed() => if changed.is_err() { return },
         }
         let view = health.borrow_and_update().clone();
+        offer.borrow_and_update();
         plugin.refresh_devices(&view);
     }
 }

@@ -691,6 +691,7 @@ impl Core {
         served
             .devices
             .keys()
+            .filter(|d| !served.held_back.contains_key(*d))
             .chain(served.others.keys())
             .map(|d| match served.unhealthy.get(d) {
                 Some(why) => (d.clone(), false, why.clone()),

@@ -41,6 +41,7 @@ use crate::config::{Config, DraConfig, FlagOverrides};
 use crate::core::{GpuPolicy, MemoryUnit};
 use crate::node::health::HealthView;
 use crate::node::monitor::{NodeMetrics, NodeMonitor, NodeRole};
+use crate::node::path_gate::{GateSettings, Offer, PathGate};
 use crate::node::paths::ServingPath;
 use crate::node::{NodeAgent, NodeAgentHandle, NodeArgs, PreparedAgent};
 use crate::shutdown::Shutdown;
@@ -146,10 +147,23 @@ struct Role {
     facts: GpuFacts,
     served: watch::Sender<Served>,
     generation: watch::Sender<i64>,
+    metrics: DraMetrics,
 }
 
 impl Role {
-    /// The GPUs as the slice shows them now.
+    /// What the plugin serves now: every GPU (those held back named so), the other kinds.
+    fn served_now(&self, gpus: &[SliceGpu], offer: &Offer) -> Served {
+        let mut served = Served::from_gpus(gpus, self.unit).with_kinds(&self.facts.others);
+        for g in gpus {
+            if let Some(why) = offer.held_back.get(&g.index) {
+                served.held_back.insert(device_name(g), why.clone());
+            }
+        }
+        served
+    }
+
+    /// The GPUs as the slice shows them now (all of them, held back ones included; the slice
+    /// leaves those out).
     fn slice_gpus(&self, view: &HealthView, allocated: &BTreeMap<String, u64>) -> Vec<SliceGpu> {
         self.facts
             .gpus
@@ -171,6 +185,7 @@ impl Role {
 pub struct DraPluginHandle {
     role: Arc<Role>,
     agent: Arc<NodeAgent>,
+    gate: Option<PathGate>,
     plugin: Option<RunningPlugin>,
     stop: crate::shutdown::Trigger,
     tasks: Vec<JoinHandle<()>>,
@@ -252,6 +267,12 @@ impl DraPluginHandle {
         &self.agent
     }
 
+    /// What the path's gate offers now, and every change after (the slice publishes the GPUs
+    /// offered).
+    pub fn offer(&self) -> Option<watch::Receiver<Offer>> {
+        self.gate.as_ref().map(PathGate::offer)
+    }
+
     /// Stops serving, removes the sockets, gives the GPUs back to the agent (and stops the
     /// agent when [`start`] built it). The slices stay.
     pub async fn stop(mut self) {
@@ -262,6 +283,9 @@ impl DraPluginHandle {
         drop(self.plugin.take());
         for s in &self.sockets {
             let _ = std::fs::remove_file(s);
+        }
+        if let Some(gate) = self.gate.take() {
+            gate.close().await;
         }
         self.agent.withdraw(ServingPath::Dra);
         if let Some(agent) = self.own_agent.take() {
@@ -307,20 +331,35 @@ pub async fn serve(
     shutdown: Shutdown,
 ) -> anyhow::Result<DraPluginHandle> {
     let dra = config.dra.clone();
-    let all: Vec<u32> = agent.gpus().iter().map(|g| g.index).collect();
-    let gpus = agent.offer(ServingPath::Dra, all)?;
-    let result = serve_offered(config, dra, agent.clone(), gpus, shutdown).await;
-    if result.is_err() {
-        agent.withdraw(ServingPath::Dra);
+    let gate = agent
+        .open_path(
+            ServingPath::Dra,
+            GateSettings {
+                dra_driver: dra.driver_name.clone(),
+            },
+            shutdown.clone(),
+        )
+        .await;
+    let gpus = agent.gpus().to_vec();
+    match serve_gated(config, dra, agent.clone(), gpus, &gate, shutdown).await {
+        Ok(mut handle) => {
+            handle.gate = Some(gate);
+            Ok(handle)
+        }
+        Err(e) => {
+            gate.close().await;
+            agent.withdraw(ServingPath::Dra);
+            Err(e)
+        }
     }
-    result
 }
 
-async fn serve_offered(
+async fn serve_gated(
     config: &Config,
     dra: DraConfig,
     agent: Arc<NodeAgent>,
     gpus: Vec<crate::node::gpus::ServedGpu>,
+    gate: &PathGate,
     shutdown: Shutdown,
 ) -> anyhow::Result<DraPluginHandle> {
     let inventory = crate::gpu::inventory_off_runtime(agent.backend()).await?;
@@ -353,7 +392,11 @@ async fn serve_offered(
     };
     let mut health = agent.health();
     let view = health.borrow_and_update().clone();
+    let mut offer = gate.offer();
+    let offered = offer.borrow_and_update().clone();
     let (served, served_rx) = watch::channel(Served::default());
+    let admin = AdminState::new();
+    let metrics = DraMetrics::new(&admin);
     let role = Arc::new(Role {
         node: agent.node_name().to_string(),
         unit,
@@ -362,11 +405,10 @@ async fn serve_offered(
         served,
         generation: watch::Sender::new(0),
         dra: dra.clone(),
+        metrics: metrics.clone(),
     });
-    role.served.send_replace(
-        Served::from_gpus(&role.slice_gpus(&view, &BTreeMap::new()), unit)
-            .with_kinds(&role.facts.others),
-    );
+    role.served
+        .send_replace(role.served_now(&role.slice_gpus(&view, &BTreeMap::new()), &offered));
 
     let (stop_trigger, stop) = shutdown.child();
     let plugin_dir = dra.plugin_dir();
@@ -390,8 +432,6 @@ async fn serve_offered(
         &dra.cdi_dir,
     )
     .with_kinds(agent.device_kinds().clone());
-    let admin = AdminState::new();
-    let metrics = DraMetrics::new(&admin);
     let node = NodeMonitor::new(agent.clone(), admin.clone(), NodeRole::DraPlugin);
     let hooks = PluginHooks {
         metrics: Some(metrics.clone()),
@@ -444,6 +484,7 @@ async fn serve_offered(
         role.clone(),
         health,
         allocated_rx,
+        offer,
         stop.clone(),
     )));
     let admin_addr = match crate::admin::serve(
@@ -467,6 +508,7 @@ async fn serve_offered(
     Ok(DraPluginHandle {
         role,
         agent,
+        gate: None,
         plugin: Some(plugin),
         stop: stop_trigger,
         tasks,
@@ -554,6 +596,7 @@ async fn publish_loop(
     role: Arc<Role>,
     mut health: watch::Receiver<Arc<HealthView>>,
     mut allocated: watch::Receiver<BTreeMap<String, u64>>,
+    mut offer: watch::Receiver<Offer>,
     stop: Shutdown,
 ) {
     let stop_fut = stop.wait();
@@ -569,9 +612,13 @@ async fn publish_loop(
     loop {
         let view = health.borrow_and_update().clone();
         let used = allocated.borrow_and_update().clone();
-        let gpus = role.slice_gpus(&view, &used);
+        let offered = offer.borrow_and_update().clone();
+        let all = role.slice_gpus(&view, &used);
+        role.metrics
+            .gpus_held_back
+            .set(i64::try_from(offered.held_back.len()).unwrap_or(i64::MAX));
         role.served.send_if_modified(|s| {
-            let next = Served::from_gpus(&gpus, role.unit).with_kinds(&role.facts.others);
+            let next = role.served_now(&all, &offered);
             if *s == next {
                 false
             } else {
@@ -579,6 +626,11 @@ async fn publish_loop(
                 true
             }
         });
+        // The slice publishes the GPUs the gate offers only.
+        let gpus: Vec<SliceGpu> = all
+            .into_iter()
+            .filter(|g| offered.is_offered(g.index))
+            .collect();
         if let Some(slices) = pool.update(
             &role.node,
             &role.dra.driver_name,
@@ -620,6 +672,7 @@ async fn publish_loop(
             _ = &mut stop_fut => return,
             r = health.changed() => if r.is_err() { return },
             r = allocated.changed() => if r.is_err() { return },
+            r = offer.changed() => if r.is_err() { return },
             _ = retry => {}
         }
     }

@@ -33,11 +33,13 @@ pub mod api;
 mod args;
 pub mod contract;
 pub mod fatal_xids;
+pub mod gpu_locks;
 pub mod gpus;
 pub mod health;
 pub mod kinds;
 pub mod monitor;
 pub mod mps;
+pub mod path_gate;
 pub mod paths;
 pub mod publish;
 mod unit_change;
@@ -217,6 +219,12 @@ pub struct NodeAgent {
     backend: Arc<dyn GpuBackend>,
     gpus: Vec<ServedGpu>,
     paths: Mutex<Assignments>,
+    /// The GPU lock directory ([`gpu_locks`]); a private one with the fake backend and no
+    /// `gpu_lock_dir` (fake GPUs are shared by no other process).
+    lock_dir: PathBuf,
+    _private_locks: Option<tempfile::TempDir>,
+    /// GPUs the device-plugin path holds back (published unhealthy for the extender).
+    withheld: Mutex<std::collections::BTreeSet<String>>,
     health: watch::Sender<Arc<HealthView>>,
     mps: Option<Arc<MpsStatus>>,
     unit_refused: Option<String>,
@@ -401,6 +409,50 @@ impl NodeAgent {
             .collect())
     }
 
+    /// Takes back GPU `index` from `path` (its lock was not taken).
+    pub fn withdraw_one(&self, path: ServingPath, index: u32) {
+        self.paths
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .withdraw_one(path, index);
+    }
+
+    /// The locks of this node's GPUs ([`gpu_locks`]).
+    pub fn gpu_locks(&self) -> gpu_locks::GpuLocks {
+        gpu_locks::GpuLocks::new(&self.lock_dir, &self.node)
+    }
+
+    /// Publishes `gpushare.io/devices` as health and the device-plugin path's offer say: a GPU
+    /// is healthy for the extender when its health is, and the device plugin offers it.
+    pub async fn publish_device_annotations(&self) {
+        let view = self.health.borrow().clone();
+        let withheld = self
+            .withheld
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let annotations = publish::device_annotations(&self.gpus, self.config.memory_unit, |u| {
+            view.is_healthy(u) && !withheld.contains(u)
+        });
+        if let Err(e) = publish::publish_devices(&self.client, &self.node, &annotations).await {
+            tracing::warn!(error = %e, "could not publish GPU health on the node");
+        }
+    }
+
+    /// The GPUs (UUIDs) the device-plugin path holds back now; republishes the device
+    /// annotations when that changes.
+    pub(crate) async fn set_withheld(&self, uuids: std::collections::BTreeSet<String>) {
+        let changed = {
+            let mut have = self.withheld.lock().unwrap_or_else(|p| p.into_inner());
+            let changed = *have != uuids;
+            *have = uuids;
+            changed
+        };
+        if changed {
+            self.publish_device_annotations().await;
+        }
+    }
+
     /// Takes back every GPU `path` offers (its role stopped).
     pub fn withdraw(&self, path: ServingPath) {
         self.paths
@@ -512,6 +564,14 @@ impl PreparedAgent {
                 .await;
         }
         let health = watch::Sender::new(Arc::new(HealthView::of(&tracker, 0)));
+        let (lock_dir, private_locks) = match (&config.gpu_lock_dir, inventory.backend) {
+            (dir, _) if !dir.as_os_str().is_empty() => (dir.clone(), None),
+            (_, "fake") => match tempfile::Builder::new().prefix("gpushare-gpus").tempdir() {
+                Ok(d) => (d.path().to_path_buf(), Some(d)),
+                Err(_) => (PathBuf::from(crate::config::DEFAULT_GPU_LOCK_DIR), None),
+            },
+            _ => (PathBuf::from(crate::config::DEFAULT_GPU_LOCK_DIR), None),
+        };
         let mps = config.mps.then(|| {
             let mut control = crate::gpu::mps::MpsControl::new(
                 &config.mps_control,
@@ -532,6 +592,9 @@ impl PreparedAgent {
             backend: backend.clone(),
             gpus,
             paths: Mutex::default(),
+            lock_dir,
+            _private_locks: private_locks,
+            withheld: Mutex::default(),
             health,
             mps,
             unit_refused,
@@ -659,12 +722,7 @@ async fn health_task(
         }
         let view = Arc::new(HealthView::of(&tracker, unattributed));
         agent.health.send_replace(view.clone());
-        let annotations = publish::device_annotations(&agent.gpus, agent.config.memory_unit, |u| {
-            view.is_healthy(u)
-        });
-        if let Err(e) = publish::publish_devices(&agent.client, &agent.node, &annotations).await {
-            tracing::warn!(error = %e, "could not publish GPU health on the node");
-        }
+        agent.publish_device_annotations().await;
         for change in changes {
             let index = agent
                 .gpu_by_uuid(&change.uuid)

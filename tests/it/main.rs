@@ -31,6 +31,7 @@ mod hostile;
 mod inspect;
 mod logs;
 mod mps;
+mod one_path;
 mod packaging;
 mod rdma;
 mod realdata;

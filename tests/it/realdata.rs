@@ -931,6 +931,8 @@ async fn plugin_over_xml(
         ..Config::default()
     };
     config.node.node_name = "mig-node".to_string();
+    // A real backend's GPUs: a lock directory of this test's own (not the host's).
+    config.node.gpu_lock_dir = dir.join("locks");
     config.device_plugin.device_plugin_dir = kubelet.device_plugin_dir();
     config.device_plugin.pod_resources_socket = kubelet.pod_resources_socket();
     config.device_plugin.admin_address = String::new();
