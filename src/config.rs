@@ -561,6 +561,17 @@ pub struct NodeConfig {
     pub gpu_lock_dir: PathBuf,
 }
 
+impl NodeConfig {
+    /// The GPU lock directory of real GPUs: `gpu_lock_dir`, or its default.
+    pub fn gpu_lock_dir(&self) -> PathBuf {
+        if self.gpu_lock_dir.as_os_str().is_empty() {
+            PathBuf::from(DEFAULT_GPU_LOCK_DIR)
+        } else {
+            self.gpu_lock_dir.clone()
+        }
+    }
+}
+
 impl Default for NodeConfig {
     fn default() -> Self {
         NodeConfig {

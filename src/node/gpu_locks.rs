@@ -181,6 +181,37 @@ impl GpuLocks {
     }
 }
 
+impl GpuLocks {
+    /// Every GPU of this node whose lock someone holds now, with who (the lock files of the
+    /// directory, each taken shared and let go at once to look): what `doctor` reports.
+    pub fn holders(&self) -> Vec<(String, Holder)> {
+        let prefix = self.file("").file_name().map(|n| {
+            let n = n.to_string_lossy();
+            n.trim_end_matches(".lock").to_string()
+        });
+        let Some(prefix) = prefix else {
+            return Vec::new();
+        };
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        let mut out: Vec<(String, Holder)> = entries
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let uuid = name
+                    .strip_prefix(&prefix)?
+                    .strip_suffix(".lock")?
+                    .to_string();
+                let holder = self.holder(&uuid)?;
+                Some((uuid, holder))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+}
+
 /// The name of `path` in a lock file and on the Node (`device-plugin`, `dra`).
 pub fn path_name(path: ServingPath) -> &'static str {
     match path {
