@@ -33,6 +33,7 @@ mod logs;
 mod mps;
 mod one_path;
 mod packaging;
+mod pod_shapes;
 mod rdma;
 mod realdata;
 mod sandbox_apiserver;
