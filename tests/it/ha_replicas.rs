@@ -730,3 +730,90 @@ async fn a_standby_that_lost_the_answer_does_not_claim_the_bind_did_not_happen()
     a.kill();
     b.stop().await;
 }
+
+/// A pod's own durable reservation is its own: the leader is killed with the pod's Binding
+/// lost in flight (held at the API server, never applied while the test looks); the new leader
+/// passes the reserved node in the pod's filter (its memory is counted there already) and
+/// fails the others, and its bind there takes the reservation over (the same GPU) and binds
+/// the pod, without waiting out `bind_settle_ms`. When the old Binding is let through
+/// afterwards it lands on a bound pod: 409, nothing doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pods_own_reservation_left_by_a_killed_leader_is_taken_over_by_its_retried_bind() {
+    // Two nodes of one 8-unit GPU: the victim (6) fits either, but its reservation is node-0's.
+    let api = sandbox(2, 1, UNITS).await;
+    let mut config = extender_config(true);
+    // Far longer than the test: a retry that had to wait the window out would fail it.
+    config.extender.bind_settle_ms = 3_600_000;
+    let a = Isolated::start(&api, &config, "replica-a", None).await;
+    wait_leading(&a.state, "replica-a").await;
+    let b = start_named(&api, &config, "replica-b").await;
+    wait_http_ok(&format!("http://{}/readyz", b.addr)).await;
+    api.create_object(pending_pod("victim", 6)).expect("seed");
+    let hold = Hold::new();
+    api.inject(Fault::new(
+        Some(http::Method::POST),
+        "/namespaces/default/pods/victim/binding",
+        FaultAction::Hold(hold.clone()),
+    ));
+    let first = {
+        let api = api.clone();
+        let addr = a.addr;
+        tokio::spawn(async move { bind_via(&api, addr, "victim", "node-0").await })
+    };
+    hold.wait_reached(1).await;
+    a.kill();
+    let _ = first.await;
+    wait_leading(&b.state(), "replica-b").await;
+    let reserved = api
+        .get_object("pods", Some("default"), "victim")
+        .expect("victim")["metadata"]["annotations"]["gpushare.io/reservation"]
+        .clone();
+    assert!(
+        reserved.is_string(),
+        "the killed leader's reservation is on the pod"
+    );
+
+    // The retried filter: the reserved node passes, the other does not.
+    let pod = api
+        .get_object("pods", Some("default"), "victim")
+        .expect("victim");
+    let (status, body) = post(
+        b.addr,
+        "filter",
+        &json!({ "Pod": pod, "NodeNames": ["node-0", "node-1"] }),
+    )
+    .await
+    .expect("filter answers");
+    assert_eq!(status, 200);
+    let filtered: Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(filtered["NodeNames"], json!(["node-0"]), "{filtered}");
+    assert!(
+        filtered["FailedNodes"]["node-1"]
+            .as_str()
+            .is_some_and(|r| r.contains("holds a reservation on node node-0")),
+        "{filtered}"
+    );
+
+    // The retried bind there takes the reservation over and binds.
+    assert_eq!(bind_via(&api, b.addr, "victim", "node-0").await, Some(200));
+    assert_eq!(node_of(&api, "victim").as_deref(), Some("node-0"));
+    let annotations = &api
+        .get_object("pods", Some("default"), "victim")
+        .expect("victim")["metadata"]["annotations"];
+    assert_eq!(annotations["ALIYUN_COM_GPU_MEM_IDX"], "0", "the same GPU");
+
+    // The old Binding, let through now, finds the pod bound.
+    hold.release();
+    wait_until("the old Binding answered", || {
+        api.requests()
+            .iter()
+            .filter(|r| r.path.ends_with("/pods/victim/binding"))
+            .count()
+            >= 2
+    })
+    .await;
+    assert_eq!(node_of(&api, "victim").as_deref(), Some("node-0"));
+    assert_not_overcommitted(&api, UNITS);
+    converge(&api, b.addr).await;
+    b.stop().await;
+}
