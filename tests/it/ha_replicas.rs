@@ -10,132 +10,25 @@
 //! it stops, as under SIGSTOP, while time goes on). Waits are on conditions, never sleeps.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use gpushare::config::Config;
-use gpushare::extender::leader::{AdjustableClock, Clock};
+use gpushare::extender::leader::AdjustableClock;
 use gpushare::extender::{ExtenderState, StartOptions};
 use gpushare::shutdown::Shutdown;
 use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction, Hold};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{mpsc, oneshot};
 
 use crate::support::extender_cluster::{
     bind_via, binding_args, extender_config, sandbox, start_named, wait_http_ok,
 };
 use crate::support::extender_http::http;
+use crate::support::isolated_extender::Isolated;
 use crate::support::ledger_truth::{assert_not_overcommitted, converge, truth};
 use crate::support::objects::pending_pod;
 use crate::support::wait::{DEADLINE, poll, wait_until};
 
 const UNITS: u64 = 8;
-
-enum Control {
-    Pause {
-        paused: oneshot::Sender<()>,
-        resume: std::sync::mpsc::Receiver<()>,
-    },
-    Kill,
-    /// Stop as on SIGTERM: drain, then release the lease.
-    Stop(oneshot::Sender<()>),
-}
-
-/// An extender in a runtime and thread of its own, so that it can be killed or paused.
-struct Isolated {
-    addr: SocketAddr,
-    state: Arc<ExtenderState>,
-    control: mpsc::UnboundedSender<Control>,
-}
-
-/// Resumes a paused [`Isolated`] replica.
-struct Paused(std::sync::mpsc::Sender<()>);
-
-impl Paused {
-    fn resume(self) {
-        let _ = self.0.send(());
-    }
-}
-
-impl Isolated {
-    async fn start(
-        api: &ApiServer,
-        config: &Config,
-        identity: &str,
-        clock: Option<Arc<dyn Clock>>,
-    ) -> Isolated {
-        let (started_tx, started) = oneshot::channel();
-        let (control, mut commands) = mpsc::unbounded_channel();
-        let (api, config) = (api.clone(), config.clone());
-        let options = StartOptions {
-            clock,
-            identity: Some(identity.to_string()),
-            ..Default::default()
-        };
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            rt.block_on(async move {
-                // The client too lives in this runtime: its connections stop with it.
-                let handle = gpushare::extender::start_with(
-                    &config,
-                    api.client(),
-                    Shutdown::never(),
-                    options,
-                )
-                .await
-                .expect("extender starts");
-                let _ = started_tx.send((handle.addr, handle.state()));
-                while let Some(command) = commands.recv().await {
-                    match command {
-                        Control::Pause { paused, resume } => {
-                            let _ = paused.send(());
-                            // Blocks the runtime's only thread: nothing of this replica runs.
-                            let _ = resume.recv();
-                        }
-                        Control::Kill => break,
-                        Control::Stop(stopped) => {
-                            handle.stop().await;
-                            let _ = stopped.send(());
-                            return;
-                        }
-                    }
-                }
-                // Killed: no stop, no drain, no lease release.
-                std::mem::forget(handle);
-            });
-            rt.shutdown_background();
-        });
-        let (addr, state) = started.await.expect("the isolated extender started");
-        Isolated {
-            addr,
-            state,
-            control,
-        }
-    }
-
-    async fn pause(&self) -> Paused {
-        let (paused, is_paused) = oneshot::channel();
-        let (resume_tx, resume) = std::sync::mpsc::channel();
-        let _ = self.control.send(Control::Pause { paused, resume });
-        is_paused.await.expect("the replica paused");
-        Paused(resume_tx)
-    }
-
-    fn kill(&self) {
-        let _ = self.control.send(Control::Kill);
-    }
-
-    /// Stops the replica as SIGTERM does (drain, lease released); resolves once it stopped.
-    async fn stop(&self) {
-        let (stopped, done) = oneshot::channel();
-        let _ = self.control.send(Control::Stop(stopped));
-        let _ = done.await;
-    }
-}
 
 /// Waits until `state` serves as a synced leader.
 async fn wait_leading(state: &ExtenderState, what: &str) {

@@ -42,6 +42,7 @@ mod sandbox_dra_kubelet;
 mod sandbox_kubelet;
 mod settle;
 mod soak;
+mod soak_dra;
 mod startup;
 mod support;
 mod verb_errors;

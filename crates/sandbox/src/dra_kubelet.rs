@@ -260,7 +260,9 @@ impl DraKubelet {
             .ok_or_else(|| anyhow!("{driver} is not registered"))
     }
 
-    /// The claims recorded as prepared for the pod with this uid.
+    /// The claims recorded for the pod with this uid: prepared, or tried (each outcome says;
+    /// a claim whose call got no answer is `Missing`), as kubelet's claim info cache keeps
+    /// them until the pod is done and they are unprepared.
     pub fn prepared(&self, pod_uid: &str) -> Option<Vec<PreparedClaim>> {
         self.inner
             .state()
@@ -321,6 +323,29 @@ impl DraKubelet {
                 ));
             }
         }
+        // As kubelet's claim info cache: the claims are recorded before the plugins are
+        // called, so that a pod that ends without a successful prepare (a lost answer, a
+        // plugin killed mid-call) still has its claims unprepared.
+        let planned: Vec<PreparedClaim> = by_driver
+            .iter()
+            .flat_map(|(driver, claims)| {
+                claims
+                    .iter()
+                    .map(move |(namespace, uid, name)| PreparedClaim {
+                        namespace: namespace.clone(),
+                        name: name.clone(),
+                        uid: uid.clone(),
+                        driver: driver.clone(),
+                        service: String::new(),
+                        outcome: ClaimOutcome::Missing,
+                    })
+            })
+            .collect();
+        self.inner
+            .state()
+            .prepared
+            .entry(uid.clone())
+            .or_insert_with(|| (format!("{namespace}/{name}"), planned));
         let mut out = Vec::new();
         for (driver, claims) in by_driver {
             out.extend(self.prepare_claims(&driver, &claims).await?);
@@ -542,16 +567,36 @@ impl DraKubelet {
                 continue;
             }
             live.insert(uid.clone());
-            if self.inner.state().prepared.contains_key(&uid) {
+            let done = self
+                .inner
+                .state()
+                .prepared
+                .get(&uid)
+                .is_some_and(|(_, claims)| {
+                    claims
+                        .iter()
+                        .all(|c| matches!(c.outcome, ClaimOutcome::Prepared(_)))
+                });
+            if done {
                 continue;
             }
-            // Claims not allocated (or not created) yet: a later pass.
-            if self.prepare(pod).await.is_ok() {
-                report.prepared.push(format!(
-                    "{}/{}",
-                    pod.metadata.namespace.as_deref().unwrap_or_default(),
-                    pod.metadata.name.as_deref().unwrap_or_default()
-                ));
+            // Claims not allocated (or not created) yet, or a claim the plugin did not prepare
+            // (its error): a later pass tries again, as kubelet does before it starts the pod.
+            match self.prepare(pod).await {
+                Ok(claims)
+                    if claims
+                        .iter()
+                        .all(|c| matches!(c.outcome, ClaimOutcome::Prepared(_))) =>
+                {
+                    report.prepared.push(format!(
+                        "{}/{}",
+                        pod.metadata.namespace.as_deref().unwrap_or_default(),
+                        pod.metadata.name.as_deref().unwrap_or_default()
+                    ));
+                }
+                // Recorded: tried again on the next pass while the pod lives, unprepared when
+                // it is done.
+                Ok(_) | Err(_) => {}
             }
         }
         let gone: Vec<String> = self

@@ -148,12 +148,16 @@ pub fn submit_pod(api: &ApiServer, pod: Value) {
     .expect("rewrites")
     .expect("rewritten");
     let template = r.template.metadata.name.clone().expect("named");
+    // Pods of one shape share a template; another submitter may have created it meanwhile.
     if api
-        .get_object("resourceclaimtemplates", Some("default"), &template)
-        .is_none()
+        .create_object(serde_json::to_value(&r.template).expect("json"))
+        .is_err()
     {
-        api.create_object(serde_json::to_value(&r.template).expect("json"))
-            .expect("the template");
+        assert!(
+            api.get_object("resourceclaimtemplates", Some("default"), &template)
+                .is_some(),
+            "the template {template} could not be created"
+        );
     }
     let mut value = serde_json::to_value(&r.pod).expect("json");
     value["apiVersion"] = json!("v1");
