@@ -43,6 +43,7 @@ mod sandbox_kubelet;
 mod settle;
 mod soak;
 mod soak_dra;
+mod soak_ha;
 mod startup;
 mod support;
 mod verb_errors;
