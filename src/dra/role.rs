@@ -1,17 +1,19 @@
 //! `gpushare dra-plugin`: the DRA kubelet plugin role. It serves the node agent's GPUs on the
-//! DRA path: offers them on [`ServingPath::Dra`] (a GPU the device plugin serves is refused;
-//! MIG-excluded GPUs never reach the agent), starts the plugin's gRPC side ([`super::plugin`])
+//! DRA path: opens the path's gate ([`crate::node::path_gate`]: a GPU another path serves, or
+//! whose memory the extender path's pods still hold, is left out of the slice until it is
+//! free; MIG-excluded GPUs never reach the agent), starts the plugin's gRPC side ([`super::plugin`])
 //! with the CDI [`super::prepare::CdiPreparer`], and keeps the node's ResourceSlice published
 //! ([`super::publish`]) on every change: a GPU's health (the agent's health view: taint and
 //! `NodeWatchResources`) and the memory allocated on each GPU (a watch of the ResourceClaims
-//! allocated on this node's pool), which orders the devices by `--gpu-policy`. It serves
-//! The node agent's other device kinds (`[devices]`: RDMA HCAs, generic devices) are
-//! published in the same slice after the GPUs ([`super::kinds`]) and handed over by the same
-//! preparer. It serves
-//! `/healthz`, `/readyz` (ready once kubelet accepted the registration) and `/metrics` on
-//! `dra.admin_address`. Stopping withdraws the GPUs, stops serving and removes the sockets; the
-//! slices stay (a restarted plugin takes them over; kubelet removes a plugin's slices when it
-//! is gone for good).
+//! allocated on this node's pool), which orders the devices by `--gpu-policy`, and what the
+//! gate offers. The node agent's other device kinds (`[devices]`: RDMA HCAs, generic devices)
+//! are published in the same slice after the GPUs ([`super::kinds`]) and handed over by the
+//! same preparer. It serves `/healthz`, `/readyz` (ready once kubelet accepted the
+//! registration and, with MPS, while the daemon serves) and `/metrics` (its own and the
+//! node's, [`super::metrics`], [`crate::node::monitor`]) on `dra.admin_address`. The fatal
+//! Xids are kept beside the checkpoint ([`FATAL_XIDS_FILE`]). Stopping closes the gate (the GPU
+//! locks let go), stops serving and removes the sockets; the slices stay (a restarted plugin
+//! takes them over; kubelet removes a plugin's slices when it is gone for good).
 //!
 //! What it does not do: build the node agent (`cli` has [`crate::node::run_role`] do it, as
 //! for the device plugin), decide the container edits (the node contract, through the

@@ -6,9 +6,13 @@
 //! What it holds:
 //! - the served GPUs ([`gpus`]) and the memory unit they are counted in, decided against the
 //!   unit the node last published ([`unit_change`]);
-//! - which path offers each GPU ([`paths`]): a GPU is offered on one path at a time;
+//! - which path offers each GPU: one path at a time, in this process ([`paths`]) and across
+//!   the node's processes ([`gpu_locks`]: a lock file per GPU), checked at start and
+//!   continuously by each role's gate ([`path_gate`]), which also waits until the other
+//!   path's pods or claims hold no memory on a GPU;
 //! - health: the Xid tracker and its task ([`health`]), published as a watchable per-GPU
 //!   [`health::HealthView`], with the node's device annotations and `GpuUnhealthy` Events;
+//!   fatal Xids kept across restarts where the role gives a record ([`fatal_xids`]);
 //! - with MPS, the daemon's supervisor ([`mps`]), given the node's Event sink and reporting to
 //!   [`mps::MpsStatus`], whose state the roles follow for their readiness;
 //! - node publishing ([`publish`]): `aliyun.com/gpu-count`, `gpushare.io/devices`,
@@ -18,9 +22,12 @@
 //! - the container contract ([`contract`]): (GPU, units, strategy) → envs, mounts, device
 //!   nodes, CDI names. Pure.
 //!
+//! - what every role serves of it ([`monitor`]): the node metrics under the role's names,
+//!   the readiness that follows the MPS daemon, and the refusal while the daemon is down.
+//!
 //! It does not speak any kubelet protocol (registration, ListAndWatch, Allocate, DRA gRPC:
-//! those are the roles'), match pods to containers, or serve metrics of its own (the roles
-//! turn what it publishes into theirs).
+//! those are the roles'), match pods to containers, or serve HTTP (the roles' admin servers
+//! serve its metrics).
 //!
 //! Start-up is two steps so a role can refuse what it cannot serve before anything is
 //! published: [`NodeAgent::prepare`] reads the node, the GPUs and decides the unit;
