@@ -13,9 +13,9 @@
 //!    - for the device plugin: no ResourceSlice of this node publishes it (a device with its
 //!      UUID as an attribute, of any driver: kubelet removes a stopped DRA plugin's slices a
 //!      little later), and no ResourceClaim is allocated on its device in this node's pool;
-//! 3. offers it only when both hold, and keeps checking: a GPU whose check fails (an API
-//!    read that does not answer) keeps its last decision, and a GPU not decided yet stays held
-//!    back.
+//! 3. offers it only when both hold, and keeps checking (every second while it holds a GPU
+//!    back, every 30 s once it offers them all): a GPU whose check fails (an API read that
+//!    does not answer) keeps its last decision, and a GPU not decided yet stays held back.
 //!
 //! What the gate decided is a `watch` of [`Offer`] the role follows (the slice, the device
 //! list), and on the Node the annotation of the path (`gpushare.io/device-plugin-gpus`,
@@ -47,8 +47,11 @@ use crate::core::resource_name::gpu_device_name;
 use crate::core::wire::{NODE_ANN_DEVICE_PLUGIN_GPUS, NODE_ANN_DRA_GPUS, RESOURCE_GPU_MEM};
 use crate::shutdown::Shutdown;
 
-/// How often the gate checks again.
+/// How often the gate checks again while it holds a GPU back.
 pub const CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// How often it checks again while it offers every GPU (the locks keep the other role off;
+/// the API is read for what takes no lock: NVIDIA's plugins, an older gpushare).
+pub const STEADY_INTERVAL: Duration = Duration::from_secs(30);
 
 /// What a role offers now.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -144,9 +147,14 @@ impl NodeAgent {
             let stop_fut = stop.wait();
             tokio::pin!(stop_fut);
             loop {
+                let wait = if gate.offer.borrow().held_back.is_empty() {
+                    STEADY_INTERVAL
+                } else {
+                    CHECK_INTERVAL
+                };
                 tokio::select! {
                     _ = &mut stop_fut => break,
-                    _ = tokio::time::sleep(CHECK_INTERVAL) => {}
+                    _ = tokio::time::sleep(wait) => {}
                 }
                 gate.pass().await;
             }
