@@ -305,7 +305,7 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<ExitCode> 
 /// settings no node role starts without, the node preflight, then the role on the process's
 /// one node agent ([`crate::node::run_role`]) until SIGTERM/SIGINT.
 async fn run_node_role<Fut>(
-    role: &str,
+    role: &'static str,
     config: &Config,
     admit: impl FnOnce(PreparedAgent) -> anyhow::Result<PreparedAgent>,
     run: impl FnOnce(Arc<NodeAgent>, Shutdown) -> Fut,
@@ -316,7 +316,13 @@ where
     crate::buildinfo::ensure_server_platform(role)?;
     crate::node::check_required(config).map_err(failure::config)?;
     crate::gpu::check_config(&config.gpu).map_err(failure::config)?;
-    preflight(doctor::Role::Node, config).await?;
+    if !config.doctor.skip {
+        match role {
+            // Its own checks beside the node's: dra-plugin-conflict among them.
+            "dra-plugin" => doctor::preflight_dra(config).await?,
+            _ => doctor::preflight(doctor::Role::Node, config).await?,
+        }
+    }
     crate::node::run_role(config, role, admit, run).await
 }
 

@@ -64,7 +64,8 @@ use crate::config::{AllocateFailure, Config, FlagOverrides};
 use crate::gpu::GpuBackend;
 use crate::node::gpus::ServedGpu;
 use crate::node::health::HealthView;
-use crate::node::mps::MpsState;
+use crate::node::monitor::{NodeMetrics, NodeMonitor, NodeRole};
+use crate::node::path_gate::{GateSettings, Offer, PathGate};
 use crate::node::paths::ServingPath;
 use crate::node::{NodeAgent, NodeAgentHandle, NodeArgs, PreparedAgent};
 use crate::shutdown::Shutdown;
@@ -173,6 +174,7 @@ pub async fn run(
 #[derive(Debug)]
 pub struct DevicePluginHandle {
     plugin: Arc<Plugin>,
+    gate: Option<PathGate>,
     stop: Arc<crate::shutdown::Trigger>,
     tasks: Vec<JoinHandle<()>>,
     admin_addr: Option<std::net::SocketAddr>,
@@ -191,9 +193,14 @@ impl DevicePluginHandle {
         self.admin_addr
     }
 
-    /// The metrics.
+    /// The metrics of the kubelet side.
     pub fn metrics(&self) -> &Metrics {
         &self.plugin.metrics
+    }
+
+    /// The node metrics (health, the memory-unit refusal, MPS).
+    pub fn node_metrics(&self) -> &NodeMetrics {
+        self.plugin.node.metrics()
     }
 
     /// The metrics in the Prometheus text format.
@@ -253,14 +260,22 @@ impl DevicePluginHandle {
         &self.plugin.agent
     }
 
+    /// What the path's gate offers now, and every change after.
+    pub fn offer(&self) -> watch::Receiver<Offer> {
+        self.plugin.offer.clone()
+    }
+
     /// Stops serving, ends the ListAndWatch streams, removes the socket and gives the GPUs
     /// back to the agent (and stops the agent when [`start`] built it).
-    pub async fn stop(self) {
+    pub async fn stop(mut self) {
         self.stop.trigger();
-        for task in self.tasks {
+        for task in std::mem::take(&mut self.tasks) {
             let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
         }
         let _ = std::fs::remove_file(self.plugin.socket_path());
+        if let Some(gate) = self.gate.take() {
+            gate.close().await;
+        }
         self.plugin.agent.withdraw(ServingPath::DevicePlugin);
         if let Some(agent) = self.own_agent {
             agent.stop().await;
@@ -301,11 +316,20 @@ pub async fn serve(
     shutdown: Shutdown,
 ) -> anyhow::Result<DevicePluginHandle> {
     let dp = config.device_plugin.clone();
-    let all: Vec<u32> = agent.gpus().iter().map(|g| g.index).collect();
-    let gpus = agent.offer(ServingPath::DevicePlugin, all)?;
+    let gate = agent
+        .open_path(
+            ServingPath::DevicePlugin,
+            GateSettings {
+                dra_driver: config.dra.driver_name.clone(),
+            },
+            shutdown.clone(),
+        )
+        .await;
+    let gpus = agent.gpus().to_vec();
     let admin = AdminState::new();
     let metrics = Metrics::new(&admin);
     agent.enforcement().status().register(&admin);
+    let node = NodeMonitor::new(agent.clone(), admin.clone(), NodeRole::DevicePlugin);
     let mut health = agent.health();
     let view = health.borrow_and_update().clone();
     let first = devices::list_and_watch_response(&gpus, |u| view.is_healthy(u));
@@ -314,6 +338,7 @@ pub async fn serve(
         config: dp.clone(),
         agent: agent.clone(),
         gpus,
+        offer: gate.offer(),
         devices_tx,
         pods: PodStore::default(),
         records: std::sync::Mutex::default(),
@@ -321,12 +346,10 @@ pub async fn serve(
         reconcile_now: Notify::new(),
         reported: std::sync::Mutex::default(),
         metrics,
+        node: node.clone(),
         admin: admin.clone(),
     });
     plugin.refresh_devices(&view);
-    if agent.unit_refused().is_some() {
-        plugin.metrics.memory_unit_change_refused.set(1);
-    }
 
     // One internal stop that fires on the caller's shutdown or on `stop()`.
     let (stop_trigger, stop) = shutdown.child();
@@ -335,21 +358,11 @@ pub async fn serve(
     tasks.push(tokio::spawn(follow_health(
         plugin.clone(),
         health,
-        view.unattributed_xids,
+        gate.offer(),
         stop.clone(),
     )));
-    if let Some(status) = agent.mps() {
-        // The state now is in the metrics before kubelet can ask; the task follows changes.
-        let mut state = status.subscribe();
-        let now = *state.borrow_and_update();
-        plugin.mps_metrics(now, 0);
-        tasks.push(tokio::spawn(follow_mps(
-            plugin.clone(),
-            state,
-            now.restarts,
-            stop.clone(),
-        )));
-    }
+    // The node metrics and the readiness (MPS) follow the agent.
+    tasks.push(node.follow(stop.clone()));
     tasks.push(tokio::spawn(plugin.pods.clone().run(
         agent.client().clone(),
         agent.node_name().to_string(),
@@ -399,6 +412,7 @@ pub async fn serve(
     };
     Ok(DevicePluginHandle {
         plugin,
+        gate: Some(gate),
         stop: stop_trigger,
         tasks,
         admin_addr,
@@ -406,44 +420,21 @@ pub async fn serve(
     })
 }
 
-/// Follows the agent's health view into ListAndWatch and the health metrics until `stop`.
+/// Follows the agent's health view and the gate's offer into ListAndWatch until `stop`.
 async fn follow_health(
     plugin: Arc<Plugin>,
     mut health: watch::Receiver<Arc<HealthView>>,
-    mut unattributed_seen: u64,
+    mut offer: watch::Receiver<Offer>,
     stop: Shutdown,
 ) {
     loop {
         tokio::select! {
             _ = stop.clone().wait() => return,
             changed = health.changed() => if changed.is_err() { return },
+            changed = offer.changed() => if changed.is_err() { return },
         }
         let view = health.borrow_and_update().clone();
-        let new = view.unattributed_xids.saturating_sub(unattributed_seen);
-        if new > 0 {
-            plugin.metrics.unattributed_xids.inc_by(new);
-            unattributed_seen = view.unattributed_xids;
-        }
+        offer.borrow_and_update();
         plugin.refresh_devices(&view);
-    }
-}
-
-/// Follows the changes of the agent's MPS daemon into the MPS metrics and the readiness until
-/// `stop` (the state at start is in the metrics already, and the registration's own readiness
-/// update reads it).
-async fn follow_mps(
-    plugin: Arc<Plugin>,
-    mut state: watch::Receiver<MpsState>,
-    mut restarts_seen: u64,
-    stop: Shutdown,
-) {
-    loop {
-        tokio::select! {
-            _ = stop.clone().wait() => return,
-            changed = state.changed() => if changed.is_err() { return },
-        }
-        let now = *state.borrow_and_update();
-        restarts_seen = plugin.mps_metrics(now, restarts_seen);
-        plugin.update_ready();
     }
 }

@@ -25,7 +25,8 @@ use crate::kubelet_api::deviceplugin::ListAndWatchResponse;
 use crate::node::NodeAgent;
 use crate::node::gpus::ServedGpu;
 use crate::node::health::HealthView;
-use crate::node::mps::MpsState;
+use crate::node::monitor::NodeMonitor;
+use crate::node::path_gate::Offer;
 
 /// One container allocation the plugin answered: which device IDs kubelet passed, which GPU
 /// the container was given (its `NVIDIA_VISIBLE_DEVICES`), and the pod it was matched to.
@@ -52,8 +53,11 @@ pub(crate) struct Plugin {
     pub(crate) config: DevicePluginConfig,
     /// The node agent: the GPUs, the unit, health, MPS, node publishing, the contract.
     pub(crate) agent: Arc<NodeAgent>,
-    /// The GPUs the agent offers on this path.
+    /// The node's GPUs, listed on this path; those the gate holds back are listed unhealthy
+    /// and refused in Allocate.
     pub(crate) gpus: Vec<ServedGpu>,
+    /// What the path's gate offers now ([`crate::node::path_gate`]).
+    pub(crate) offer: watch::Receiver<Offer>,
     pub(crate) devices_tx: watch::Sender<Arc<ListAndWatchResponse>>,
     pub(crate) pods: PodStore,
     /// The allocations answered, by pod UID. Held for in-memory steps only, never across an
@@ -66,6 +70,8 @@ pub(crate) struct Plugin {
     /// What the reconciler has reported already.
     pub(crate) reported: std::sync::Mutex<Reported>,
     pub(crate) metrics: Metrics,
+    /// The node metrics, the readiness that follows MPS and the MPS refusal.
+    pub(crate) node: Arc<NodeMonitor>,
     pub(crate) admin: Arc<AdminState>,
 }
 
@@ -130,39 +136,21 @@ impl Plugin {
         self.gpus.iter().find(|g| g.uuid == uuid)
     }
 
-    /// Re-sends the device list for the health `view`.
+    /// Re-sends the device list for the health `view` and the gate's offer: a GPU's devices
+    /// are healthy when it is and the gate offers it.
     pub(crate) fn refresh_devices(&self, view: &HealthView) {
-        let msg = devices::list_and_watch_response(&self.gpus, |u| view.is_healthy(u));
-        let unhealthy = self
-            .gpus
-            .iter()
-            .filter(|g| !view.is_healthy(&g.uuid))
-            .count();
-        self.metrics
-            .unhealthy_gpus
-            .set(i64::try_from(unhealthy).unwrap_or(i64::MAX));
+        let offer = self.offer.borrow().clone();
+        let offered = |u: &str| {
+            self.gpus
+                .iter()
+                .any(|g| g.uuid == u && offer.is_offered(g.index))
+        };
+        let msg =
+            devices::list_and_watch_response(&self.gpus, |u| view.is_healthy(u) && offered(u));
         self.devices_tx.send_replace(Arc::new(msg));
     }
 
     pub(crate) fn socket_path(&self) -> PathBuf {
         self.config.device_plugin_dir.join(PLUGIN_SOCKET)
-    }
-
-    /// Puts the MPS daemon's state into the metrics (the restarts after `restarts_seen`);
-    /// returns the restarts seen now.
-    pub(super) fn mps_metrics(&self, now: MpsState, restarts_seen: u64) -> u64 {
-        self.metrics.mps_daemon_up.set(i64::from(now.serving));
-        let new = now.restarts.saturating_sub(restarts_seen);
-        if new > 0 {
-            self.metrics.mps_daemon_restarts.inc_by(new);
-        }
-        now.restarts.max(restarts_seen)
-    }
-
-    /// Ready while registered with kubelet and, with `--mps`, while the MPS daemon serves.
-    pub(crate) fn update_ready(&self) {
-        let registered = self.metrics.registered.get() == 1;
-        let mps = self.agent.mps().is_none_or(|m| m.serving());
-        self.admin.set_ready(registered && mps);
     }
 }

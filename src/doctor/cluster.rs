@@ -155,6 +155,7 @@ const fn perm(
 const CORE: &[&str] = &[""];
 const EVENTS: &[&str] = &["events.k8s.io"];
 const LEASES: &[&str] = &["coordination.k8s.io"];
+const RESOURCE: &[&str] = &["resource.k8s.io"];
 
 /// What `gpushare extender` does with the API.
 pub(crate) const EXTENDER_PERMISSIONS: &[Permission] = &[
@@ -196,6 +197,9 @@ pub(crate) const DEVICE_PLUGIN_PERMISSIONS: &[Permission] = &[
     perm(CORE, "nodes", "status", "patch"),
     perm(EVENTS, "events", "", "create"),
     perm(EVENTS, "events", "", "patch"),
+    // One path per GPU: a GPU a DRA slice publishes or a claim holds is not offered.
+    perm(RESOURCE, "resourceslices", "", "list"),
+    perm(RESOURCE, "resourceclaims", "", "list"),
 ];
 
 impl Permission {
@@ -358,6 +362,16 @@ pub fn capacity(node: &Node, resource: &str) -> Option<String> {
     node.status
         .as_ref()?
         .capacity
+        .as_ref()?
+        .get(resource)
+        .map(|q| q.0.clone())
+}
+
+/// `status.allocatable[resource]` of `node`, as written.
+pub fn allocatable(node: &Node, resource: &str) -> Option<String> {
+    node.status
+        .as_ref()?
+        .allocatable
         .as_ref()?
         .get(resource)
         .map(|q| q.0.clone())

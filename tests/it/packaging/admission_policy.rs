@@ -352,6 +352,15 @@ fn the_policy_allows_only_the_device_plugins_own_writes() {
             }}}),
             Verdict::Allowed,
         ),
+        (
+            "the GPUs it offers and holds back, on its own Node, and their removal",
+            plugin_node(own, None, "gpu-a"),
+            node_a.clone(),
+            json!({ "metadata": { "annotations": {
+                wire::NODE_ANN_DEVICE_PLUGIN_GPUS: r#"{"offered":[0],"heldBack":{"1":"…"}}"#,
+            }}}),
+            Verdict::Allowed,
+        ),
         // --- another node's objects
         (
             "a pod bound to another node",
