@@ -53,6 +53,8 @@ pub(crate) struct ReviewRequest {
     pub namespace: String,
     /// `request.object`, may be null (DELETE).
     pub object: Value,
+    /// `request.dryRun` (absent: false): nothing may be created for it.
+    pub dry_run: bool,
 }
 
 /// Parses an AdmissionReview body.
@@ -96,6 +98,10 @@ pub(crate) fn parse_review(body: &[u8]) -> Result<ReviewRequest, ReviewError> {
         operation: text("operation"),
         namespace: text("namespace"),
         object: request.get("object").cloned().unwrap_or(Value::Null),
+        dry_run: request
+            .get("dryRun")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
     })
 }
 
@@ -113,7 +119,7 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    fn allow() -> Verdict {
+    pub(crate) fn allow() -> Verdict {
         Verdict {
             allowed: true,
             ..Verdict::default()
@@ -205,23 +211,40 @@ pub(crate) fn asks_for_gpu_mem(pod: &Pod) -> bool {
     })
 }
 
-/// `POST /mutate`: on Pod CREATE, a gpu-mem pod whose `spec.schedulerName` is empty or
-/// `default-scheduler` gets `scheduler_name`; everything else is admitted unchanged.
-pub fn mutate(body: &[u8], scheduler_name: &str) -> Result<(String, Verdict), ReviewError> {
+/// `POST /mutate` of one request body: [`mutate_review`] of the parsed review, with its uid
+/// (the tests' entry; the server parses once in `routes`).
+#[cfg(test)]
+pub(crate) fn mutate(body: &[u8], scheduler_name: &str) -> Result<(String, Verdict), ReviewError> {
     let review = parse_review(body)?;
-    let pod = match pod_of(&review)? {
-        Err(verdict) => return Ok((review.uid, verdict)),
-        Ok(None) => return Ok((review.uid, Verdict::allow())),
-        Ok(Some(pod)) => pod,
-    };
-    if !asks_for_gpu_mem(&pod) {
-        return Ok((review.uid, Verdict::allow()));
+    let verdict = mutate_review(&review, scheduler_name)?;
+    Ok((review.uid, verdict))
+}
+
+/// `POST /mutate`: on Pod CREATE, a gpu-mem pod whose `spec.schedulerName` is empty or
+/// `default-scheduler` gets `scheduler_name` ([`mutate_pod`]); everything else is admitted
+/// unchanged.
+pub(crate) fn mutate_review(
+    review: &ReviewRequest,
+    scheduler_name: &str,
+) -> Result<Verdict, ReviewError> {
+    Ok(match pod_of(review)? {
+        Err(verdict) => verdict,
+        Ok(None) => Verdict::allow(),
+        Ok(Some(pod)) => mutate_pod(&pod, scheduler_name),
+    })
+}
+
+/// The extender path's verdict on a pod being created: a gpu-mem pod whose
+/// `spec.schedulerName` is empty or `default-scheduler` gets `scheduler_name`.
+pub(crate) fn mutate_pod(pod: &Pod, scheduler_name: &str) -> Verdict {
+    if !asks_for_gpu_mem(pod) {
+        return Verdict::allow();
     }
     let current = pod.spec.as_ref().and_then(|s| s.scheduler_name.as_deref());
     let op = match current {
         None => "add",
         Some("") | Some(DEFAULT_SCHEDULER) => "replace",
-        Some(_) => return Ok((review.uid, Verdict::allow())),
+        Some(_) => return Verdict::allow(),
     };
     let mut verdict = Verdict::allow();
     if pod.spec.is_none() {
@@ -232,22 +255,33 @@ pub fn mutate(body: &[u8], scheduler_name: &str) -> Result<(String, Verdict), Re
     verdict.patch.push(json!({
         "op": op, "path": "/spec/schedulerName", "value": scheduler_name,
     }));
+    verdict
+}
+
+/// `POST /validate` of one request body: [`validate_review`] of the parsed review, with its
+/// uid (the tests' entry; the server parses once in `routes`).
+#[cfg(test)]
+pub(crate) fn validate(body: &[u8], max_gpu_mem: u64) -> Result<(String, Verdict), ReviewError> {
+    let review = parse_review(body)?;
+    let verdict = validate_review(&review, max_gpu_mem)?;
     Ok((review.uid, verdict))
 }
 
 /// `POST /validate`: on Pod CREATE, refuses a malformed gpu-mem request (see
 /// [`problems`]); everything else is allowed.
-pub fn validate(body: &[u8], max_gpu_mem: u64) -> Result<(String, Verdict), ReviewError> {
-    let review = parse_review(body)?;
-    let pod = match pod_of(&review)? {
-        Err(verdict) => return Ok((review.uid, verdict)),
-        Ok(None) => return Ok((review.uid, Verdict::allow())),
+pub(crate) fn validate_review(
+    review: &ReviewRequest,
+    max_gpu_mem: u64,
+) -> Result<Verdict, ReviewError> {
+    let pod = match pod_of(review)? {
+        Err(verdict) => return Ok(verdict),
+        Ok(None) => return Ok(Verdict::allow()),
         Ok(Some(pod)) => pod,
     };
     let found = problems(&pod, max_gpu_mem);
     let owned = owned_env(&pod);
     if found.is_empty() && owned.is_empty() {
-        return Ok((review.uid, Verdict::allow()));
+        return Ok(Verdict::allow());
     }
     let name = pod
         .metadata
@@ -271,14 +305,11 @@ pub fn validate(body: &[u8], max_gpu_mem: u64) -> Result<(String, Verdict), Revi
         ));
     }
     let message = parts.join("; ");
-    Ok((
-        review.uid,
-        Verdict {
-            allowed: false,
-            message: Some(message),
-            ..Verdict::default()
-        },
-    ))
+    Ok(Verdict {
+        allowed: false,
+        message: Some(message),
+        ..Verdict::default()
+    })
 }
 
 /// The environment variables the device plugin sets for a gpu-mem container: the GPUs it sees,
@@ -438,6 +469,21 @@ mod tests {
     fn gpu(limits: Value, requests: Value) -> Value {
         json!([{ "name": "main", "image": "x",
                   "resources": { "limits": limits, "requests": requests } }])
+    }
+
+    #[test]
+    fn dry_run_is_read_with_the_review() {
+        let with = |dry: Value| {
+            let mut v: Value = serde_json::from_slice(&review("Pod", "CREATE", Value::Null))
+                .expect("the review is JSON");
+            v["request"]["dryRun"] = dry;
+            parse_review(v.to_string().as_bytes()).expect("a review")
+        };
+        assert!(with(json!(true)).dry_run);
+        assert!(!with(json!(false)).dry_run);
+        assert!(!with(Value::Null).dry_run);
+        let plain = parse_review(&review("Pod", "CREATE", Value::Null)).expect("a review");
+        assert!(!plain.dry_run);
     }
 
     #[test]

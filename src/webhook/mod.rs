@@ -3,7 +3,10 @@
 //! that asks for `aliyun.com/gpu-mem` to our own kube-scheduler (`gpushare-scheduler`);
 //! `POST /validate` refuses malformed gpu-mem requests with a message that says what to write.
 //!
-//! Layout: [`admission`] (the reviews and the two decisions, pure), [`routes`] (HTTP on the
+//! Layout: [`admission`] (the reviews and the two decisions, pure), [`dra_mode`] (which path a
+//! gpu-mem pod takes, and on the DRA path its claim template made to exist), [`dra_rewrite`]
+//! (the DRA policy, pure: one claim per pod, the GPU shared by its containers, HCAs aligned,
+//! which resources move), [`routes`] (HTTP on the
 //! shared [`crate::http_server`], over TLS), [`certs`] (rcgen / x509-parser / the swappable
 //! served certificate), [`bootstrap`] (`--self-signed`: the Secret shared by all replicas and
 //! the `caBundle` of both webhook configurations).
@@ -15,6 +18,7 @@ pub(crate) mod admission;
 pub mod bootstrap;
 pub mod certs;
 pub mod dra_mode;
+pub mod dra_rewrite;
 pub(crate) mod routes;
 
 use std::net::{IpAddr, SocketAddr};
@@ -246,7 +250,7 @@ pub async fn start(
     let dra = match (&client, w.gpu_mem_path) {
         (Some(c), path) => Some(
             dra_mode::DraMode::new(c.clone(), path, config.node.memory_unit)
-                .with_kinds(crate::k8s::dra_request::kind_requests(&config.devices)),
+                .with_kinds(dra_rewrite::kind_requests(&config.devices)),
         ),
         (None, crate::config::GpuMemPath::Extender) => None,
         (None, crate::config::GpuMemPath::Dra) => {

@@ -123,14 +123,7 @@ pub async fn handle(state: Arc<WebhookState>, req: Request<Incoming>) -> Reply {
             return http_server::json_error(e.status(), &e.to_string());
         }
     };
-    let decided: Result<(String, Verdict), ReviewError> = if endpoint == "mutate" {
-        match &state.dra {
-            Some(dra) => dra.mutate(&body, &state.scheduler_name).await,
-            None => admission::mutate(&body, &state.scheduler_name),
-        }
-    } else {
-        admission::validate(&body, state.max_gpu_mem)
-    };
+    let decided = decide(&state, endpoint, &body).await;
     match decided {
         Ok((uid, verdict)) => {
             let result = if !verdict.allowed {
@@ -155,4 +148,22 @@ pub async fn handle(state: Arc<WebhookState>, req: Request<Incoming>) -> Reply {
             http_server::json_error(StatusCode::BAD_REQUEST, &e.to_string())
         }
     }
+}
+
+/// The verdict on one request body, parsed here once (the decisions take the parsed review).
+async fn decide(
+    state: &WebhookState,
+    endpoint: &str,
+    body: &[u8],
+) -> Result<(String, Verdict), ReviewError> {
+    let review = admission::parse_review(body)?;
+    let verdict = if endpoint == "mutate" {
+        match &state.dra {
+            Some(dra) => dra.mutate(&review, &state.scheduler_name).await?,
+            None => admission::mutate_review(&review, &state.scheduler_name)?,
+        }
+    } else {
+        admission::validate_review(&review, state.max_gpu_mem)?
+    };
+    Ok((review.uid, verdict))
 }

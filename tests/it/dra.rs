@@ -1,5 +1,5 @@
 //! The DRA path's pieces together over the sandbox: slices built by `gpushare::dra::slices`,
-//! a pod rewritten by `gpushare::k8s::dra_request`, allocated by the sandbox allocator (first fit,
+//! a pod rewritten by `gpushare::webhook::dra_rewrite`, allocated by the sandbox allocator (first fit,
 //! consumable capacity, as upstream) and read back by `gpushare::dra::claims` — the same
 //! `aliyun.com/gpu-mem` numbers per container, on one GPU, in the order the GPU policy chose.
 
@@ -9,7 +9,7 @@ use gpushare::core::wire::{DRA_DEVICE_CLASS, DRA_DRIVER_NAME};
 use gpushare::core::{GpuMem, GpuPolicy, MemoryUnit};
 use gpushare::dra::claims::{ClaimShare, NodeDevice, read_claim};
 use gpushare::dra::slices::{Pool, SliceGpu, device_name};
-use gpushare::k8s::dra_request::rewrite;
+use gpushare::webhook::dra_rewrite::rewrite;
 use gpushare_sandbox::apiserver::ApiServer;
 use gpushare_sandbox::dra_allocator::DraAllocator;
 use k8s_openapi::api::core::v1::Pod;

@@ -17,8 +17,8 @@ use gpushare::dra::plugin::{
     PluginConfig, PrepareError, Prepared, Preparer, RunningPlugin, SERVICES, Served, start,
 };
 use gpushare::dra::slices::{SliceGpu, build_slices, device_name};
-use gpushare::k8s::dra_request::rewrite;
 use gpushare::shutdown::Shutdown;
+use gpushare::webhook::dra_rewrite::rewrite;
 use gpushare_sandbox::apiserver::ApiServer;
 use gpushare_sandbox::dra_allocator::DraAllocator;
 use gpushare_sandbox::dra_kubelet::{ClaimOutcome, DraKubelet};
