@@ -262,6 +262,7 @@ async fn from_api(args: &Args, config: &Config) -> anyhow::Result<Report> {
             let api_answered = e.chain().any(|c| {
                 c.downcast_ref::<ApiCall>()
                     .is_some_and(|call| matches!(call.error, kube::Error::Api(_)))
+                    || c.downcast_ref::<NodeNotFound>().is_some()
             });
             if api_answered {
                 return Err(e);
@@ -273,6 +274,11 @@ async fn from_api(args: &Args, config: &Config) -> anyhow::Result<Report> {
         }
     }
 }
+
+/// The node named on the command line is not in the API (the API answered: no such node).
+#[derive(Debug, thiserror::Error)]
+#[error("node {0:?} not found (kubectl get nodes lists them)")]
+struct NodeNotFound(String);
 
 /// A failed read of the API, said in words ([`crate::k8s::describe`]).
 #[derive(Debug, thiserror::Error)]
@@ -301,7 +307,7 @@ async fn list_cluster(
             .map_err(|error| ApiCall::new("reading the node", error))?
         {
             Some(node) => vec![node],
-            None => return Err(anyhow!("node {name:?} not found")),
+            None => return Err(NodeNotFound(name.to_string()).into()),
         },
         None => {
             nodes_api

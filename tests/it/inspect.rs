@@ -308,6 +308,27 @@ fn an_unreachable_api_server_is_one_line_and_exit_1() {
     }
 }
 
+#[test]
+fn a_node_the_api_does_not_have_is_named_not_an_unreachable_server() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let server = runtime
+        .block_on(gpushare_sandbox::apiserver::ApiServer::start())
+        .expect("sandbox API server starts");
+    let kubeconfig = server.kubeconfig_path().to_string_lossy().into_owned();
+    let out = run(&["inspect", "no-such-node", "--kubeconfig", &kubeconfig]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert_eq!(
+        err.trim_end(),
+        "gpushare inspect: node \"no-such-node\" not found (kubectl get nodes lists them)",
+        "the API answered: nothing about reaching it"
+    );
+    runtime.block_on(server.shutdown());
+}
 /// Seeds the sandbox API server with every item of a fixture `List`.
 fn seed_fixture(server: &gpushare_sandbox::apiserver::ApiServer, fixture_name: &str) {
     let text = std::fs::read_to_string(fixture(&format!("inspect/{fixture_name}.yaml")))
