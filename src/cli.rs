@@ -66,11 +66,13 @@ impl GlobalArgs {
     }
 }
 
-/// GPU memory sharing for Kubernetes: scheduler extender, device plugin, inspect and doctor.
+/// GPU memory sharing for Kubernetes: extender, device plugin, DRA plugin, webhook, inspect, doctor.
 ///
 /// A drop-in successor of Aliyun's gpushare: pods ask for `aliyun.com/gpu-mem` (GiB by
 /// default), the extender picks one GPU with room, the device plugin hands it to the
-/// container. Run `gpushare <command> --help` for each role.
+/// container; on the DRA path (Kubernetes 1.34+) the webhook turns the request into a
+/// ResourceClaim and the DRA plugin hands the GPU over through CDI. Run `gpushare <command>
+/// --help` for each role.
 #[derive(Debug, Parser)]
 #[command(
     name = "gpushare",
@@ -303,7 +305,7 @@ where
     Fut: Future<Output = anyhow::Result<ExitCode>>,
 {
     crate::buildinfo::ensure_server_platform(role)?;
-    crate::node::check_required(config).map_err(failure::config)?;
+    crate::node::check_required(config, role).map_err(failure::config)?;
     crate::gpu::check_config(&config.gpu).map_err(failure::config)?;
     preflight(doctor::Role::Node, config).await?;
     crate::node::run_role(config, role, admit, run).await

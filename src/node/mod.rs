@@ -64,12 +64,12 @@ use mps::{MpsSettings, MpsStatus, Supervisor};
 use paths::{Assignments, PathConflict, ServingPath};
 use publish::{NodeEvents, NodeFacts};
 
-/// The settings without which no node role can start (the node name), checked before the
-/// preflight so the message names the missing setting.
-pub fn check_required(config: &Config) -> anyhow::Result<()> {
+/// The settings without which node role `role` (`device-plugin`, `dra-plugin`) cannot start
+/// (the node name), checked before the preflight so the message names the missing setting.
+pub fn check_required(config: &Config, role: &str) -> anyhow::Result<()> {
     anyhow::ensure!(
         !config.node.node_name.trim().is_empty(),
-        "device-plugin: the node name is required: pass --node-name or set NODE_NAME \
+        "{role}: the node name is required: pass --node-name or set NODE_NAME \
          (in a DaemonSet: env NODE_NAME from fieldRef spec.nodeName)"
     );
     Ok(())
