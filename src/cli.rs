@@ -20,7 +20,7 @@ use crate::config::{self, Config, FlagOverrides, LogFormat, LogLevel};
 use crate::demo;
 #[cfg(unix)]
 use crate::dra;
-use crate::node::{NodeAgent, PreparedAgent};
+use crate::node::{NodeAgent, NodeWrites, PreparedAgent};
 use crate::shutdown::Shutdown;
 use crate::{deviceplugin, doctor, extender, failure, inspect, webhook};
 
@@ -266,7 +266,7 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<ExitCode> 
         }
         Command::DevicePlugin(args) => {
             run_node_role(
-                "device-plugin",
+                NodeRole::DevicePlugin,
                 &config,
                 |prepared| deviceplugin::admit(&config, prepared),
                 |agent, shutdown| deviceplugin::run(args, &config, agent, shutdown),
@@ -276,7 +276,7 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<ExitCode> 
         #[cfg(unix)]
         Command::DraPlugin(args) => {
             run_node_role(
-                "dra-plugin",
+                NodeRole::DraPlugin,
                 &config,
                 |prepared| dra::role::admit(&config, prepared),
                 |agent, shutdown| dra::role::run(args, &config, agent, shutdown),
@@ -292,11 +292,46 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<ExitCode> 
     }
 }
 
+/// The node roles, and what differs in their start-up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NodeRole {
+    /// `device-plugin`: the device plugin's preflight; the agent publishes on the Node.
+    DevicePlugin,
+    /// `dra-plugin`: the DRA node's preflight (`doctor --dra`); the agent only reads the Node.
+    #[cfg_attr(not(unix), allow(dead_code))]
+    DraPlugin,
+}
+
+impl NodeRole {
+    fn name(self) -> &'static str {
+        match self {
+            NodeRole::DevicePlugin => "device-plugin",
+            NodeRole::DraPlugin => "dra-plugin",
+        }
+    }
+
+    fn writes(self) -> NodeWrites {
+        match self {
+            NodeRole::DevicePlugin => NodeWrites::Published,
+            NodeRole::DraPlugin => NodeWrites::ReadOnly,
+        }
+    }
+
+    /// Its doctor preflight, unless `doctor.skip` (`--skip-doctor`).
+    async fn preflight(self, config: &Config) -> anyhow::Result<()> {
+        match self {
+            NodeRole::DevicePlugin => preflight(doctor::Role::Node, config).await,
+            NodeRole::DraPlugin if config.doctor.skip => Ok(()),
+            NodeRole::DraPlugin => doctor::preflight_dra(config).await,
+        }
+    }
+}
+
 /// The start-up of node role `role` (the device plugin, the DRA plugin): the platform, the
-/// settings no node role starts without, the node preflight, then the role on the process's
+/// settings no node role starts without, the role's preflight, then the role on the process's
 /// one node agent ([`crate::node::run_role`]) until SIGTERM/SIGINT.
 async fn run_node_role<Fut>(
-    role: &str,
+    node_role: NodeRole,
     config: &Config,
     admit: impl FnOnce(PreparedAgent) -> anyhow::Result<PreparedAgent>,
     run: impl FnOnce(Arc<NodeAgent>, Shutdown) -> Fut,
@@ -304,11 +339,12 @@ async fn run_node_role<Fut>(
 where
     Fut: Future<Output = anyhow::Result<ExitCode>>,
 {
+    let role = node_role.name();
     crate::buildinfo::ensure_server_platform(role)?;
     crate::node::check_required(config, role).map_err(failure::config)?;
     crate::gpu::check_config(&config.gpu).map_err(failure::config)?;
-    preflight(doctor::Role::Node, config).await?;
-    crate::node::run_role(config, role, admit, run).await
+    node_role.preflight(config).await?;
+    crate::node::run_role(config, role, node_role.writes(), admit, run).await
 }
 
 /// The doctor preflight of a server role, unless `doctor.skip` (`--skip-doctor`).

@@ -8,6 +8,8 @@
 //!   (the plugin runs as root);
 //! - `dra-cdi-runtime`: the runtime the kubelet uses hands CDI devices over and reads the
 //!   plugin's CDI directory (the runtime reading is [`super::cdi`]'s);
+//! - `dra-memory-unit`: every GPU holds at least two memory units, as a valid slice device
+//!   needs (`min + step <= value`); a GPU that does not is left out of the slice;
 //! - `dra-plugin-conflict`: no device plugin serves the same GPUs (gpushare's own
 //!   `aliyungpushare.sock`, NVIDIA's sockets and processes, and, with the API, a Node that
 //!   advertises `aliyun.com/gpu-mem` or `nvidia.com/gpu`).
@@ -40,7 +42,8 @@ use super::cdi::{self, CdiReader};
 use super::cluster::{self, ApiError, ApiState, REQUEST_TIMEOUT};
 use super::host::{self, HostRoot};
 use super::report::{Check, Status};
-use crate::core::wire;
+use crate::core::{MemoryUnit, wire};
+use crate::gpu::GpuDevice;
 
 /// kubelet's plugin registry (`--registry-dir`).
 pub const DEFAULT_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
@@ -88,6 +91,18 @@ impl Default for DraArgs {
 }
 
 impl DraArgs {
+    /// The checks of the DRA plugin configured as `dra` (its preflight).
+    pub fn of_plugin(dra: &crate::config::DraConfig) -> DraArgs {
+        DraArgs {
+            dra: true,
+            driver_name: dra.driver_name.clone(),
+            registry_dir: dra.registry_dir.clone(),
+            plugin_dir: Some(dra.plugin_dir()),
+            cdi_dir: dra.cdi_dir.clone(),
+            state_dir: Some(dra.state_dir()),
+        }
+    }
+
     /// `--plugin-dir`, or `/var/lib/kubelet/plugins/<driver>`.
     pub fn plugin_dir(&self) -> PathBuf {
         self.plugin_dir
@@ -290,6 +305,83 @@ fn plugin_conflict(
          keeps its device plugin off it) and keep NVIDIA's device plugin off it too; a socket left by \
          a stopped plugin can be deleted; a Node's advertised gpu-mem stays until the kubelet restarts",
     )
+}
+
+/// Memory units a fix may suggest, coarsest first (MiB).
+const CANDIDATE_UNITS_MIB: &[u32] = &[
+    16384, 8192, 4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1,
+];
+
+/// `dra-memory-unit`: every GPU holds at least [`wire::DRA_MIN_UNITS_PER_GPU`] units of
+/// `unit`, so its slice device is valid (`min + step <= value`). A GPU that does not is left
+/// out of the slice by the plugin (the others serve): a warning; a failure when none holds
+/// enough. The fix names a unit that fits every GPU.
+pub fn memory_unit(unit: MemoryUnit, devices: Option<&[GpuDevice]>) -> Check {
+    const ID: &str = "dra-memory-unit";
+    const TITLE: &str = "every GPU holds at least two memory units (DRA)";
+    let Some(devices) = devices.filter(|d| !d.is_empty()) else {
+        return Check::new(
+            ID,
+            TITLE,
+            Status::Skip,
+            format!("unit {unit}; no GPU inventory to size it against (see gpu-access)"),
+        );
+    };
+    let units = |d: &GpuDevice, u: MemoryUnit| u.units_of_bytes(d.memory_bytes).units();
+    let small: Vec<&GpuDevice> = devices
+        .iter()
+        .filter(|d| units(d, unit) < wire::DRA_MIN_UNITS_PER_GPU)
+        .collect();
+    if small.is_empty() {
+        let fewest = devices.iter().map(|d| units(d, unit)).min().unwrap_or(0);
+        return Check::new(
+            ID,
+            TITLE,
+            Status::Ok,
+            format!(
+                "unit {unit}: each of {} GPU(s) holds {fewest} units or more",
+                devices.len()
+            ),
+        );
+    }
+    let mut lines: Vec<String> = small
+        .iter()
+        .map(|d| {
+            format!(
+                "GPU {} ({}, {} MiB) holds {} unit(s) of {unit}: the API server refuses a device of \
+                 fewer than {} (min + step <= value); it is left out of the slice",
+                d.index,
+                d.uuid,
+                d.memory_bytes >> 20,
+                units(d, unit),
+                wire::DRA_MIN_UNITS_PER_GPU
+            )
+        })
+        .collect();
+    let fits = CANDIDATE_UNITS_MIB
+        .iter()
+        .filter_map(|m| MemoryUnit::from_mib(*m))
+        .filter(|u| u.mib() < unit.mib())
+        .find(|u| {
+            devices
+                .iter()
+                .all(|d| units(d, *u) >= wire::DRA_MIN_UNITS_PER_GPU)
+        });
+    let hint = match fits {
+        Some(u) => format!(
+            "use --memory-unit {u} (devicePlugin.memoryUnit in the chart; the webhook takes the same \
+             unit): every GPU then holds at least {} units",
+            wire::DRA_MIN_UNITS_PER_GPU
+        ),
+        None => "use a finer --memory-unit, e.g. MiB".to_string(),
+    };
+    let status = if small.len() == devices.len() {
+        lines.push("no GPU is left to publish".to_string());
+        Status::Fail
+    } else {
+        Status::Warn
+    };
+    Check::new(ID, TITLE, status, lines.join("\n")).hint(hint)
 }
 
 // ---------------------------------------------------------------- control plane

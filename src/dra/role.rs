@@ -249,6 +249,7 @@ pub async fn start(
 ) -> anyhow::Result<DraPluginHandle> {
     let (mut handle, agent) = crate::node::serve_on_own_agent(
         config,
+        crate::node::NodeWrites::ReadOnly,
         client,
         backend,
         shutdown,
@@ -292,28 +293,42 @@ async fn serve_offered(
 ) -> anyhow::Result<DraPluginHandle> {
     let inventory = crate::gpu::inventory_off_runtime(agent.backend()).await?;
     let unit = agent.unit();
-    let facts = GpuFacts {
-        gpus: gpus
-            .iter()
-            .map(|g| {
-                let found = inventory.devices.iter().find(|d| d.uuid == g.uuid);
-                SliceGpu {
-                    index: g.index,
-                    uuid: g.uuid.clone(),
-                    product_name: found.map(|d| d.name.clone()).unwrap_or_default(),
-                    memory_bytes: found.map_or(unit.to_bytes(g.units), |d| d.memory_bytes),
-                    place: found.filter(|d| !d.pci_bus_id.is_empty()).and_then(|d| {
-                        crate::pcie::PciLocation::of_bus_id(
-                            &config.devices.sysfs_root,
-                            &d.pci_bus_id,
-                        )
+    let (slice_gpus, too_small): (Vec<SliceGpu>, Vec<SliceGpu>) = gpus
+        .iter()
+        .map(|g| {
+            let found = inventory.devices.iter().find(|d| d.uuid == g.uuid);
+            SliceGpu {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                product_name: found.map(|d| d.name.clone()).unwrap_or_default(),
+                memory_bytes: found.map_or(unit.to_bytes(g.units), |d| d.memory_bytes),
+                place: found.filter(|d| !d.pci_bus_id.is_empty()).and_then(|d| {
+                    crate::pcie::PciLocation::of_bus_id(&config.devices.sysfs_root, &d.pci_bus_id)
                         .ok()
-                    }),
-                    unhealthy: None,
-                    allocated_bytes: 0,
-                }
-            })
-            .collect(),
+                }),
+                unhealthy: None,
+                allocated_bytes: 0,
+            }
+        })
+        .partition(|g| super::slices::holds_enough_units(g.memory_bytes, unit));
+    for g in &too_small {
+        let message = format!(
+            "GPU {} ({}) holds {} MiB, fewer than {} units of {unit}: the API server would refuse \
+             the node's slice (min + step <= value), so it is not published; pick a finer \
+             --memory-unit (gpushare doctor --dra names one that fits)",
+            g.index,
+            g.uuid,
+            g.memory_bytes >> 20,
+            crate::core::wire::DRA_MIN_UNITS_PER_GPU
+        );
+        tracing::error!("{message}");
+        agent
+            .events()
+            .warn("Publish", "GpuShareGpuTooSmall", &message)
+            .await;
+    }
+    let facts = GpuFacts {
+        gpus: slice_gpus,
         driver_version: (!inventory.driver_version.is_empty())
             .then(|| inventory.driver_version.clone()),
         others: kind_devices(agent.device_kinds()),

@@ -151,6 +151,13 @@ pub fn ordered(gpus: &[SliceGpu], policy: GpuPolicy, unit: MemoryUnit) -> Vec<&S
     out
 }
 
+/// Whether a GPU of `memory_bytes` holds enough whole units of `unit` to be published
+/// ([`crate::core::wire::DRA_MIN_UNITS_PER_GPU`]: a device of fewer is invalid, and with it
+/// the whole slice).
+pub fn holds_enough_units(memory_bytes: u64, unit: MemoryUnit) -> bool {
+    unit.units_of_bytes(memory_bytes).units() >= crate::core::wire::DRA_MIN_UNITS_PER_GPU
+}
+
 /// The GPU's memory as the slice publishes it: whole units, in bytes.
 pub fn published_memory(memory_bytes: u64, unit: MemoryUnit) -> u64 {
     unit.to_bytes(unit.units_of_bytes(memory_bytes))

@@ -12,7 +12,8 @@
 //! - with MPS, the daemon's supervisor ([`mps`]), given the node's Event sink and reporting to
 //!   [`mps::MpsStatus`], whose state the roles follow for their readiness;
 //! - node publishing ([`publish`]): `aliyun.com/gpu-count`, `gpushare.io/devices`,
-//!   `gpushare.io/memory-unit`, `gpushare.io/excluded-gpus`, Warning Events;
+//!   `gpushare.io/memory-unit`, `gpushare.io/excluded-gpus` (on the device-plugin path only:
+//!   [`NodeWrites`]), Warning Events;
 //! - the device kinds beside the GPUs ([`kinds`]): RDMA HCAs and generic devices, each one
 //!   extended resource, with the GPUs' PCI places (read with [`PreparedAgent::with_devices`]);
 //! - the container contract ([`contract`]): (GPU, units, strategy) → envs, mounts, device
@@ -98,6 +99,19 @@ pub async fn connect(
     Ok((client, backend))
 }
 
+/// What the node agent writes on its Node object, by the path its role serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeWrites {
+    /// The device-plugin path: `aliyun.com/gpu-count` in the status and the annotations
+    /// `gpushare.io/devices`, `gpushare.io/memory-unit` and `gpushare.io/excluded-gpus` (what
+    /// the extender and inspect read), the unit decided against the one the node recorded
+    /// ([`unit_change`], which lists the node's pods when it changes).
+    Published,
+    /// The DRA path: nothing. The ResourceSlices carry the GPUs, their unit and their health,
+    /// and allocations are in bytes; the Node is only read (its uid names it in Events).
+    ReadOnly,
+}
+
 /// Starts a node role on an agent of its own: [`NodeAgent::prepare`], then `admit` (the role
 /// reads what more it serves and refuses what it cannot, before anything is published), then
 /// [`PreparedAgent::start`], then `serve` on the agent. The agent is stopped when `serve`
@@ -106,6 +120,7 @@ pub async fn connect(
 /// tests, `gpushare demo`) call it directly.
 pub async fn serve_on_own_agent<H, Fut>(
     config: &Config,
+    writes: NodeWrites,
     client: kube::Client,
     backend: Arc<dyn GpuBackend>,
     shutdown: Shutdown,
@@ -115,7 +130,7 @@ pub async fn serve_on_own_agent<H, Fut>(
 where
     Fut: Future<Output = anyhow::Result<H>>,
 {
-    let prepared = admit(NodeAgent::prepare(&config.node, client, backend).await?)?;
+    let prepared = admit(NodeAgent::prepare(&config.node, writes, client, backend).await?)?;
     let agent = prepared.start(shutdown.clone()).await?;
     match serve(agent.agent().clone(), shutdown).await {
         Ok(handle) => Ok((handle, agent)),
@@ -132,6 +147,7 @@ where
 pub async fn run_role<Fut>(
     config: &Config,
     role: &str,
+    writes: NodeWrites,
     admit: impl FnOnce(PreparedAgent) -> anyhow::Result<PreparedAgent>,
     run: impl FnOnce(Arc<NodeAgent>, Shutdown) -> Fut,
 ) -> anyhow::Result<ExitCode>
@@ -141,7 +157,8 @@ where
     let (trigger, _) = crate::shutdown::channel();
     let shutdown = crate::shutdown::on_signals(trigger);
     let (client, backend) = connect(config, role).await?;
-    let (code, agent) = serve_on_own_agent(config, client, backend, shutdown, admit, run).await?;
+    let (code, agent) =
+        serve_on_own_agent(config, writes, client, backend, shutdown, admit, run).await?;
     agent.stop().await;
     Ok(code)
 }
@@ -218,6 +235,7 @@ pub struct NodeAgent {
     mps: Option<Arc<MpsStatus>>,
     unit_refused: Option<String>,
     kinds: kinds::DeviceKinds,
+    writes: NodeWrites,
 }
 
 impl std::fmt::Debug for NodeAgent {
@@ -241,6 +259,7 @@ pub struct PreparedAgent {
     inventory: Inventory,
     unit_refused: Option<String>,
     kinds: kinds::DeviceKinds,
+    writes: NodeWrites,
 }
 
 impl std::fmt::Debug for PreparedAgent {
@@ -255,10 +274,11 @@ impl std::fmt::Debug for PreparedAgent {
 
 impl NodeAgent {
     /// Reads the GPUs (at least one must be offered) and the node (it must exist), and
-    /// decides the memory unit: the configured one, unless pods placed under the unit the
-    /// node published still run.
+    /// decides the memory unit: the configured one, unless (with [`NodeWrites::Published`])
+    /// pods placed under the unit the node published still run.
     pub async fn prepare(
         config: &NodeConfig,
+        writes: NodeWrites,
         client: kube::Client,
         backend: Arc<dyn GpuBackend>,
     ) -> Result<PreparedAgent, AgentError> {
@@ -284,14 +304,20 @@ impl NodeAgent {
             });
         }
         let facts = publish::read_node(&client, &node).await?;
-        let unit = unit_change::decide(
-            &client,
-            &node,
-            facts.memory_unit.as_deref(),
-            config.memory_unit,
-        )
-        .await?;
-        config.memory_unit = unit.unit;
+        let unit_refused = match writes {
+            NodeWrites::Published => {
+                let unit = unit_change::decide(
+                    &client,
+                    &node,
+                    facts.memory_unit.as_deref(),
+                    config.memory_unit,
+                )
+                .await?;
+                config.memory_unit = unit.unit;
+                unit.refused
+            }
+            NodeWrites::ReadOnly => None,
+        };
         Ok(PreparedAgent {
             config,
             node,
@@ -299,8 +325,9 @@ impl NodeAgent {
             client,
             backend,
             inventory,
-            unit_refused: unit.refused,
+            unit_refused,
             kinds: kinds::DeviceKinds::default(),
+            writes,
         })
     }
 
@@ -445,22 +472,25 @@ impl PreparedAgent {
             inventory,
             unit_refused,
             kinds,
+            writes,
         } = self;
         let unit = config.memory_unit;
         let gpus = gpus::served_gpus(&inventory, unit);
-        publish::publish_gpu_count(&client, &node, gpus.len()).await?;
-        publish::publish_devices(
-            &client,
-            &node,
-            &publish::device_annotations(&gpus, unit, |_| true),
-        )
-        .await?;
-        publish::publish_devices(
-            &client,
-            &node,
-            &publish::excluded_annotation(&inventory.excluded),
-        )
-        .await?;
+        if writes == NodeWrites::Published {
+            publish::publish_gpu_count(&client, &node, gpus.len()).await?;
+            publish::publish_devices(
+                &client,
+                &node,
+                &publish::device_annotations(&gpus, unit, |_| true),
+            )
+            .await?;
+            publish::publish_devices(
+                &client,
+                &node,
+                &publish::excluded_annotation(&inventory.excluded),
+            )
+            .await?;
+        }
         let events = NodeEvents::new(
             Events::new(client.clone(), DEVICE_PLUGIN_COMPONENT, &node),
             &node,
@@ -501,6 +531,7 @@ impl PreparedAgent {
             mps,
             unit_refused,
             kinds,
+            writes,
             config,
         });
         let (stop_trigger, stop) = shutdown.child();
@@ -613,11 +644,15 @@ async fn health_task(
         }
         let view = Arc::new(HealthView::of(&tracker, unattributed));
         agent.health.send_replace(view.clone());
-        let annotations = publish::device_annotations(&agent.gpus, agent.config.memory_unit, |u| {
-            view.is_healthy(u)
-        });
-        if let Err(e) = publish::publish_devices(&agent.client, &agent.node, &annotations).await {
-            tracing::warn!(error = %e, "could not publish GPU health on the node");
+        if agent.writes == NodeWrites::Published {
+            let annotations =
+                publish::device_annotations(&agent.gpus, agent.config.memory_unit, |u| {
+                    view.is_healthy(u)
+                });
+            if let Err(e) = publish::publish_devices(&agent.client, &agent.node, &annotations).await
+            {
+                tracing::warn!(error = %e, "could not publish GPU health on the node");
+            }
         }
         for change in changes {
             let index = agent

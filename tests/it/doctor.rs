@@ -664,7 +664,7 @@ async fn api_checks_against_the_sandbox_cluster() {
     assert_eq!(rbac["status"], "fail", "{rbac:#}");
     let detail = rbac["detail"].as_str().unwrap_or("");
     assert!(detail.contains("denied: pods/binding create"), "{detail}");
-    assert!(detail.contains("extender: 15 of 16 allowed"), "{detail}");
+    assert!(detail.contains("extender: 17 of 18 allowed"), "{detail}");
     // The device plugin does not create bindings: the node role's review passes.
     let report = json_of(&run_async(cluster_args(&api, root.path(), "node")).await);
     assert_eq!(status(&report, "rbac"), "ok", "{report:#}");

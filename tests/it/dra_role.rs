@@ -27,6 +27,7 @@ use serde_json::{Value, json};
 
 use crate::support::clients;
 use crate::support::dra;
+use crate::support::role_process::RoleProcess;
 use crate::support::socket_dir::short_tempdir;
 use crate::support::wait::wait_until;
 
@@ -137,6 +138,157 @@ fn pod_uid(api: &ApiServer, name: &str) -> String {
 
 fn spec_file(dir: &Path, claim_uid: &str) -> PathBuf {
     dir.join(format!("gpushare.io_gpu_{claim_uid}.json"))
+}
+
+/// The DRA path needs nothing on the Node object: the slices carry the GPUs (with their unit)
+/// and the webhook is told the unit. The role reads its Node (the uid of its Events) and never
+/// writes it, and never lists pods (no unit to decide against pods of the other path), so its
+/// ClusterRole grants `get` on nodes and nothing else of core but Events.
+#[tokio::test]
+async fn the_role_reads_its_node_and_writes_nothing_on_it() {
+    let node = node(|_| {}).await;
+    // The node once served the device-plugin path in another unit: nothing of it matters here.
+    node.api
+        .delete_object("nodes", None, NODE)
+        .expect("the plain node goes");
+    node.api
+        .create_object(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": { "name": NODE, "annotations": { "gpushare.io/memory-unit": "MiB" } },
+        }))
+        .expect("the node, annotated by the device-plugin path in MiB");
+    let plugin = node.start().await;
+    dra::published(&plugin).await;
+    let touched: Vec<String> = node
+        .api
+        .requests()
+        .into_iter()
+        .filter(|r| {
+            (r.path.contains("/nodes") && r.method != http::Method::GET)
+                || (r.path.ends_with("/pods") && r.method == http::Method::GET)
+        })
+        .map(|r| format!("{} {}?{}", r.method, r.path, r.query))
+        .collect();
+    assert!(
+        touched.is_empty(),
+        "the DRA plugin wrote its Node or listed pods: {touched:?}"
+    );
+    let stored = node.api.get_object("nodes", None, NODE).expect("the node");
+    assert!(
+        stored["metadata"]["annotations"]
+            .get("gpushare.io/devices")
+            .is_none(),
+        "{stored}"
+    );
+    assert!(
+        stored["status"]["capacity"]
+            .get("aliyun.com/gpu-count")
+            .is_none(),
+        "{stored}"
+    );
+    assert!(
+        node.slice_devices()[0]["capacity"]["memory"]["requestPolicy"]["validRange"]["step"]
+            == "1073741824",
+        "the configured unit (GiB) serves, whatever the node recorded: {:?}",
+        node.slice_devices()
+    );
+    plugin.stop().await;
+}
+
+/// A GPU of fewer than two units (`min + step <= value` fails: here a 15 GiB GPU with an 8 GiB
+/// unit) would make the API server refuse the node's whole slice; it is left out by name, and
+/// the other GPU serves.
+#[tokio::test]
+async fn a_gpu_too_small_for_the_unit_is_left_out_by_name_and_the_others_serve() {
+    let mut node = node(|c| c.node.memory_unit = "8GiB".parse().expect("a unit")).await;
+    node.backend = Arc::new(FakeBackend::from_spec("16GiB,15GiB").expect("fake GPUs"));
+    let plugin = node.start().await;
+    dra::published(&plugin).await;
+    let devices = node.slice_devices();
+    let uuids: Vec<&str> = devices
+        .iter()
+        .filter_map(|d| d["attributes"]["uuid"]["string"].as_str())
+        .collect();
+    assert_eq!(uuids, [fake_uuid(0).as_str()], "{devices:?}");
+    for d in &devices {
+        let capacity = &d["capacity"]["memory"];
+        let value: u64 = capacity["value"]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .expect("bytes");
+        let range = &capacity["requestPolicy"]["validRange"];
+        let min: u64 = range["min"]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .expect("min");
+        let step: u64 = range["step"]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .expect("step");
+        assert!(
+            min + step <= value,
+            "upstream's rule min + step <= value: {d}"
+        );
+    }
+    let events = node.api.list_objects("events.events.k8s.io", None);
+    assert!(
+        events.iter().any(|e| e["reason"] == "GpuShareGpuTooSmall"
+            && e["note"]
+                .as_str()
+                .is_some_and(|n| n.contains(&fake_uuid(1)) && n.contains("8GiB"))),
+        "a Warning Event names the GPU left out and the unit: {events:?}"
+    );
+    plugin.stop().await;
+}
+
+/// `gpushare dra-plugin` as the binary, with its preflight: the DRA node's checks (its own
+/// directories, CDI, its RBAC), not the device plugin's (kubelet's device-plugin directory
+/// does not exist here, as it is not mounted into the DRA plugin's pod).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_runs_the_dra_preflight_and_serves() {
+    let node = node(|_| {}).await;
+    let kubelet = node.kubelet();
+    for dir in ["plugin", "state", "cdi"] {
+        std::fs::create_dir_all(node.dir.path().join(dir)).expect("a directory");
+    }
+    let path = |p: &Path| p.display().to_string();
+    let args: Vec<String> = [
+        "dra-plugin".to_string(),
+        format!("--node-name={NODE}"),
+        "--gpu-backend=fake".into(),
+        "--fake-gpus=2x16GiB".into(),
+        format!("--registry-dir={}", path(&node.config.dra.registry_dir)),
+        format!("--plugin-dir={}", path(&node.config.dra.plugin_dir)),
+        format!("--state-dir={}", path(&node.config.dra.state_dir)),
+        format!("--cdi-dir={}", path(&node.config.dra.cdi_dir)),
+        "--admin-address=".into(),
+        format!("--kubeconfig={}", path(&node.api.kubeconfig_path())),
+    ]
+    .into();
+    let mut role = RoleProcess::start("dra-plugin", None, &args, &[]);
+    role.wait_for(
+        "its registration with kubelet",
+        std::time::Duration::from_secs(30),
+        || {
+            kubelet
+                .plugins()
+                .iter()
+                .any(|p| p.driver == DRA_DRIVER_NAME && p.registered)
+        },
+    )
+    .await;
+    let log = role.log();
+    assert!(
+        log.contains("] dra-registry-dir "),
+        "the DRA checks ran: {log}"
+    );
+    assert!(
+        log.contains("DRA plugin: 10 of 10 allowed"),
+        "its own RBAC: {log}"
+    );
+    for id in ["device-plugin-dir", "kubelet-socket", "plugin-conflict "] {
+        assert!(!log.contains(&format!("] {id}")), "{id}: {log}");
+    }
 }
 
 #[tokio::test]

@@ -21,7 +21,8 @@
 //! list, devices in slice order, the first device that satisfies a request is taken (with
 //! backtracking when a constraint fails). What it honours: the newest generation of each
 //! pool; DeviceClass and request selectors that are conjunctions (`&&`) of
-//! `device.driver == "<name>"` and `device.attributes["<domain>"].<name> == <literal>` (a
+//! `device.driver == "<name>"`, `has(device.attributes["<domain>"].<name>)` and
+//! `device.attributes["<domain>"].<name> == <literal>` (a
 //! string, integer or boolean literal) ([`parse_selector`]);
 //! `allowMultipleAllocations` with `capacity.requests` and the capacity's `requestPolicy`
 //! (default, valid values, valid range with min/max/step, rounding up as upstream), several
@@ -461,12 +462,15 @@ pub enum SelectorTerm {
     /// `device.attributes["<domain>"].<name> == <literal>`: the qualified name
     /// `<domain>/<name>` and the literal.
     Attribute(String, Literal),
+    /// `has(device.attributes["<domain>"].<name>)`: the device has the attribute.
+    Has(String),
 }
 
 impl SelectorTerm {
     fn holds(&self, d: &SliceDevice) -> bool {
         match self {
             SelectorTerm::Driver(x) => *x == d.driver,
+            SelectorTerm::Has(name) => attribute(d, name).is_some(),
             SelectorTerm::Attribute(name, want) => attribute(d, name).is_some_and(|a| match want {
                 Literal::String(v) => a.string.as_deref() == Some(v.as_str()),
                 Literal::Int(v) => a.int == Some(*v),
@@ -487,20 +491,12 @@ pub fn parse_selector(expression: &str) -> Option<Vec<SelectorTerm>> {
             if let Some(d) = driver_selector(term) {
                 return Some(SelectorTerm::Driver(d));
             }
-            let rest = term.strip_prefix("device.attributes[")?;
-            let quote = rest.chars().next().filter(|c| *c == '"' || *c == '\'')?;
-            let rest = &rest[1..];
-            let end = rest.find(quote)?;
-            let domain = &rest[..end];
-            let rest = rest[end + 1..].strip_prefix("].")?;
-            let name_end = rest
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .unwrap_or(rest.len());
-            let name = &rest[..name_end];
-            let rest = rest[name_end..].trim_start().strip_prefix("==")?.trim();
-            if domain.is_empty() || name.is_empty() {
-                return None;
+            if let Some(inner) = term.strip_prefix("has(").and_then(|t| t.strip_suffix(')')) {
+                let (name, rest) = attribute_reference(inner.trim())?;
+                return rest.trim().is_empty().then_some(SelectorTerm::Has(name));
             }
+            let (name, rest) = attribute_reference(term)?;
+            let rest = rest.trim_start().strip_prefix("==")?.trim();
             let literal = match rest {
                 "true" => Literal::Bool(true),
                 "false" => Literal::Bool(false),
@@ -515,9 +511,28 @@ pub fn parse_selector(expression: &str) -> Option<Vec<SelectorTerm>> {
                     _ => Literal::Int(rest.parse().ok()?),
                 },
             };
-            Some(SelectorTerm::Attribute(format!("{domain}/{name}"), literal))
+            Some(SelectorTerm::Attribute(name, literal))
         })
         .collect()
+}
+
+/// `device.attributes["<domain>"].<name>` at the start of `term`: the qualified name and what
+/// follows.
+fn attribute_reference(term: &str) -> Option<(String, &str)> {
+    let rest = term.strip_prefix("device.attributes[")?;
+    let quote = rest.chars().next().filter(|c| *c == '"' || *c == '\'')?;
+    let rest = &rest[1..];
+    let end = rest.find(quote)?;
+    let domain = &rest[..end];
+    let rest = rest[end + 1..].strip_prefix("].")?;
+    let name_end = rest
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(rest.len());
+    let name = &rest[..name_end];
+    if domain.is_empty() || name.is_empty() {
+        return None;
+    }
+    Some((format!("{domain}/{name}"), &rest[name_end..]))
 }
 
 struct Choice {

@@ -147,11 +147,19 @@ fn dra_enabled_renders_the_plugin_its_class_and_least_privilege() {
             (
                 s(&["resource.k8s.io"]),
                 s(&["resourceslices"]),
-                s(&[
-                    "get", "list", "watch", "create", "update", "patch", "delete"
-                ])
+                s(&["list", "create", "update", "delete"])
+            ),
+            (s(&[""]), s(&["nodes"]), s(&["get"])),
+            (
+                s(&["events.k8s.io"]),
+                s(&["events"]),
+                s(&["create", "patch"])
             ),
         ]
+    );
+    assert!(
+        !args.iter().any(|a| a == "--skip-doctor"),
+        "the preflight runs unless skipDoctor: {args:?}"
     );
     let binding =
         find(&docs, "ClusterRoleBinding", "gpushare-dra-plugin").expect("ClusterRoleBinding");
@@ -166,6 +174,25 @@ fn dra_enabled_renders_the_plugin_its_class_and_least_privilege() {
     assert_eq!(expr["key"], "gpushare.io/gpu-mem-path");
     assert_eq!(expr["operator"], "NotIn");
     assert_eq!(strings(&expr["values"]), ["dra"]);
+}
+
+#[test]
+fn skip_doctor_reaches_the_dra_plugin() {
+    let Some(docs) = documents("{ dra: { enabled: true }, skipDoctor: true }") else {
+        return;
+    };
+    for (kind, name) in [
+        ("DaemonSet", "gpushare-dra-plugin"),
+        ("DaemonSet", "gpushare-device-plugin-ds"),
+        ("Deployment", "gpushare-schd-extender"),
+    ] {
+        let role = find(&docs, kind, name).unwrap_or_else(|| panic!("{name}"));
+        let args = strings(&role["spec"]["template"]["spec"]["containers"][0]["args"]);
+        assert!(
+            args.iter().any(|a| a == "--skip-doctor"),
+            "{name}: {args:?}"
+        );
+    }
 }
 
 #[test]
@@ -258,5 +285,144 @@ fn each_device_kind_gets_its_class_and_the_node_roles_read_the_hosts_dev() {
     assert!(
         env.iter()
             .all(|e| e["name"] != "GPUSHARE_DEVICES__DEV_ROOT")
+    );
+}
+
+/// One device as upstream's DRA CEL environment sees it (`dynamic-resource-allocation/cel`):
+/// `device.driver`, `device.allowMultipleAllocations`, and `device.attributes` /
+/// `device.capacity` as maps of domain → name → value, unqualified names in the driver's
+/// domain. A domain the device has no attribute in is an empty map there (upstream's
+/// default), so every domain a selector names is filled in empty.
+fn cel_device(driver: &str, device: &k8s_openapi::api::resource::v1::Device) -> serde_json::Value {
+    use serde_json::{Map, Value as Json, json};
+    let mut attributes: Map<String, Json> = Map::new();
+    attributes.insert(driver.to_string(), json!({}));
+    for (name, a) in device.attributes.clone().unwrap_or_default() {
+        let (domain, id) = match name.split_once('/') {
+            Some((d, i)) => (d.to_string(), i.to_string()),
+            None => (driver.to_string(), name.clone()),
+        };
+        let value = a
+            .string
+            .map(Json::from)
+            .or(a.int.map(Json::from))
+            .or(a.bool.map(Json::from))
+            .or(a.version.map(Json::from))
+            .expect("one value");
+        attributes
+            .entry(domain)
+            .or_insert_with(|| json!({}))
+            .as_object_mut()
+            .expect("a map")
+            .insert(id, value);
+    }
+    let mut capacity: Map<String, Json> = Map::new();
+    capacity.insert(driver.to_string(), json!({}));
+    for (name, c) in device.capacity.clone().unwrap_or_default() {
+        capacity[driver][name] = Json::from(c.value.0);
+    }
+    json!({
+        "driver": driver,
+        "allowMultipleAllocations": device.allow_multiple_allocations.unwrap_or(false),
+        "attributes": attributes,
+        "capacity": capacity,
+    })
+}
+
+/// Upstream's allocator turns a CEL runtime error of a class selector into an allocation
+/// error for the whole claim (not "this device does not match"), so a selector must evaluate
+/// to a boolean on every device of the driver's pools, whatever its kind: the GPU class on
+/// HCAs and generic devices, each kind's class on GPUs and on the other kinds. Each class
+/// selects exactly its own devices.
+#[test]
+fn every_device_class_selects_its_own_devices_and_errs_on_none() {
+    use gpushare::core::wire::{DRA_TYPE_GENERIC, DRA_TYPE_RDMA};
+    use gpushare::core::{GpuPolicy, MemoryUnit};
+    use gpushare::dra::kinds::KindDevice;
+    use gpushare::dra::slices::{SliceGpu, build_slices};
+    let driver = "example.com";
+    let Some(docs) = documents(&format!(
+        "{{ dra: {{ enabled: true, driverName: {driver} }}, config: {{ devices: {{ rdma: {{ enabled: true }}, generic: [ {{ resource: example.com/fuse, paths: [ {{ path: /dev/fuse }} ] }} ] }} }} }}"
+    )) else {
+        return;
+    };
+    let kind = |name: &str, resource: &str, kind: &'static str, shares: u32| {
+        KindDevice {
+            name: name.to_string(),
+            resource: resource.to_string(),
+            kind,
+            id: name.to_string(),
+            shares,
+            attributes: Default::default(),
+        }
+        .to_device()
+    };
+    let gpu = SliceGpu {
+        index: 0,
+        uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
+        product_name: "Tesla T4".into(),
+        memory_bytes: 16 << 30,
+        place: None,
+        unhealthy: None,
+        allocated_bytes: 0,
+    };
+    let slices = build_slices(
+        "node-a",
+        driver,
+        Some("550.54.15"),
+        MemoryUnit::GIB,
+        GpuPolicy::Binpack,
+        &[gpu],
+        &[
+            kind("rdma-mlx5-0", "gpushare.io/rdma", DRA_TYPE_RDMA, 4),
+            kind("fuse-0", "example.com/fuse", DRA_TYPE_GENERIC, 1),
+        ],
+        1,
+    );
+    let devices: Vec<_> = slices
+        .iter()
+        .flat_map(|s| s.spec.devices.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(devices.len(), 3);
+    let classes: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "DeviceClass").collect();
+    assert_eq!(classes.len(), 3);
+    let mut selected: Vec<(String, String)> = Vec::new();
+    for class in classes {
+        let name = class["metadata"]["name"]
+            .as_str()
+            .expect("named")
+            .to_string();
+        let expression = class["spec"]["selectors"][0]["cel"]["expression"]
+            .as_str()
+            .expect("a CEL selector");
+        let program = cel::Program::compile(expression)
+            .unwrap_or_else(|e| panic!("{name}: {expression}: {e:?}"));
+        for device in &devices {
+            let mut context = cel::Context::default();
+            context
+                .add_variable("device", cel_device(driver, device))
+                .expect("the device converts");
+            match program.execute(&context) {
+                Ok(cel::Value::Bool(true)) => selected.push((name.clone(), device.name.clone())),
+                Ok(cel::Value::Bool(false)) => {}
+                other => panic!(
+                    "class {name}: selector {expression:?} on device {}: {other:?} (upstream's \
+                     allocator fails every claim of the class on a runtime error)",
+                    device.name
+                ),
+            }
+        }
+    }
+    selected.sort();
+    assert_eq!(
+        selected,
+        [
+            ("fuse.example.com".to_string(), "fuse-0".to_string()),
+            (
+                "gpu-mem.gpushare.io".to_string(),
+                "gpu-00000000-0000-0000-0000-000000000000".to_string()
+            ),
+            ("rdma.gpushare.io".to_string(), "rdma-mlx5-0".to_string()),
+        ]
     );
 }

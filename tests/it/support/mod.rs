@@ -20,6 +20,7 @@ pub mod https_client;
 pub mod ledger_truth;
 pub mod mps;
 pub mod objects;
+pub mod role_process;
 pub mod socket_dir;
 pub mod source_tree;
 pub mod wait;
