@@ -47,6 +47,10 @@ use crate::shutdown::Shutdown;
 pub const CHECKPOINT_FILE: &str = "checkpoint.json";
 /// The wait before a failed slice publication is tried again.
 const REPUBLISH_AFTER: Duration = Duration::from_secs(2);
+/// The wait before a publication the API server refused for certain (a 4xx: an invalid slice,
+/// a forbidden write) is tried again: the same slices would be refused the same way, so only
+/// a change (of health, of use) or a slow retry can help.
+const REPUBLISH_REFUSED_AFTER: Duration = Duration::from_secs(60);
 
 /// Flags of `gpushare dra-plugin`: the node agent's ([`NodeArgs`], three of them worded for
 /// the DRA path) and the DRA side's (each overrides its `[dra]`, `[node]`, `[gpu]`,
@@ -142,6 +146,7 @@ struct Role {
     facts: GpuFacts,
     served: watch::Sender<Served>,
     generation: watch::Sender<i64>,
+    events: crate::node::publish::NodeEvents,
 }
 
 impl Role {
@@ -344,6 +349,7 @@ async fn serve_offered(
         served,
         generation: watch::Sender::new(0),
         dra: dra.clone(),
+        events: agent.events().clone(),
     });
     role.served.send_replace(
         Served::from_gpus(&role.slice_gpus(&view, &BTreeMap::new()), unit)
@@ -531,6 +537,8 @@ async fn publish_loop(
     tokio::pin!(stop_fut);
     let mut pool = Pool::new();
     let mut pending = None;
+    let mut retry_after = REPUBLISH_AFTER;
+    let mut last_refusal: Option<String> = None;
     let others: Vec<_> = role
         .facts
         .others
@@ -574,15 +582,32 @@ async fn publish_loop(
                     tracing::debug!(generation, ?done, "ResourceSlice published");
                     role.generation.send_replace(*generation);
                     pending = None;
+                    last_refusal = None;
+                }
+                Err(e) if crate::k8s::write::refused_for_certain(&e) => {
+                    let message = format!(
+                        "the API server refused the ResourceSlices of node {} (pool generation \
+                         {generation}): {e}",
+                        role.node
+                    );
+                    if last_refusal.as_deref() != Some(message.as_str()) {
+                        tracing::error!("{message}");
+                        role.events
+                            .warn("Publish", "GpuShareSliceRefused", &message)
+                            .await;
+                        last_refusal = Some(message);
+                    }
+                    retry_after = REPUBLISH_REFUSED_AFTER;
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot publish the ResourceSlice (retrying)")
+                    tracing::warn!(error = %e, "cannot publish the ResourceSlice (retrying)");
+                    retry_after = REPUBLISH_AFTER;
                 }
             }
         }
         let retry = async {
             if pending.is_some() {
-                tokio::time::sleep(REPUBLISH_AFTER).await;
+                tokio::time::sleep(retry_after).await;
             } else {
                 std::future::pending::<()>().await;
             }

@@ -291,6 +291,41 @@ async fn the_binary_runs_the_dra_preflight_and_serves() {
     }
 }
 
+/// A publication the API server refuses for certain (422: the slice is invalid) is not a
+/// transient failure: it is said once, as an error and a Warning Event on the node with the
+/// API server's message, not retried every two seconds in silence.
+#[tokio::test]
+async fn a_refused_publication_is_named_in_an_event() {
+    let node = node(|_| {}).await;
+    node.api.inject(
+        gpushare_sandbox::apiserver::Fault::new(
+            Some(http::Method::POST),
+            "/resourceslices",
+            gpushare_sandbox::apiserver::FaultAction::Status(422),
+        )
+        .times(1000),
+    );
+    let plugin = node.start().await;
+    wait_until("a Warning Event naming the refused slice", || {
+        node.api
+            .list_objects("events.events.k8s.io", None)
+            .iter()
+            .any(|e| e["reason"] == "GpuShareSliceRefused" && e["type"] == "Warning")
+    })
+    .await;
+    let posts = node
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.method == http::Method::POST && r.path.ends_with("/resourceslices"))
+        .count();
+    assert!(
+        posts <= 4,
+        "a certain refusal is not retried at once: {posts} creates"
+    );
+    plugin.stop().await;
+}
+
 #[tokio::test]
 async fn the_role_publishes_prepares_a_cdi_spec_and_unprepares_across_a_restart() {
     let node = node(|_| {}).await;
