@@ -19,6 +19,9 @@
 //! - `dra-consumable-capacity`: a server-side dry-run create of a ResourceSlice whose device has
 //!   `allowMultipleAllocations: true` keeps the field (an API server with the
 //!   `DRAConsumableCapacity` gate off drops it); nothing is stored;
+//! - `dra-device-taints`: the same dry-run slice keeps its device's taint (with the
+//!   `DRADeviceTaints` gate off, the default on 1.34 and 1.35, the API server drops it, and an
+//!   unhealthy GPU keeps receiving claims);
 //! - `dra-device-class`: the DeviceClass `gpu-mem.gpushare.io` exists and selects the driver's
 //!   GPUs (`type == "gpu"`; a class selecting every device of the driver is a warning).
 //!
@@ -31,7 +34,7 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceCapacity, DeviceClass,
-    ResourcePool, ResourceSlice, ResourceSliceSpec,
+    DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -395,6 +398,7 @@ pub async fn control_plane_checks(api: &ApiState, args: &DraArgs) -> Vec<Check> 
     let titles = [
         ("dra-api", API_TITLE),
         ("dra-consumable-capacity", CC_TITLE),
+        ("dra-device-taints", TAINTS_TITLE),
         ("dra-device-class", CLASS_TITLE),
     ];
     let client = match api {
@@ -414,7 +418,9 @@ pub async fn control_plane_checks(api: &ApiState, args: &DraArgs) -> Vec<Check> 
     let up = served.status == Status::Ok;
     let mut out = vec![served];
     if up {
-        out.push(consumable_capacity(client, &args.driver_name, minor).await);
+        let probe = dry_run_probe(client, &args.driver_name).await;
+        out.push(consumable_capacity(&probe, minor));
+        out.push(device_taints(&probe, minor));
         out.push(device_class(client, &args.driver_name).await);
     } else {
         for &(id, title) in &titles[1..] {
@@ -501,8 +507,9 @@ async fn api_served(client: &kube::Client, minor: Option<u32>) -> Check {
     }
 }
 
-/// The probe slice of `dra-consumable-capacity`: one device with `allowMultipleAllocations`
-/// and a capacity with a request policy, as the plugin publishes.
+/// The probe slice of `dra-consumable-capacity` and `dra-device-taints`: one device with
+/// `allowMultipleAllocations`, a capacity with a request policy and a taint, as the plugin
+/// publishes an unhealthy GPU.
 fn probe_slice(driver: &str) -> ResourceSlice {
     let gib = |n: u64| Quantity(format!("{n}Gi"));
     ResourceSlice {
@@ -536,6 +543,12 @@ fn probe_slice(driver: &str) -> ResourceSlice {
                         }),
                     },
                 )])),
+                taints: Some(vec![DeviceTaint {
+                    key: wire::DRA_TAINT_UNHEALTHY.to_string(),
+                    value: Some("doctor-probe".to_string()),
+                    effect: "NoSchedule".to_string(),
+                    time_added: None,
+                }]),
                 ..Device::default()
             }]),
             ..ResourceSliceSpec::default()
@@ -543,17 +556,91 @@ fn probe_slice(driver: &str) -> ResourceSlice {
     }
 }
 
-/// `dra-consumable-capacity`.
-async fn consumable_capacity(client: &kube::Client, driver: &str, minor: Option<u32>) -> Check {
-    const ID: &str = "dra-consumable-capacity";
-    const TITLE: &str = "consumable capacity (DRAConsumableCapacity) enabled";
+/// The API server's answer to a dry-run create of [`probe_slice`]: what it keeps of the
+/// fields its feature gates drop. Nothing is stored.
+async fn dry_run_probe(client: &kube::Client, driver: &str) -> Result<ResourceSlice, ApiError> {
     let api: Api<ResourceSlice> = Api::all(client.clone());
     let params = PostParams {
         dry_run: true,
         ..PostParams::default()
     };
-    let probe = probe_slice(driver);
-    match timed(api.create(&params, &probe)).await {
+    timed(api.create(&params, &probe_slice(driver))).await
+}
+
+const TAINTS_TITLE: &str = "device taints (DRADeviceTaints) enabled";
+
+/// The check a failed probe comes to, for `id`: it could not tell.
+fn probe_failed(id: &'static str, title: &'static str, e: &ApiError) -> Check {
+    if status_code(e) == Some(403) {
+        return Check::new(
+            id,
+            title,
+            Status::Warn,
+            format!("could not tell: a dry-run create of a ResourceSlice was refused: {e}"),
+        )
+        .hint(
+            "run doctor with an identity that may create resourceslices (a dry run stores nothing), \
+             e.g. a cluster admin's kubeconfig",
+        );
+    }
+    Check::new(
+        id,
+        title,
+        Status::Warn,
+        format!("could not tell: a dry-run create of a ResourceSlice failed: {e}"),
+    )
+    .hint("run again; the dry run needs the API server to answer POST resourceslices?dryRun=All")
+}
+
+/// `dra-device-taints`: the dry-run slice kept its device's taint. Without the gate (off by
+/// default on Kubernetes 1.34 and 1.35) the API server drops the taints the plugin puts on an
+/// unhealthy GPU, and the GPU keeps receiving claims: a warning (the path works otherwise).
+fn device_taints(probe: &Result<ResourceSlice, ApiError>, minor: Option<u32>) -> Check {
+    const ID: &str = "dra-device-taints";
+    let answer = match probe {
+        Ok(a) => a,
+        Err(e) => return probe_failed(ID, TAINTS_TITLE, e),
+    };
+    let kept = answer
+        .spec
+        .devices
+        .as_ref()
+        .and_then(|d| d.first())
+        .and_then(|d| d.taints.as_ref())
+        .is_some_and(|t| !t.is_empty());
+    if kept {
+        return Check::new(
+            ID,
+            TAINTS_TITLE,
+            Status::Ok,
+            "a dry-run ResourceSlice keeps its device's taint: an unhealthy GPU gets no new claim",
+        );
+    }
+    let version = minor
+        .map(|m| format!("Kubernetes 1.{m}: "))
+        .unwrap_or_default();
+    Check::new(
+        ID,
+        TAINTS_TITLE,
+        Status::Warn,
+        format!(
+            "{version}the API server dropped the taints of a dry-run ResourceSlice: the \
+             DRADeviceTaints feature gate is off, and a GPU the DRA plugin marks unhealthy \
+             ({}) keeps receiving claims",
+            wire::DRA_TAINT_UNHEALTHY
+        ),
+    )
+    .hint(
+        "enable --feature-gates=DRADeviceTaints=true on kube-apiserver, kube-scheduler and \
+         kube-controller-manager (on by default from Kubernetes 1.36; off on 1.34 and 1.35)",
+    )
+}
+
+/// `dra-consumable-capacity`.
+fn consumable_capacity(probe: &Result<ResourceSlice, ApiError>, minor: Option<u32>) -> Check {
+    const ID: &str = "dra-consumable-capacity";
+    const TITLE: &str = "consumable capacity (DRAConsumableCapacity) enabled";
+    match probe {
         Ok(answer) => {
             let device = answer
                 .spec
@@ -588,23 +675,7 @@ async fn consumable_capacity(client: &kube::Client, driver: &str, minor: Option<
                 )
             }
         }
-        Err(e) if status_code(&e) == Some(403) => Check::new(
-            ID,
-            TITLE,
-            Status::Warn,
-            format!("could not tell: a dry-run create of a ResourceSlice was refused: {e}"),
-        )
-        .hint(
-            "run doctor with an identity that may create resourceslices (a dry run stores nothing), \
-             e.g. a cluster admin's kubeconfig",
-        ),
-        Err(e) => Check::new(
-            ID,
-            TITLE,
-            Status::Warn,
-            format!("could not tell: a dry-run create of a ResourceSlice failed: {e}"),
-        )
-        .hint("run again; the dry run needs the API server to answer POST resourceslices?dryRun=All"),
+        Err(e) => probe_failed(ID, TITLE, e),
     }
 }
 

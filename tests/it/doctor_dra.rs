@@ -374,8 +374,15 @@ async fn the_control_plane_checks_read_the_api_and_store_nothing() {
     let ids: Vec<&str> = c.iter().map(|c| c.id).collect();
     assert_eq!(
         ids,
-        ["dra-api", "dra-consumable-capacity", "dra-device-class"]
+        [
+            "dra-api",
+            "dra-consumable-capacity",
+            "dra-device-taints",
+            "dra-device-class"
+        ]
     );
+    let taints = by_id(&c, "dra-device-taints");
+    assert_eq!(taints.status, Status::Ok, "{taints:?}");
     assert_eq!(by_id(&c, "dra-api").status, Status::Ok, "{c:?}");
     let cc = by_id(&c, "dra-consumable-capacity");
     assert_eq!(cc.status, Status::Ok, "{cc:?}");
@@ -431,6 +438,27 @@ async fn the_control_plane_checks_read_the_api_and_store_nothing() {
         class
             .detail
             .contains("no selector names the driver \"gpushare.io\"")
+    );
+    api.shutdown().await;
+}
+
+/// On Kubernetes 1.34 and 1.35 `DRADeviceTaints` is off by default: the API server drops the
+/// taints of the slices, and an unhealthy GPU keeps receiving claims. The same dry-run slice
+/// tells, and the check names the gate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gate_off_api_server_warns_that_unhealthy_gpus_keep_receiving_claims() {
+    let api = ApiServer::start().await.expect("sandbox");
+    api.set_device_taints(false);
+    let empty = tempfile::tempdir().expect("root");
+    let c = dra_checks(&api, Role::ControlPlane, empty.path()).await;
+    assert_eq!(by_id(&c, "dra-consumable-capacity").status, Status::Ok);
+    let t = by_id(&c, "dra-device-taints");
+    assert_eq!(t.status, Status::Warn, "{t:?}");
+    assert!(t.detail.contains("dropped the taints"), "{}", t.detail);
+    assert!(t.hint.contains("DRADeviceTaints=true"), "{}", t.hint);
+    assert!(
+        api.list_objects("resourceslices", None).is_empty(),
+        "a dry run stores nothing"
     );
     api.shutdown().await;
 }

@@ -45,7 +45,7 @@
 //! - `dryRun=All` on create: validated and answered, nothing stored.
 //! - Test controls: [`ApiServer::seed_yaml`], [`ApiServer::get_object`],
 //!   [`ApiServer::set_pod_phase`], the `DRAConsumableCapacity` gate
-//!   ([`ApiServer::set_consumable_capacity`]), fault injection ([`Fault`]: error codes, delays, dropped
+//!   ([`ApiServer::set_consumable_capacity`], [`ApiServer::set_device_taints`]), fault injection ([`Fault`]: error codes, delays, dropped
 //!   connections, cut watches, requests held at a [`Hold`] until released — a paused
 //!   client; a filter on `fieldManager=<identity>` singles out one replica's lease writes), a
 //!   request log ([`ApiServer::requests`]) and access denials. Clock skew is not the server's
@@ -435,6 +435,13 @@ impl ApiServer {
     /// ResourceSlices, ResourceClaims and their templates, as a gate-off API server does.
     pub fn set_consumable_capacity(&self, enabled: bool) {
         self.inner.shared.store().set_consumable_capacity(enabled);
+    }
+
+    /// Emulates the `DRADeviceTaints` feature gate (on by default, as from Kubernetes 1.36;
+    /// off by default on 1.34 and 1.35): off, every write and dry-run create drops the taints
+    /// of ResourceSlice devices and the tolerations of claim requests.
+    pub fn set_device_taints(&self, enabled: bool) {
+        self.inner.shared.store().set_device_taints(enabled);
     }
 
     /// Creates every document of a (multi-document) YAML text, of any supported kind.

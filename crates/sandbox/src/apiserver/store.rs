@@ -222,6 +222,10 @@ pub(crate) struct Store {
     /// `false` emulates an API server with the `DRAConsumableCapacity` gate off: every write
     /// drops the fields of consumable capacity ([`drop_consumable_capacity`]).
     consumable_capacity: bool,
+    /// `false` emulates an API server with the `DRADeviceTaints` gate off (the default on
+    /// 1.34 and 1.35): every write drops device taints and tolerations
+    /// ([`drop_device_taints`]).
+    device_taints: bool,
 }
 
 /// A pod's status subresource etc. keep `.status` apart from main-resource writes.
@@ -242,6 +246,22 @@ impl Store {
             compacted_rv: 0,
             live,
             consumable_capacity: true,
+            device_taints: true,
+        }
+    }
+
+    /// Turns the `DRADeviceTaints` emulation on or off (on by default, as from 1.36).
+    pub fn set_device_taints(&mut self, enabled: bool) {
+        self.device_taints = enabled;
+    }
+
+    /// Drops what the emulated gates that are off do not keep.
+    fn drop_gated(&self, resource: &str, obj: &mut Value) {
+        if !self.consumable_capacity {
+            drop_consumable_capacity(resource, obj);
+        }
+        if !self.device_taints {
+            drop_device_taints(resource, obj);
         }
     }
 
@@ -290,8 +310,8 @@ impl Store {
 
     /// Stores `obj` under `key` with a new resourceVersion and publishes the event.
     fn commit(&mut self, key: Key, mut obj: Value, kind: EventType, old: Option<Value>) -> Value {
-        if !self.consumable_capacity && kind != EventType::Deleted {
-            drop_consumable_capacity(key.0, &mut obj);
+        if kind != EventType::Deleted {
+            self.drop_gated(key.0, &mut obj);
         }
         self.rv += 1;
         set_meta(&mut obj, "resourceVersion", json!(self.rv.to_string()));
@@ -346,9 +366,7 @@ impl Store {
         obj: Value,
     ) -> Result<Value, ApiError> {
         let (_, mut obj) = self.admit_create(def, url_namespace, obj)?;
-        if !self.consumable_capacity {
-            drop_consumable_capacity(def.id, &mut obj);
-        }
+        self.drop_gated(def.id, &mut obj);
         Ok(obj)
     }
 
@@ -947,6 +965,38 @@ pub(crate) fn drop_consumable_capacity(resource: &str, obj: &mut Value) {
             }
         }
         "resourceclaimtemplates" => drop_requests(obj.pointer_mut("/spec/spec/devices")),
+        _ => {}
+    }
+}
+
+/// What an API server with the `DRADeviceTaints` gate off drops: the `taints` of a
+/// ResourceSlice's devices and the `tolerations` of a claim's (or template's) requests.
+pub(crate) fn drop_device_taints(resource: &str, obj: &mut Value) {
+    fn each(v: Option<&mut Value>) -> impl Iterator<Item = &mut Value> {
+        v.and_then(Value::as_array_mut).into_iter().flatten()
+    }
+    fn drop_tolerations(devices: Option<&mut Value>) {
+        for request in each(devices.and_then(|d| d.get_mut("requests"))) {
+            if let Some(exactly) = request.get_mut("exactly").and_then(Value::as_object_mut) {
+                exactly.remove("tolerations");
+            }
+            for sub in each(request.get_mut("firstAvailable")) {
+                if let Some(sub) = sub.as_object_mut() {
+                    sub.remove("tolerations");
+                }
+            }
+        }
+    }
+    match resource {
+        "resourceslices" => {
+            for device in each(obj.pointer_mut("/spec/devices")) {
+                if let Some(d) = device.as_object_mut() {
+                    d.remove("taints");
+                }
+            }
+        }
+        "resourceclaims" => drop_tolerations(obj.pointer_mut("/spec/devices")),
+        "resourceclaimtemplates" => drop_tolerations(obj.pointer_mut("/spec/spec/devices")),
         _ => {}
     }
 }
