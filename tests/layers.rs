@@ -739,6 +739,41 @@ fn the_core_crate_links_nothing_of_the_outside_world() {
 }
 
 #[test]
+fn the_limiter_is_never_linked_and_its_contract_links_nothing_heavy() {
+    // The limiter is a library preloaded into containers; the node roles read its ledger
+    // through the contract crate and never link the limiter itself.
+    let full = dependency_names(&["-p", "gpushare"]);
+    assert!(
+        !full.contains("gpushare-limiter"),
+        "the binary links the limiter: {full:?}"
+    );
+    let contract = dependency_names(&["-p", "gpushare-limiter-contract"]);
+    assert!(
+        contract.contains("gpushare-limiter-contract"),
+        "cargo tree listed the crate: {contract:?}"
+    );
+    let forbidden = [
+        "gpushare-limiter",
+        "kube",
+        "k8s-openapi",
+        "hyper",
+        "tonic",
+        "nvml-wrapper",
+        "tokio",
+        "libc",
+    ];
+    let found: Vec<&str> = forbidden
+        .iter()
+        .copied()
+        .filter(|f| contract.contains(*f))
+        .collect();
+    assert!(
+        found.is_empty(),
+        "gpushare-limiter-contract depends on {found:?}"
+    );
+}
+
+#[test]
 fn the_binary_without_the_demo_feature_does_not_link_the_sandbox() {
     let lean = dependency_names(&["-p", "gpushare", "--no-default-features"]);
     assert!(

@@ -100,8 +100,11 @@ pub fn build_slices(
     others: &[Device],
     generation: i64,
 ) -> Vec<ResourceSlice> {
+    // A GPU of fewer than two units would make the whole slice invalid: never published (the
+    // role names it in an Event).
     let devices = ordered(gpus, policy, unit)
         .into_iter()
+        .filter(|g| holds_enough_units(g.memory_bytes, unit))
         .map(|g| device(g, unit, driver_version))
         .chain(others.iter().cloned())
         .collect::<Vec<_>>();

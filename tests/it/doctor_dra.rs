@@ -10,7 +10,7 @@ use gpushare::config::Config;
 use gpushare::doctor::dra::DraArgs;
 use gpushare::doctor::report::{Check, Status};
 use gpushare::doctor::{Options, Role, diagnose};
-use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
+use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction, FeatureGate};
 use serde_json::Value;
 
 use crate::support::source_tree::assert_generated;
@@ -448,7 +448,7 @@ async fn the_control_plane_checks_read_the_api_and_store_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gate_off_api_server_warns_that_unhealthy_gpus_keep_receiving_claims() {
     let api = ApiServer::start().await.expect("sandbox");
-    api.set_device_taints(false);
+    api.set_feature_gate(FeatureGate::DRADeviceTaints, false);
     let empty = tempfile::tempdir().expect("root");
     let c = dra_checks(&api, Role::ControlPlane, empty.path()).await;
     assert_eq!(by_id(&c, "dra-consumable-capacity").status, Status::Ok);

@@ -240,10 +240,10 @@ async fn a_templated_pod_gets_its_claim_allocated_on_one_gpu_and_bound_then_rele
         (cond.status.as_str(), cond.reason.as_deref()),
         ("False", Some("Unschedulable"))
     );
-    assert!(
-        cond.message
-            .as_deref()
-            .is_some_and(|m| m.contains("no node"))
+    assert_eq!(
+        cond.message.as_deref(),
+        Some("0/1 nodes are available: 1 cannot allocate all claims."),
+        "kube-scheduler's words"
     );
 
     // p1 finishes: its claim is deleted, and the waiting pod fits.
@@ -296,4 +296,52 @@ async fn a_claim_created_whose_answer_was_lost_is_found_not_duplicated() {
             .as_deref(),
         Some("p1-gpu-abcde")
     );
+}
+
+/// A selector that fails on a device (an attribute the device lacks) is an allocation error,
+/// as upstream's allocator has it: the pod stays pending with the error, pass after pass, as
+/// kube-scheduler retries it for ever, although another device would match.
+#[tokio::test]
+async fn a_selector_runtime_error_keeps_the_pod_pending_with_the_error() {
+    let server = cluster().await;
+    server
+        .seed_yaml(
+            r#"
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: { name: nic.gpushare.io }
+spec:
+  selectors:
+  - cel: { expression: 'device.attributes["gpushare.io"].kind == "nic"' }
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: { name: nic, namespace: default }
+spec:
+  spec:
+    devices:
+      requests:
+      - name: nic
+        exactly: { deviceClassName: nic.gpushare.io }
+"#,
+        )
+        .expect("the class and template");
+    let mut pod = gpu_pod("p");
+    pod["spec"]["resourceClaims"] = json!([{ "name": "gpu", "resourceClaimTemplateName": "nic" }]);
+    pod["spec"]["containers"] = json!([{ "name": "main", "image": "x",
+        "resources": { "claims": [{ "name": "gpu" }] } }]);
+    server.create_object(pod).expect("the pod");
+    let allocator = DraAllocator::new(server.client());
+    for _ in 0..2 {
+        let pass = allocator.reconcile().await.expect("a pass");
+        assert!(pass.bound.is_empty(), "{pass:?}");
+        let (pod, why) = &pass.pending[0];
+        assert_eq!(pod, "default/p");
+        assert!(
+            why.starts_with(
+                "class nic.gpushare.io: selector #0 on device gpushare.io/node-a/gpu-0: CEL runtime error: no such key: kind"
+            ),
+            "{why}"
+        );
+    }
 }

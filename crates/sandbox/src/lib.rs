@@ -5,8 +5,10 @@
 //! - [`kubelet::Kubelet`]: a fake kubelet serving the device-plugin Registration service on a
 //!   unix socket and driving a plugin as kubelet does (and, optionally, PodResources).
 //! - [`dra_allocator::DraAllocator`]: what kube-scheduler and the resourceclaim controller do
-//!   for DRA pods (claims from templates, first-fit allocation with consumable capacity,
+//!   for DRA pods (claims from templates, upstream's structured-parameters allocation,
 //!   binding, release).
+//! - [`dra_cel`]: the CEL environment of DeviceClass and request selectors, on the `cel`
+//!   crate; [`quantity`]: Kubernetes quantities, exactly.
 //! - [`dra_kubelet::DraKubelet`]: a fake kubelet's DRA side: plugin registration on a
 //!   registry directory, `NodePrepareResources` / `NodeUnprepareResources` (v1, else v1beta1)
 //!   for its node's pods, `NodeWatchResources`.
@@ -15,6 +17,8 @@
 
 pub mod apiserver;
 pub mod dra_allocator;
+pub mod dra_cel;
 pub mod dra_kubelet;
 pub mod kubelet;
 pub mod nvml_stub;
+pub mod quantity;

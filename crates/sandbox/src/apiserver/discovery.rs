@@ -412,11 +412,11 @@ pub(super) fn by_kind(api_version: &str, kind: &str) -> Option<&'static Resource
 }
 
 /// `/version`.
-pub(super) fn version() -> Value {
+pub(super) fn version(minor: u32) -> Value {
     json!({
         "major": "1",
-        "minor": "33",
-        "gitVersion": "v1.33.0-gpushare-sandbox",
+        "minor": minor.to_string(),
+        "gitVersion": format!("v1.{minor}.0-gpushare-sandbox"),
         "gitCommit": "0000000000000000000000000000000000000000",
         "gitTreeState": "clean",
         "buildDate": "2025-04-23T00:00:00Z",

@@ -391,7 +391,7 @@ fn resource_target(group: &str, version: &str, rest: &[&str]) -> Option<Target> 
 fn route(shared: &Arc<Shared>, req: &Req) -> Response<Body> {
     let segments: Vec<&str> = req.path.split('/').filter(|s| !s.is_empty()).collect();
     let discovery_doc = match segments.as_slice() {
-        ["version"] => Some(discovery::version()),
+        ["version"] => Some(discovery::version(shared.store().cluster().minor())),
         ["api"] => Some(discovery::core_versions(shared.addr)),
         ["api", "v1"] => discovery::resource_list("", "v1"),
         ["apis"] => Some(discovery::group_list()),

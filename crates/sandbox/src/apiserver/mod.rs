@@ -42,10 +42,25 @@
 //!   object, and so are `resource.k8s.io/v1` `resourceslices` and `deviceclasses`
 //!   (cluster-scoped), `resourceclaimtemplates` and `resourceclaims` (namespaced; claims with
 //!   the `status` subresource, written by the sandbox allocator, `crate::dra_allocator`).
+//! - `resource.k8s.io/v1` as upstream enforces it, for the Kubernetes version played
+//!   ([`ApiServer::set_kubernetes_version`], 1.34 to 1.37, 1.37 until set; `/version`
+//!   answers it) and its feature gates ([`ApiServer::set_feature_gate`], each at that
+//!   version's upstream default until set): every create, update, patch and status write of
+//!   a ResourceSlice, DeviceClass, ResourceClaim or ResourceClaimTemplate first drops the
+//!   fields of disabled gates unless the stored object already uses them (upstream's
+//!   `dropDisabledFields`: taints without `DRADeviceTaints`, consumable capacity without
+//!   `DRAConsumableCapacity`, ...; a new claim's status is reset), then is validated rule by
+//!   rule as `pkg/apis/resource/validation` does (`validation_resource`: names, attribute
+//!   names and values, 128 devices per slice or 64 once a device has taints, 32 attributes
+//!   and capacities per device, request policies with `min + step <= value`, counters,
+//!   taints, 32 requests and constraints per claim, selectors that compile, immutable claim
+//!   and template specs, allocation results, ...). A refusal is upstream's 422 `Invalid`
+//!   Status with its field paths and messages; a value of the wrong type or an unparsable
+//!   quantity is upstream's 400.
 //! - `dryRun=All` on create: validated and answered, nothing stored.
 //! - Test controls: [`ApiServer::seed_yaml`], [`ApiServer::get_object`],
-//!   [`ApiServer::set_pod_phase`], the `DRAConsumableCapacity` gate
-//!   ([`ApiServer::set_consumable_capacity`], [`ApiServer::set_device_taints`]), fault injection ([`Fault`]: error codes, delays, dropped
+//!   [`ApiServer::set_pod_phase`], the Kubernetes version and gates (above, and
+//!   [`ApiServer::set_consumable_capacity`] for one gate), fault injection ([`Fault`]: error codes, delays, dropped
 //!   connections, cut watches, requests held at a [`Hold`] until released — a paused
 //!   client; a filter on `fieldManager=<identity>` singles out one replica's lease writes), a
 //!   request log ([`ApiServer::requests`]) and access denials. Clock skew is not the server's
@@ -55,7 +70,11 @@
 //! No authentication or authorization (every request is allowed; only
 //! SelfSubjectAccessReview answers can be denied), no admission but pod-create webhooks,
 //! no controllers (a Deployment never gets pods), no defaulting beyond a
-//! pod's `Pending` phase, no validation of object schemas, no garbage collection, graceful
+//! pod's `Pending` phase (`resource.k8s.io` defaults such as `count: 1` are assumed by the
+//! validation, not written), no validation of object schemas beyond `resource.k8s.io`
+//! (whose object metadata, label values, node selectors beyond their term count, CEL cost
+//! and 1.37 alpha fields are not checked either; unknown fields are kept, not pruned;
+//! objects seeded by test controls keep the status they are given), no garbage collection, graceful
 //! deletion or finalizers, no namespace lifecycle (objects may live in any namespace), no
 //! field managers, protobuf or CBOR (JSON only), no legacy `/api/v1/watch/...` paths.
 //! Strategic merge patches merge only well-known lists (containers, conditions, env,
@@ -65,11 +84,15 @@
 
 mod admission;
 mod discovery;
+mod feature_gates;
+mod field_errors;
 mod http_api;
 mod patch;
+mod resource_strategy;
 mod selector;
 mod store;
 mod table;
+mod validation_resource;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -80,6 +103,7 @@ use anyhow::Context as _;
 use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 
+pub use feature_gates::{FeatureGate, NEWEST_MINOR, OLDEST_MINOR, UnsupportedVersion};
 use store::Store;
 pub(crate) use store::new_uid;
 
@@ -430,18 +454,38 @@ impl ApiServer {
         }
     }
 
-    /// Emulates the `DRAConsumableCapacity` feature gate (on by default, as from Kubernetes
-    /// 1.36): off, every write and dry-run create drops the consumable-capacity fields of
-    /// ResourceSlices, ResourceClaims and their templates, as a gate-off API server does.
-    pub fn set_consumable_capacity(&self, enabled: bool) {
-        self.inner.shared.store().set_consumable_capacity(enabled);
+    /// Plays Kubernetes `1.<minor>` (1.34 to 1.37; 1.37, the newest the project ships, until
+    /// set): `/version` answers it, every feature gate goes back to that version's default
+    /// (see [`FeatureGate::default_at`]) and `resource.k8s.io` writes are validated with its
+    /// limits.
+    pub fn set_kubernetes_version(&self, minor: u32) -> Result<(), UnsupportedVersion> {
+        let cluster = feature_gates::Cluster::checked(minor)?;
+        self.shared().store().set_cluster(cluster);
+        Ok(())
     }
 
-    /// Emulates the `DRADeviceTaints` feature gate (on by default, as from Kubernetes 1.36;
-    /// off by default on 1.34 and 1.35): off, every write and dry-run create drops the taints
-    /// of ResourceSlice devices and the tolerations of claim requests.
-    pub fn set_device_taints(&self, enabled: bool) {
-        self.inner.shared.store().set_device_taints(enabled);
+    /// The Kubernetes minor version played.
+    pub fn kubernetes_minor(&self) -> u32 {
+        self.shared().store().cluster().minor()
+    }
+
+    /// Turns one feature gate on or off, as `--feature-gates=<gate>=<bool>` on kube-apiserver:
+    /// the fields a disabled gate covers are dropped from `resource.k8s.io` writes (unless the
+    /// stored object already uses them), as upstream's registry strategies do.
+    pub fn set_feature_gate(&self, gate: FeatureGate, enabled: bool) {
+        self.shared().store().set_gate(gate, enabled);
+    }
+
+    /// Whether a feature gate is on.
+    pub fn feature_gate(&self, gate: FeatureGate) -> bool {
+        self.shared().store().cluster().enabled(gate)
+    }
+
+    /// The `DRAConsumableCapacity` gate ([`ApiServer::set_feature_gate`]): off, writes and
+    /// dry-run creates drop the consumable-capacity fields of ResourceSlices, ResourceClaims
+    /// and their templates, as a gate-off API server does.
+    pub fn set_consumable_capacity(&self, enabled: bool) {
+        self.set_feature_gate(FeatureGate::DRAConsumableCapacity, enabled);
     }
 
     /// Creates every document of a (multi-document) YAML text, of any supported kind.

@@ -12,7 +12,10 @@ use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 
 use super::discovery::{self, ResourceDef};
+use super::feature_gates::{Cluster, FeatureGate};
 use super::patch::{self, PatchKind};
+use super::resource_strategy::{self, Write};
+use super::validation_resource;
 
 /// Watch events kept by default.
 const DEFAULT_HISTORY: usize = 10_000;
@@ -219,13 +222,19 @@ pub(crate) struct Store {
     /// The newest resourceVersion dropped from history: a watch from before it is gone.
     compacted_rv: u64,
     live: broadcast::Sender<Arc<StoredEvent>>,
-    /// `false` emulates an API server with the `DRAConsumableCapacity` gate off: every write
-    /// drops the fields of consumable capacity ([`drop_consumable_capacity`]).
-    consumable_capacity: bool,
-    /// `false` emulates an API server with the `DRADeviceTaints` gate off (the default on
-    /// 1.34 and 1.35): every write drops device taints and tolerations
-    /// ([`drop_device_taints`]).
-    device_taints: bool,
+    /// The Kubernetes version played and its feature gates: which `resource.k8s.io` fields a
+    /// write keeps and which rules validate it.
+    cluster: Cluster,
+}
+
+/// Who creates an object.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// An API request: a claim's status is reset, as upstream does.
+    Request,
+    /// A test control seeding an object as the cluster would hold it (a claim keeps the status
+    /// a controller would have written).
+    Seed,
 }
 
 /// A pod's status subresource etc. keep `.status` apart from main-resource writes.
@@ -245,29 +254,23 @@ impl Store {
             history_limit: DEFAULT_HISTORY,
             compacted_rv: 0,
             live,
-            consumable_capacity: true,
-            device_taints: true,
+            cluster: Cluster::default(),
         }
     }
 
-    /// Turns the `DRADeviceTaints` emulation on or off (on by default, as from 1.36).
-    pub fn set_device_taints(&mut self, enabled: bool) {
-        self.device_taints = enabled;
+    /// The Kubernetes version played and its gates.
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
     }
 
-    /// Drops what the emulated gates that are off do not keep.
-    fn drop_gated(&self, resource: &str, obj: &mut Value) {
-        if !self.consumable_capacity {
-            drop_consumable_capacity(resource, obj);
-        }
-        if !self.device_taints {
-            drop_device_taints(resource, obj);
-        }
+    /// Plays another Kubernetes version (every gate at that version's default).
+    pub fn set_cluster(&mut self, cluster: Cluster) {
+        self.cluster = cluster;
     }
 
-    /// Turns the `DRAConsumableCapacity` emulation on or off (on by default, as from 1.36).
-    pub fn set_consumable_capacity(&mut self, enabled: bool) {
-        self.consumable_capacity = enabled;
+    /// Sets one feature gate.
+    pub fn set_gate(&mut self, gate: FeatureGate, enabled: bool) {
+        self.cluster.set(gate, enabled);
     }
 
     pub fn resource_version(&self) -> u64 {
@@ -310,9 +313,6 @@ impl Store {
 
     /// Stores `obj` under `key` with a new resourceVersion and publishes the event.
     fn commit(&mut self, key: Key, mut obj: Value, kind: EventType, old: Option<Value>) -> Value {
-        if kind != EventType::Deleted {
-            self.drop_gated(key.0, &mut obj);
-        }
         self.rv += 1;
         set_meta(&mut obj, "resourceVersion", json!(self.rv.to_string()));
         let event = Arc::new(StoredEvent {
@@ -343,7 +343,8 @@ impl Store {
                 "the sandbox API server does not store apiVersion {api_version:?} kind {kind:?}"
             ))
         })?;
-        self.create(def, None, obj)
+        let (key, obj) = self.admit_create(def, None, obj, Origin::Seed)?;
+        Ok(self.commit(key, obj, EventType::Added, None))
     }
 
     /// Creates an object of `def` (namespace from the URL, else the object, else `default`).
@@ -353,7 +354,7 @@ impl Store {
         url_namespace: Option<&str>,
         obj: Value,
     ) -> Result<Value, ApiError> {
-        let (key, obj) = self.admit_create(def, url_namespace, obj)?;
+        let (key, obj) = self.admit_create(def, url_namespace, obj, Origin::Request)?;
         Ok(self.commit(key, obj, EventType::Added, None))
     }
 
@@ -365,17 +366,18 @@ impl Store {
         url_namespace: Option<&str>,
         obj: Value,
     ) -> Result<Value, ApiError> {
-        let (_, mut obj) = self.admit_create(def, url_namespace, obj)?;
-        self.drop_gated(def.id, &mut obj);
+        let (_, obj) = self.admit_create(def, url_namespace, obj, Origin::Request)?;
         Ok(obj)
     }
 
-    /// The checks and defaults of a create: the key and the object to store.
+    /// The checks and defaults of a create: the key and the object to store. For
+    /// `resource.k8s.io` kinds, upstream's strategy (gated fields dropped) and validation.
     fn admit_create(
         &self,
         def: &'static ResourceDef,
         url_namespace: Option<&str>,
         mut obj: Value,
+        origin: Origin,
     ) -> Result<(Key, Value), ApiError> {
         if !obj.is_object() {
             return Err(ApiError::bad_request(
@@ -440,6 +442,11 @@ impl Store {
                 }
             }
         }
+        let write = Write::Create {
+            keep_status: origin == Origin::Seed,
+        };
+        resource_strategy::prepare(def.id, &mut obj, write, &self.cluster);
+        validation_resource::validate(def, &obj, None, Part::Main, &self.cluster)?;
         Ok((key, obj))
     }
 
@@ -655,6 +662,12 @@ impl Store {
                 .unwrap_or(1);
             set_meta(&mut next, "generation", json!(generation + 1));
         }
+        let write = Write::Update {
+            old: &current,
+            part,
+        };
+        resource_strategy::prepare(def.id, &mut next, write, &self.cluster);
+        validation_resource::validate(def, &next, Some(&current), part, &self.cluster)?;
         set_meta(&mut next, "resourceVersion", json!(current_rv));
         if next == current {
             // A no-op write does not bump the resourceVersion, as in the real server.
@@ -920,87 +933,6 @@ fn random_u64() -> u64 {
 }
 
 /// A random (version 4 layout) UUID.
-/// What an API server with the `DRAConsumableCapacity` gate off drops on a write (upstream's
-/// `dropDisabledFields`): a slice device's `allowMultipleAllocations` and its capacities'
-/// `requestPolicy`; a request's `capacity` in claims and claim templates; a result's
-/// `shareID` and `consumedCapacity`.
-pub(crate) fn drop_consumable_capacity(resource: &str, obj: &mut Value) {
-    fn each(v: Option<&mut Value>) -> impl Iterator<Item = &mut Value> {
-        v.and_then(Value::as_array_mut).into_iter().flatten()
-    }
-    fn drop_requests(devices: Option<&mut Value>) {
-        for request in each(devices.and_then(|d| d.get_mut("requests"))) {
-            if let Some(exactly) = request.get_mut("exactly").and_then(Value::as_object_mut) {
-                exactly.remove("capacity");
-            }
-            for sub in each(request.get_mut("firstAvailable")) {
-                if let Some(sub) = sub.as_object_mut() {
-                    sub.remove("capacity");
-                }
-            }
-        }
-    }
-    match resource {
-        "resourceslices" => {
-            for device in each(obj.pointer_mut("/spec/devices")) {
-                if let Some(d) = device.as_object_mut() {
-                    d.remove("allowMultipleAllocations");
-                }
-                if let Some(caps) = device.get_mut("capacity").and_then(Value::as_object_mut) {
-                    for cap in caps.values_mut() {
-                        if let Some(cap) = cap.as_object_mut() {
-                            cap.remove("requestPolicy");
-                        }
-                    }
-                }
-            }
-        }
-        "resourceclaims" => {
-            drop_requests(obj.pointer_mut("/spec/devices"));
-            for result in each(obj.pointer_mut("/status/allocation/devices/results")) {
-                if let Some(r) = result.as_object_mut() {
-                    r.remove("shareID");
-                    r.remove("consumedCapacity");
-                }
-            }
-        }
-        "resourceclaimtemplates" => drop_requests(obj.pointer_mut("/spec/spec/devices")),
-        _ => {}
-    }
-}
-
-/// What an API server with the `DRADeviceTaints` gate off drops: the `taints` of a
-/// ResourceSlice's devices and the `tolerations` of a claim's (or template's) requests.
-pub(crate) fn drop_device_taints(resource: &str, obj: &mut Value) {
-    fn each(v: Option<&mut Value>) -> impl Iterator<Item = &mut Value> {
-        v.and_then(Value::as_array_mut).into_iter().flatten()
-    }
-    fn drop_tolerations(devices: Option<&mut Value>) {
-        for request in each(devices.and_then(|d| d.get_mut("requests"))) {
-            if let Some(exactly) = request.get_mut("exactly").and_then(Value::as_object_mut) {
-                exactly.remove("tolerations");
-            }
-            for sub in each(request.get_mut("firstAvailable")) {
-                if let Some(sub) = sub.as_object_mut() {
-                    sub.remove("tolerations");
-                }
-            }
-        }
-    }
-    match resource {
-        "resourceslices" => {
-            for device in each(obj.pointer_mut("/spec/devices")) {
-                if let Some(d) = device.as_object_mut() {
-                    d.remove("taints");
-                }
-            }
-        }
-        "resourceclaims" => drop_tolerations(obj.pointer_mut("/spec/devices")),
-        "resourceclaimtemplates" => drop_tolerations(obj.pointer_mut("/spec/spec/devices")),
-        _ => {}
-    }
-}
-
 pub(crate) fn new_uid() -> String {
     let a = random_u64();
     let b = random_u64();
@@ -1138,7 +1070,7 @@ mod tests {
         );
         assert_eq!(store.resource_version(), rv, "nothing stored");
         assert!(store.get(slice_def(), None, "s").is_err());
-        store.set_consumable_capacity(false);
+        store.set_gate(FeatureGate::DRAConsumableCapacity, false);
         let answer = store
             .create_dry_run(slice_def(), None, slice())
             .expect("dry run");
