@@ -44,13 +44,18 @@ struct Node {
 impl Node {
     async fn start(&self) -> DraPluginHandle {
         let backend: Arc<dyn gpushare::gpu::GpuBackend> = self.backend.clone();
-        role::start(&self.config, self.api.client(), backend, Shutdown::never())
-            .await
-            .expect("the DRA plugin starts")
+        role::start(
+            &self.config,
+            self.api.admin_client(),
+            backend,
+            Shutdown::never(),
+        )
+        .await
+        .expect("the DRA plugin starts")
     }
 
     fn kubelet(&self) -> DraKubelet {
-        DraKubelet::start(&self.config.dra.registry_dir, NODE, self.api.client())
+        DraKubelet::start(&self.config.dra.registry_dir, NODE, self.api.admin_client())
             .expect("the DRA kubelet starts")
     }
 
@@ -262,7 +267,7 @@ async fn the_binary_runs_the_dra_preflight_and_serves() {
         format!("--state-dir={}", path(&node.config.dra.state_dir)),
         format!("--cdi-dir={}", path(&node.config.dra.cdi_dir)),
         "--admin-address=".into(),
-        format!("--kubeconfig={}", path(&node.api.kubeconfig_path())),
+        format!("--kubeconfig={}", path(&node.api.admin_kubeconfig_path())),
     ]
     .into();
     let mut role = RoleProcess::start("dra-plugin", None, &args, &[]);
@@ -342,7 +347,7 @@ async fn the_role_publishes_prepares_a_cdi_spec_and_unprepares_across_a_restart(
     wait_until("ready once registered", || plugin.is_ready()).await;
 
     submit(&node.api, "p", 3, 1);
-    let pass = DraAllocator::new(node.api.client())
+    let pass = DraAllocator::new(node.api.admin_client())
         .reconcile()
         .await
         .expect("a pass");
@@ -418,7 +423,7 @@ async fn the_role_publishes_prepares_a_cdi_spec_and_unprepares_across_a_restart(
     node.api
         .set_pod_phase("default", "p", "Succeeded")
         .expect("phase");
-    let pass = DraAllocator::new(node.api.client())
+    let pass = DraAllocator::new(node.api.admin_client())
         .reconcile()
         .await
         .expect("a pass");
@@ -523,7 +528,7 @@ async fn grpcio_prepares_and_unprepares_through_the_role() {
     let plugin = node.start().await;
     dra::published(&plugin).await;
     submit(&node.api, "p", 2, 2);
-    let pass = DraAllocator::new(node.api.client())
+    let pass = DraAllocator::new(node.api.admin_client())
         .reconcile()
         .await
         .expect("a pass");
@@ -568,7 +573,7 @@ async fn prepared_by_grpcio(node: &Node, python: &Path) -> (DraPluginHandle, Str
     let plugin = node.start().await;
     dra::published(&plugin).await;
     submit(&node.api, "p", 2, 1);
-    let pass = DraAllocator::new(node.api.client())
+    let pass = DraAllocator::new(node.api.admin_client())
         .reconcile()
         .await
         .expect("a pass");

@@ -38,6 +38,7 @@ mod sandbox_apiserver;
 mod sandbox_dra;
 mod sandbox_dra_kubelet;
 mod sandbox_kubelet;
+mod sandbox_rbac;
 mod sandbox_validation;
 mod settle;
 mod soak;

@@ -72,7 +72,7 @@ async fn the_preflight_waits_out_an_api_server_that_does_not_answer_yet() {
     let mut c = config.clone();
     c.extender.bind_address = [127, 0, 0, 1].into();
     c.extender.port = 0;
-    let ext = gpushare::extender::start(&c, api.client(), Shutdown::never())
+    let ext = gpushare::extender::start(&c, api.admin_client(), Shutdown::never())
         .await
         .expect("extender starts");
     ext.wait_ready().await.expect("extender ready");
@@ -158,7 +158,7 @@ async fn the_extender_process_waits_for_the_api_server_and_then_serves() {
         .args(["extender", "--skip-doctor", "--bind-address", "127.0.0.1"])
         .args(["--port", &port.to_string()])
         .arg("--kubeconfig")
-        .arg(api.kubeconfig_path())
+        .arg(api.admin_kubeconfig_path())
         .env("GPUSHARE_LOG__FORMAT", "json")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())

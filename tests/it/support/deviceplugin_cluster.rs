@@ -80,7 +80,7 @@ pub(crate) async fn cluster_on(
     let health = backend.health();
     let plugin = deviceplugin::start(
         &config,
-        api.client(),
+        api.admin_client(),
         Arc::new(backend),
         gpushare::shutdown::Shutdown::never(),
     )

@@ -273,7 +273,7 @@ pub(crate) fn invalid_status(def: &ResourceDef, name: &str, errors: &[FieldError
     }
     ApiError {
         code: 422,
-        reason: "Invalid",
+        reason: "Invalid".into(),
         message,
         details: Some(details),
     }
