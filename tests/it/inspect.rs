@@ -318,7 +318,10 @@ fn a_node_the_api_does_not_have_is_named_not_an_unreachable_server() {
     let server = runtime
         .block_on(gpushare_sandbox::apiserver::ApiServer::start())
         .expect("sandbox API server starts");
-    let kubeconfig = server.admin_kubeconfig_path().to_string_lossy().into_owned();
+    let kubeconfig = server
+        .admin_kubeconfig_path()
+        .to_string_lossy()
+        .into_owned();
     let out = run(&["inspect", "no-such-node", "--kubeconfig", &kubeconfig]);
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);

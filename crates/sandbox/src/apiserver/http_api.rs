@@ -111,11 +111,25 @@ fn respond(result: Result<(u16, Value), ApiError>) -> Response<Body> {
     }
 }
 
-/// One request: record, apply faults, route.
+/// One request: record, apply faults, route; the answer's status is recorded with it.
 async fn handle(
     shared: Arc<Shared>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, std::io::Error> {
+    let mut index = None;
+    let answer = handle_recorded(&shared, req, &mut index).await;
+    if let (Some(i), Ok(response)) = (index, &answer) {
+        shared.record_status(i, response.status().as_u16());
+    }
+    answer
+}
+
+async fn handle_recorded(
+    shared: &Arc<Shared>,
+    req: Request<Incoming>,
+    index: &mut Option<usize>,
+) -> Result<Response<Body>, std::io::Error> {
+    let shared = shared.clone();
     let (parts, body) = req.into_parts();
     let bytes = match body.collect().await {
         Ok(collected) => collected.to_bytes(),
@@ -133,14 +147,15 @@ async fn handle(
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
     let user = shared.authenticate(identity::bearer(authorization));
-    shared.record(RecordedRequest {
+    *index = Some(shared.record(RecordedRequest {
         method: parts.method.clone(),
         path: path.clone(),
         query: query.clone(),
         content_type: content_type.clone(),
         body: String::from_utf8_lossy(&bytes).into_owned(),
         username: user.as_ref().ok().map(|u| u.username.clone()),
-    });
+        status: None,
+    }));
     let Ok(user) = user else {
         return Ok(error_response(&ApiError::unauthorized()));
     };
@@ -571,15 +586,12 @@ async fn create(
         Ok(w) => w,
         Err(err) => return error_response(&err),
     };
-    let prepared =
-        shared
-            .store()
-            .admit_create(
-                def,
-                namespace,
-                attrs.object.take().unwrap_or(Value::Null),
-                super::store::Origin::Request,
-            );
+    let prepared = shared.store().admit_create(
+        def,
+        namespace,
+        attrs.object.take().unwrap_or(Value::Null),
+        super::store::Origin::Request,
+    );
     let (key, prepared) = match prepared {
         Ok(p) => p,
         Err(err) => return error_response(&err),

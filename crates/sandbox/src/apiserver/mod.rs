@@ -282,6 +282,10 @@ pub struct RecordedRequest {
     pub body: String,
     /// Who sent it (the authenticated user name); `None` when it was not authenticated.
     pub username: Option<String>,
+    /// The HTTP status it was answered with (401 and 403 for authentication and RBAC, 4xx of
+    /// admission and validation); `None` while it is served, or when the connection was
+    /// dropped without an answer.
+    pub status: Option<u16>,
 }
 
 /// An open watch stream, cuttable by a [`FaultAction::CutWatch`].
@@ -372,8 +376,18 @@ impl Shared {
         self.controls().watches.retain(|(w, _)| *w != id);
     }
 
-    fn record(&self, request: RecordedRequest) {
-        self.controls().requests.push(request);
+    /// Records a request; returns its place in the log (for [`Shared::record_status`]).
+    fn record(&self, request: RecordedRequest) -> usize {
+        let mut controls = self.controls();
+        controls.requests.push(request);
+        controls.requests.len() - 1
+    }
+
+    /// Records the status request `index` was answered with.
+    fn record_status(&self, index: usize, status: u16) {
+        if let Some(r) = self.controls().requests.get_mut(index) {
+            r.status = Some(status);
+        }
     }
 
     /// The identity a bearer token stands for (see `identity`): a ServiceAccount's only while
