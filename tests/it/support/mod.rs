@@ -17,6 +17,7 @@ pub mod extender_http;
 pub mod helm_chart;
 pub mod hgx;
 pub mod https_client;
+pub mod kube_validate;
 pub mod ledger_truth;
 pub mod mps;
 pub mod objects;
