@@ -187,17 +187,23 @@ impl ChartCluster {
             Ok(i) => i,
             Err(e) => panic!("mode {}: Helm cannot render the chart: {e}", mode.name),
         };
+        let as_json: Vec<Value> = installed
+            .objects
+            .iter()
+            .map(|r| serde_json::to_value(&r.object).expect("YAML as JSON"))
+            .collect();
         let checked: Vec<Checked<'_>> = installed
             .objects
             .iter()
-            .map(|r| Checked {
+            .zip(&as_json)
+            .map(|(r, object)| Checked {
                 label: format!(
                     "{} {} {}",
                     r.template,
                     r.object["kind"].as_str().unwrap_or_default(),
                     r.object["metadata"]["name"].as_str().unwrap_or_default()
                 ),
-                object: &r.object,
+                object,
             })
             .collect();
         let validated_at = kube_validate::assert_valid_at_every_version(&checked)?;
@@ -330,11 +336,11 @@ impl ChartCluster {
             let spec = match kind {
                 "Deployment" => yaml_serde::from_value::<Deployment>(r.object.clone())
                     .ok()
-                    .and_then(|d| d.spec)
+                    .map(|d| d.spec)
                     .and_then(|s| s.template.spec),
                 "DaemonSet" => yaml_serde::from_value::<DaemonSet>(r.object.clone())
                     .ok()
-                    .and_then(|d| d.spec)
+                    .map(|d| d.spec)
                     .and_then(|s| s.template.spec),
                 _ => continue,
             };
@@ -505,7 +511,12 @@ impl ChartCluster {
                 }
                 "device-plugin" => {
                     let node = self.pods[i].node.clone();
-                    let kubelet = &self.node(&node).kubelet;
+                    let kubelet = &self
+                        .nodes
+                        .iter()
+                        .find(|n| n.name == node)
+                        .expect("its node")
+                        .kubelet;
                     let pod = &mut self.pods[i];
                     pod.process
                         .wait_for("its registration with the kubelet", READY_WITHIN, || {
@@ -516,7 +527,12 @@ impl ChartCluster {
                 "dra-plugin" => {
                     let node = self.pods[i].node.clone();
                     let driver = self.driver();
-                    let dra = &self.node(&node).dra_kubelet;
+                    let dra = &self
+                        .nodes
+                        .iter()
+                        .find(|n| n.name == node)
+                        .expect("its node")
+                        .dra_kubelet;
                     let pod = &mut self.pods[i];
                     pod.process
                         .wait_for("its registration with the kubelet", READY_WITHIN, || {

@@ -8,7 +8,10 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 pub mod canned_http;
+pub mod chart_install;
+pub mod chart_workloads;
 pub mod clients;
+pub mod container_mapping;
 pub mod deviceplugin_cluster;
 pub mod doctor_node;
 pub mod dra;
