@@ -257,3 +257,105 @@ async fn mib_units_on_both_paths() {
     run_dra_pods(&c, 1024).await;
     c.finish().await;
 }
+
+/// A pod asking GPU memory, an HCA and a generic device in one container.
+fn hca_pod(ns: &str) -> Value {
+    let mut c = GpuContainer::app("main", 4);
+    c.devices = vec![("gpushare.io/rdma".into(), 1), ("example.com/fuse".into(), 1)];
+    gpu_pod("with-hca", ns, &[c])
+}
+
+fn assert_devices_handed(mode: &str, pod: &str, got: &BTreeMap<String, Handed>) {
+    assert_gpu_handed(mode, pod, got, &[("main", 4)]);
+    let nodes = &got["main"].device_nodes;
+    assert!(
+        nodes.iter().any(|n| n.starts_with("/dev/infiniband/uverbs")),
+        "{mode}: {pod} gets its HCA: {nodes:?}"
+    );
+    assert!(nodes.iter().any(|n| n == "/dev/fuse"), "{mode}: {pod} gets /dev/fuse: {nodes:?}");
+}
+
+/// RDMA HCAs and a generic device beside the GPUs, on both paths: the recorded HGX H100 tree
+/// as every node's sysfs and `/dev/infiniband`, the fake GPUs at its GPUs' PCI addresses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rdma_and_generic_devices_on_both_paths() {
+    let mut m = mode(
+        "RDMA and generic devices",
+        json!({
+            "dra": { "enabled": true },
+            "devicePlugin": { "fakeGpus": "80GiB@00000000:19:00.0,80GiB@00000000:3B:00.0" },
+            "config": { "devices": {
+                "rdma": { "enabled": true },
+                "generic": [ { "resource": "example.com/fuse", "paths": [ { "path": "/dev/fuse" } ] } ],
+            } },
+        }),
+    );
+    m.sysfs = Some(crate::support::fixture("rdma/hgx-h100-8gpu-roce/sys"));
+    m.dev = Some(crate::support::hgx::fake_dev);
+    let Some(c) = ChartCluster::install(m).await else {
+        return;
+    };
+    run_extender_pods(&c, 1).await;
+    let got = on_extender_path(&c, &hca_pod(EXT_NS)).await;
+    assert_devices_handed(&c.mode.name, "the HCA pod (extender path)", &got);
+    run_dra_pods(&c, 1).await;
+    let got = on_dra_path(&c, &hca_pod(DRA_NS)).await;
+    assert_devices_handed(&c.mode.name, "the HCA pod (DRA path)", &got);
+    c.finish().await;
+}
+
+/// The webhook with a certificate of the user's own (`webhook.tls.existingSecret`, what
+/// cert-manager makes; the harness plays cert-manager), on both paths.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn webhook_with_an_existing_secret() {
+    let Some(c) = ChartCluster::install(mode(
+        "webhook.tls.existingSecret",
+        json!({
+            "scheduler": { "mode": "dedicated" },
+            "dra": { "enabled": true },
+            "webhook": { "tls": {
+                "existingSecret": "gpushare-webhook-cert",
+                "injectCaFrom": "kube-system/gpushare-webhook",
+            } },
+        }),
+    ))
+    .await
+    else {
+        return;
+    };
+    run_extender_pods(&c, 1).await;
+    run_dra_pods(&c, 1).await;
+    assert!(
+        c.api.get_object("secrets", Some("kube-system"), "gpushare-webhook-tls").is_none(),
+        "no self-signed Secret with a certificate of the user's own"
+    );
+    c.finish().await;
+}
+
+/// `skipDoctor`: no role runs its preflight, and everything still serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn skip_doctor() {
+    let Some(c) = ChartCluster::install(mode(
+        "skipDoctor",
+        json!({ "skipDoctor": true, "dra": { "enabled": true } }),
+    ))
+    .await
+    else {
+        return;
+    };
+    for p in &c.pods {
+        let log = p.process.log();
+        assert!(
+            !log.contains("gpushare doctor (role:"),
+            "{} ran its preflight: {log}",
+            p.workload
+        );
+    }
+    let roles: Vec<&str> = c.pods.iter().map(|p| p.role.as_str()).collect();
+    for role in ["extender", "device-plugin", "dra-plugin", "webhook"] {
+        assert!(roles.contains(&role), "{role} runs: {roles:?}");
+    }
+    run_extender_pods(&c, 1).await;
+    run_dra_pods(&c, 1).await;
+    c.finish().await;
+}
