@@ -152,7 +152,9 @@ pub(crate) fn parse_spec(spec: &str) -> Result<Vec<GpuDevice>, Error> {
                 )));
             }
             if buses.iter().any(|(_, b)| b.eq_ignore_ascii_case(&bus)) {
-                return Err(Error::Fake(format!("`{spec}`: PCI bus id {bus} appears twice")));
+                return Err(Error::Fake(format!(
+                    "`{spec}`: PCI bus id {bus} appears twice"
+                )));
             }
             buses.push((gpus.len(), bus));
         }

@@ -15,7 +15,9 @@ use std::path::PathBuf;
 use serde_json::{Value, json};
 
 use crate::support::chart_install::{ChartCluster, Mode, SimNodeSpec};
-use crate::support::chart_workloads::{GpuContainer, Handed, gpu_pod, on_dra_path, on_extender_path};
+use crate::support::chart_workloads::{
+    GpuContainer, Handed, gpu_pod, on_dra_path, on_extender_path,
+};
 use crate::support::container_mapping::{Mounts, map_value};
 use crate::support::helm_chart::merged;
 
@@ -120,7 +122,12 @@ fn assert_gpu_handed(mode: &str, pod: &str, got: &BTreeMap<String, Handed>, want
             "{mode}: {pod} {container}: {:?}",
             h.env
         );
-        assert_ne!(env("NVIDIA_VISIBLE_DEVICES"), "<unset>", "{mode}: {pod} {container}: {:?}", h.env);
+        assert_ne!(
+            env("NVIDIA_VISIBLE_DEVICES"),
+            "<unset>",
+            "{mode}: {pod} {container}: {:?}",
+            h.env
+        );
         assert_eq!(
             env("ALIYUN_COM_GPU_MEM_CONTAINER"),
             units.to_string(),
@@ -130,22 +137,42 @@ fn assert_gpu_handed(mode: &str, pod: &str, got: &BTreeMap<String, Handed>, want
         gpus.push(env("ALIYUN_COM_GPU_MEM_IDX"));
     }
     gpus.dedup();
-    assert_eq!(gpus.len(), 1, "{mode}: the containers of {pod} share one GPU: {gpus:?}");
+    assert_eq!(
+        gpus.len(),
+        1,
+        "{mode}: the containers of {pod} share one GPU: {gpus:?}"
+    );
 }
 
 async fn run_extender_pods(c: &ChartCluster, scale: u64) {
     for (pod, want) in pods(EXT_NS, scale) {
-        let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let name = pod["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         let got = on_extender_path(c, &pod).await;
-        assert_gpu_handed(&c.mode.name, &format!("{EXT_NS}/{name} (extender path)"), &got, &want);
+        assert_gpu_handed(
+            &c.mode.name,
+            &format!("{EXT_NS}/{name} (extender path)"),
+            &got,
+            &want,
+        );
     }
 }
 
 async fn run_dra_pods(c: &ChartCluster, scale: u64) {
     for (pod, want) in pods(DRA_NS, scale) {
-        let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let name = pod["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         let got = on_dra_path(c, &pod).await;
-        assert_gpu_handed(&c.mode.name, &format!("{DRA_NS}/{name} (DRA path)"), &got, &want);
+        assert_gpu_handed(
+            &c.mode.name,
+            &format!("{DRA_NS}/{name} (DRA path)"),
+            &got,
+            &want,
+        );
     }
 }
 
@@ -163,11 +190,20 @@ fn the_mapping_table_maps_paths_by_the_longest_mount_and_container_ports() {
     );
     let ports = BTreeMap::from([(9102, 40000)]);
     for (value, mapped) in [
-        ("--plugin-dir=/var/lib/kubelet/plugins/x", "--plugin-dir=/h/p"),
+        (
+            "--plugin-dir=/var/lib/kubelet/plugins/x",
+            "--plugin-dir=/h/p",
+        ),
         ("/var/lib/kubelet/a.sock", "/h/k/a.sock"),
         ("--config=/etc/x.toml", "--config=/r/etc/x.toml"),
-        ("--cdi-spec-dirs=/etc/cdi,/var/lib/kubelet/cdi", "--cdi-spec-dirs=/r/etc/cdi,/h/k/cdi"),
-        ("--admin-address=0.0.0.0:9102", "--admin-address=0.0.0.0:40000"),
+        (
+            "--cdi-spec-dirs=/etc/cdi,/var/lib/kubelet/cdi",
+            "--cdi-spec-dirs=/r/etc/cdi,/h/k/cdi",
+        ),
+        (
+            "--admin-address=0.0.0.0:9102",
+            "--admin-address=0.0.0.0:40000",
+        ),
         ("--port=9102", "--port=40000"),
         ("--port=9103", "--port=9103"),
         ("--memory-unit=GiB", "--memory-unit=GiB"),
@@ -189,8 +225,11 @@ async fn extender_mode() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dedicated_mode() {
-    let Some(c) =
-        ChartCluster::install(mode("dedicated", json!({ "scheduler": { "mode": "dedicated" } }))).await
+    let Some(c) = ChartCluster::install(mode(
+        "dedicated",
+        json!({ "scheduler": { "mode": "dedicated" } }),
+    ))
+    .await
     else {
         return;
     };
@@ -200,7 +239,11 @@ async fn dedicated_mode() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn extender_mode_with_dra() {
-    let Some(c) = ChartCluster::install(mode("extender + DRA", json!({ "dra": { "enabled": true } }))).await
+    let Some(c) = ChartCluster::install(mode(
+        "extender + DRA",
+        json!({ "dra": { "enabled": true } }),
+    ))
+    .await
     else {
         return;
     };
@@ -237,7 +280,10 @@ async fn dra_with_another_driver_name() {
     run_dra_pods(&c, 1).await;
     let slices = c.api.list_objects("resourceslices", None);
     assert!(
-        !slices.is_empty() && slices.iter().all(|s| s["spec"]["driver"] == "gpu.example.com"),
+        !slices.is_empty()
+            && slices
+                .iter()
+                .all(|s| s["spec"]["driver"] == "gpu.example.com"),
         "{slices:?}"
     );
     c.finish().await;
@@ -261,7 +307,10 @@ async fn mib_units_on_both_paths() {
 /// A pod asking GPU memory, an HCA and a generic device in one container.
 fn hca_pod(ns: &str) -> Value {
     let mut c = GpuContainer::app("main", 4);
-    c.devices = vec![("gpushare.io/rdma".into(), 1), ("example.com/fuse".into(), 1)];
+    c.devices = vec![
+        ("gpushare.io/rdma".into(), 1),
+        ("example.com/fuse".into(), 1),
+    ];
     gpu_pod("with-hca", ns, &[c])
 }
 
@@ -269,10 +318,15 @@ fn assert_devices_handed(mode: &str, pod: &str, got: &BTreeMap<String, Handed>) 
     assert_gpu_handed(mode, pod, got, &[("main", 4)]);
     let nodes = &got["main"].device_nodes;
     assert!(
-        nodes.iter().any(|n| n.starts_with("/dev/infiniband/uverbs")),
+        nodes
+            .iter()
+            .any(|n| n.starts_with("/dev/infiniband/uverbs")),
         "{mode}: {pod} gets its HCA: {nodes:?}"
     );
-    assert!(nodes.iter().any(|n| n == "/dev/fuse"), "{mode}: {pod} gets /dev/fuse: {nodes:?}");
+    assert!(
+        nodes.iter().any(|n| n == "/dev/fuse"),
+        "{mode}: {pod} gets /dev/fuse: {nodes:?}"
+    );
 }
 
 /// RDMA HCAs and a generic device beside the GPUs, on both paths: the recorded HGX H100 tree
@@ -326,7 +380,9 @@ async fn webhook_with_an_existing_secret() {
     run_extender_pods(&c, 1).await;
     run_dra_pods(&c, 1).await;
     assert!(
-        c.api.get_object("secrets", Some("kube-system"), "gpushare-webhook-tls").is_none(),
+        c.api
+            .get_object("secrets", Some("kube-system"), "gpushare-webhook-tls")
+            .is_none(),
         "no self-signed Secret with a certificate of the user's own"
     );
     c.finish().await;

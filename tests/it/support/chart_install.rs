@@ -166,7 +166,10 @@ fn schedules_on(spec: &PodSpec, labels: &BTreeMap<String, String>) -> bool {
         .affinity
         .as_ref()
         .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
         .map(|r| r.node_selector_terms.clone());
     let affinity = terms.is_none_or(|terms| {
         terms.iter().any(|t| {
@@ -312,7 +315,13 @@ impl ChartCluster {
             .into_iter()
             .map(|c| {
                 let j = serde_json::to_value(c).expect("json");
-                (j["metadata"]["name"].as_str().unwrap_or_default().to_string(), j)
+                (
+                    j["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    j,
+                )
             })
             .collect()
     }
@@ -322,7 +331,15 @@ impl ChartCluster {
         self.api
             .list_objects("secrets", Some(NAMESPACE))
             .into_iter()
-            .map(|s| (s["metadata"]["name"].as_str().unwrap_or_default().to_string(), s))
+            .map(|s| {
+                (
+                    s["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    s,
+                )
+            })
             .collect()
     }
 
@@ -344,8 +361,12 @@ impl ChartCluster {
                     .and_then(|s| s.template.spec),
                 _ => continue,
             };
-            let spec = spec.unwrap_or_else(|| panic!("{kind} {name} of {} has no pod spec", r.template));
-            let runs_gpushare = spec.containers.iter().any(|c| c.image.as_deref() == Some(&image));
+            let spec =
+                spec.unwrap_or_else(|| panic!("{kind} {name} of {} has no pod spec", r.template));
+            let runs_gpushare = spec
+                .containers
+                .iter()
+                .any(|c| c.image.as_deref() == Some(&image));
             if !runs_gpushare {
                 continue;
             }
@@ -360,26 +381,45 @@ impl ChartCluster {
                     .collect()
             };
             for node in nodes {
-                planned.push((format!("{kind}/{name}"), r.template.clone(), spec.clone(), node));
+                planned.push((
+                    format!("{kind}/{name}"),
+                    r.template.clone(),
+                    spec.clone(),
+                    node,
+                ));
             }
         }
         let config_maps = self.config_maps();
         let secrets = self.secrets();
         for (workload, template, spec, node) in planned {
-            let pod = self.start_pod(&workload, &template, &spec, &node, &image, &config_maps, &secrets);
+            let pod = self.start_pod(
+                &workload,
+                &template,
+                &spec,
+                &node,
+                &image,
+                &config_maps,
+                &secrets,
+            );
             self.pods.push(pod);
         }
     }
 
     fn gpushare_image(&self) -> String {
         let v = &self.mode.values["image"];
-        let repo = v["repository"].as_str().unwrap_or("ghcr.io/gpushare/gpushare");
+        let repo = v["repository"]
+            .as_str()
+            .unwrap_or("ghcr.io/gpushare/gpushare");
         let deployment = self
             .installed
             .find("Deployment", "gpushare-schd-extender")
             .map(|d| serde_json::to_value(d).expect("json"));
         deployment
-            .and_then(|d| d["spec"]["template"]["spec"]["containers"][0]["image"].as_str().map(str::to_string))
+            .and_then(|d| {
+                d["spec"]["template"]["spec"]["containers"][0]["image"]
+                    .as_str()
+                    .map(str::to_string)
+            })
             .unwrap_or_else(|| repo.to_string())
     }
 
@@ -465,8 +505,8 @@ impl ChartCluster {
             namespace: NAMESPACE,
             node,
         };
-        let mut env = container_mapping::environment(c, &facts, &mounts, &ports)
-            .unwrap_or_else(|e| fail(e));
+        let mut env =
+            container_mapping::environment(c, &facts, &mounts, &ports).unwrap_or_else(|e| fail(e));
         let added = container_mapping::mapped_defaults(&env, &mounts, &sysfs, &kubeconfig);
         env.extend(added);
         let role = c.args.iter().flatten().next().cloned().unwrap_or_default();
@@ -536,7 +576,9 @@ impl ChartCluster {
                     let pod = &mut self.pods[i];
                     pod.process
                         .wait_for("its registration with the kubelet", READY_WITHIN, || {
-                            dra.plugins().iter().any(|p| p.driver == driver && p.registered)
+                            dra.plugins()
+                                .iter()
+                                .any(|p| p.driver == driver && p.registered)
                         })
                         .await;
                 }
@@ -552,15 +594,19 @@ impl ChartCluster {
     async fn wait_ca_bundles(&mut self) {
         let api = &self.api;
         let bundled = || {
-            ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"]
-                .iter()
-                .all(|r| {
-                    api.get_object(r, None, "gpushare-webhook").is_some_and(|c| {
+            [
+                "mutatingwebhookconfigurations",
+                "validatingwebhookconfigurations",
+            ]
+            .iter()
+            .all(|r| {
+                api.get_object(r, None, "gpushare-webhook")
+                    .is_some_and(|c| {
                         c["webhooks"][0]["clientConfig"]["caBundle"]
                             .as_str()
                             .is_some_and(|b| !b.is_empty())
                     })
-                })
+            })
         };
         let webhook = self
             .pods
@@ -569,7 +615,11 @@ impl ChartCluster {
             .expect("the webhook");
         webhook
             .process
-            .wait_for("the caBundle of both webhook configurations", READY_WITHIN, bundled)
+            .wait_for(
+                "the caBundle of both webhook configurations",
+                READY_WITHIN,
+                bundled,
+            )
             .await;
     }
 
@@ -599,9 +649,12 @@ impl ChartCluster {
         for n in &self.nodes {
             let mut resources = serde_json::Map::new();
             resources.insert("cpu".into(), json!("8"));
-            for resource in [wire::RESOURCE_GPU_MEM.to_string(), "gpushare.io/rdma".to_string()]
-                .into_iter()
-                .chain(self.generic_resources())
+            for resource in [
+                wire::RESOURCE_GPU_MEM.to_string(),
+                "gpushare.io/rdma".to_string(),
+            ]
+            .into_iter()
+            .chain(self.generic_resources())
             {
                 let count = n.kubelet.devices(&resource).len();
                 if count > 0 {
@@ -633,6 +686,18 @@ impl ChartCluster {
         for p in &mut self.pods {
             p.process.assert_running();
         }
+        let findings = self.refusals();
+        assert!(
+            findings.is_empty(),
+            "mode {}: the API server refused requests of the chart's roles:\n{}",
+            self.mode.name,
+            findings.join("\n")
+        );
+    }
+
+    /// Each request of a role's ServiceAccount refused for its identity (401) or its RBAC
+    /// (403), with the RBAC objects rendered for that ServiceAccount.
+    pub(crate) fn refusals(&self) -> Vec<String> {
         let mut findings = Vec::new();
         for r in self.api.requests() {
             let Some(status) = r.status.filter(|s| *s == 401 || *s == 403) else {
@@ -650,23 +715,24 @@ impl ChartCluster {
                 pod.template,
                 r.method,
                 r.path,
-                if r.query.is_empty() { String::new() } else { format!("?{}", r.query) }
+                if r.query.is_empty() {
+                    String::new()
+                } else {
+                    format!("?{}", r.query)
+                }
             ));
             findings.push(self.rbac_of(&pod.service_account));
         }
         findings.dedup();
-        assert!(
-            findings.is_empty(),
-            "mode {}: the API server refused requests of the chart's roles:\n{}",
-            self.mode.name,
-            findings.join("\n")
-        );
+        findings
     }
 
     /// The rendered RBAC of ServiceAccount `sa`: each binding naming it and the rules of the
     /// role it binds, with their templates.
     fn rbac_of(&self, sa: &str) -> String {
-        let mut out = vec![format!("  the RBAC the chart renders for ServiceAccount {sa}:")];
+        let mut out = vec![format!(
+            "  the RBAC the chart renders for ServiceAccount {sa}:"
+        )];
         for b in &self.installed.objects {
             let kind = b.object["kind"].as_str().unwrap_or_default();
             if kind != "RoleBinding" && kind != "ClusterRoleBinding" {
@@ -691,9 +757,14 @@ impl ChartCluster {
                 r.object["kind"].as_str() == Some(role_kind)
                     && r.object["metadata"]["name"].as_str() == Some(role_name)
             }) {
-                let rules = serde_json::to_string(&serde_json::to_value(&role.object["rules"]).unwrap_or_default())
-                    .unwrap_or_default();
-                out.push(format!("      rules of {} ({}): {rules}", role_name, role.template));
+                let rules = serde_json::to_string(
+                    &serde_json::to_value(&role.object["rules"]).unwrap_or_default(),
+                )
+                .unwrap_or_default();
+                out.push(format!(
+                    "      rules of {} ({}): {rules}",
+                    role_name, role.template
+                ));
             }
         }
         out.join("\n")
@@ -733,12 +804,12 @@ async fn wait_http_ready(pod: &mut RolePod, addr: SocketAddr) {
 /// Secret for `gpushare-webhook.<ns>.svc` signed by it, and the CA injected into both webhook
 /// configurations (the chart's `cert-manager.io/inject-ca-from` annotation).
 async fn play_cert_manager(api: &ApiServer, secret: &str) {
+    use base64::Engine as _;
+    use gpushare::webhook::certs;
     use k8s_openapi::api::admissionregistration::v1::{
         MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
     };
     use kube::api::{Patch, PatchParams};
-    use base64::Engine as _;
-    use gpushare::webhook::certs;
     let now = std::time::SystemTime::now();
     let ca = certs::issue_ca(now, Duration::from_secs(86_400)).expect("a CA");
     let serving = certs::issue_serving(
@@ -758,26 +829,42 @@ async fn play_cert_manager(api: &ApiServer, secret: &str) {
     let params = PatchParams::default();
     let mutating: kube::Api<MutatingWebhookConfiguration> = kube::Api::all(api.admin_client());
     let mut hooks = serde_json::to_value(
-        mutating.get("gpushare-webhook").await.expect("the mutating configuration").webhooks,
+        mutating
+            .get("gpushare-webhook")
+            .await
+            .expect("the mutating configuration")
+            .webhooks,
     )
     .expect("json");
     for h in hooks.as_array_mut().into_iter().flatten() {
         h["clientConfig"]["caBundle"] = json!(b64(&ca.cert));
     }
     mutating
-        .patch("gpushare-webhook", &params, &Patch::Merge(&json!({ "webhooks": hooks })))
+        .patch(
+            "gpushare-webhook",
+            &params,
+            &Patch::Merge(&json!({ "webhooks": hooks })),
+        )
         .await
         .expect("the CA injected");
     let validating: kube::Api<ValidatingWebhookConfiguration> = kube::Api::all(api.admin_client());
     let mut hooks = serde_json::to_value(
-        validating.get("gpushare-webhook").await.expect("the validating configuration").webhooks,
+        validating
+            .get("gpushare-webhook")
+            .await
+            .expect("the validating configuration")
+            .webhooks,
     )
     .expect("json");
     for h in hooks.as_array_mut().into_iter().flatten() {
         h["clientConfig"]["caBundle"] = json!(b64(&ca.cert));
     }
     validating
-        .patch("gpushare-webhook", &params, &Patch::Merge(&json!({ "webhooks": hooks })))
+        .patch(
+            "gpushare-webhook",
+            &params,
+            &Patch::Merge(&json!({ "webhooks": hooks })),
+        )
         .await
         .expect("the CA injected");
 }

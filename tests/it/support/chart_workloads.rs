@@ -98,9 +98,15 @@ async fn create(c: &ChartCluster, pod: &Value) -> Pod {
     let ns = pod["metadata"]["namespace"].as_str().unwrap_or("default");
     let api: Api<Pod> = Api::namespaced(c.api.admin_client(), ns);
     let typed: Pod = serde_json::from_value(pod.clone()).expect("a pod");
-    api.create(&PostParams::default(), &typed)
-        .await
-        .unwrap_or_else(|e| panic!("mode {}: the pod {ns}/{} is refused: {e}", c.mode.name, typed.metadata.name.unwrap_or_default()))
+    match api.create(&PostParams::default(), &typed).await {
+        Ok(pod) => pod,
+        Err(e) => panic!(
+            "mode {}: the pod {ns}/{} is refused: {e}\n{}",
+            c.mode.name,
+            typed.metadata.name.unwrap_or_default(),
+            c.refusals().join("\n")
+        ),
+    }
 }
 
 /// The text of a rendered object: its template, kind and name.
@@ -108,7 +114,10 @@ fn where_from(c: &ChartCluster, kind: &str, name: &str) -> String {
     c.installed
         .objects
         .iter()
-        .find(|r| r.object["kind"].as_str() == Some(kind) && r.object["metadata"]["name"].as_str() == Some(name))
+        .find(|r| {
+            r.object["kind"].as_str() == Some(kind)
+                && r.object["metadata"]["name"].as_str() == Some(name)
+        })
         .map(|r| format!("{kind} {name} ({})", r.template))
         .unwrap_or_else(|| format!("{kind} {name} (not rendered)"))
 }
@@ -132,7 +141,10 @@ fn scheduler_configuration(c: &ChartCluster) -> (Value, String) {
     let text = cm["data"]["scheduler-config.yaml"]
         .as_str()
         .expect("scheduler-config.yaml");
-    (yaml_serde::from_str(text).expect("a KubeSchedulerConfiguration"), where_from(c, "ConfigMap", &name))
+    (
+        yaml_serde::from_str(text).expect("a KubeSchedulerConfiguration"),
+        where_from(c, "ConfigMap", &name),
+    )
 }
 
 /// The extender pod's address that `url` (the configuration's `urlPrefix`) reaches through
@@ -140,25 +152,39 @@ fn scheduler_configuration(c: &ChartCluster) -> (Value, String) {
 fn resolve_extender(c: &ChartCluster, url: &str, source: &str) -> (SocketAddr, String) {
     let rest = url.split_once("://").map(|(_, r)| r).unwrap_or(url);
     let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-    let (host, port) = authority.rsplit_once(':').expect("a port in the extender URL");
+    let (host, port) = authority
+        .rsplit_once(':')
+        .expect("a port in the extender URL");
     let port: i32 = port.parse().expect("a numeric port");
     let services = c.installed.of_kind("Service");
     let service = services
         .iter()
         .find(|s| {
             let name = s["metadata"]["name"].as_str().unwrap_or_default();
-            let by_name = host == format!("{name}.{NAMESPACE}.svc") || host == format!("{name}.{NAMESPACE}.svc.cluster.local");
-            s["spec"]["ports"].as_sequence().into_iter().flatten().any(|p| {
-                (by_name && p["port"].as_i64() == Some(port.into()))
-                    || (host == "127.0.0.1" && p["nodePort"].as_i64() == Some(port.into()))
-            })
+            let by_name = host == format!("{name}.{NAMESPACE}.svc")
+                || host == format!("{name}.{NAMESPACE}.svc.cluster.local");
+            s["spec"]["ports"]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+                .any(|p| {
+                    (by_name && p["port"].as_i64() == Some(port.into()))
+                        || (host == "127.0.0.1" && p["nodePort"].as_i64() == Some(port.into()))
+                })
         })
-        .unwrap_or_else(|| panic!("mode {}: {url} of {source} reaches no rendered Service", c.mode.name));
+        .unwrap_or_else(|| {
+            panic!(
+                "mode {}: {url} of {source} reaches no rendered Service",
+                c.mode.name
+            )
+        });
     let sp = service["spec"]["ports"]
         .as_sequence()
         .into_iter()
         .flatten()
-        .find(|p| p["port"].as_i64() == Some(port.into()) || p["nodePort"].as_i64() == Some(port.into()))
+        .find(|p| {
+            p["port"].as_i64() == Some(port.into()) || p["nodePort"].as_i64() == Some(port.into())
+        })
         .expect("the Service port");
     let extender = c
         .pods
@@ -170,7 +196,12 @@ fn resolve_extender(c: &ChartCluster, url: &str, source: &str) -> (SocketAddr, S
         v => *extender
             .port_names
             .get(v.as_str().unwrap_or_default())
-            .unwrap_or_else(|| panic!("mode {}: targetPort {v:?} names no port of the extender", c.mode.name)),
+            .unwrap_or_else(|| {
+                panic!(
+                    "mode {}: targetPort {v:?} names no port of the extender",
+                    c.mode.name
+                )
+            }),
     };
     assert!(
         extender.ports.contains_key(&target),
@@ -189,11 +220,17 @@ pub(crate) async fn on_extender_path(c: &ChartCluster, pod: &Value) -> BTreeMap<
     let spec = created.spec.clone().expect("a pod spec");
     let dedicated = c.mode.values["scheduler"]["mode"] == "dedicated";
     let want_scheduler = if dedicated {
-        c.mode.values["scheduler"]["name"].as_str().unwrap_or("gpushare-scheduler").to_string()
+        c.mode.values["scheduler"]["name"]
+            .as_str()
+            .unwrap_or("gpushare-scheduler")
+            .to_string()
     } else {
         "default-scheduler".to_string()
     };
-    let got_scheduler = spec.scheduler_name.clone().unwrap_or_else(|| "default-scheduler".into());
+    let got_scheduler = spec
+        .scheduler_name
+        .clone()
+        .unwrap_or_else(|| "default-scheduler".into());
     assert_eq!(
         got_scheduler,
         want_scheduler,
@@ -210,11 +247,23 @@ pub(crate) async fn on_extender_path(c: &ChartCluster, pod: &Value) -> BTreeMap<
     let extender = &config["extenders"][0];
     let url = extender["urlPrefix"].as_str().expect("urlPrefix");
     let (addr, prefix) = resolve_extender(c, url, &source);
-    let verb = |v: &str| format!("{}/{}", prefix.trim_end_matches('/'), extender[v].as_str().unwrap_or(v));
+    let verb = |v: &str| {
+        format!(
+            "{}/{}",
+            prefix.trim_end_matches('/'),
+            extender[v].as_str().unwrap_or(v)
+        )
+    };
     let total: u64 = spec
         .containers
         .iter()
-        .filter_map(|ctr| ctr.resources.as_ref()?.limits.as_ref()?.get(wire::RESOURCE_GPU_MEM))
+        .filter_map(|ctr| {
+            ctr.resources
+                .as_ref()?
+                .limits
+                .as_ref()?
+                .get(wire::RESOURCE_GPU_MEM)
+        })
         .filter_map(|q| q.0.parse::<u64>().ok())
         .sum();
     let candidates: Vec<String> = c
@@ -278,7 +327,12 @@ pub(crate) async fn on_extender_path(c: &ChartCluster, pod: &Value) -> BTreeMap<
         .get_as::<Pod>("pods", Some(&ns), &name)
         .and_then(|p| p.spec)
         .and_then(|s| s.node_name);
-    assert_eq!(bound.as_deref(), Some(node.as_str()), "mode {}: {ns}/{name} bound", c.mode.name);
+    assert_eq!(
+        bound.as_deref(),
+        Some(node.as_str()),
+        "mode {}: {ns}/{name} bound",
+        c.mode.name
+    );
     let kubelet = &c.node(&node).kubelet;
     let mut out = BTreeMap::new();
     let ordered = spec
@@ -333,7 +387,9 @@ pub(crate) async fn on_dra_path(c: &ChartCluster, pod: &Value) -> BTreeMap<Strin
         c.mode.name,
         where_from(c, "MutatingWebhookConfiguration", "gpushare-webhook"),
         where_from(c, "Deployment", "gpushare-webhook"),
-        c.api.get_object("namespaces", None, &ns).map(|n| n["metadata"]["labels"].clone())
+        c.api
+            .get_object("namespaces", None, &ns)
+            .map(|n| n["metadata"]["labels"].clone())
     );
     let allocator = DraAllocator::new(c.api.admin_client());
     let end = tokio::time::Instant::now() + SCHEDULE_WITHIN;
@@ -357,14 +413,29 @@ pub(crate) async fn on_dra_path(c: &ChartCluster, pod: &Value) -> BTreeMap<Strin
                 .objects
                 .iter()
                 .filter(|r| r.object["kind"] == "DeviceClass")
-                .map(|r| format!("{} ({}): {:?}", r.object["metadata"]["name"].as_str().unwrap_or_default(), r.template, r.object["spec"]["selectors"]))
+                .map(|r| {
+                    format!(
+                        "{} ({}): {:?}",
+                        r.object["metadata"]["name"].as_str().unwrap_or_default(),
+                        r.template,
+                        r.object["spec"]["selectors"]
+                    )
+                })
                 .collect();
             panic!(
                 "mode {}: pod {key} rewritten into an unschedulable claim: {:?}\nthe claim templates: {:?}\nthe DeviceClasses: {classes:#?}\nthe slices: {:?}",
                 c.mode.name,
                 pass.pending.iter().find(|(p, _)| *p == key),
-                c.api.list_objects("resourceclaimtemplates", Some(&ns)).iter().map(|t| t["spec"].clone()).collect::<Vec<_>>(),
-                c.api.list_objects("resourceslices", None).iter().map(|s| s["spec"].clone()).collect::<Vec<_>>(),
+                c.api
+                    .list_objects("resourceclaimtemplates", Some(&ns))
+                    .iter()
+                    .map(|t| t["spec"].clone())
+                    .collect::<Vec<_>>(),
+                c.api
+                    .list_objects("resourceslices", None)
+                    .iter()
+                    .map(|s| s["spec"].clone())
+                    .collect::<Vec<_>>(),
             );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -374,7 +445,12 @@ pub(crate) async fn on_dra_path(c: &ChartCluster, pod: &Value) -> BTreeMap<Strin
         .dra_kubelet
         .prepare_pod(&ns, &name)
         .await
-        .unwrap_or_else(|e| panic!("mode {}: kubelet cannot prepare {ns}/{name}: {e:#}", c.mode.name));
+        .unwrap_or_else(|e| {
+            panic!(
+                "mode {}: kubelet cannot prepare {ns}/{name}: {e:#}",
+                c.mode.name
+            )
+        });
     let cdi_dir = sim.host.join("var/run/cdi");
     let specs = read_cdi(&cdi_dir);
     let mut by_request: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -383,7 +459,10 @@ pub(crate) async fn on_dra_path(c: &ChartCluster, pod: &Value) -> BTreeMap<Strin
             ClaimOutcome::Prepared(devices) => {
                 for d in devices {
                     for r in &d.request_names {
-                        by_request.entry(r.clone()).or_default().extend(d.cdi_device_ids.clone());
+                        by_request
+                            .entry(r.clone())
+                            .or_default()
+                            .extend(d.cdi_device_ids.clone());
                     }
                 }
             }
@@ -394,7 +473,12 @@ pub(crate) async fn on_dra_path(c: &ChartCluster, pod: &Value) -> BTreeMap<Strin
         }
     }
     let mut out = BTreeMap::new();
-    for ctr in spec.init_containers.iter().flatten().chain(spec.containers.iter()) {
+    for ctr in spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+    {
         let claims = ctr
             .resources
             .as_ref()
@@ -405,7 +489,12 @@ pub(crate) async fn on_dra_path(c: &ChartCluster, pod: &Value) -> BTreeMap<Strin
             let request = cl.request.clone().unwrap_or_default();
             for id in by_request.get(&request).into_iter().flatten() {
                 let edits = specs.get(id).unwrap_or_else(|| {
-                    panic!("mode {}: CDI device {id} of {ns}/{name} {} is in no spec of {}", c.mode.name, ctr.name, cdi_dir.display())
+                    panic!(
+                        "mode {}: CDI device {id} of {ns}/{name} {} is in no spec of {}",
+                        c.mode.name,
+                        ctr.name,
+                        cdi_dir.display()
+                    )
                 });
                 for e in edits["env"].as_array().into_iter().flatten() {
                     if let Some((k, v)) = e.as_str().and_then(|e| e.split_once('=')) {

@@ -133,7 +133,12 @@ fn volume_dir(v: &Volume, src: &VolumeSources<'_>) -> Result<PathBuf, CannotStar
             .as_object()
             .into_iter()
             .flatten()
-            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().as_bytes().to_vec()))
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    v.as_str().unwrap_or_default().as_bytes().to_vec(),
+                )
+            })
             .collect();
         return write_keys(data);
     }

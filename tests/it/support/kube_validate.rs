@@ -52,7 +52,11 @@ pub(crate) fn assert_valid_at_every_version(objects: &[Checked<'_>]) -> Option<V
                 "{} at Kubernetes {}: {}{}",
                 r["name"].as_str().unwrap_or_default(),
                 r["version"].as_str().unwrap_or_default(),
-                if r["missing_schema"] == true { "no schema for its kind: " } else { "" },
+                if r["missing_schema"] == true {
+                    "no schema for its kind: "
+                } else {
+                    ""
+                },
                 r["error"].as_str().unwrap_or_default()
             )
         })
