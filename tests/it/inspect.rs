@@ -117,6 +117,26 @@ fn golden_heterogeneous_gpus() {
 
 /// DRA allocations (slices and claims) in the same table as the annotation ledger; HCAs and
 /// generic devices on the DRA path in the table of other devices.
+/// The DRA objects of another driver name (`dra.driverName`, `--driver-name`) are read when
+/// inspect is told that name, and only then.
+#[test]
+fn another_dra_driver_is_read_when_named() {
+    let text = std::fs::read_to_string(fixture("inspect/dra.yaml"))
+        .expect("fixture readable")
+        .replace("gpushare.io", "gpu.example.com");
+    let (nodes, pods) = cluster_from_yaml(&text).expect("fixture parses");
+    let dra = DraCluster::from_yaml(&text).expect("DRA objects parse");
+    let default = Report::from_cluster_with_dra(&nodes, &pods, &dra, None);
+    assert_eq!(default.nodes.len(), 1, "the default driver's objects only");
+    let named =
+        Report::from_cluster_with_dra(&nodes, &pods, &dra.with_driver("gpu.example.com"), None);
+    let node2 = &named.nodes[1];
+    assert_eq!(
+        (node2.name.as_str(), node2.total, node2.used),
+        ("node-2", 32, 11)
+    );
+}
+
 #[test]
 fn golden_dra_allocations_beside_the_annotation_ledger() {
     let text = std::fs::read_to_string(fixture("inspect/dra.yaml")).expect("fixture readable");
