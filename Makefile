@@ -70,7 +70,7 @@ docs: ## the documentation site into target/site (MkDocs pinned in docs/requirem
 	@echo "docs: target/site/index.html"
 
 VENV ?= .venv
-clients: ## the outside clients the tests drive, pinned: grpcio, grpcio-tools, helm-python-sdk into $(VENV), checkov into .venv-checkov (promtool: apt-get install prometheus); any failure fails
+clients: ## the outside clients the tests drive, pinned: grpcio, grpcio-tools, helm-python-sdk, kubernetes-validate into $(VENV), checkov into .venv-checkov (promtool: apt-get install prometheus); any failure fails
 	@VENV=$(VENV) tests/clients/install.sh
 
 test-clients: ## what `make test` installs first: as `make clients`, but a client that cannot be installed only makes its tests print SKIPPED (strict under CI)

@@ -770,9 +770,49 @@ impl ChartCluster {
         out.join("\n")
     }
 
-    /// Checks that nothing was refused, stops every role and the sandbox.
+    /// What the roles created in the API as they ran (ResourceSlices, ResourceClaimTemplates,
+    /// Leases, Secrets, Events), each checked as the rendered objects are: every Kubernetes
+    /// version's schema from 1.34 on, strictly.
+    fn assert_created_objects_valid(&self) {
+        let mut created: Vec<(String, Value)> = Vec::new();
+        for (resource, namespace) in [
+            ("resourceslices", None),
+            ("resourceclaimtemplates", None),
+            ("leases", Some(NAMESPACE)),
+            ("secrets", Some(NAMESPACE)),
+            ("events.events.k8s.io", None),
+        ] {
+            for o in self.api.list_objects(resource, namespace) {
+                let label = format!(
+                    "created at run time: {} {}/{}",
+                    o["kind"].as_str().unwrap_or(resource),
+                    o["metadata"]["namespace"].as_str().unwrap_or_default(),
+                    o["metadata"]["name"].as_str().unwrap_or_default()
+                );
+                created.push((label, o));
+            }
+        }
+        assert!(
+            created.iter().any(|(label, _)| label.contains("Lease")),
+            "mode {}: the extender's Lease was made: {:?}",
+            self.mode.name,
+            created.iter().map(|(l, _)| l).collect::<Vec<_>>()
+        );
+        let checked: Vec<Checked<'_>> = created
+            .iter()
+            .map(|(label, object)| Checked {
+                label: label.clone(),
+                object,
+            })
+            .collect();
+        kube_validate::assert_valid_at_every_version(&checked);
+    }
+
+    /// Checks that nothing was refused and that what the roles created is valid, stops every
+    /// role and the sandbox.
     pub(crate) async fn finish(mut self) {
         self.assert_no_refusals();
+        self.assert_created_objects_valid();
         self.pods.clear();
         for n in self.nodes.drain(..) {
             n.kubelet.stop().await;
