@@ -92,7 +92,7 @@ test-cluster: ## the #[ignore]d cluster_* tests against the cluster $KUBECONFIG 
 	@[ -n "$$KUBECONFIG" ] || { echo "test-cluster: KUBECONFIG is not set: there is no cluster to test against (kind create cluster --config tests/cluster/kind.yaml)" >&2; exit 1; }
 	@GPUSHARE_TEST_NO_SKIP=1 CARGO="$(CARGO)" tests/suite.sh --require-tests $(CI_FLAGS) --test it -- --ignored cluster_
 
-test-gpu: ## the #[ignore]d gpu_* tests on a machine with NVIDIA GPUs, then the CUDA memory limiter's conformance table; fails when no test ran (a skip fails)
+test-gpu: ## the #[ignore]d gpu_* tests on a machine with NVIDIA GPUs (driver enforcement: R615+, cgroup v2, root; tests/gpu/enforcement.sh), then the CUDA memory limiter's conformance table; fails when no test ran (a skip fails)
 	@GPUSHARE_TEST_NO_SKIP=1 CARGO="$(CARGO)" tests/suite.sh --require-tests $(CI_FLAGS) --test it -- --ignored gpu_
 	@$(MAKE) --no-print-directory test-gpu-limiter
 

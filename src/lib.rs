@@ -1,5 +1,6 @@
 //! gpushare: GPU memory sharing for Kubernetes, as one binary whose subcommands are its roles:
-//! `extender`, `device-plugin`, `dra-plugin`, `webhook`, `inspect` and `doctor`.
+//! `extender`, `device-plugin`, `dra-plugin`, `webhook`, `inspect` and `doctor` (and
+//! `cdi-hook`, which the container runtime runs).
 //!
 //! A wire-compatible successor of Aliyun's gpushare (scheduler extender, device plugin,
 //! `kubectl inspect gpushare`), plus `doctor`, a preflight for nodes and control planes, the
@@ -32,13 +33,15 @@
 //!   `gpushare demo`, linked only with the `demo` feature);
 //! - infrastructure every role may use: [`buildinfo`], [`config`], [`telemetry`],
 //!   [`shutdown`], [`failure`] (exit statuses, error text), [`admin`], [`exposition`],
-//!   [`http_server`], [`outbound`] (the one HTTP client), [`k8s`], [`gpu`], [`node`] (the GPU
+//!   [`http_server`], [`outbound`] (the one HTTP client), [`k8s`], [`cgroup`] (a process's
+//!   cgroup v2 leaf and what the tree offers), [`gpu`], [`node`] (the GPU
 //!   node agent the node roles share), and the device kinds beside the GPU: [`pcie`]
 //!   (topology), [`rdma`] (HCAs), [`devices`] (configuration, generic devices, the hand-over
 //!   to a container);
 //! - the roles, which never import each other: [`extender`], [`deviceplugin`], [`inspect`],
 //!   [`doctor`], [`webhook`] (admission webhook: managed clusters and the DRA rewrite),
-//!   [`dra`] (the DRA kubelet plugin, `dra-plugin`);
+//!   [`cdi_hook`] (the CDI hook the container runtime runs to set a container's GPU memory
+//!   limit), [`dra`] (the DRA kubelet plugin, `dra-plugin`);
 //! - the composers: [`cli`] (the only dispatch to the roles, and the preflight) and `demo`.
 
 pub use gpushare_core as core;
@@ -46,6 +49,8 @@ pub use gpushare_kubelet_api as kubelet_api;
 
 pub mod admin;
 pub mod buildinfo;
+pub mod cdi_hook;
+pub mod cgroup;
 pub mod cli;
 pub mod config;
 #[cfg(feature = "demo")]

@@ -35,6 +35,7 @@ const INFRA: &[&str] = &[
     "http_server",
     "admin",
     "k8s",
+    "cgroup",
     "gpu",
     "pcie",
     "rdma",
@@ -43,6 +44,7 @@ const INFRA: &[&str] = &[
 ];
 /// The roles: never import each other.
 const ROLES: &[&str] = &[
+    "cdi_hook",
     "deviceplugin",
     "doctor",
     "dra",

@@ -18,6 +18,9 @@
 //!   extended resource, with the GPUs' PCI places (read with [`PreparedAgent::with_devices`]);
 //! - the container contract ([`contract`]): (GPU, units, strategy) → envs, mounts, device
 //!   nodes, CDI names. Pure.
+//! - GPU memory enforcement ([`enforcement`]): which mechanism each path's containers get
+//!   (the driver's per-cgroup limits through a CDI hook, MPS, none), and the readback of every
+//!   served container's limit.
 //!
 //! It does not speak any kubelet protocol (registration, ListAndWatch, Allocate, DRA gRPC:
 //! those are the roles'), match pods to containers, or serve metrics of its own (the roles
@@ -33,6 +36,7 @@
 pub mod api;
 mod args;
 pub mod contract;
+pub mod enforcement;
 pub mod gpus;
 pub mod health;
 pub mod kinds;
@@ -236,6 +240,7 @@ pub struct NodeAgent {
     unit_refused: Option<String>,
     kinds: kinds::DeviceKinds,
     writes: NodeWrites,
+    enforcement: Arc<enforcement::Enforcer>,
 }
 
 impl std::fmt::Debug for NodeAgent {
@@ -260,6 +265,7 @@ pub struct PreparedAgent {
     unit_refused: Option<String>,
     kinds: kinds::DeviceKinds,
     writes: NodeWrites,
+    enforcement: Arc<enforcement::Enforcer>,
 }
 
 impl std::fmt::Debug for PreparedAgent {
@@ -318,6 +324,9 @@ impl NodeAgent {
             }
             NodeWrites::ReadOnly => None,
         };
+        let enforcement = Arc::new(
+            enforcement::Enforcer::prepare_off_runtime(&config, &backend, &inventory).await,
+        );
         Ok(PreparedAgent {
             config,
             node,
@@ -328,6 +337,7 @@ impl NodeAgent {
             unit_refused,
             kinds: kinds::DeviceKinds::default(),
             writes,
+            enforcement,
         })
     }
 
@@ -402,6 +412,11 @@ impl NodeAgent {
         self.mps.as_ref()
     }
 
+    /// GPU memory enforcement: each path's mechanism, the hook, the readback's state.
+    pub fn enforcement(&self) -> &Arc<enforcement::Enforcer> {
+        &self.enforcement
+    }
+
     /// Offers GPUs `indices` on `path`; refused (none offered) when another path offers any
     /// of them. Returns the GPUs offered.
     pub fn offer(
@@ -458,6 +473,12 @@ impl PreparedAgent {
         self.config.memory_unit
     }
 
+    /// GPU memory enforcement as found on this node (a role's admit asks what its path gets,
+    /// [`enforcement::Enforcer::admit`]).
+    pub fn enforcement(&self) -> &Arc<enforcement::Enforcer> {
+        &self.enforcement
+    }
+
     /// Publishes the node facts (gpu-count, device annotations, excluded GPUs, the unit
     /// refusal's Event) and starts the MPS supervisor (the daemon answers, or is known not
     /// to, before this returns) and the health task, until `shutdown` or
@@ -473,6 +494,7 @@ impl PreparedAgent {
             unit_refused,
             kinds,
             writes,
+            enforcement,
         } = self;
         let unit = config.memory_unit;
         let gpus = gpus::served_gpus(&inventory, unit);
@@ -532,6 +554,7 @@ impl PreparedAgent {
             unit_refused,
             kinds,
             writes,
+            enforcement,
             config,
         });
         let (stop_trigger, stop) = shutdown.child();
@@ -552,6 +575,16 @@ impl PreparedAgent {
             supervisor.first_contact().await;
             tasks.push(tokio::spawn(supervisor.run(stop.clone())));
         }
+        tasks.push(tokio::spawn(enforcement::readback::run(
+            agent.enforcement.clone(),
+            agent.client.clone(),
+            enforcement::readback::Scope {
+                node: agent.node.clone(),
+                gpus: agent.gpus.clone(),
+                unit,
+            },
+            stop.clone(),
+        )));
         if agent.config.health_check {
             match backend.watch_health() {
                 Ok(rx) => tasks.push(tokio::spawn(health_task(

@@ -459,6 +459,15 @@ async fn a_denial_is_upstreams_forbidden_status() {
         "nodes \"n1\" is forbidden: User \"nobody\" cannot patch resource \"nodes/status\" in API \
          group \"\" at the cluster scope"
     );
+    // Every refusal is kept, with who was refused.
+    let refusals = server.refusals();
+    assert_eq!(refusals.len(), 4, "{refusals:#?}");
+    let last = &refusals[3];
+    assert_eq!(
+        (last.code, last.username.as_deref(), last.path.as_str()),
+        (403, Some("nobody"), "/api/v1/nodes/n1/status")
+    );
+    assert_eq!(last.message, status["message"]);
     // Every request is logged with who sent it.
     assert!(
         server.requests().iter().any(|r| r.path == "/api/v1/nodes/n1/status"
@@ -521,6 +530,14 @@ async fn requests_without_a_valid_token_are_unauthorized() {
             .iter()
             .any(|r| r.path == "/api/v1/namespaces/ml/pods" && r.username.is_none()),
         "unauthenticated requests are logged without a user"
+    );
+    assert!(
+        server
+            .refusals()
+            .iter()
+            .all(|r| r.code == 401 && r.username.is_none() && r.message == "Unauthorized"),
+        "{:#?}",
+        server.refusals()
     );
 }
 

@@ -699,10 +699,7 @@ impl ChartCluster {
     /// (403), with the RBAC objects rendered for that ServiceAccount.
     pub(crate) fn refusals(&self) -> Vec<String> {
         let mut findings = Vec::new();
-        for r in self.api.requests() {
-            let Some(status) = r.status.filter(|s| *s == 401 || *s == 403) else {
-                continue;
-            };
+        for r in self.api.refusals() {
             let user = r.username.clone().unwrap_or_else(|| "<no identity>".into());
             let Some(pod) = self.pods.iter().find(|p| {
                 user == format!("system:serviceaccount:{NAMESPACE}:{}", p.service_account)
@@ -710,7 +707,8 @@ impl ChartCluster {
                 continue;
             };
             findings.push(format!(
-                "{status} for {} ({}, {user}): {} {}{}",
+                "{} for {} ({}, {user}): {} {}{}: {}",
+                r.code,
                 pod.workload,
                 pod.template,
                 r.method,
@@ -719,7 +717,8 @@ impl ChartCluster {
                     String::new()
                 } else {
                     format!("?{}", r.query)
-                }
+                },
+                r.message
             ));
             findings.push(self.rbac_of(&pod.service_account));
         }

@@ -15,6 +15,7 @@ pub mod container_mapping;
 pub mod deviceplugin_cluster;
 pub mod doctor_node;
 pub mod dra;
+pub mod enforcement;
 pub mod extender_cluster;
 pub mod extender_http;
 pub mod helm_chart;

@@ -22,9 +22,9 @@ use super::discovery::{self, ResourceDef};
 use super::identity::{self, Identity};
 use super::patch::PatchKind;
 use super::selector::Selectors;
-use super::store::{ApiError, EventType, Part, PreparedPatch, StoredEvent, meta_str};
+use super::store::{ApiError, EventType, Origin, Part, PreparedPatch, StoredEvent, meta_str};
 use super::table::{self, IncludeObject};
-use super::{FaultAction, RecordedRequest, Shared};
+use super::{FaultAction, RecordedRequest, Refusal, Shared};
 use super::{protobuf_body, rbac, request_info, reviews, serving_tls};
 
 type Body = BoxBody<Bytes, std::io::Error>;
@@ -111,25 +111,11 @@ fn respond(result: Result<(u16, Value), ApiError>) -> Response<Body> {
     }
 }
 
-/// One request: record, apply faults, route; the answer's status is recorded with it.
+/// One request: record, apply faults, route.
 async fn handle(
     shared: Arc<Shared>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, std::io::Error> {
-    let mut index = None;
-    let answer = handle_recorded(&shared, req, &mut index).await;
-    if let (Some(i), Ok(response)) = (index, &answer) {
-        shared.record_status(i, response.status().as_u16());
-    }
-    answer
-}
-
-async fn handle_recorded(
-    shared: &Arc<Shared>,
-    req: Request<Incoming>,
-    index: &mut Option<usize>,
-) -> Result<Response<Body>, std::io::Error> {
-    let shared = shared.clone();
     let (parts, body) = req.into_parts();
     let bytes = match body.collect().await {
         Ok(collected) => collected.to_bytes(),
@@ -147,27 +133,34 @@ async fn handle_recorded(
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
     let user = shared.authenticate(identity::bearer(authorization));
-    *index = Some(shared.record(RecordedRequest {
+    shared.record(RecordedRequest {
         method: parts.method.clone(),
         path: path.clone(),
         query: query.clone(),
         content_type: content_type.clone(),
         body: String::from_utf8_lossy(&bytes).into_owned(),
         username: user.as_ref().ok().map(|u| u.username.clone()),
-        status: None,
-    }));
+    });
+    let refused = |username: Option<String>, err: ApiError| {
+        shared.refuse(Refusal {
+            method: parts.method.clone(),
+            path: path.clone(),
+            query: query.clone(),
+            username,
+            code: err.code,
+            message: err.message.clone(),
+        });
+        Ok(error_response(&err))
+    };
     let Ok(user) = user else {
-        return Ok(error_response(&ApiError::unauthorized()));
+        return refused(None, ApiError::unauthorized());
     };
     let parsed_query = parse_query(&query);
     let attributes = request_info::resolve(&parts.method, &path, &parsed_query);
     let decision = rbac::authorize(&shared.store(), &user, &attributes);
     if !decision.allowed {
-        return Ok(error_response(&rbac::forbidden(
-            &user,
-            &attributes,
-            &decision.reason,
-        )));
+        let err = rbac::forbidden(&user, &attributes, &decision.reason);
+        return refused(Some(user.username.clone()), err);
     }
     let path_and_query = if query.is_empty() {
         path.clone()
@@ -590,7 +583,7 @@ async fn create(
         def,
         namespace,
         attrs.object.take().unwrap_or(Value::Null),
-        super::store::Origin::Request,
+        Origin::Request,
     );
     let (key, prepared) = match prepared {
         Ok(p) => p,

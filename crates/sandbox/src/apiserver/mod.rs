@@ -51,16 +51,23 @@
 //!   `Table`s for pods and nodes.
 //! - Errors are real `Status` objects with the matching HTTP code; malformed input answers
 //!   400, unknown paths 404, unsupported methods 405. Bad input never panics.
-//! - Admission: on pod create, registered Mutating- and ValidatingWebhookConfigurations
-//!   are called over HTTPS as kube-apiserver calls them (see `admission`; webhooks named
-//!   by Service need [`ApiServer::route_service`]). Apps/v1 `deployments` and
-//!   `daemonsets`, batch/v1 `jobs`, core `secrets`, `services` and `serviceaccounts`,
-//!   `rbac.authorization.k8s.io/v1` roles, cluster roles and their bindings, and
-//!   `admissionregistration.k8s.io/v1` webhook configurations and admission policies with
-//!   their bindings are stored like any other object, and so are `resource.k8s.io/v1`
-//!   `resourceslices` and `deviceclasses` (cluster-scoped), `resourceclaimtemplates` and
-//!   `resourceclaims` (namespaced; claims with the `status` subresource, written by the
-//!   sandbox allocator, `crate::dra_allocator`).
+//! - Admission on every write (create, update, patch, delete, delete-collection,
+//!   `pods/binding`, the `status` subresources): stored MutatingWebhookConfigurations, then
+//!   the object as it will be stored, then ValidatingAdmissionPolicies with their bindings
+//!   (CEL, `admission_policy`, `cel_expr`) and ValidatingWebhookConfigurations, matched as
+//!   upstream matches them (rules with subresources and scope, namespace and object
+//!   selectors, match conditions; a namespaced write under a namespace selector needs its
+//!   Namespace object) and called over HTTPS as kube-apiserver calls them (see `admission`;
+//!   webhooks named by Service need [`ApiServer::route_service`]). A write is stored only if
+//!   the object it was admitted against is still the stored one (a patch is computed again).
+//!   Without any admission configuration stored, writes take the direct path.
+//! - Apps/v1 `deployments` and `daemonsets`, batch/v1 `jobs`, core `secrets`, `services` and
+//!   `serviceaccounts`, `rbac.authorization.k8s.io/v1` roles, cluster roles and their
+//!   bindings, and `admissionregistration.k8s.io/v1` webhook configurations and admission
+//!   policies with their bindings are stored like any other object, and so are
+//!   `resource.k8s.io/v1` `resourceslices` and `deviceclasses` (cluster-scoped),
+//!   `resourceclaimtemplates` and `resourceclaims` (namespaced; claims with the `status`
+//!   subresource, written by the sandbox allocator, `crate::dra_allocator`).
 //! - `resource.k8s.io/v1` as upstream enforces it, for the Kubernetes version played
 //!   ([`ApiServer::set_kubernetes_version`], 1.34 to 1.37, 1.37 until set; `/version`
 //!   answers it) and its feature gates ([`ApiServer::set_feature_gate`], each at that
@@ -73,30 +80,36 @@
 //!   names and values, 128 devices per slice or 64 once a device has taints, 32 attributes
 //!   and capacities per device, request policies with `min + step <= value`, counters,
 //!   taints, 32 requests and constraints per claim, selectors that compile, immutable claim
-//!   and template specs, allocation results, ...). A refusal is upstream's 422 `Invalid`
+//!   and template specs, allocation results, ...), after mutating admission and before
+//!   validating admission, as upstream orders them. A refusal is upstream's 422 `Invalid`
 //!   Status with its field paths and messages; a value of the wrong type or an unparsable
 //!   quantity is upstream's 400.
-//! - `dryRun=All` on create: validated and answered, nothing stored.
+//! - `dryRun=All` on every write: validated and admitted (webhooks get `dryRun: true`, and
+//!   one with side effects refuses it), answered, nothing stored.
 //! - Test controls (they bypass authorization and admission): [`ApiServer::seed_yaml`],
 //!   [`ApiServer::get_object`], [`ApiServer::set_pod_phase`], the Kubernetes version and
 //!   gates (above, and [`ApiServer::set_consumable_capacity`] for one gate), fault injection
 //!   ([`Fault`]: error codes, delays, dropped connections, cut watches, requests held at a
-//!   [`Hold`] until released — a paused client; a filter on `fieldManager=<identity>` singles
-//!   out one replica's lease writes), and a request log naming who sent each request
-//!   ([`ApiServer::requests`]). Faults apply after authentication and authorization. Clock
+//!   [`Hold`] until released — a paused client; a filter on `fieldManager=<identity>`
+//!   singles out one replica's lease writes), a request log naming who sent each request
+//!   ([`ApiServer::requests`]) and the requests refused by authentication or RBAC
+//!   ([`ApiServer::refusals`]). Faults apply after authentication and authorization. Clock
 //!   skew is not the server's business: the extender's leader election reads an injectable
 //!   clock.
 //!
 //! # Limits (it is a test double)
 //! Authentication by bearer tokens only (no client certificates, no anonymous user, no
 //! impersonation, no TokenReview or SubjectAccessReview of other users); no ClusterRole
-//! aggregation, Node authorizer or RBAC escalation checks; no admission but pod-create
-//! webhooks, no controllers (a Deployment never gets pods), no defaulting beyond a
-//! pod's `Pending` phase (`resource.k8s.io` defaults such as `count: 1` are assumed by the
-//! validation, not written), no validation of object schemas beyond `resource.k8s.io`
-//! (whose object metadata, label values, node selectors beyond their term count, CEL cost
-//! and 1.37 alpha fields are not checked either; unknown fields are kept, not pruned;
-//! objects seeded by test controls keep the status they are given), no garbage collection, graceful
+//! aggregation, Node authorizer or RBAC escalation checks; no admission plugins but the
+//! webhooks and ValidatingAdmissionPolicies (no NamespaceLifecycle, NodeRestriction,
+//! MutatingAdmissionPolicy; the CEL libraries `cel_expr` lists as missing, no `authorizer`
+//! variable, no audit annotations), no controllers (a Deployment never gets pods), no
+//! defaulting beyond a pod's `Pending` phase (`resource.k8s.io` defaults such as `count: 1`
+//! are assumed by the validation, not written), no validation of object schemas beyond
+//! `resource.k8s.io` (whose object metadata, label values, node selectors beyond their term
+//! count, CEL cost and 1.37 alpha fields are not checked either; unknown fields are kept,
+//! not pruned; objects seeded by test controls keep the status they are given), no garbage
+//! collection, graceful
 //! deletion or finalizers, no namespace lifecycle (objects may live in any namespace), no
 //! field managers, protobuf (except the self reviews' request bodies) or CBOR, no legacy
 //! `/api/v1/watch/...` paths. Strategic merge patches merge only well-known lists
@@ -282,10 +295,23 @@ pub struct RecordedRequest {
     pub body: String,
     /// Who sent it (the authenticated user name); `None` when it was not authenticated.
     pub username: Option<String>,
-    /// The HTTP status it was answered with (401 and 403 for authentication and RBAC, 4xx of
-    /// admission and validation); `None` while it is served, or when the connection was
-    /// dropped without an answer.
-    pub status: Option<u16>,
+}
+
+/// A request refused before it reached the store: 401 (no valid token) or 403 (RBAC).
+#[derive(Clone, Debug)]
+pub struct Refusal {
+    /// The HTTP method.
+    pub method: http::Method,
+    /// The path, without the query.
+    pub path: String,
+    /// The raw query string.
+    pub query: String,
+    /// Who sent it; `None` when it was not authenticated.
+    pub username: Option<String>,
+    /// 401 or 403.
+    pub code: u16,
+    /// The `Status` message answered.
+    pub message: String,
 }
 
 /// An open watch stream, cuttable by a [`FaultAction::CutWatch`].
@@ -298,6 +324,7 @@ struct OpenWatch {
 struct Controls {
     faults: Vec<Fault>,
     requests: Vec<RecordedRequest>,
+    refusals: Vec<Refusal>,
     /// Bearer token → identity, for every token minted.
     tokens: HashMap<String, Identity>,
     /// Kubeconfig files written so far (a counter for their names).
@@ -376,18 +403,12 @@ impl Shared {
         self.controls().watches.retain(|(w, _)| *w != id);
     }
 
-    /// Records a request; returns its place in the log (for [`Shared::record_status`]).
-    fn record(&self, request: RecordedRequest) -> usize {
-        let mut controls = self.controls();
-        controls.requests.push(request);
-        controls.requests.len() - 1
+    fn record(&self, request: RecordedRequest) {
+        self.controls().requests.push(request);
     }
 
-    /// Records the status request `index` was answered with.
-    fn record_status(&self, index: usize, status: u16) {
-        if let Some(r) = self.controls().requests.get_mut(index) {
-            r.status = Some(status);
-        }
+    fn refuse(&self, refusal: Refusal) {
+        self.controls().refusals.push(refusal);
     }
 
     /// The identity a bearer token stands for (see `identity`): a ServiceAccount's only while
@@ -453,6 +474,7 @@ impl ApiServer {
             controls: Mutex::new(Controls {
                 faults: Vec::new(),
                 requests: Vec::new(),
+                refusals: Vec::new(),
                 tokens: HashMap::from([(admin_token.clone(), Identity::admin())]),
                 kubeconfigs: 0,
                 watches: Vec::new(),
@@ -774,6 +796,12 @@ impl ApiServer {
     /// Every request received so far, in order.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         self.shared().controls().requests.clone()
+    }
+
+    /// Every request refused by authentication (401) or authorization (403) so far, in
+    /// order: what a role was not allowed to do.
+    pub fn refusals(&self) -> Vec<Refusal> {
+        self.shared().controls().refusals.clone()
     }
 
     /// Stops the server: no new connections, open watches end. Waits for the accept loop.

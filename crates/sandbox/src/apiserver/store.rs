@@ -275,7 +275,7 @@ pub(crate) struct Store {
 
 /// Who creates an object.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Origin {
+pub enum Origin {
     /// An API request: a claim's status is reset, as upstream does.
     Request,
     /// A test control seeding an object as the cluster would hold it (a claim keeps the status
@@ -430,15 +430,17 @@ impl Store {
         Ok(self.commit(key, obj, EventType::Added, None))
     }
 
-    /// `obj` as a dry-run write answers it. The fields a disabled gate drops were dropped
-    /// when the write was prepared ([`Store::admit_create`], [`Store::prepare_update`]).
+    /// `obj` as a dry-run write answers it. The fields a disabled gate drops were dropped when
+    /// the write was prepared ([`Store::admit_create`], [`Store::prepare_update`]), as
+    /// upstream's strategy does before validation.
     pub fn dry_run_view(&self, _def: &ResourceDef, obj: Value) -> Value {
         obj
     }
 
     /// The checks and defaults of a create: the key and the object to store. For
-    /// `resource.k8s.io` kinds, upstream's strategy (gated fields dropped) and validation.
-    pub(crate) fn admit_create(
+    /// `resource.k8s.io` kinds, upstream's strategy (gated fields dropped) and validation, on
+    /// the object mutating admission returned (upstream's order).
+    pub fn admit_create(
         &self,
         def: &'static ResourceDef,
         url_namespace: Option<&str>,
