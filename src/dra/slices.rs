@@ -549,7 +549,7 @@ mod tests {
 
     #[test]
     fn more_than_128_gpus_split_into_counted_slices() {
-        let gpus: Vec<SliceGpu> = (0..130).map(|i| gpu(i, 1, 0)).collect();
+        let gpus: Vec<SliceGpu> = (0..130).map(|i| gpu(i, 2, 0)).collect();
         let slices = build_slices(
             "n",
             "gpushare.io",
