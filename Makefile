@@ -85,8 +85,9 @@ chart: ## regenerate the chart's generated files: values.schema.json's config pa
 	GPUSHARE_UPDATE_GOLDEN=1 $(CARGO) test $(CI_FLAGS) --test it -- packaging::chart_schema::the_schema_config_part packaging::chart_readme::the_chart_readme
 SOAK_PODS ?= 2000
 SOAK_NODES ?= 50
-soak: ## 2,000 pods bound and deleted over 50 nodes under random API faults, a re-list every ~500 events and three extender restarts with Bindings in flight; prints the counts (SOAK_PODS, SOAK_NODES, SOAK_SEED)
-	SOAK_PODS=$(SOAK_PODS) SOAK_NODES=$(SOAK_NODES) $(CARGO) test $(CI_FLAGS) --test it soak:: -- --ignored --nocapture
+SOAK_DRA_PODS ?= 200
+soak: ## 2,000 pods bound and deleted over 50 nodes under random API faults, a re-list every ~500 events and three extender restarts with Bindings in flight; the DRA plugin's claims under hung and failing reads and three kills; three leader kills mid-binds; prints the counts (SOAK_PODS, SOAK_NODES, SOAK_DRA_PODS, SOAK_SEED)
+	SOAK_PODS=$(SOAK_PODS) SOAK_NODES=$(SOAK_NODES) SOAK_DRA_PODS=$(SOAK_DRA_PODS) $(CARGO) test $(CI_FLAGS) --test it soak -- --ignored --nocapture
 
 test-cluster: ## the #[ignore]d cluster_* tests against the cluster $KUBECONFIG names; fails when it is unset or when no test ran (a skip fails)
 	@[ -n "$$KUBECONFIG" ] || { echo "test-cluster: KUBECONFIG is not set: there is no cluster to test against (kind create cluster --config tests/cluster/kind.yaml)" >&2; exit 1; }

@@ -228,12 +228,19 @@ pub(crate) const DEVICE_PLUGIN_PERMISSIONS: &[Permission] = &[
     perm(CORE, "nodes", "status", "patch"),
     perm(EVENTS, "events", "", "create"),
     perm(EVENTS, "events", "", "patch"),
+    // One path per GPU: a GPU a DRA slice publishes or a claim holds is not offered.
+    perm(RESOURCE, "resourceslices", "", "list"),
+    perm(RESOURCE, "resourceclaims", "", "list"),
 ];
 
-/// What `gpushare dra-plugin` does with the API: reads its Node (never writes it), reads the
+/// What `gpushare dra-plugin` does with the API: reads its Node and writes on it only its
+/// path's annotation (`gpushare.io/dra-gpus`; with enforcement, the containers' use), lists its
+/// node's pods (one path per GPU: a GPU the extender placed a pod on is held back), reads the
 /// claims it prepares and follows, keeps its ResourceSlices, and writes the node's Events.
 pub(crate) const DRA_PLUGIN_PERMISSIONS: &[Permission] = &[
     perm(CORE, "nodes", "", "get"),
+    perm(CORE, "nodes", "", "patch"),
+    perm(CORE, "pods", "", "list"),
     perm(RESOURCE, "resourceclaims", "", "get"),
     perm(RESOURCE, "resourceclaims", "", "list"),
     perm(RESOURCE, "resourceclaims", "", "watch"),
@@ -430,6 +437,16 @@ pub fn capacity(node: &Node, resource: &str) -> Option<String> {
     node.status
         .as_ref()?
         .capacity
+        .as_ref()?
+        .get(resource)
+        .map(|q| q.0.clone())
+}
+
+/// `status.allocatable[resource]` of `node`, as written.
+pub fn allocatable(node: &Node, resource: &str) -> Option<String> {
+    node.status
+        .as_ref()?
+        .allocatable
         .as_ref()?
         .get(resource)
         .map(|q| q.0.clone())

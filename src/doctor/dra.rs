@@ -11,8 +11,9 @@
 //! - `dra-memory-unit`: every GPU holds at least two memory units, as a valid slice device
 //!   needs (`min + step <= value`); a GPU that does not is left out of the slice;
 //! - `dra-plugin-conflict`: no device plugin serves the same GPUs (gpushare's own
-//!   `aliyungpushare.sock`, NVIDIA's sockets and processes, and, with the API, a Node that
-//!   advertises `aliyun.com/gpu-mem` or `nvidia.com/gpu`).
+//!   `aliyungpushare.sock` and the GPU locks it holds, NVIDIA's sockets and processes, and,
+//!   with the API, a Node that advertises allocatable `aliyun.com/gpu-mem` or
+//!   `nvidia.com/gpu`). `gpushare dra-plugin` runs it in its preflight.
 //!
 //! Control plane (`--role control-plane`, with the API):
 //! - `dra-api`: `resource.k8s.io/v1` is served with its slices, claims and classes;
@@ -47,6 +48,8 @@ use super::host::{self, HostRoot};
 use super::report::{Check, Status};
 use crate::core::{MemoryUnit, wire};
 use crate::gpu::GpuDevice;
+use crate::node::gpu_locks::{Holder, path_name};
+use crate::node::paths::ServingPath;
 
 /// kubelet's plugin registry (`--registry-dir`).
 pub const DEFAULT_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
@@ -191,6 +194,7 @@ pub fn node_checks(
     args: &DraArgs,
     device_plugin_dir: &Path,
     node: &Result<Option<Node>, ApiError>,
+    locks: &[(String, Holder)],
 ) -> Vec<Check> {
     let registry = &args.registry_dir;
     let plugin = args.plugin_dir();
@@ -265,7 +269,7 @@ pub fn node_checks(
                 dirs_flag: "--cdi-dir",
             },
         ),
-        plugin_conflict(host, device_plugin_dir, node),
+        plugin_conflict(host, device_plugin_dir, node, locks),
     ]
 }
 
@@ -274,6 +278,7 @@ fn plugin_conflict(
     host: &HostRoot,
     device_plugin_dir: &Path,
     node: &Result<Option<Node>, ApiError>,
+    locks: &[(String, Holder)],
 ) -> Check {
     const ID: &str = "dra-plugin-conflict";
     const TITLE: &str = "no device plugin serves the DRA plugin's GPUs";
@@ -286,9 +291,19 @@ fn plugin_conflict(
             wire::RESOURCE_GPU_MEM
         ));
     }
+    for (uuid, holder) in locks {
+        if holder.path == path_name(ServingPath::DevicePlugin) {
+            conflicts.push(format!(
+                "GPU {uuid} is served by {holder} (its lock is held; the DRA plugin offers it \
+                 only once the device plugin stops and its pods are gone)"
+            ));
+        }
+    }
     if let Ok(Some(n)) = node {
+        // Allocatable, not capacity: kubelet keeps a stopped plugin's capacity for a while,
+        // but its devices are unhealthy (allocatable 0) at once.
         for resource in [wire::RESOURCE_GPU_MEM, "nvidia.com/gpu"] {
-            if let Some(count) = cluster::capacity(n, resource).filter(|c| c != "0") {
+            if let Some(count) = cluster::allocatable(n, resource).filter(|c| c != "0") {
                 conflicts.push(format!("the node advertises {resource}: {count}"));
             }
         }

@@ -308,6 +308,14 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
     checks.push(cluster::api_server(&api, config, opts.preflight));
     if role.node() {
         let name = cluster::node_name(config, &host);
+        // Who holds this node's GPU locks now (the node roles' one path per GPU).
+        let locks = name
+            .as_ref()
+            .map(|(n, _)| {
+                crate::node::gpu_locks::GpuLocks::new(&host.path(node_cfg.gpu_lock_dir()), n)
+                    .holders()
+            })
+            .unwrap_or_default();
         let node = match (&api, &name) {
             (ApiState::Up { .. }, Some((n, _))) => cluster::get_node(&api, n).await,
             _ => Err(cluster::ApiError::NotAsked),
@@ -316,10 +324,16 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
             if !opts.preflight {
                 checks.push(cluster::node_label(&api, name.as_ref(), &node));
             }
-            checks.push(plugin_conflict(&host, dp, opts.preflight, &node));
+            checks.push(plugin_conflict(&host, dp, opts.preflight, &node, &locks));
         }
         if let Some(d) = &opts.dra {
-            checks.extend(dra::node_checks(&host, d, &dp.device_plugin_dir, &node));
+            checks.extend(dra::node_checks(
+                &host,
+                d,
+                &dp.device_plugin_dir,
+                &node,
+                &locks,
+            ));
         }
     }
     let mut sets: Vec<(&str, &[cluster::Permission])> = Vec::new();
@@ -390,10 +404,19 @@ fn plugin_conflict(
     dp: &crate::config::DevicePluginConfig,
     preflight: bool,
     node: &Result<Option<k8s_openapi::api::core::v1::Node>, cluster::ApiError>,
+    locks: &[(String, crate::node::gpu_locks::Holder)],
 ) -> Check {
     const ID: &str = "plugin-conflict";
     const TITLE: &str = "no other device plugin on these GPUs";
     let (mut conflicts, notes) = host::plugin_conflicts(host, &dp.device_plugin_dir, preflight);
+    for (uuid, holder) in locks {
+        if holder.path == "dra" {
+            conflicts.push(format!(
+                "GPU {uuid} is served by {holder} (its lock is held; the device plugin offers \
+                 it only once the DRA plugin stops, its slice is removed and its claims are gone)"
+            ));
+        }
+    }
     if let Ok(Some(n)) = node
         && let Some(count) = cluster::capacity(n, "nvidia.com/gpu").filter(|c| c != "0")
     {

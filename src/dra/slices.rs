@@ -68,21 +68,9 @@ pub struct SliceGpu {
 }
 
 /// The stable device name of a GPU: its UUID in lower case when that is a DNS label
-/// (`gpu-8e4c1c2e-…`), else `gpu-<index>`.
+/// (`gpu-8e4c1c2e-…`), else `gpu-<index>` ([`crate::core::resource_name::gpu_device_name`]).
 pub fn device_name(gpu: &SliceGpu) -> String {
-    let lower = gpu.uuid.to_ascii_lowercase();
-    let label = !lower.is_empty()
-        && lower.len() <= 63
-        && lower.starts_with("gpu-")
-        && lower
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !lower.ends_with('-');
-    if label {
-        lower
-    } else {
-        format!("gpu-{}", gpu.index)
-    }
+    crate::core::resource_name::gpu_device_name(&gpu.uuid, gpu.index)
 }
 
 /// The slices of one node's pool, at `generation`: the GPUs ordered by `policy`, then

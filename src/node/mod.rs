@@ -6,9 +6,13 @@
 //! What it holds:
 //! - the served GPUs ([`gpus`]) and the memory unit they are counted in, decided against the
 //!   unit the node last published ([`unit_change`]);
-//! - which path offers each GPU ([`paths`]): a GPU is offered on one path at a time;
+//! - which path offers each GPU: one path at a time, in this process ([`paths`]) and across
+//!   the node's processes ([`gpu_locks`]: a lock file per GPU), checked at start and
+//!   continuously by each role's gate ([`path_gate`]), which also waits until the other
+//!   path's pods or claims hold no memory on a GPU;
 //! - health: the Xid tracker and its task ([`health`]), published as a watchable per-GPU
 //!   [`health::HealthView`], with the node's device annotations and `GpuUnhealthy` Events;
+//!   fatal Xids kept across restarts where the role gives a record ([`fatal_xids`]);
 //! - with MPS, the daemon's supervisor ([`mps`]), given the node's Event sink and reporting to
 //!   [`mps::MpsStatus`], whose state the roles follow for their readiness;
 //! - node publishing ([`publish`]): `aliyun.com/gpu-count`, `gpushare.io/devices`,
@@ -22,9 +26,12 @@
 //!   (the driver's per-cgroup limits through a CDI hook, MPS, none), and the readback of every
 //!   served container's limit.
 //!
+//! - what every role serves of it ([`monitor`]): the node metrics under the role's names,
+//!   the readiness that follows the MPS daemon, and the refusal while the daemon is down.
+//!
 //! It does not speak any kubelet protocol (registration, ListAndWatch, Allocate, DRA gRPC:
-//! those are the roles'), match pods to containers, or serve metrics of its own (the roles
-//! turn what it publishes into theirs).
+//! those are the roles'), match pods to containers, or serve HTTP (the roles' admin servers
+//! serve its metrics).
 //!
 //! Start-up is two steps so a role can refuse what it cannot serve before anything is
 //! published: [`NodeAgent::prepare`] reads the node, the GPUs and decides the unit;
@@ -37,15 +44,20 @@ pub mod api;
 mod args;
 pub mod contract;
 pub mod enforcement;
+pub mod fatal_xids;
+pub mod gpu_locks;
 pub mod gpus;
 pub mod health;
 pub mod kinds;
+pub mod monitor;
 pub mod mps;
+pub mod path_gate;
 pub mod paths;
 pub mod publish;
 mod unit_change;
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -111,8 +123,9 @@ pub enum NodeWrites {
     /// the extender and inspect read), the unit decided against the one the node recorded
     /// ([`unit_change`], which lists the node's pods when it changes).
     Published,
-    /// The DRA path: nothing. The ResourceSlices carry the GPUs, their unit and their health,
-    /// and allocations are in bytes; the Node is only read (its uid names it in Events).
+    /// The DRA path: none of that. The ResourceSlices carry the GPUs, their unit and their
+    /// health, and allocations are in bytes; the Node is read (its uid names it in Events) and
+    /// carries only the path's own annotation ([`path_gate`]) and the enforcement readback's.
     ReadOnly,
 }
 
@@ -235,6 +248,12 @@ pub struct NodeAgent {
     backend: Arc<dyn GpuBackend>,
     gpus: Vec<ServedGpu>,
     paths: Mutex<Assignments>,
+    /// The GPU lock directory ([`gpu_locks`]); a private one with the fake backend and no
+    /// `gpu_lock_dir` (fake GPUs are shared by no other process).
+    lock_dir: PathBuf,
+    _private_locks: Option<tempfile::TempDir>,
+    /// GPUs the device-plugin path holds back (published unhealthy for the extender).
+    withheld: Mutex<std::collections::BTreeSet<String>>,
     health: watch::Sender<Arc<HealthView>>,
     mps: Option<Arc<MpsStatus>>,
     unit_refused: Option<String>,
@@ -266,6 +285,7 @@ pub struct PreparedAgent {
     kinds: kinds::DeviceKinds,
     writes: NodeWrites,
     enforcement: Arc<enforcement::Enforcer>,
+    fatal_xids: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for PreparedAgent {
@@ -338,6 +358,7 @@ impl NodeAgent {
             kinds: kinds::DeviceKinds::default(),
             writes,
             enforcement,
+            fatal_xids: None,
         })
     }
 
@@ -438,6 +459,53 @@ impl NodeAgent {
             .collect())
     }
 
+    /// Takes back GPU `index` from `path` (its lock was not taken).
+    pub fn withdraw_one(&self, path: ServingPath, index: u32) {
+        self.paths
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .withdraw_one(path, index);
+    }
+
+    /// The locks of this node's GPUs ([`gpu_locks`]).
+    pub fn gpu_locks(&self) -> gpu_locks::GpuLocks {
+        gpu_locks::GpuLocks::new(&self.lock_dir, &self.node)
+    }
+
+    /// Publishes `gpushare.io/devices` as health and the device-plugin path's offer say: a GPU
+    /// is healthy for the extender when its health is, and the device plugin offers it.
+    pub async fn publish_device_annotations(&self) {
+        if self.writes != NodeWrites::Published {
+            return;
+        }
+        let view = self.health.borrow().clone();
+        let withheld = self
+            .withheld
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let annotations = publish::device_annotations(&self.gpus, self.config.memory_unit, |u| {
+            view.is_healthy(u) && !withheld.contains(u)
+        });
+        if let Err(e) = publish::publish_devices(&self.client, &self.node, &annotations).await {
+            tracing::warn!(error = %e, "could not publish GPU health on the node");
+        }
+    }
+
+    /// The GPUs (UUIDs) the device-plugin path holds back now; republishes the device
+    /// annotations when that changes.
+    pub(crate) async fn set_withheld(&self, uuids: std::collections::BTreeSet<String>) {
+        let changed = {
+            let mut have = self.withheld.lock().unwrap_or_else(|p| p.into_inner());
+            let changed = *have != uuids;
+            *have = uuids;
+            changed
+        };
+        if changed {
+            self.publish_device_annotations().await;
+        }
+    }
+
     /// Takes back every GPU `path` offers (its role stopped).
     pub fn withdraw(&self, path: ServingPath) {
         self.paths
@@ -460,6 +528,13 @@ impl PreparedAgent {
     /// place of each GPU found, for the agent to hold beside its GPUs.
     pub fn with_devices(mut self, config: &crate::config::devices::DevicesConfig) -> Self {
         self.kinds = kinds::discover(config, &self.inventory.devices);
+        self
+    }
+
+    /// Keeps the fatal Xids in `path` ([`fatal_xids`]): a GPU one took down stays down across
+    /// restarts until the node reboots or the GPU leaves.
+    pub fn with_fatal_xid_record(mut self, path: PathBuf) -> Self {
+        self.fatal_xids = Some(path);
         self
     }
 
@@ -495,15 +570,42 @@ impl PreparedAgent {
             kinds,
             writes,
             enforcement,
+            fatal_xids,
         } = self;
         let unit = config.memory_unit;
         let gpus = gpus::served_gpus(&inventory, unit);
+        let mut tracker = HealthTracker::new(
+            gpus.iter().map(|g| g.uuid.clone()),
+            Duration::from_secs(config.health_recovery_secs),
+        );
+        let record = fatal_xids.map(|path| {
+            let present: Vec<String> = gpus.iter().map(|g| g.uuid.clone()).collect();
+            let record = fatal_xids::FatalXids::load(&path, &fatal_xids::boot_id(), &present);
+            for (uuid, xid) in &record.gpus {
+                tracing::warn!(
+                    uuid,
+                    xid,
+                    "GPU down since a fatal Xid before this start (recorded)"
+                );
+                tracker.apply(
+                    &crate::gpu::HealthEvent::Xid {
+                        uuid: Some(uuid.clone()),
+                        xid: *xid,
+                    },
+                    tokio::time::Instant::now(),
+                );
+            }
+            if let Err(e) = record.save(&path) {
+                tracing::warn!(error = %e, "cannot write the fatal Xid record");
+            }
+            (path, record)
+        });
         if writes == NodeWrites::Published {
             publish::publish_gpu_count(&client, &node, gpus.len()).await?;
             publish::publish_devices(
                 &client,
                 &node,
-                &publish::device_annotations(&gpus, unit, |_| true),
+                &publish::device_annotations(&gpus, unit, |u| tracker.is_healthy(u)),
             )
             .await?;
             publish::publish_devices(
@@ -524,11 +626,15 @@ impl PreparedAgent {
                 .warn("Start", "GpuShareMemoryUnitChangeRefused", refused)
                 .await;
         }
-        let tracker = HealthTracker::new(
-            gpus.iter().map(|g| g.uuid.clone()),
-            Duration::from_secs(config.health_recovery_secs),
-        );
         let health = watch::Sender::new(Arc::new(HealthView::of(&tracker, 0)));
+        let (lock_dir, private_locks) = match (&config.gpu_lock_dir, inventory.backend) {
+            (dir, _) if !dir.as_os_str().is_empty() => (dir.clone(), None),
+            (_, "fake") => match tempfile::Builder::new().prefix("gpushare-gpus").tempdir() {
+                Ok(d) => (d.path().to_path_buf(), Some(d)),
+                Err(_) => (PathBuf::from(crate::config::DEFAULT_GPU_LOCK_DIR), None),
+            },
+            _ => (PathBuf::from(crate::config::DEFAULT_GPU_LOCK_DIR), None),
+        };
         let mps = config.mps.then(|| {
             let mut control = crate::gpu::mps::MpsControl::new(
                 &config.mps_control,
@@ -549,6 +655,9 @@ impl PreparedAgent {
             backend: backend.clone(),
             gpus,
             paths: Mutex::default(),
+            lock_dir,
+            _private_locks: private_locks,
+            withheld: Mutex::default(),
             health,
             mps,
             unit_refused,
@@ -590,6 +699,7 @@ impl PreparedAgent {
                 Ok(rx) => tasks.push(tokio::spawn(health_task(
                     agent.clone(),
                     tracker,
+                    record,
                     rx,
                     stop.clone(),
                 ))),
@@ -634,6 +744,7 @@ impl NodeAgentHandle {
 async fn health_task(
     agent: Arc<NodeAgent>,
     mut tracker: HealthTracker,
+    mut record: Option<(PathBuf, fatal_xids::FatalXids)>,
     mut events: tokio::sync::mpsc::Receiver<crate::gpu::HealthEvent>,
     stop: Shutdown,
 ) {
@@ -675,18 +786,18 @@ async fn health_task(
         if changes.is_empty() {
             continue;
         }
-        let view = Arc::new(HealthView::of(&tracker, unattributed));
-        agent.health.send_replace(view.clone());
-        if agent.writes == NodeWrites::Published {
-            let annotations =
-                publish::device_annotations(&agent.gpus, agent.config.memory_unit, |u| {
-                    view.is_healthy(u)
-                });
-            if let Err(e) = publish::publish_devices(&agent.client, &agent.node, &annotations).await
-            {
-                tracing::warn!(error = %e, "could not publish GPU health on the node");
+        if let Some((path, kept)) = record.as_mut() {
+            let fatal = tracker.fatal_xids();
+            if fatal != kept.gpus {
+                kept.gpus = fatal;
+                if let Err(e) = kept.save(path) {
+                    tracing::warn!(error = %e, "cannot record a fatal Xid: a restart would forget it");
+                }
             }
         }
+        let view = Arc::new(HealthView::of(&tracker, unattributed));
+        agent.health.send_replace(view.clone());
+        agent.publish_device_annotations().await;
         for change in changes {
             let index = agent
                 .gpu_by_uuid(&change.uuid)

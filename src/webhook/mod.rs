@@ -312,6 +312,18 @@ pub async fn start(
     })
 }
 
+/// The webhook's API client. kube's own quiet retry of 429 / 503 / 504 is off: on an
+/// admission's path the webhook retries a read itself, a bounded number of times within the
+/// admission's deadline, and a storm of such answers is not multiplied into a long hang.
+pub async fn api_client(config: &Config) -> anyhow::Result<kube::Client> {
+    crate::k8s::client(&crate::k8s::ClientOptions {
+        kubeconfig: Some(config.cluster.kubeconfig.as_str()),
+        without_kube_retry: true,
+        ..Default::default()
+    })
+    .await
+}
+
 /// Runs `gpushare webhook` until SIGTERM/SIGINT.
 pub async fn run(_args: Args, config: Config) -> anyhow::Result<ExitCode> {
     // The API serves --self-signed and the DRA mode (namespace labels, claim templates).
@@ -319,11 +331,7 @@ pub async fn run(_args: Args, config: Config) -> anyhow::Result<ExitCode> {
     // build a client still serves, without reading namespace labels.
     let needed =
         config.webhook.self_signed || config.webhook.gpu_mem_path == crate::config::GpuMemPath::Dra;
-    let built = crate::k8s::client(&crate::k8s::ClientOptions {
-        kubeconfig: Some(config.cluster.kubeconfig.as_str()),
-        ..Default::default()
-    })
-    .await;
+    let built = api_client(&config).await;
     let client = match built {
         Ok(c) => Some(c),
         Err(e) if !needed => {

@@ -86,8 +86,11 @@ fn mode(name: &str, overlay: Value) -> Mode {
     }
 }
 
-/// One GPU container, and init + native sidecar + two app containers, all asking GPU memory.
-fn pods(ns: &str, unit_scale: u64) -> Vec<(Value, Vec<(&'static str, u64)>)> {
+/// One GPU container, and init + native sidecar + two app containers, all asking GPU memory,
+/// with what each container is handed: its own units, except a plain init container on the DRA
+/// path (`dra`), which adds nothing to the claim and is bound to the largest request free while
+/// it runs (here `main`'s: docs/dra.md).
+fn pods(ns: &str, unit_scale: u64, dra: bool) -> Vec<(Value, Vec<(&'static str, u64)>)> {
     let u = |n: u64| n * unit_scale;
     let single = [GpuContainer::app("main", u(2))];
     let mut init = GpuContainer::app("init", u(1));
@@ -101,7 +104,14 @@ fn pods(ns: &str, unit_scale: u64) -> Vec<(Value, Vec<(&'static str, u64)>)> {
         GpuContainer::app("main", u(3)),
         GpuContainer::app("helper", u(1)),
     ];
-    let expect = |cs: &[GpuContainer]| cs.iter().map(|c| (c.name, c.units)).collect::<Vec<_>>();
+    let expect = |cs: &[GpuContainer]| {
+        cs.iter()
+            .map(|c| match c.name {
+                "init" if dra => (c.name, u(3)),
+                _ => (c.name, c.units),
+            })
+            .collect::<Vec<_>>()
+    };
     vec![
         (gpu_pod("one", ns, &single), expect(&single)),
         (gpu_pod("several", ns, &several), expect(&several)),
@@ -145,7 +155,7 @@ fn assert_gpu_handed(mode: &str, pod: &str, got: &BTreeMap<String, Handed>, want
 }
 
 async fn run_extender_pods(c: &ChartCluster, scale: u64) {
-    for (pod, want) in pods(EXT_NS, scale) {
+    for (pod, want) in pods(EXT_NS, scale, false) {
         let name = pod["metadata"]["name"]
             .as_str()
             .unwrap_or_default()
@@ -161,7 +171,7 @@ async fn run_extender_pods(c: &ChartCluster, scale: u64) {
 }
 
 async fn run_dra_pods(c: &ChartCluster, scale: u64) {
-    for (pod, want) in pods(DRA_NS, scale) {
+    for (pod, want) in pods(DRA_NS, scale, true) {
         let name = pod["metadata"]["name"]
             .as_str()
             .unwrap_or_default()

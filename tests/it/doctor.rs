@@ -629,6 +629,8 @@ fn role_rules_except(except: &[&str]) -> Vec<Value> {
             "leases",
             &["get", "create", "update", "list", "watch"],
         ),
+        ("resource.k8s.io", "resourceslices", &["list"]),
+        ("resource.k8s.io", "resourceclaims", &["list"]),
     ];
     all.iter()
         .flat_map(|(group, resource, verbs)| verbs.iter().map(move |v| (group, resource, v)))

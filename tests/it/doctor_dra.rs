@@ -536,3 +536,120 @@ async fn a_node_the_device_plugin_serves_conflicts() {
     assert!(c.iter().all(|c| c.id != "dra-api"));
     api.shutdown().await;
 }
+
+/// `gpushare dra-plugin` runs `dra-plugin-conflict` in its preflight: with NVIDIA's device
+/// plugin socket in kubelet's device-plugin directory it refuses to start, naming the check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dra_plugin_preflight_runs_dra_plugin_conflict() {
+    let api = ApiServer::start().await.expect("sandbox");
+    api.seed_yaml("apiVersion: v1\nkind: Node\nmetadata: { name: gpu-node-1 }\n")
+        .expect("node");
+    let dir = crate::support::socket_dir::short_tempdir();
+    let dp_dir = dir.path().join("device-plugins");
+    std::fs::create_dir_all(&dp_dir).expect("mkdir");
+    let _nvidia = std::os::unix::net::UnixListener::bind(dp_dir.join("nvidia-gpu.sock"))
+        .expect("NVIDIA's plugin socket");
+    let _kubelet = std::os::unix::net::UnixListener::bind(dp_dir.join("kubelet.sock"))
+        .expect("kubelet's socket");
+    let path = |p: &str| dir.path().join(p).display().to_string();
+    let kubeconfig = api.admin_kubeconfig_path().display().to_string();
+    let mut child = std::process::Command::new(crate::support::bin())
+        .args([
+            "--kubeconfig",
+            &kubeconfig,
+            "dra-plugin",
+            "--node-name",
+            "gpu-node-1",
+            "--gpu-backend",
+            "fake",
+            "--fake-gpus",
+            "1x16GiB",
+            "--registry-dir",
+            &path("registry"),
+            "--plugin-dir",
+            &path("plugin"),
+            "--state-dir",
+            &path("state"),
+            "--cdi-dir",
+            &path("cdi"),
+            "--admin-address",
+            "",
+        ])
+        .env("GPUSHARE_DEVICE_PLUGIN__DEVICE_PLUGIN_DIR", &dp_dir)
+        .env("GPUSHARE_CLUSTER__API_WAIT_SECS", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waits") {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            break None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    if status.is_none() {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().expect("output");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(1),
+        "the DRA plugin started beside NVIDIA's device plugin: {err}"
+    );
+    assert!(err.contains("dra-plugin-conflict"), "{err}");
+    assert!(err.contains("nvidia-gpu.sock"), "{err}");
+    api.shutdown().await;
+}
+
+/// The GPU locks the node roles hold are named by both conflict checks: a GPU the device
+/// plugin holds fails `dra-plugin-conflict`, one the DRA plugin holds warns in
+/// `plugin-conflict`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_locks_held_by_the_other_path_are_named_by_the_conflict_checks() {
+    use gpushare::node::gpu_locks::GpuLocks;
+    use gpushare::node::paths::ServingPath;
+    let r = sound_root();
+    let locks = GpuLocks::new(&r.path().join("var/run/gpushare/gpus"), "gpu-node-1");
+    let dp = locks
+        .try_take("GPU-aaaa", ServingPath::DevicePlugin)
+        .expect("taken");
+    let rep = report(&node_doctor(r.path(), &["-o", "json"]));
+    assert_eq!(status_of(&rep, "dra-plugin-conflict"), "fail");
+    let conflict = text_of(&rep, "dra-plugin-conflict");
+    assert!(
+        conflict.contains("GPU GPU-aaaa is served by the device plugin"),
+        "{conflict}"
+    );
+    drop(dp);
+    let rep = report(&node_doctor(r.path(), &["-o", "json"]));
+    assert_eq!(status_of(&rep, "dra-plugin-conflict"), "ok");
+
+    let _dra = locks.try_take("GPU-bbbb", ServingPath::Dra).expect("taken");
+    let out = run(&[
+        "doctor",
+        "--role",
+        "node",
+        "--no-cluster",
+        "--root",
+        r.path().to_str().expect("utf-8"),
+        "--gpu-backend",
+        "fake",
+        "--fake-gpus",
+        "1x16GiB",
+        "-o",
+        "json",
+    ]);
+    let rep = report(&out);
+    assert_eq!(status_of(&rep, "plugin-conflict"), "warn");
+    assert!(
+        text_of(&rep, "plugin-conflict")
+            .contains("GPU GPU-bbbb is served by the DRA kubelet plugin"),
+        "{}",
+        text_of(&rep, "plugin-conflict")
+    );
+}

@@ -73,10 +73,13 @@ async fn cluster_with(
     c.webhook.port = 0;
     c.webhook.self_signed = true;
     c.webhook.gpu_mem_path = default_path;
+    c.cluster.kubeconfig = api.admin_kubeconfig_path().display().to_string();
     tweak(&mut c);
+    // The client `gpushare webhook` builds for itself.
+    let client = webhook::api_client(&c).await.expect("the webhook's client");
     let hook = webhook::start(
         &c,
-        Some(api.admin_client()),
+        Some(client),
         webhook::DEFAULT_REFRESH,
         Shutdown::never(),
     )
@@ -419,4 +422,41 @@ async fn without_a_scheduler_to_route_to_only_the_dra_path_changes_pods() {
     assert_eq!(scheduler(&plain), None);
     assert!(claims(&plain).is_empty());
     hook.stop().await;
+}
+
+/// A 503 / 429 / 504 storm on the namespace read: the webhook (with the client `gpushare
+/// webhook` builds) reads the namespace a bounded number of times per admission and answers,
+/// instead of multiplying its own retries by the client's quiet ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_of_503_429_504_on_the_namespace_read_is_bounded() {
+    for code in [503u16, 429, 504] {
+        let (api, hook) = cluster(GpuMemPath::Extender).await;
+        api.inject(
+            Fault::new(
+                Some(http::Method::GET),
+                "/api/v1/namespaces/dra-ns",
+                FaultAction::Status(code),
+            )
+            .times(1000),
+        );
+        let pods: Api<Pod> = Api::namespaced(api.admin_client(), "dra-ns");
+        let refused = pods
+            .create(&PostParams::default(), &two_container_pod("p"))
+            .await
+            .expect_err("the path of the namespace is unknown: refused");
+        assert!(
+            refused.to_string().contains("cannot read namespace dra-ns"),
+            "{code}: {refused}"
+        );
+        let reads = api
+            .requests()
+            .into_iter()
+            .filter(|r| r.method == http::Method::GET && r.path.contains("/namespaces/dra-ns"))
+            .count();
+        assert!(
+            (1..=3).contains(&reads),
+            "{code}: {reads} namespace reads for one admission"
+        );
+        hook.stop().await;
+    }
 }

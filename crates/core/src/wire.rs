@@ -92,6 +92,12 @@ pub const NODE_ANN_DEVICES: &str = "gpushare.io/devices";
 /// Node annotation (ours): GPUs the device plugin saw but does not offer, and why, as JSON
 /// `[{"index":0,"uuid":"GPU-…","reason":"MIG mode is enabled: …"}]`; `[]` when none.
 pub const NODE_ANN_EXCLUDED_GPUS: &str = "gpushare.io/excluded-gpus";
+/// Node annotation (ours): the GPUs the device plugin offers and those it holds back (another
+/// path serves them, or that path's pods still hold memory on them), as JSON
+/// `{"offered":[0,1],"heldBack":{"2":"…"}}`; removed when the device plugin stops.
+pub const NODE_ANN_DEVICE_PLUGIN_GPUS: &str = "gpushare.io/device-plugin-gpus";
+/// Node annotation (ours): the same for the DRA kubelet plugin.
+pub const NODE_ANN_DRA_GPUS: &str = "gpushare.io/dra-gpus";
 /// Node annotation (ours): the unit the device plugin counts in (`GiB`, `MiB`, `256MiB`).
 pub const NODE_ANN_MEMORY_UNIT: &str = "gpushare.io/memory-unit";
 /// Node annotation (ours): under driver enforcement, each served container's GPU memory limit

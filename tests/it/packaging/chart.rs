@@ -471,6 +471,8 @@ fn rbac_grants_exactly_what_each_role_uses() {
             ("", "nodes", &["get", "list", "watch", "patch"]),
             ("", "nodes/status", &["patch"]),
             ("events.k8s.io", "events", &["create", "patch"]),
+            ("resource.k8s.io", "resourceslices", &["list"]),
+            ("resource.k8s.io", "resourceclaims", &["list"]),
         ])
     );
     // Every binding points at its role and the right ServiceAccount.

@@ -149,7 +149,8 @@ fn dra_enabled_renders_the_plugin_its_class_and_least_privilege() {
                 s(&["resourceslices"]),
                 s(&["list", "create", "update", "delete"])
             ),
-            (s(&[""]), s(&["nodes"]), s(&["get"])),
+            (s(&[""]), s(&["nodes"]), s(&["get", "patch"])),
+            (s(&[""]), s(&["pods"]), s(&["list"])),
             (
                 s(&["events.k8s.io"]),
                 s(&["events"]),
