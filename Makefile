@@ -57,15 +57,20 @@ demo: ## run the self-contained demo (sandbox cluster, extender, device plugin, 
 	$(CARGO) run $(CI_FLAGS) --quiet --bin gpushare -- demo
 
 DOCS_VENV ?= .venv-docs
-docs: ## the documentation site into target/site (MkDocs pinned in docs/requirements.txt, strict: a broken link or anchor fails), then the check that docs/ names every flag and configuration key
+docs: ## the documentation site into target/site (MkDocs pinned in docs/requirements.txt, strict: any warning fails, a broken link or anchor too; a code fence shown as text fails), then the check that docs/ names every flag and configuration key
 	@[ -x $(DOCS_VENV)/bin/python3 ] || python3 -m venv $(DOCS_VENV)
 	$(DOCS_VENV)/bin/pip install --quiet --disable-pip-version-check -r docs/requirements.txt
-	$(DOCS_VENV)/bin/mkdocs build --strict --quiet
+	@# No --quiet: it keeps MkDocs' warnings from being counted, and strict mode then passes them.
+	$(DOCS_VENV)/bin/mkdocs build --strict
+	@# A fence Markdown did not parse (one inside a list item, without superfences) becomes inline
+	@# code that starts with the fence's language and a line break: <code>sh⏎.
+	@if grep -n -P '<code>(sh|bash|shell|console|yaml|yml|json|toml|text|ini|rust|python|go|diff|dockerfile|promql|c|)$$' target/site/*.html; then \
+	  echo "docs: the lines above show a fenced code block as inline text (a fence Markdown did not parse)"; exit 1; fi
 	$(CARGO) test $(CI_FLAGS) --test it -- docs::
 	@echo "docs: target/site/index.html"
 
 VENV ?= .venv
-clients: ## the outside clients the tests drive, pinned: grpcio, grpcio-tools, helm-python-sdk into $(VENV), checkov into .venv-checkov (promtool: apt-get install prometheus); any failure fails
+clients: ## the outside clients the tests drive, pinned: grpcio, grpcio-tools, helm-python-sdk, kubernetes-validate into $(VENV), checkov into .venv-checkov (promtool: apt-get install prometheus); any failure fails
 	@VENV=$(VENV) tests/clients/install.sh
 
 test-clients: ## what `make test` installs first: as `make clients`, but a client that cannot be installed only makes its tests print SKIPPED (strict under CI)

@@ -1,10 +1,11 @@
-//! gpushare: GPU memory sharing for Kubernetes, as one binary whose subcommands are its seven
-//! roles.
+//! gpushare: GPU memory sharing for Kubernetes, as one binary whose subcommands are its roles:
+//! `extender`, `device-plugin`, `dra-plugin`, `webhook`, `inspect` and `doctor` (and
+//! `cdi-hook`, which the container runtime runs).
 //!
 //! A wire-compatible successor of Aliyun's gpushare (scheduler extender, device plugin,
-//! `kubectl inspect gpushare`), plus a DRA kubelet plugin for `resource.k8s.io/v1`, an
-//! admission webhook for managed clusters, a CDI hook that puts a container's GPU memory limit
-//! on its cgroup, and `doctor`, a preflight for nodes and control planes.
+//! `kubectl inspect gpushare`), plus `doctor`, a preflight for nodes and control planes, the
+//! admission webhook of managed clusters and the DRA path (`dra-plugin`, with the webhook's
+//! rewrite of gpu-mem pods into ResourceClaims).
 //!
 //! ```text
 //!                 kube-scheduler                          kubectl inspect gpushare
@@ -23,6 +24,8 @@
 //!                                                          ──► GPU backend (nvml | nvidia-smi | fake)
 //!   container runtime ──createRuntime──► cdi-hook (GPU memory limit on the container's cgroup)
 //!   doctor: checks every box above before the roles start, and on demand.
+//!
+//!   DRA path: webhook ──gpu-mem pod → ResourceClaim──► API server ◄── kube-scheduler (DRA)
 //! ```
 //!
 //! Layout (docs/development.md has the map and the rules, and `make layers` — the
@@ -41,7 +44,7 @@
 //! - the roles, one subcommand each, which never import each other: [`extender`]
 //!   (`extender`), [`deviceplugin`] (`device-plugin`), [`dra`] (`dra-plugin`, and the DRA
 //!   path's pure pieces), [`inspect`] (`inspect`), [`doctor`] (`doctor`), [`webhook`]
-//!   (`webhook`, the admission webhook of managed clusters), [`cdi_hook`] (`cdi-hook`, the CDI
+//!   (`webhook`, the admission webhook of managed clusters and the DRA rewrite), [`cdi_hook`] (`cdi-hook`, the CDI
 //!   hook the container runtime runs to set a container's GPU memory limit);
 //! - the composers: [`cli`] (the only dispatch to the roles, and the preflight) and `demo`.
 

@@ -294,6 +294,7 @@ pub async fn start(
 ) -> anyhow::Result<DevicePluginHandle> {
     let (mut handle, agent) = crate::node::serve_on_own_agent(
         config,
+        crate::node::NodeWrites::Published,
         client,
         backend,
         shutdown,

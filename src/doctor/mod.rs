@@ -13,7 +13,8 @@
 //! `--rdma`, the RDMA stack ([`rdma`]); with `--dra`, what the DRA path needs on the node and in
 //! the API server ([`dra`]); on a node, which mechanism enforces each GPU's memory shares and
 //! what the driver's per-cgroup limits need ([`enforcement`]).
-//! `extender` and `device-plugin` run [`preflight`] before they start. Doctor only reads: it
+//! `extender` and `device-plugin` run [`preflight`] before they start, `dra-plugin`
+//! [`preflight_dra`] (the `--dra` node checks instead of the device plugin's). Doctor only reads: it
 //! changes nothing on the host or in the cluster, and every probe has a short deadline (the
 //! MPS probe runs the control program as a client; it never starts or stops the daemon).
 
@@ -37,7 +38,7 @@ use std::process::ExitCode;
 
 use crate::config::{Config, FlagOverrides, GpuBackendKind};
 use crate::core::MemoryUnit;
-use cluster::{ApiState, DEVICE_PLUGIN_PERMISSIONS, EXTENDER_PERMISSIONS};
+use cluster::{ApiState, DEVICE_PLUGIN_PERMISSIONS, DRA_PLUGIN_PERMISSIONS, EXTENDER_PERMISSIONS};
 use host::HostRoot;
 use report::{Check, Report, Status};
 
@@ -225,6 +226,15 @@ pub struct Options {
 }
 
 impl Options {
+    /// The preflight of `dra-plugin`: the DRA node's checks with the plugin's directories
+    /// and driver (`[dra]`), not the device plugin's.
+    pub fn preflight_dra(dra: &crate::config::DraConfig) -> Options {
+        Options {
+            dra: Some(dra::DraArgs::of_plugin(dra)),
+            ..Options::preflight(Role::Node)
+        }
+    }
+
     /// The preflight of `role`.
     pub fn preflight(role: Role) -> Options {
         Options {
@@ -255,6 +265,9 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
     };
     let (probe, api) = tokio::join!(probe_gpus, cluster::connect(config, opts.no_cluster));
     let mut checks: Vec<Check> = Vec::new();
+    // With --dra the node is a DRA node: its checks replace the device plugin's (its kubelet
+    // socket, the ListAndWatch limit, the gpushare=true label, its RBAC).
+    let dra_node = opts.dra.is_some();
     if let Some(probe) = &probe {
         let fake = config.gpu.backend == GpuBackendKind::Fake;
         checks.push(gpus::driver_version(&host, probe));
@@ -272,19 +285,23 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
                 .contains(&crate::config::DeviceListStrategy::Envvar);
             checks.push(host::nvidia_envvar(&host, envvar));
         }
-        if strategies.any_cdi() {
+        if strategies.any_cdi() && !dra_node {
             checks.push(cdi::specs(&host, node_cfg, probe.devices(), opts.preflight));
             if !opts.preflight {
                 checks.push(cdi::runtime(&host, node_cfg));
             }
         }
-        checks.push(host::device_plugin_dir(&host, &dp.device_plugin_dir));
-        checks.push(host::kubelet_socket(
-            &host,
-            &dp.device_plugin_dir,
-            !opts.preflight,
-        ));
-        checks.push(gpus::memory_unit(node_cfg.memory_unit, probe.devices()));
+        if dra_node {
+            checks.push(dra::memory_unit(node_cfg.memory_unit, probe.devices()));
+        } else {
+            checks.push(host::device_plugin_dir(&host, &dp.device_plugin_dir));
+            checks.push(host::kubelet_socket(
+                &host,
+                &dp.device_plugin_dir,
+                !opts.preflight,
+            ));
+            checks.push(gpus::memory_unit(node_cfg.memory_unit, probe.devices()));
+        }
         checks.extend(mps::checks(&host, node_cfg, opts.preflight).await);
         checks.push(enforcement::check(&host, config, probe, opts.dra.is_some()).await);
     }
@@ -303,10 +320,12 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
             (ApiState::Up { .. }, Some((n, _))) => cluster::get_node(&api, n).await,
             _ => Err(cluster::ApiError::NotAsked),
         };
-        if !opts.preflight {
-            checks.push(cluster::node_label(&api, name.as_ref(), &node));
+        if !dra_node {
+            if !opts.preflight {
+                checks.push(cluster::node_label(&api, name.as_ref(), &node));
+            }
+            checks.push(plugin_conflict(&host, dp, opts.preflight, &node, &locks));
         }
-        checks.push(plugin_conflict(&host, dp, opts.preflight, &node, &locks));
         if let Some(d) = &opts.dra {
             checks.extend(dra::node_checks(
                 &host,
@@ -321,10 +340,12 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
     if role.control_plane() {
         sets.push(("extender", EXTENDER_PERMISSIONS));
     }
-    if role.node() {
+    if role.node() && dra_node {
+        sets.push(("DRA plugin", DRA_PLUGIN_PERMISSIONS));
+    } else if role.node() {
         sets.push(("device plugin", DEVICE_PLUGIN_PERMISSIONS));
     }
-    checks.push(cluster::rbac(&api, &sets, config.extender.leader_elect).await);
+    checks.push(cluster::rbac(&api, &sets, config).await);
     if role.control_plane() {
         checks.push(host::open_files(config.http.max_connections));
     }
@@ -429,6 +450,12 @@ pub async fn preflight(role: Role, config: &Config) -> anyhow::Result<()> {
     preflight_with(Options::preflight(role), config).await
 }
 
+/// The preflight `dra-plugin` runs before it starts ([`Options::preflight_dra`]), as
+/// [`preflight`] runs it.
+pub async fn preflight_dra(config: &Config) -> anyhow::Result<()> {
+    preflight_with(Options::preflight_dra(&config.dra), config).await
+}
+
 async fn preflight_with(opts: Options, config: &Config) -> anyhow::Result<()> {
     let mut report = diagnose(&opts, config).await;
     let mut waited = None;
@@ -454,14 +481,6 @@ async fn preflight_with(opts: Options, config: &Config) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// The preflight of `gpushare dra-plugin`: the node checks with the DRA path's
-/// (`dra-plugin-conflict` among them), for the directories and driver of `config.dra`.
-pub async fn preflight_dra(config: &Config) -> anyhow::Result<()> {
-    let mut opts = Options::preflight(Role::Node);
-    opts.dra = Some(dra::DraArgs::of(&config.dra));
-    preflight_with(opts, config).await
 }
 
 /// Waits for the API server the preflight could not reach.

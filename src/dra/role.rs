@@ -55,6 +55,10 @@ pub const CHECKPOINT_FILE: &str = "checkpoint.json";
 pub const FATAL_XIDS_FILE: &str = "fatal-xids.json";
 /// The wait before a failed slice publication is tried again.
 const REPUBLISH_AFTER: Duration = Duration::from_secs(2);
+/// The wait before a publication the API server refused for certain (a 4xx: an invalid slice,
+/// a forbidden write) is tried again: the same slices would be refused the same way, so only
+/// a change (of health, of use) or a slow retry can help.
+const REPUBLISH_REFUSED_AFTER: Duration = Duration::from_secs(60);
 
 /// Flags of `gpushare dra-plugin`: the node agent's ([`NodeArgs`], three of them worded for
 /// the DRA path) and the DRA side's (each overrides its `[dra]`, `[node]`, `[gpu]`,
@@ -150,6 +154,7 @@ struct Role {
     facts: GpuFacts,
     served: watch::Sender<Served>,
     generation: watch::Sender<i64>,
+    events: crate::node::publish::NodeEvents,
     metrics: DraMetrics,
 }
 
@@ -307,6 +312,7 @@ pub async fn start(
 ) -> anyhow::Result<DraPluginHandle> {
     let (mut handle, agent) = crate::node::serve_on_own_agent(
         config,
+        crate::node::NodeWrites::ReadOnly,
         client,
         backend,
         shutdown,
@@ -371,28 +377,42 @@ async fn serve_gated(
 ) -> anyhow::Result<DraPluginHandle> {
     let inventory = crate::gpu::inventory_off_runtime(agent.backend()).await?;
     let unit = agent.unit();
-    let facts = GpuFacts {
-        gpus: gpus
-            .iter()
-            .map(|g| {
-                let found = inventory.devices.iter().find(|d| d.uuid == g.uuid);
-                SliceGpu {
-                    index: g.index,
-                    uuid: g.uuid.clone(),
-                    product_name: found.map(|d| d.name.clone()).unwrap_or_default(),
-                    memory_bytes: found.map_or(unit.to_bytes(g.units), |d| d.memory_bytes),
-                    place: found.filter(|d| !d.pci_bus_id.is_empty()).and_then(|d| {
-                        crate::pcie::PciLocation::of_bus_id(
-                            &config.devices.sysfs_root,
-                            &d.pci_bus_id,
-                        )
+    let (slice_gpus, too_small): (Vec<SliceGpu>, Vec<SliceGpu>) = gpus
+        .iter()
+        .map(|g| {
+            let found = inventory.devices.iter().find(|d| d.uuid == g.uuid);
+            SliceGpu {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                product_name: found.map(|d| d.name.clone()).unwrap_or_default(),
+                memory_bytes: found.map_or(unit.to_bytes(g.units), |d| d.memory_bytes),
+                place: found.filter(|d| !d.pci_bus_id.is_empty()).and_then(|d| {
+                    crate::pcie::PciLocation::of_bus_id(&config.devices.sysfs_root, &d.pci_bus_id)
                         .ok()
-                    }),
-                    unhealthy: None,
-                    allocated_bytes: 0,
-                }
-            })
-            .collect(),
+                }),
+                unhealthy: None,
+                allocated_bytes: 0,
+            }
+        })
+        .partition(|g| super::slices::holds_enough_units(g.memory_bytes, unit));
+    for g in &too_small {
+        let message = format!(
+            "GPU {} ({}) holds {} MiB, fewer than {} units of {unit}: the API server would refuse \
+             the node's slice (min + step <= value), so it is not published; pick a finer \
+             --memory-unit (gpushare doctor --dra names one that fits)",
+            g.index,
+            g.uuid,
+            g.memory_bytes >> 20,
+            crate::core::wire::DRA_MIN_UNITS_PER_GPU
+        );
+        tracing::error!("{message}");
+        agent
+            .events()
+            .warn("Publish", "GpuShareGpuTooSmall", &message)
+            .await;
+    }
+    let facts = GpuFacts {
+        gpus: slice_gpus,
         driver_version: (!inventory.driver_version.is_empty())
             .then(|| inventory.driver_version.clone()),
         others: kind_devices(agent.device_kinds()),
@@ -412,6 +432,7 @@ async fn serve_gated(
         served,
         generation: watch::Sender::new(0),
         dra: dra.clone(),
+        events: agent.events().clone(),
         metrics: metrics.clone(),
     });
     role.served
@@ -635,6 +656,8 @@ async fn publish_loop(
     tokio::pin!(stop_fut);
     let mut pool = Pool::new();
     let mut pending = None;
+    let mut retry_after = REPUBLISH_AFTER;
+    let mut last_refusal: Option<String> = None;
     let others: Vec<_> = role
         .facts
         .others
@@ -689,15 +712,34 @@ async fn publish_loop(
                     tracing::debug!(generation, ?done, "ResourceSlice published");
                     role.generation.send_replace(*generation);
                     pending = None;
+                    last_refusal = None;
+                }
+                Err(crate::node::api::ApiCallError::Kube(ref e))
+                    if crate::k8s::write::refused_for_certain(e) =>
+                {
+                    let message = format!(
+                        "the API server refused the ResourceSlices of node {} (pool generation \
+                         {generation}): {e}",
+                        role.node
+                    );
+                    if last_refusal.as_deref() != Some(message.as_str()) {
+                        tracing::error!("{message}");
+                        role.events
+                            .warn("Publish", "GpuShareSliceRefused", &message)
+                            .await;
+                        last_refusal = Some(message);
+                    }
+                    retry_after = REPUBLISH_REFUSED_AFTER;
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot publish the ResourceSlice (retrying)")
+                    tracing::warn!(error = %e, "cannot publish the ResourceSlice (retrying)");
+                    retry_after = REPUBLISH_AFTER;
                 }
             }
         }
         let retry = async {
             if pending.is_some() {
-                tokio::time::sleep(REPUBLISH_AFTER).await;
+                tokio::time::sleep(retry_after).await;
             } else {
                 std::future::pending::<()>().await;
             }

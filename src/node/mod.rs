@@ -16,7 +16,8 @@
 //! - with MPS, the daemon's supervisor ([`mps`]), given the node's Event sink and reporting to
 //!   [`mps::MpsStatus`], whose state the roles follow for their readiness;
 //! - node publishing ([`publish`]): `aliyun.com/gpu-count`, `gpushare.io/devices`,
-//!   `gpushare.io/memory-unit`, `gpushare.io/excluded-gpus`, Warning Events;
+//!   `gpushare.io/memory-unit`, `gpushare.io/excluded-gpus` (on the device-plugin path only:
+//!   [`NodeWrites`]), Warning Events;
 //! - the device kinds beside the GPUs ([`kinds`]): RDMA HCAs and generic devices, each one
 //!   extended resource, with the GPUs' PCI places (read with [`PreparedAgent::with_devices`]);
 //! - the container contract ([`contract`]): (GPU, units, strategy) → envs, mounts, device
@@ -81,12 +82,12 @@ use mps::{MpsSettings, MpsStatus, Supervisor};
 use paths::{Assignments, PathConflict, ServingPath};
 use publish::{NodeEvents, NodeFacts};
 
-/// The settings without which no node role can start (the node name), checked before the
-/// preflight so the message names the missing setting.
-pub fn check_required(config: &Config) -> anyhow::Result<()> {
+/// The settings without which node role `role` (`device-plugin`, `dra-plugin`) cannot start
+/// (the node name), checked before the preflight so the message names the missing setting.
+pub fn check_required(config: &Config, role: &str) -> anyhow::Result<()> {
     anyhow::ensure!(
         !config.node.node_name.trim().is_empty(),
-        "device-plugin: the node name is required: pass --node-name or set NODE_NAME \
+        "{role}: the node name is required: pass --node-name or set NODE_NAME \
          (in a DaemonSet: env NODE_NAME from fieldRef spec.nodeName)"
     );
     Ok(())
@@ -115,6 +116,20 @@ pub async fn connect(
     Ok((client, backend))
 }
 
+/// What the node agent writes on its Node object, by the path its role serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeWrites {
+    /// The device-plugin path: `aliyun.com/gpu-count` in the status and the annotations
+    /// `gpushare.io/devices`, `gpushare.io/memory-unit` and `gpushare.io/excluded-gpus` (what
+    /// the extender and inspect read), the unit decided against the one the node recorded
+    /// ([`unit_change`], which lists the node's pods when it changes).
+    Published,
+    /// The DRA path: none of that. The ResourceSlices carry the GPUs, their unit and their
+    /// health, and allocations are in bytes; the Node is read (its uid names it in Events) and
+    /// carries only the path's own annotation ([`path_gate`]) and the enforcement readback's.
+    ReadOnly,
+}
+
 /// Starts a node role on an agent of its own: [`NodeAgent::prepare`], then `admit` (the role
 /// reads what more it serves and refuses what it cannot, before anything is published), then
 /// [`PreparedAgent::start`], then `serve` on the agent. The agent is stopped when `serve`
@@ -123,6 +138,7 @@ pub async fn connect(
 /// tests, `gpushare demo`) call it directly.
 pub async fn serve_on_own_agent<H, Fut>(
     config: &Config,
+    writes: NodeWrites,
     client: kube::Client,
     backend: Arc<dyn GpuBackend>,
     shutdown: Shutdown,
@@ -132,7 +148,7 @@ pub async fn serve_on_own_agent<H, Fut>(
 where
     Fut: Future<Output = anyhow::Result<H>>,
 {
-    let prepared = admit(NodeAgent::prepare(&config.node, client, backend).await?)?;
+    let prepared = admit(NodeAgent::prepare(&config.node, writes, client, backend).await?)?;
     let agent = prepared.start(shutdown.clone()).await?;
     match serve(agent.agent().clone(), shutdown).await {
         Ok(handle) => Ok((handle, agent)),
@@ -149,6 +165,7 @@ where
 pub async fn run_role<Fut>(
     config: &Config,
     role: &str,
+    writes: NodeWrites,
     admit: impl FnOnce(PreparedAgent) -> anyhow::Result<PreparedAgent>,
     run: impl FnOnce(Arc<NodeAgent>, Shutdown) -> Fut,
 ) -> anyhow::Result<ExitCode>
@@ -158,7 +175,8 @@ where
     let (trigger, _) = crate::shutdown::channel();
     let shutdown = crate::shutdown::on_signals(trigger);
     let (client, backend) = connect(config, role).await?;
-    let (code, agent) = serve_on_own_agent(config, client, backend, shutdown, admit, run).await?;
+    let (code, agent) =
+        serve_on_own_agent(config, writes, client, backend, shutdown, admit, run).await?;
     agent.stop().await;
     Ok(code)
 }
@@ -184,6 +202,7 @@ pub struct NodeAgent {
     mps: Option<Arc<MpsStatus>>,
     unit_refused: Option<String>,
     kinds: kinds::DeviceKinds,
+    writes: NodeWrites,
     enforcement: Arc<enforcement::Enforcer>,
 }
 
@@ -208,6 +227,7 @@ pub struct PreparedAgent {
     inventory: Inventory,
     unit_refused: Option<String>,
     kinds: kinds::DeviceKinds,
+    writes: NodeWrites,
     enforcement: Arc<enforcement::Enforcer>,
     fatal_xids: Option<PathBuf>,
 }
@@ -224,10 +244,11 @@ impl std::fmt::Debug for PreparedAgent {
 
 impl NodeAgent {
     /// Reads the GPUs (at least one must be offered) and the node (it must exist), and
-    /// decides the memory unit: the configured one, unless pods placed under the unit the
-    /// node published still run.
+    /// decides the memory unit: the configured one, unless (with [`NodeWrites::Published`])
+    /// pods placed under the unit the node published still run.
     pub async fn prepare(
         config: &NodeConfig,
+        writes: NodeWrites,
         client: kube::Client,
         backend: Arc<dyn GpuBackend>,
     ) -> Result<PreparedAgent, AgentError> {
@@ -253,14 +274,20 @@ impl NodeAgent {
             });
         }
         let facts = publish::read_node(&client, &node).await?;
-        let unit = unit_change::decide(
-            &client,
-            &node,
-            facts.memory_unit.as_deref(),
-            config.memory_unit,
-        )
-        .await?;
-        config.memory_unit = unit.unit;
+        let unit_refused = match writes {
+            NodeWrites::Published => {
+                let unit = unit_change::decide(
+                    &client,
+                    &node,
+                    facts.memory_unit.as_deref(),
+                    config.memory_unit,
+                )
+                .await?;
+                config.memory_unit = unit.unit;
+                unit.refused
+            }
+            NodeWrites::ReadOnly => None,
+        };
         let enforcement = Arc::new(
             enforcement::Enforcer::prepare_off_runtime(&config, &backend, &inventory).await,
         );
@@ -271,8 +298,9 @@ impl NodeAgent {
             client,
             backend,
             inventory,
-            unit_refused: unit.refused,
+            unit_refused,
             kinds: kinds::DeviceKinds::default(),
+            writes,
             enforcement,
             fatal_xids: None,
         })
@@ -391,6 +419,9 @@ impl NodeAgent {
     /// Publishes `gpushare.io/devices` as health and the device-plugin path's offer say: a GPU
     /// is healthy for the extender when its health is, and the device plugin offers it.
     pub async fn publish_device_annotations(&self) {
+        if self.writes != NodeWrites::Published {
+            return;
+        }
         let view = self.health.borrow().clone();
         let withheld = self
             .withheld
@@ -481,6 +512,7 @@ impl PreparedAgent {
             inventory,
             unit_refused,
             kinds,
+            writes,
             enforcement,
             fatal_xids,
         } = self;
@@ -512,19 +544,21 @@ impl PreparedAgent {
             }
             (path, record)
         });
-        publish::publish_gpu_count(&client, &node, gpus.len()).await?;
-        publish::publish_devices(
-            &client,
-            &node,
-            &publish::device_annotations(&gpus, unit, |u| tracker.is_healthy(u)),
-        )
-        .await?;
-        publish::publish_devices(
-            &client,
-            &node,
-            &publish::excluded_annotation(&inventory.excluded),
-        )
-        .await?;
+        if writes == NodeWrites::Published {
+            publish::publish_gpu_count(&client, &node, gpus.len()).await?;
+            publish::publish_devices(
+                &client,
+                &node,
+                &publish::device_annotations(&gpus, unit, |u| tracker.is_healthy(u)),
+            )
+            .await?;
+            publish::publish_devices(
+                &client,
+                &node,
+                &publish::excluded_annotation(&inventory.excluded),
+            )
+            .await?;
+        }
         let events = NodeEvents::new(
             Events::new(client.clone(), DEVICE_PLUGIN_COMPONENT, &node),
             &node,
@@ -572,6 +606,7 @@ impl PreparedAgent {
             mps,
             unit_refused,
             kinds,
+            writes,
             enforcement,
             config,
         });

@@ -235,9 +235,10 @@ pub(crate) fn mutate_review(
 }
 
 /// The extender path's verdict on a pod being created: a gpu-mem pod whose
-/// `spec.schedulerName` is empty or `default-scheduler` gets `scheduler_name`.
+/// `spec.schedulerName` is empty or `default-scheduler` gets `scheduler_name`; every pod is
+/// admitted unchanged when `scheduler_name` is empty (no scheduler to send them to).
 pub(crate) fn mutate_pod(pod: &Pod, scheduler_name: &str) -> Verdict {
-    if !asks_for_gpu_mem(pod) {
+    if !asks_for_gpu_mem(pod) || scheduler_name.is_empty() {
         return Verdict::allow();
     }
     let current = pod.spec.as_ref().and_then(|s| s.scheduler_name.as_deref());

@@ -46,8 +46,9 @@ pub struct Args {
     /// HTTPS port [config: webhook.port; default 9443]
     #[arg(long, value_name = "PORT")]
     pub port: Option<u16>,
-    /// The scheduler gpu-mem pods are sent to [config: webhook.scheduler_name; default
-    /// gpushare-scheduler]
+    /// The scheduler gpu-mem pods are sent to; empty: pods keep their scheduler (the default
+    /// kube-scheduler calls the extender, and only the DRA path changes pods) [config:
+    /// webhook.scheduler_name; default gpushare-scheduler]
     #[arg(long, value_name = "NAME")]
     pub scheduler_name: Option<String>,
     /// Largest aliyun.com/gpu-mem one pod may ask for, in units [config: webhook.max_gpu_mem;
@@ -91,6 +92,14 @@ pub struct Args {
     /// [config: webhook.gpu_mem_path; default extender]
     #[arg(long, value_name = "PATH")]
     pub gpu_mem_path: Option<crate::config::GpuMemPath>,
+    /// Size of one unit of aliyun.com/gpu-mem on the DRA path, as the DRA plugins count it:
+    /// GiB, MiB or e.g. 256MiB [config: node.memory_unit; default GiB]
+    #[arg(long, value_name = "UNIT")]
+    pub memory_unit: Option<crate::core::MemoryUnit>,
+    /// The DRA driver of the claims' devices, as the DRA plugins publish them (their
+    /// <driver>/uuid keeps a pod on one GPU) [config: dra.driver_name; default gpushare.io]
+    #[arg(long, value_name = "NAME")]
+    pub driver_name: Option<String>,
 }
 
 impl Args {
@@ -109,6 +118,8 @@ impl Args {
             service_name,
             webhook_config,
             gpu_mem_path,
+            memory_unit,
+            driver_name,
         } = self;
         let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
         flags.set("webhook.bind_address", bind_address.map(|a| a.to_string()));
@@ -123,6 +134,8 @@ impl Args {
         flags.set("webhook.service_name", service_name.clone());
         flags.set("webhook.webhook_config", webhook_config.clone());
         flags.set("webhook.gpu_mem_path", *gpu_mem_path);
+        flags.set("node.memory_unit", *memory_unit);
+        flags.set("dra.driver_name", driver_name.clone());
     }
 }
 
@@ -249,8 +262,13 @@ pub async fn start(
     // webhook.gpu_mem_path); without it, every pod takes the extender path.
     let dra = match (&client, w.gpu_mem_path) {
         (Some(c), path) => Some(
-            dra_mode::DraMode::new(c.clone(), path, config.node.memory_unit)
-                .with_kinds(dra_rewrite::kind_requests(&config.devices)),
+            dra_mode::DraMode::new(
+                c.clone(),
+                path,
+                config.node.memory_unit,
+                &config.dra.driver_name,
+            )
+            .with_kinds(dra_rewrite::kind_requests(&config.devices)),
         ),
         (None, crate::config::GpuMemPath::Extender) => None,
         (None, crate::config::GpuMemPath::Dra) => {

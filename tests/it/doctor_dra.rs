@@ -10,7 +10,7 @@ use gpushare::config::Config;
 use gpushare::doctor::dra::DraArgs;
 use gpushare::doctor::report::{Check, Status};
 use gpushare::doctor::{Options, Role, diagnose};
-use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
+use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction, FeatureGate};
 use serde_json::Value;
 
 use crate::support::source_tree::assert_generated;
@@ -53,6 +53,10 @@ fn sound_root() -> tempfile::TempDir {
 }
 
 fn node_doctor(root: &Path, extra: &[&str]) -> std::process::Output {
+    node_doctor_with_gpus(root, "2x16GiB", extra)
+}
+
+fn node_doctor_with_gpus(root: &Path, gpus: &str, extra: &[&str]) -> std::process::Output {
     let mut args = vec![
         "doctor",
         "--role",
@@ -62,7 +66,7 @@ fn node_doctor(root: &Path, extra: &[&str]) -> std::process::Output {
         "--gpu-backend",
         "fake",
         "--fake-gpus",
-        "2x16GiB",
+        gpus,
         "--root",
         root.to_str().expect("utf-8"),
     ];
@@ -129,6 +133,18 @@ fn a_sound_dra_node_passes_with_a_golden_report() {
     );
     // The DRA path hands GPUs over through CDI: nvidia need not be the default runtime.
     assert!(!text.contains("] container-runtime "), "{text}");
+    // A DRA node is not a device-plugin node: none of the device plugin's checks (its kubelet
+    // socket, the ListAndWatch limit, its label) runs; the DRA unit check does.
+    for id in [
+        "device-plugin-dir",
+        "kubelet-socket",
+        "memory-unit",
+        "node-label",
+        "plugin-conflict",
+    ] {
+        assert!(!text.contains(&format!("] {id} ")), "{id}: {text}");
+    }
+    assert_eq!(status_of(&rep, "dra-memory-unit"), "ok");
     // Without --dra, no DRA check runs.
     let plain = run(&[
         "doctor",
@@ -146,6 +162,35 @@ fn a_sound_dra_node_passes_with_a_golden_report() {
     ]);
     assert!(!stdout(&plain).contains("\"dra-"), "{}", stdout(&plain));
     assert_eq!(status_of(&report(&plain), "container-runtime"), "fail");
+}
+
+/// A GPU of fewer than two units cannot be published (the API server refuses `min + step >
+/// value`): a warning naming it and a unit that fits every GPU; a failure when no GPU fits.
+#[test]
+fn a_gpu_too_small_for_the_unit_is_named_with_a_unit_that_fits() {
+    let r = sound_root();
+    let rep = report(&node_doctor_with_gpus(
+        r.path(),
+        "16GiB,15GiB",
+        &["--memory-unit", "8GiB", "-o", "json"],
+    ));
+    assert_eq!(status_of(&rep, "dra-memory-unit"), "warn");
+    let text = text_of(&rep, "dra-memory-unit");
+    assert!(
+        text.contains(
+            "GPU 1 (GPU-fake-0000-0000-0000-000000000001, 15360 MiB) holds 1 unit(s) of 8GiB"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("GPU 0"), "{text}");
+    assert!(text.contains("--memory-unit 4GiB"), "{text}");
+    let rep = report(&node_doctor_with_gpus(
+        r.path(),
+        "16GiB",
+        &["--memory-unit", "16GiB", "-o", "json"],
+    ));
+    assert_eq!(status_of(&rep, "dra-memory-unit"), "fail");
+    assert!(text_of(&rep, "dra-memory-unit").contains("--memory-unit 8GiB"));
 }
 
 #[test]
@@ -329,8 +374,15 @@ async fn the_control_plane_checks_read_the_api_and_store_nothing() {
     let ids: Vec<&str> = c.iter().map(|c| c.id).collect();
     assert_eq!(
         ids,
-        ["dra-api", "dra-consumable-capacity", "dra-device-class"]
+        [
+            "dra-api",
+            "dra-consumable-capacity",
+            "dra-device-taints",
+            "dra-device-class"
+        ]
     );
+    let taints = by_id(&c, "dra-device-taints");
+    assert_eq!(taints.status, Status::Ok, "{taints:?}");
     assert_eq!(by_id(&c, "dra-api").status, Status::Ok, "{c:?}");
     let cc = by_id(&c, "dra-consumable-capacity");
     assert_eq!(cc.status, Status::Ok, "{cc:?}");
@@ -386,6 +438,27 @@ async fn the_control_plane_checks_read_the_api_and_store_nothing() {
         class
             .detail
             .contains("no selector names the driver \"gpushare.io\"")
+    );
+    api.shutdown().await;
+}
+
+/// On Kubernetes 1.34 and 1.35 `DRADeviceTaints` is off by default: the API server drops the
+/// taints of the slices, and an unhealthy GPU keeps receiving claims. The same dry-run slice
+/// tells, and the check names the gate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gate_off_api_server_warns_that_unhealthy_gpus_keep_receiving_claims() {
+    let api = ApiServer::start().await.expect("sandbox");
+    api.set_feature_gate(FeatureGate::DRADeviceTaints, false);
+    let empty = tempfile::tempdir().expect("root");
+    let c = dra_checks(&api, Role::ControlPlane, empty.path()).await;
+    assert_eq!(by_id(&c, "dra-consumable-capacity").status, Status::Ok);
+    let t = by_id(&c, "dra-device-taints");
+    assert_eq!(t.status, Status::Warn, "{t:?}");
+    assert!(t.detail.contains("dropped the taints"), "{}", t.detail);
+    assert!(t.hint.contains("DRADeviceTaints=true"), "{}", t.hint);
+    assert!(
+        api.list_objects("resourceslices", None).is_empty(),
+        "a dry run stores nothing"
     );
     api.shutdown().await;
 }

@@ -1,6 +1,7 @@
 //! The one integration-test binary. Each module is a topic; `support` holds the shared
 //! harness (binary runner, fixtures).
 
+mod chart_modes;
 mod cli;
 mod client_auth;
 mod clients;

@@ -365,6 +365,65 @@ async fn an_hca_in_the_limits_moves_into_the_claim_aligned_with_the_gpu() {
     assert!(limits.contains_key("gpushare.io/rdma"));
 }
 
+/// The unit and the driver the webhook is given (`--memory-unit`, `--driver-name`: the chart's
+/// `devicePlugin.memoryUnit` and `dra.driverName`) are the ones its claims are written in: a
+/// container asking 4096 units of MiB asks 4 GiB, and the pod's requests are kept on one GPU
+/// by `<driver>/uuid`, the attribute that driver's slices publish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_claim_is_written_in_the_unit_and_driver_the_webhook_is_given() {
+    let (api, hook) = cluster_with(GpuMemPath::Dra, |c| {
+        c.node.memory_unit = MemoryUnit::MIB;
+        c.dra.driver_name = "example.com".into();
+    })
+    .await;
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "mib" },
+        "spec": { "containers": [
+            { "name": "main", "image": "cuda", "resources": { "limits": { "aliyun.com/gpu-mem": "4096" } } },
+            { "name": "side", "image": "cuda", "resources": { "limits": { "aliyun.com/gpu-mem": "1024" } } },
+        ] },
+    }))
+    .expect("a pod");
+    create(&api, "plain-ns", &pod).await;
+    let t = templates(&api, "plain-ns");
+    assert_eq!(t.len(), 1, "{t:?}");
+    let devices = &t[0]["spec"]["spec"]["devices"];
+    assert_eq!(
+        devices["requests"][0]["exactly"]["capacity"]["requests"]["memory"],
+        (4 * GIB).to_string(),
+        "4096 MiB units are 4 GiB"
+    );
+    assert_eq!(
+        devices["requests"][1]["exactly"]["capacity"]["requests"]["memory"],
+        GIB.to_string()
+    );
+    assert_eq!(
+        devices["constraints"][0]["matchAttribute"], "example.com/uuid",
+        "the attribute the driver's slices publish"
+    );
+    hook.stop().await;
+}
+
+/// With no scheduler to send pods to (`--scheduler-name ""`: scheduler.mode=extender, where the
+/// default kube-scheduler calls the extender), the webhook rewrites the DRA path's pods and
+/// leaves every other pod's scheduler as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_scheduler_to_route_to_only_the_dra_path_changes_pods() {
+    let (api, hook) = cluster_with(GpuMemPath::Extender, |c| {
+        c.webhook.scheduler_name = String::new();
+    })
+    .await;
+    let dra = create(&api, "dra-ns", &two_container_pod("a")).await;
+    assert_eq!(claims(&dra), [DRA_POD_CLAIM]);
+    let ext = create(&api, "ext-ns", &two_container_pod("b")).await;
+    assert!(claims(&ext).is_empty());
+    assert_eq!(scheduler(&ext), None, "kept for the default kube-scheduler");
+    let plain = create(&api, "plain-ns", &two_container_pod("c")).await;
+    assert_eq!(scheduler(&plain), None);
+    assert!(claims(&plain).is_empty());
+    hook.stop().await;
+}
+
 /// A 503 / 429 / 504 storm on the namespace read: the webhook (with the client `gpushare
 /// webhook` builds) reads the namespace a bounded number of times per admission and answers,
 /// instead of multiplying its own retries by the client's quiet ones.
