@@ -66,8 +66,7 @@ impl GlobalArgs {
     }
 }
 
-/// GPU memory sharing for Kubernetes: scheduler extender, device plugin, DRA plugin, inspect,
-/// doctor, webhook and CDI hook.
+/// GPU memory sharing: extender, device plugin, DRA plugin, webhook, inspect, doctor, CDI hook.
 ///
 /// A drop-in successor of Aliyun's gpushare: pods ask for `aliyun.com/gpu-mem` (GiB by
 /// default), the extender picks one GPU with room, the device plugin hands it to the
