@@ -19,6 +19,7 @@ pub mod dra_node;
 pub mod enforcement;
 pub mod extender_cluster;
 pub mod extender_http;
+pub mod extender_sandbox;
 pub mod helm_chart;
 pub mod hgx;
 pub mod https_client;
