@@ -9,12 +9,13 @@ use gpushare::core::wire::{DRA_DEVICE_CLASS, DRA_DRIVER_NAME};
 use gpushare::core::{GpuMem, GpuPolicy, MemoryUnit};
 use gpushare::dra::claims::{ClaimShare, NodeDevice, read_claim};
 use gpushare::dra::slices::{Pool, SliceGpu, device_name};
-use gpushare::webhook::dra_rewrite::rewrite;
 use gpushare_sandbox::apiserver::ApiServer;
 use gpushare_sandbox::dra_allocator::DraAllocator;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;
+
+use crate::support::dra_node::submit;
 
 const GIB: u64 = 1 << 30;
 
@@ -70,40 +71,6 @@ fn publish(server: &ApiServer, pool: &mut Pool, policy: GpuPolicy, allocated: [u
             .expect("the API server stores the slice");
     }
     true
-}
-
-/// Rewrites a two-container gpu-mem pod, stores its template and the pod.
-fn submit(server: &ApiServer, name: &str, main: u64, side: u64) {
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": { "name": name, "namespace": "default" },
-        "spec": { "containers": [
-            { "name": "main", "image": "x", "resources": { "limits": { "aliyun.com/gpu-mem": main.to_string() } } },
-            { "name": "side", "image": "x", "resources": { "limits": { "aliyun.com/gpu-mem": side.to_string() } } },
-        ] },
-    }))
-    .expect("a pod");
-    let r = rewrite(
-        &pod,
-        "default",
-        MemoryUnit::GIB,
-        DRA_DRIVER_NAME,
-        DRA_DEVICE_CLASS,
-    )
-    .expect("rewrites")
-    .expect("a gpu-mem pod is rewritten");
-    let template = r.template.metadata.name.clone().expect("named");
-    if server
-        .get_object("resourceclaimtemplates", Some("default"), &template)
-        .is_none()
-    {
-        server
-            .create_object(serde_json::to_value(&r.template).expect("json"))
-            .expect("the template is stored");
-    }
-    let mut value = serde_json::to_value(&r.pod).expect("json");
-    value["apiVersion"] = json!("v1");
-    value["kind"] = json!("Pod");
-    server.create_object(value).expect("the pod is stored");
 }
 
 /// The shares of the pod's claim, read as the plugin will read them.

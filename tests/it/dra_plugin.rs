@@ -18,16 +18,15 @@ use gpushare::dra::plugin::{
 };
 use gpushare::dra::slices::{SliceGpu, build_slices, device_name};
 use gpushare::shutdown::Shutdown;
-use gpushare::webhook::dra_rewrite::rewrite;
 use gpushare_sandbox::apiserver::ApiServer;
 use gpushare_sandbox::dra_allocator::DraAllocator;
 use gpushare_sandbox::dra_kubelet::{ClaimOutcome, DraKubelet};
-use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use crate::support::clients;
 use crate::support::dra;
+use crate::support::dra_node::submit;
 use crate::support::socket_dir::short_tempdir;
 
 const GIB: u64 = 1 << 30;
@@ -151,30 +150,7 @@ async fn node() -> Node {
             .create_object(serde_json::to_value(&s).expect("json"))
             .expect("the slice");
     }
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": { "name": "p", "namespace": "default" },
-        "spec": { "containers": [
-            { "name": "main", "image": "x", "resources": { "limits": { "aliyun.com/gpu-mem": "3" } } },
-            { "name": "side", "image": "x", "resources": { "limits": { "aliyun.com/gpu-mem": "1" } } },
-        ] },
-    }))
-    .expect("a pod");
-    let r = rewrite(
-        &pod,
-        "default",
-        MemoryUnit::GIB,
-        DRA_DRIVER_NAME,
-        DRA_DEVICE_CLASS,
-    )
-    .expect("rewrites")
-    .expect("rewritten");
-    server
-        .create_object(serde_json::to_value(&r.template).expect("json"))
-        .expect("the template");
-    let mut value = serde_json::to_value(&r.pod).expect("json");
-    value["apiVersion"] = json!("v1");
-    value["kind"] = json!("Pod");
-    server.create_object(value).expect("the pod");
+    submit(&server, "p", 3, 1);
     let pass = DraAllocator::new(server.admin_client())
         .reconcile()
         .await

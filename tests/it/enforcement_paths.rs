@@ -13,22 +13,20 @@ use std::path::Path;
 
 use gpushare::config::enforcement::Enforcement;
 use gpushare::config::{Config, DeviceListStrategies, DeviceListStrategy};
-use gpushare::core::MemoryUnit;
 use gpushare::core::wire::{DRA_DEVICE_CLASS, DRA_DRIVER_NAME, NODE_ANN_CONTAINER_GPU_MEMORY};
 use gpushare::dra::role;
 use gpushare::gpu::fake::FakeBackend;
 use gpushare::node::enforcement::Mechanism;
 use gpushare::node::paths::ServingPath;
 use gpushare::shutdown::Shutdown;
-use gpushare::webhook::dra_rewrite::rewrite;
 use gpushare_sandbox::apiserver::ApiServer;
 use gpushare_sandbox::dra_allocator::DraAllocator;
 use gpushare_sandbox::dra_kubelet::{ClaimOutcome, DraKubelet};
 use gpushare_sandbox::nvml_stub::{self, MemoryAccounting};
-use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
 use crate::support::deviceplugin_cluster::{self, NODE as DP_NODE};
+use crate::support::dra_node::submit_containers;
 use crate::support::enforcement::{GIB, Host, gpus, oci_state, run_hook_as_runtime};
 use crate::support::socket_dir::short_tempdir;
 use crate::support::wait::wait_until;
@@ -121,28 +119,7 @@ fn dra_config(host: &Host, dir: &Path) -> Config {
 
 /// A one-container gpu-mem pod rewritten for the DRA path, its template and the pod stored.
 fn submit(api: &ApiServer, name: &str, gib: u64) {
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": { "name": name, "namespace": "default" },
-        "spec": { "containers": [
-            { "name": "main", "image": "x", "resources": { "limits": { "aliyun.com/gpu-mem": gib.to_string() } } },
-        ] },
-    }))
-    .expect("a pod");
-    let r = rewrite(
-        &pod,
-        "default",
-        MemoryUnit::GIB,
-        DRA_DRIVER_NAME,
-        DRA_DEVICE_CLASS,
-    )
-    .expect("rewrites")
-    .expect("rewritten");
-    api.create_object(serde_json::to_value(&r.template).expect("json"))
-        .expect("the template");
-    let mut value = serde_json::to_value(&r.pod).expect("json");
-    value["apiVersion"] = json!("v1");
-    value["kind"] = json!("Pod");
-    api.create_object(value).expect("the pod");
+    submit_containers(api, name, &[("main", gib)]);
 }
 
 #[tokio::test]
