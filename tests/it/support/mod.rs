@@ -19,6 +19,7 @@ pub mod helm_chart;
 pub mod hgx;
 pub mod https_client;
 pub mod ledger_truth;
+pub mod limiter;
 pub mod mps;
 pub mod objects;
 pub mod socket_dir;

@@ -213,7 +213,7 @@ pub fn unserved(
             .iter()
             .flat_map(|s| s.container_statuses.iter().flatten());
         for status in statuses {
-            if !status.state.as_ref().is_some_and(|s| s.running.is_some()) {
+            if status.state.as_ref().is_none_or(|s| s.running.is_none()) {
                 continue;
             }
             let Some(want) = request
