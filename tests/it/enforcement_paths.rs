@@ -33,7 +33,7 @@ use crate::support::enforcement::{
 };
 use crate::support::socket_dir::short_tempdir;
 use crate::support::wait::wait_until;
-use crate::support::{extender_http, kubeconfig_for, stderr, stdout};
+use crate::support::{extender_http, stderr, stdout};
 
 const NODE: &str = "node-a";
 
@@ -205,8 +205,7 @@ async fn dra_a_4gib_pod_is_limited_to_4gib_on_its_own_cgroup_and_the_readback_sh
         .as_deref(),
         Some(GIB.to_string().as_str())
     );
-    let kubeconfig = kubeconfig_for(&api.url());
-    let kc = kubeconfig.path().display().to_string();
+    let kc = api.admin_kubeconfig_path().display().to_string();
     let wide = inspect(&kc, "wide").await;
     assert!(wide.status.success(), "{}", stderr(&wide));
     assert!(

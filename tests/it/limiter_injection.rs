@@ -39,7 +39,7 @@ use crate::support::limiter::{
 };
 use crate::support::socket_dir::short_tempdir;
 use crate::support::wait::wait_until;
-use crate::support::{kubeconfig_for, stderr, stdout};
+use crate::support::{stderr, stdout};
 
 const DRA_NODE: &str = "node-a";
 
@@ -242,8 +242,7 @@ async fn device_plugin_a_4gib_pod_gets_the_limiter_mounts_and_is_held_to_4gib() 
         .to_string();
     assert_eq!(host.containers(), [format!("dp-{uid}-main")]);
 
-    let kubeconfig = kubeconfig_for(&cluster.api.url());
-    let kc = kubeconfig.path().display().to_string();
+    let kc = cluster.api.admin_kubeconfig_path().display().to_string();
     if let Some(runner) =
         namespace_or_skip("limiter_injection::device_plugin_a_4gib_pod_gets_the_limiter_mounts")
     {
@@ -394,8 +393,8 @@ async fn dra_a_4gib_claim_gets_the_limiter_in_its_cdi_spec_and_is_held_to_4gib()
             })
         })
         .await;
-        let kubeconfig = kubeconfig_for(&api.url());
-        let wide = inspect(&kubeconfig.path().display().to_string(), "wide").await;
+        let kc = api.admin_kubeconfig_path().display().to_string();
+        let wide = inspect(&kc, "wide").await;
         assert!(wide.status.success(), "{}", stderr(&wide));
         a.finish();
     }
