@@ -38,7 +38,7 @@ use crate::support::limiter::{
     namespace_or_skip, probe, run_to_end, sixteen_gib,
 };
 use crate::support::socket_dir::short_tempdir;
-use crate::support::wait::wait_until;
+use crate::support::wait::{DEADLINE, poll, wait_until};
 use crate::support::{stderr, stdout};
 
 const DRA_NODE: &str = "node-a";
@@ -204,12 +204,21 @@ fn second_process_shares(root: &ContainerRoot) {
     );
 }
 
+/// The device plugin's node with its 16 GiB GPU allocatable (what `inspect` reads).
+fn dp_node() -> String {
+    format!(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: {DP_NODE}\n  labels:\n    gpushare: \"true\"\n\
+         status:\n  capacity: {{cpu: \"8\", aliyun.com/gpu-mem: \"16\", aliyun.com/gpu-count: \"1\"}}\n  \
+         allocatable: {{cpu: \"8\", aliyun.com/gpu-mem: \"16\", aliyun.com/gpu-count: \"1\"}}\n"
+    )
+}
+
 #[tokio::test]
 async fn device_plugin_a_4gib_pod_gets_the_limiter_mounts_and_is_held_to_4gib() {
     let host = HostDirs::new();
     let cluster = deviceplugin_cluster::cluster_on(
         backend(),
-        &deviceplugin_cluster::node_yaml(""),
+        &dp_node(),
         |_| {},
         |c| host.configure(c, Enforcement::Limiter),
     )
@@ -520,8 +529,12 @@ async fn a_restarted_node_agent_removes_the_files_of_pods_gone_while_it_was_down
     .expect("starts");
     let stays_key = stays_key.into_inner().expect("lock");
     let busy_key = busy.file_name().expect("name").to_string_lossy().into_owned();
-    wait_until("the first cycle removed the gone pod's files", || {
-        host.containers() == [stays_key.clone(), busy_key.clone()]
+    let mut want = vec![stays_key.clone(), busy_key.clone()];
+    want.sort();
+    poll("the first cycle removed the gone pod's files", DEADLINE, || {
+        let now = host.containers();
+        let held = now == want;
+        async move { if held { Ok(()) } else { Err(now) } }
     })
     .await;
     // The last process of `busy` exits: its files go at the next cycle.
