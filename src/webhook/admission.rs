@@ -15,9 +15,10 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{Value, json};
 
 use crate::core::request::{QuantityError, parse_quantity};
+use super::limiter_guard::LimiterGuard;
 use crate::core::wire::{
     ENV_CGPU_DISABLE, ENV_MPS_ACTIVE_THREAD_PERCENTAGE, ENV_MPS_PINNED_MEM_LIMIT,
-    ENV_MPS_PIPE_DIRECTORY, ENV_VISIBLE_DEVICES, RESOURCE_GPU_MEM,
+    ENV_MPS_PIPE_DIRECTORY, ENV_VISIBLE_DEVICES, POD_ANN_DRA_GPU_MEM, RESOURCE_GPU_MEM,
 };
 
 /// The `apiVersion` of every review we accept and answer.
@@ -238,6 +239,17 @@ pub fn mutate(body: &[u8], scheduler_name: &str) -> Result<(String, Verdict), Re
 /// `POST /validate`: on Pod CREATE, refuses a malformed gpu-mem request (see
 /// [`problems`]); everything else is allowed.
 pub fn validate(body: &[u8], max_gpu_mem: u64) -> Result<(String, Verdict), ReviewError> {
+    validate_with(body, max_gpu_mem, &LimiterGuard::default())
+}
+
+/// [`validate`], also refusing a gpu-mem pod (or one the DRA rewrite made of it) whose spec
+/// would take the CUDA memory limiter's place ([`super::limiter_guard`]) on the node's
+/// `guard` directories.
+pub fn validate_with(
+    body: &[u8],
+    max_gpu_mem: u64,
+    guard: &LimiterGuard,
+) -> Result<(String, Verdict), ReviewError> {
     let review = parse_review(body)?;
     let pod = match pod_of(&review)? {
         Err(verdict) => return Ok((review.uid, verdict)),
@@ -246,7 +258,18 @@ pub fn validate(body: &[u8], max_gpu_mem: u64) -> Result<(String, Verdict), Revi
     };
     let found = problems(&pod, max_gpu_mem);
     let owned = owned_env(&pod);
-    if found.is_empty() && owned.is_empty() {
+    let limited = asks_for_gpu_mem(&pod)
+        || pod
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(POD_ANN_DRA_GPU_MEM));
+    let escapes = if limited {
+        super::limiter_guard::escapes(&pod, guard)
+    } else {
+        Vec::new()
+    };
+    if found.is_empty() && owned.is_empty() && escapes.is_empty() {
         return Ok((review.uid, Verdict::allow()));
     }
     let name = pod
@@ -268,6 +291,14 @@ pub fn validate(body: &[u8], max_gpu_mem: u64) -> Result<(String, Verdict), Revi
              GPU and cap its memory; a pod's own value could widen its GPUs or raise its limit): \
              {}; remove them from env",
             owned.join("; ")
+        ));
+    }
+    if !escapes.is_empty() {
+        parts.push(format!(
+            "gpushare: pod {name:?} would take the place of the CUDA memory limiter that nodes \
+             mount into GPU containers (/etc/ld.so.preload, /usr/local/gpushare) or reach its \
+             files on the node: {}; mount elsewhere",
+            escapes.join("; ")
         ));
     }
     let message = parts.join("; ");
@@ -468,6 +499,42 @@ mod tests {
                 .1
                 .patch
                 .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_gpu_pod_mounting_over_the_limiter_is_refused_and_a_plain_pod_is_not() {
+        let over = |limits: serde_json::Value, annotations: serde_json::Value| {
+            json!({ "metadata": { "name": "p", "annotations": annotations }, "spec": {
+                "containers": [{ "name": "main", "image": "x",
+                    "resources": { "limits": limits },
+                    "env": [{ "name": "CUDA_DISABLE_CONTROL", "value": "true" },
+                            { "name": "LD_PRELOAD", "value": "" }],
+                    "volumeMounts": [{ "name": "v", "mountPath": "/etc/ld.so.preload", "subPath": "empty" }] }],
+                "volumes": [{ "name": "v", "configMap": { "name": "c" } }] } })
+        };
+        let (_, v) = validate(
+            &review("Pod", "CREATE", over(json!({"aliyun.com/gpu-mem": "2"}), json!({}))),
+            100,
+        )
+        .unwrap();
+        assert!(!v.allowed);
+        let msg = v.message.unwrap_or_default();
+        assert!(msg.contains("CUDA memory limiter"), "{msg}");
+        assert!(
+            msg.contains("container \"main\" mounts volume \"v\" at /etc/ld.so.preload"),
+            "{msg}"
+        );
+        assert!(!msg.contains("CUDA_DISABLE_CONTROL"), "variables are not judged: {msg}");
+        // The DRA rewrite removed the gpu-mem limits and left its annotation.
+        let rewritten = over(json!({}), json!({ "gpushare.io/dra-gpu-mem": "{}" }));
+        assert!(!validate(&review("Pod", "CREATE", rewritten), 100).unwrap().1.allowed);
+        // Not a GPU pod: not the limiter's business.
+        assert!(
+            validate(&review("Pod", "CREATE", over(json!({}), json!({}))), 100)
+                .unwrap()
+                .1
+                .allowed
         );
     }
 

@@ -3,7 +3,8 @@
 //! that asks for `aliyun.com/gpu-mem` to our own kube-scheduler (`gpushare-scheduler`);
 //! `POST /validate` refuses malformed gpu-mem requests with a message that says what to write.
 //!
-//! Layout: [`admission`] (the reviews and the two decisions, pure), [`routes`] (HTTP on the
+//! Layout: [`admission`] (the reviews and the two decisions, pure; what would switch off the
+//! CUDA memory limiter: [`limiter_guard`]), [`routes`] (HTTP on the
 //! shared [`crate::http_server`], over TLS), [`certs`] (rcgen / x509-parser / the swappable
 //! served certificate), [`bootstrap`] (`--self-signed`: the Secret shared by all replicas and
 //! the `caBundle` of both webhook configurations).
@@ -15,6 +16,7 @@ pub(crate) mod admission;
 pub mod bootstrap;
 pub mod certs;
 pub mod dra_mode;
+pub mod limiter_guard;
 pub(crate) mod routes;
 
 use std::net::{IpAddr, SocketAddr};
@@ -270,6 +272,7 @@ pub async fn start(
         w.max_gpu_mem,
         Duration::from_millis(config.http.body_read_timeout_ms),
         dra,
+        limiter_guard::LimiterGuard::of(&config.node),
     );
     let metrics = admin.with_registry(crate::http_server::ServerMetrics::register);
     let acceptor = serving.acceptor()?;
