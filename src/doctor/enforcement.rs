@@ -156,11 +156,11 @@ pub async fn check(host: &HostRoot, config: &Config, gpus: &Probe, dra: bool) ->
                 hints.push(format!(
                     "the {} role refuses to start with enforcement = {} until each reason \
                      above is fixed, or choose --enforcement auto",
-                    node.enforcement,
                     match path {
                         ServingPath::DevicePlugin => "device-plugin",
                         ServingPath::Dra => "dra-plugin",
-                    }
+                    },
+                    node.enforcement,
                 ));
             }
         }

@@ -9,7 +9,8 @@
 //! 4 GiB. The node agent installs the library on the host at start, reads each container's
 //! ledger into `/metrics` (promtool checks the page), the node annotation and `inspect -o
 //! wide/json`, and removes a container's files when its pod or claim goes. `limiter` without
-//! the library refuses to start; `auto` there falls back saying why.
+//! the library refuses to start; `auto` there falls back saying why; doctor says which GPU
+//! gets the limiter, the library's glibc floor, and the fix when it is missing.
 //!
 //! The mount namespace needs root (or `sudo -n`): elsewhere the container part prints
 //! `SKIPPED:` (a failure under `CI=true`) and the rest still runs.
@@ -544,4 +545,104 @@ async fn a_restarted_node_agent_removes_the_files_of_pods_gone_while_it_was_down
     })
     .await;
     cluster.stop().await;
+}
+
+/// `gpushare doctor --role node` with the NVML stub's one GPU (the fake driver's UUID) and
+/// `[node]` naming these limiter directories and `library`: the `enforcement` check as
+/// `status | detail | hint`.
+fn doctor(host: &HostDirs, library: &std::path::Path, extra: &[&str]) -> String {
+    use gpushare_sandbox::nvml_stub::{self, StubGpu};
+    let stub = nvml_stub::build(&host.dir.path().join("nvml")).expect("the NVML stub builds");
+    nvml_stub::write_config(
+        &stub,
+        "550.54.15",
+        &[StubGpu {
+            uuid: GPU0.into(),
+            name: "NVIDIA A10".into(),
+            memory_mib: 16 * 1024,
+            minor: Some(0),
+            pci_bus_id: "00000000:1B:00.0".into(),
+        }],
+    )
+    .expect("stub config");
+    let config = host.dir.path().join("gpushare.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[node]\nlimiter_library = \"{}\"\nlimiter_dir = \"{}\"\nlimiter_run_dir = \"{}\"\n",
+            library.display(),
+            host.lib().display(),
+            host.run().display()
+        ),
+    )
+    .expect("config");
+    let (stub, config) = (stub.display().to_string(), config.display().to_string());
+    let mut args = vec![
+        "doctor",
+        "--role",
+        "node",
+        "--no-cluster",
+        "--config",
+        &config,
+        "--gpu-backend",
+        "nvml",
+        "--nvml-library",
+        &stub,
+        "-o",
+        "json",
+    ];
+    args.extend_from_slice(extra);
+    let out = crate::support::run(&args);
+    let report: Value = serde_json::from_str(&stdout(&out)).expect("json");
+    let check = report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["id"] == "enforcement")
+        .expect("the enforcement check")
+        .clone();
+    format!(
+        "{} | {} | {}",
+        check["status"], check["detail"], check["hint"]
+    )
+}
+
+#[test]
+fn doctor_says_which_gpus_get_the_limiter_what_it_needs_and_the_fix() {
+    let host = HostDirs::new();
+    let lib = library();
+    // Not installed yet: the node agent installs it at start; its glibc floor is named.
+    let text = doctor(&host, &lib, &["--enforcement", "limiter"]);
+    for want in [
+        "\"ok\"",
+        &format!("GPU 0 ({GPU0}) on the device plugin: limiter"),
+        "needs glibc 2.",
+        "statically linked and musl programs are not limited",
+        "not installed yet: the node agent installs",
+    ] {
+        assert!(text.contains(want), "{want:?} in {text}");
+    }
+    assert!(!host.lib().exists(), "doctor only looks");
+    // auto on a driver older than R615 takes the limiter, saying why not the driver.
+    let text = doctor(&host, &lib, &[]);
+    assert!(
+        text.contains("on the device plugin: limiter") && text.contains("not driver: driver 550"),
+        "{text}"
+    );
+    // No library anywhere: limiter fails with the fix, auto falls back saying why.
+    let missing = host.dir.path().join("missing.so");
+    let text = doctor(&host, &missing, &["--enforcement", "limiter"]);
+    for want in [
+        "\"fail\"",
+        "the limiter library is not installed",
+        "--limiter-library",
+        "refuses to start with enforcement = limiter",
+    ] {
+        assert!(text.contains(want), "{want:?} in {text}");
+    }
+    let text = doctor(&host, &missing, &[]);
+    assert!(
+        text.contains("on the device plugin: none") && text.contains("not limiter: the limiter"),
+        "{text}"
+    );
 }
