@@ -169,6 +169,28 @@ fn held_to_four_gib(root: &ContainerRoot) {
     }
 }
 
+/// glibc's loader maps `LD_PRELOAD` before `/etc/ld.so.preload`: a library the pod preloads
+/// comes first in the search order, cannot remove the limiter, and its `dlsym(RTLD_NEXT, …)`
+/// still reaches the limiter's hooks. `CUDA_DISABLE_CONTROL` means nothing here.
+fn a_preloaded_library_of_the_pod_still_meets_the_limiter(root: &ContainerRoot) {
+    let four = (4 * GIB).to_string();
+    let mut cmd = root.command(
+        "/work/probe",
+        &["interposer-next", "ctx", "0", "alloc", &four, "alloc", "1"],
+    );
+    cmd.env("FAKE_GPUS", sixteen_gib())
+        .env("LD_PRELOAD", "/work/libnext.so")
+        .env("CUDA_DISABLE_CONTROL", "true");
+    assert_eq!(
+        run_to_end(&mut cmd),
+        [
+            "ctx 0 0".to_string(),
+            format!("alloc {four} 0"),
+            "alloc 1 2".into()
+        ]
+    );
+}
+
 /// A process of the container holding `bytes` until it is let go.
 fn holding(root: &ContainerRoot, bytes: u64) -> Running {
     let mut cmd = root.command(
@@ -258,6 +280,7 @@ async fn device_plugin_a_4gib_pod_gets_the_limiter_mounts_and_is_held_to_4gib() 
     {
         let root = ContainerRoot::new(runner, mounts.clone());
         held_to_four_gib(&root);
+        a_preloaded_library_of_the_pod_still_meets_the_limiter(&root);
         let a = holding(&root, 3 * GIB);
         second_process_shares(&root);
 
