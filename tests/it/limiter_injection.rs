@@ -669,3 +669,52 @@ fn doctor_says_which_gpus_get_the_limiter_what_it_needs_and_the_fix() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn a_restarted_dra_plugin_removes_the_limiter_files_of_claims_it_no_longer_holds() {
+    use gpushare::node::enforcement::limiter::containers::{self, Key, Owner};
+    let host = HostDirs::new();
+    // A share of a claim unprepared while no plugin ran: the checkpoint holds nothing. (The
+    // readback never removes a DRA share's files: only this reconcile and unprepare do.)
+    let dra = Key::dra("0000-gone-claim", 0).expect("key");
+    containers::create(
+        &host.run(),
+        &dra,
+        &Owner {
+            path: containers::PATH_DRA.into(),
+            claim_uid: "0000-gone-claim".into(),
+            request: "main".into(),
+            limits: [(GPU0.to_string(), GIB)].into(),
+            ..Owner::default()
+        },
+    )
+    .expect("written");
+    assert_eq!(host.containers(), [dra.to_string()]);
+    let api = dra_node_api(DRA_NODE).await;
+    let dir = short_tempdir();
+    let mut config = Config::default();
+    config.node.node_name = DRA_NODE.into();
+    config.dra.registry_dir = dir.path().join("registry");
+    config.dra.plugin_dir = dir.path().join("plugin");
+    config.dra.state_dir = dir.path().join("state");
+    config.dra.cdi_dir = dir.path().join("cdi");
+    config.dra.admin_address = String::new();
+    config.doctor.skip = true;
+    host.configure(&mut config, Enforcement::Limiter);
+    std::fs::create_dir_all(&config.dra.registry_dir).expect("registry");
+    let plugin = role::start(
+        &config,
+        api.admin_client(),
+        std::sync::Arc::new(backend()),
+        Shutdown::never(),
+    )
+    .await
+    .expect("the DRA plugin starts");
+    assert!(
+        host.containers().is_empty(),
+        "the gone claim's files went before the plugin served: {:?}",
+        host.containers()
+    );
+    plugin.stop().await;
+    api.shutdown().await;
+}

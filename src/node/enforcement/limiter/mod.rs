@@ -311,6 +311,24 @@ impl Limiter {
         self.inject(&key, &owner)
     }
 
+    /// Removes the files of every DRA share whose claim is not in `prepared` (the DRA plugin's
+    /// checkpoint at start, before it serves: claims unprepared while it was down, or whose
+    /// unprepare it lost). Returns how many directories went. Blocking.
+    pub fn release_claims_except(
+        &self,
+        prepared: &std::collections::BTreeSet<String>,
+    ) -> std::io::Result<usize> {
+        let (entries, _) = containers::list(&self.run_dir);
+        let mut n = 0;
+        for (key, owner) in entries {
+            if owner.path == containers::PATH_DRA && !prepared.contains(&owner.claim_uid) {
+                containers::remove(&self.run_dir, &key)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     /// Removes every share's files of DRA claim `claim_uid` (unprepare). Blocking.
     pub fn release_claim(&self, claim_uid: &str) -> std::io::Result<usize> {
         let prefix = Key::dra_prefix(claim_uid);
