@@ -16,7 +16,9 @@
 //! while a live process holds memory in its ledger, and only from a pod list taken after the
 //! directories were read (a directory is written before its container's pod could be missing
 //! from a later list). DRA shares' directories go when their claim is unprepared
-//! ([`super::Limiter::release_claim`]), which kubelet repeats until it succeeds.
+//! ([`super::Limiter::release_claim`]), which kubelet repeats until it succeeds, and at the
+//! DRA plugin's start for claims its checkpoint no longer holds
+//! ([`super::Limiter::release_claims_except`]).
 //!
 //! A DRA share's directory is written before its pod is known (a claim names no pod); its pod
 //! and container are found here from the node's pods (`status.resourceClaimStatuses`, the
