@@ -232,7 +232,7 @@ fn dockerfile_builds_the_static_binary_from_source_then_wraps_it_on_a_glibc_base
             .and_then(|rest| rest.split(";;").next())
             .unwrap_or_default();
         assert!(
-            case.contains(&format!("limiter={goal};")) && case.contains(&format!("lib={lib}")),
+            case.contains(&format!("limiter=\"{goal}\";")) && case.contains(&format!("lib={lib}")),
             "{arch} builds `make {goal}` and takes {lib}: {case}"
         );
     }
