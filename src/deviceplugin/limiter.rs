@@ -41,12 +41,12 @@ impl Plugin {
             let who = who
                 .as_ref()
                 .map(|(ns, n, u, c)| (ns.as_str(), n.as_str(), u.as_str(), c.as_str()));
-            enforcer
-                .limiter()
-                .device_plugin(who, &ids, &uuid, bytes)
+            enforcer.limiter().device_plugin(who, &ids, &uuid, bytes)
         })
         .await
-        .map_err(|e| Status::internal(format!("writing the limiter's files did not finish: {e}")))?;
+        .map_err(|e| {
+            Status::internal(format!("writing the limiter's files did not finish: {e}"))
+        })?;
         let mounts = written.map_err(|e| {
             let msg = format!(
                 "GPU {} ({}): cannot write the container's limiter files: {e}; no container \

@@ -626,7 +626,10 @@ async fn reconcile_limiter(agent: &Arc<NodeAgent>, checkpoint: &std::path::Path)
     .await;
     match done {
         Ok(Some(Ok(n))) if n > 0 => {
-            tracing::info!(shares = n, "removed the limiter files of claims no longer prepared")
+            tracing::info!(
+                shares = n,
+                "removed the limiter files of claims no longer prepared"
+            )
         }
         Ok(Some(Err(e))) => {
             tracing::warn!(error = %e, "could not remove the limiter files of claims no longer prepared")

@@ -14,8 +14,8 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{Value, json};
 
-use crate::core::request::{QuantityError, parse_quantity};
 use super::limiter_guard::LimiterGuard;
+use crate::core::request::{QuantityError, parse_quantity};
 use crate::core::wire::{
     ENV_CGPU_DISABLE, ENV_MPS_ACTIVE_THREAD_PERCENTAGE, ENV_MPS_PINNED_MEM_LIMIT,
     ENV_MPS_PIPE_DIRECTORY, ENV_VISIBLE_DEVICES, POD_ANN_DRA_GPU_MEM, RESOURCE_GPU_MEM,
@@ -236,8 +236,10 @@ pub fn mutate(body: &[u8], scheduler_name: &str) -> Result<(String, Verdict), Re
     Ok((review.uid, verdict))
 }
 
-/// `POST /validate`: on Pod CREATE, refuses a malformed gpu-mem request (see
-/// [`problems`]); everything else is allowed.
+/// `POST /validate` with the default limiter directories: on Pod CREATE, refuses a malformed
+/// gpu-mem request (see [`problems`]); everything else is allowed. (The route uses
+/// [`validate_with`] and the configured directories.)
+#[cfg(test)]
 pub fn validate(body: &[u8], max_gpu_mem: u64) -> Result<(String, Verdict), ReviewError> {
     validate_with(body, max_gpu_mem, &LimiterGuard::default())
 }
@@ -514,7 +516,11 @@ mod tests {
                 "volumes": [{ "name": "v", "configMap": { "name": "c" } }] } })
         };
         let (_, v) = validate(
-            &review("Pod", "CREATE", over(json!({"aliyun.com/gpu-mem": "2"}), json!({}))),
+            &review(
+                "Pod",
+                "CREATE",
+                over(json!({"aliyun.com/gpu-mem": "2"}), json!({})),
+            ),
             100,
         )
         .unwrap();
@@ -525,10 +531,18 @@ mod tests {
             msg.contains("container \"main\" mounts volume \"v\" at /etc/ld.so.preload"),
             "{msg}"
         );
-        assert!(!msg.contains("CUDA_DISABLE_CONTROL"), "variables are not judged: {msg}");
+        assert!(
+            !msg.contains("CUDA_DISABLE_CONTROL"),
+            "variables are not judged: {msg}"
+        );
         // The DRA rewrite removed the gpu-mem limits and left its annotation.
         let rewritten = over(json!({}), json!({ "gpushare.io/dra-gpu-mem": "{}" }));
-        assert!(!validate(&review("Pod", "CREATE", rewritten), 100).unwrap().1.allowed);
+        assert!(
+            !validate(&review("Pod", "CREATE", rewritten), 100)
+                .unwrap()
+                .1
+                .allowed
+        );
         // Not a GPU pod: not the limiter's business.
         assert!(
             validate(&review("Pod", "CREATE", over(json!({}), json!({}))), 100)

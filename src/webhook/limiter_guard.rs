@@ -178,9 +178,19 @@ mod tests {
         ] {
             let found = at(refused);
             assert_eq!(found.len(), 1, "{refused}: {found:?}");
-            assert!(found[0].contains("container \"main\" mounts volume \"v\""), "{found:?}");
+            assert!(
+                found[0].contains("container \"main\" mounts volume \"v\""),
+                "{found:?}"
+            );
         }
-        for allowed in ["/etc", "/usr", "/usr/local", "/", "/etc/ld.so.preload.d", "/usr/local/gpushare2"] {
+        for allowed in [
+            "/etc",
+            "/usr",
+            "/usr/local",
+            "/",
+            "/etc/ld.so.preload.d",
+            "/usr/local/gpushare2",
+        ] {
             assert!(at(allowed).is_empty(), "{allowed}");
         }
     }
@@ -207,7 +217,12 @@ mod tests {
         ] {
             assert_eq!(with_host(refused).len(), 1, "{refused}");
         }
-        for allowed in ["/var/log", "/run/containerd", "/var/lib/kubelet", "/dev/shm"] {
+        for allowed in [
+            "/var/log",
+            "/run/containerd",
+            "/var/lib/kubelet",
+            "/dev/shm",
+        ] {
             assert!(with_host(allowed).is_empty(), "{allowed}");
         }
     }

@@ -195,7 +195,14 @@ fn a_preloaded_library_of_the_pod_still_meets_the_limiter(root: &ContainerRoot) 
 fn holding(root: &ContainerRoot, bytes: u64) -> Running {
     let mut cmd = root.command(
         "/work/probe",
-        &["dlsym-handle", "ctx", "0", "alloc", &bytes.to_string(), "wait"],
+        &[
+            "dlsym-handle",
+            "ctx",
+            "0",
+            "alloc",
+            &bytes.to_string(),
+            "wait",
+        ],
     );
     cmd.env("FAKE_GPUS", sixteen_gib()).env("LD_PRELOAD", "");
     let mut a = Running::start(&mut cmd);
@@ -257,9 +264,15 @@ async fn device_plugin_a_4gib_pod_gets_the_limiter_mounts_and_is_held_to_4gib() 
     // The GPU is handed over as the strategy says; the limiter adds mounts only.
     assert_eq!(resp.envs["ALIYUN_COM_GPU_MEM_IDX"], "0");
     assert_eq!(resp.envs["ALIYUN_COM_GPU_MEM_CONTAINER"], "4");
-    assert!(resp.devices.is_empty() && resp.cdi_devices.is_empty(), "{resp:?}");
     assert!(
-        !resp.envs.keys().any(|k| k.contains("LD_PRELOAD") || k.contains("GPUSHARE")),
+        resp.devices.is_empty() && resp.cdi_devices.is_empty(),
+        "{resp:?}"
+    );
+    assert!(
+        !resp
+            .envs
+            .keys()
+            .any(|k| k.contains("LD_PRELOAD") || k.contains("GPUSHARE")),
         "no variable carries the limiter: {:?}",
         resp.envs
     );
@@ -407,7 +420,10 @@ async fn dra_a_4gib_claim_gets_the_limiter_in_its_cdi_spec_and_is_held_to_4gib()
     )
     .expect("json");
     let edits = &spec["devices"][0]["containerEdits"];
-    assert!(edits["hooks"].as_array().is_none_or(Vec::is_empty), "{edits}");
+    assert!(
+        edits["hooks"].as_array().is_none_or(Vec::is_empty),
+        "{edits}"
+    );
     let mounts = cdi_mounts(edits);
     check_mounts(&mounts, &host, 4 * GIB);
     assert_eq!(host.containers(), [format!("dra-{claim_uid}-0")]);
@@ -460,7 +476,10 @@ async fn limiter_without_the_library_refuses_to_start_and_auto_falls_back_saying
     };
     let msg = format!("{refused:#}");
     assert!(msg.contains("enforcement = limiter cannot work"), "{msg}");
-    assert!(msg.contains("the limiter library is not installed"), "{msg}");
+    assert!(
+        msg.contains("the limiter library is not installed"),
+        "{msg}"
+    );
     assert!(msg.contains("--limiter-library"), "{msg}");
 
     // A file that is not a library is refused, not installed.
@@ -524,7 +543,14 @@ async fn a_restarted_node_agent_removes_the_files_of_pods_gone_while_it_was_down
         .join("dp-00000000-0000-0000-0000-00000000cccc-main");
     let mut holder = std::process::Command::new(crate::support::limiter::built().join("probe"));
     holder
-        .args(["dlsym-handle", "ctx", "0", "alloc", &GIB.to_string(), "wait"])
+        .args([
+            "dlsym-handle",
+            "ctx",
+            "0",
+            "alloc",
+            &GIB.to_string(),
+            "wait",
+        ])
         .env("LD_PRELOAD", library())
         .env("GPUSHARE_LIMITER_ROOT", &busy)
         .env("FAKE_GPUS", sixteen_gib())
@@ -542,7 +568,10 @@ async fn a_restarted_node_agent_removes_the_files_of_pods_gone_while_it_was_down
         |api| {
             let pod = deviceplugin_cluster::pod_json("stays", &[], &[("main", 2)], Some(0), 1);
             let created = api.create_object(pod).expect("the pod that stays");
-            let uid = created["metadata"]["uid"].as_str().expect("uid").to_string();
+            let uid = created["metadata"]["uid"]
+                .as_str()
+                .expect("uid")
+                .to_string();
             let key = Key::device_plugin(&uid, "main").expect("key");
             containers::create(&host.run(), &key, &owner("stays", &uid)).expect("written");
             *stays_key.lock().expect("lock") = key.to_string();
@@ -552,20 +581,29 @@ async fn a_restarted_node_agent_removes_the_files_of_pods_gone_while_it_was_down
     .await
     .expect("starts");
     let stays_key = stays_key.into_inner().expect("lock");
-    let busy_key = busy.file_name().expect("name").to_string_lossy().into_owned();
+    let busy_key = busy
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
     let mut want = vec![stays_key.clone(), busy_key.clone()];
     want.sort();
-    poll("the first cycle removed the gone pod's files", DEADLINE, || {
-        let now = host.containers();
-        let held = now == want;
-        async move { if held { Ok(()) } else { Err(now) } }
-    })
+    poll(
+        "the first cycle removed the gone pod's files",
+        DEADLINE,
+        || {
+            let now = host.containers();
+            let held = now == want;
+            async move { if held { Ok(()) } else { Err(now) } }
+        },
+    )
     .await;
     // The last process of `busy` exits: its files go at the next cycle.
     holder.finish();
-    wait_until("the busy one's files go once no process holds memory", || {
-        host.containers() == [stays_key.clone()]
-    })
+    wait_until(
+        "the busy one's files go once no process holds memory",
+        || host.containers() == [stays_key.clone()],
+    )
     .await;
     cluster.stop().await;
 }

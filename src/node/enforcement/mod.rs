@@ -467,10 +467,7 @@ impl Enforcer {
                 None,
             )
         };
-        let wants_limiter = matches!(
-            config.enforcement,
-            Enforcement::Auto | Enforcement::Limiter
-        );
+        let wants_limiter = matches!(config.enforcement, Enforcement::Auto | Enforcement::Limiter);
         let limiter_support = if wants_limiter {
             limiter::probe(config, inventory, true)
         } else {
@@ -737,7 +734,8 @@ mod tests {
             problems: vec!["driver 550 is older than R615".into()],
             ..supported()
         };
-        let d = |c: &NodeConfig, s: &Support, p| decide(c, s, &no_limiter(), p).expect("auto decides");
+        let d =
+            |c: &NodeConfig, s: &Support, p| decide(c, s, &no_limiter(), p).expect("auto decides");
         let dra = ServingPath::Dra;
         let dp = ServingPath::DevicePlugin;
         assert_eq!(
@@ -806,8 +804,13 @@ mod tests {
             (ServingPath::DevicePlugin, true),
             (ServingPath::Dra, false),
         ] {
-            let d = decide(&config(Enforcement::Auto, true, cdi), &bad, &installed(), path)
-                .expect("auto decides");
+            let d = decide(
+                &config(Enforcement::Auto, true, cdi),
+                &bad,
+                &installed(),
+                path,
+            )
+            .expect("auto decides");
             assert_eq!(d.mechanism, Mechanism::Limiter, "{path} cdi={cdi}");
             assert!(d.why.contains("glibc 2.17"), "{}", d.why);
             assert!(d.why.contains("older than R615"), "{}", d.why);
@@ -832,7 +835,11 @@ mod tests {
         )
         .expect("auto");
         assert_eq!(mps.mechanism, Mechanism::Mps);
-        assert!(mps.why.contains("not limiter: the limiter library"), "{}", mps.why);
+        assert!(
+            mps.why.contains("not limiter: the limiter library"),
+            "{}",
+            mps.why
+        );
     }
 
     #[test]
@@ -844,7 +851,11 @@ mod tests {
             ServingPath::DevicePlugin,
         )
         .expect_err("refused");
-        assert!(err.to_string().contains("enforcement = limiter cannot work"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("enforcement = limiter cannot work"),
+            "{err}"
+        );
         assert!(err.to_string().contains("not installed"), "{err}");
         let ok = decide(
             &config(Enforcement::Limiter, false, false),

@@ -522,10 +522,7 @@ pub async fn run(enforcer: Arc<Enforcer>, client: kube::Client, scope: Scope, st
             .into_iter()
             .any(|p| enforcer.mechanism(p) == m)
     };
-    let limits = enforcer
-        .limits()
-        .cloned()
-        .filter(|_| on(Mechanism::Driver));
+    let limits = enforcer.limits().cloned().filter(|_| on(Mechanism::Driver));
     let limiter = on(Mechanism::Limiter);
     if limits.is_none() && !limiter {
         return;
@@ -607,8 +604,15 @@ pub async fn run(enforcer: Arc<Enforcer>, client: kube::Client, scope: Scope, st
                 tracing::warn!(error = %e, "unreadable limiter owner file");
             }
             rows.extend(
-                limiter_cycle(&enforcer, &client, &scope, entries, pods.as_deref(), dp_limiter)
-                    .await,
+                limiter_cycle(
+                    &enforcer,
+                    &client,
+                    &scope,
+                    entries,
+                    pods.as_deref(),
+                    dp_limiter,
+                )
+                .await,
             );
         }
         rows.sort();

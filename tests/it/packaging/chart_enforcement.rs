@@ -110,7 +110,11 @@ fn the_limiter_is_installed_on_the_host_and_its_containers_files_kept_there() {
     ];
     // The mounts it hands containers name host paths: the node agent sees them at the same.
     let limiter_mounts = [
-        ("/var/lib/gpushare/limiter", "/var/lib/gpushare/limiter", false),
+        (
+            "/var/lib/gpushare/limiter",
+            "/var/lib/gpushare/limiter",
+            false,
+        ),
         ("/run/gpushare/limiter", "/run/gpushare/limiter", false),
     ];
     let Some(off) = daemonset("{}", "gpushare-device-plugin-ds") else {

@@ -217,7 +217,11 @@ fn dockerfile_builds_the_static_binary_from_source_then_wraps_it_on_a_glibc_base
     // The CUDA memory limiter: built by the make target of each architecture (its checks
     // without the tests, which need mount namespaces), carried where --limiter-library looks.
     for (arch, goal, lib) in [
-        ("amd64", "limiter", "target/limiter/x86_64/libgpushare_limiter.so"),
+        (
+            "amd64",
+            "limiter",
+            "target/limiter/x86_64/libgpushare_limiter.so",
+        ),
         (
             "arm64",
             "limiter-arm64",
@@ -240,7 +244,9 @@ fn dockerfile_builds_the_static_binary_from_source_then_wraps_it_on_a_glibc_base
         build_run
             .1
             .contains("make \"${limiter}\" CI=true LIMITER_NO_TESTS=1")
-            && build_run.1.contains("cp \"${lib}\" /libgpushare_limiter.so"),
+            && build_run
+                .1
+                .contains("cp \"${lib}\" /libgpushare_limiter.so"),
         "{}",
         build_run.1
     );

@@ -72,7 +72,10 @@ pub fn cdi_mounts(container_edits: &Value) -> Vec<BindMount> {
         .flatten()
         .map(|m| BindMount {
             host: PathBuf::from(m["hostPath"].as_str().expect("hostPath")),
-            container: m["containerPath"].as_str().expect("containerPath").to_string(),
+            container: m["containerPath"]
+                .as_str()
+                .expect("containerPath")
+                .to_string(),
             read_only: m["options"]
                 .as_array()
                 .is_some_and(|o| o.iter().any(|x| x == "ro")),

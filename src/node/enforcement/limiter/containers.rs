@@ -205,8 +205,7 @@ pub fn create(run_dir: &Path, key: &Key, owner: &Owner) -> Result<ContainerFiles
     let limits = limits_of(owner)?;
     let f = files(run_dir, key);
     std::fs::create_dir_all(&f.dir).map_err(io(&f.dir))?;
-    replace_file(&f.dir, LIMITS_FILE, limits.render().as_bytes(), 0o644)
-        .map_err(io(&f.limits))?;
+    replace_file(&f.dir, LIMITS_FILE, limits.render().as_bytes(), 0o644).map_err(io(&f.limits))?;
     match std::fs::create_dir(&f.state) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -323,11 +322,17 @@ mod tests {
                 .get(&GpuUuid::parse(GPU).expect("uuid")),
             Some(4 << 30)
         );
-        let mode = std::fs::metadata(&f.state).expect("state").permissions().mode();
+        let mode = std::fs::metadata(&f.state)
+            .expect("state")
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o7777, 0o1777);
         std::fs::write(f.state.join("x.ledger"), b"kept").expect("a ledger");
         create(run.path(), &key, &o).expect("again");
-        assert!(f.state.join("x.ledger").exists(), "kubelet asking again keeps the ledgers");
+        assert!(
+            f.state.join("x.ledger").exists(),
+            "kubelet asking again keeps the ledgers"
+        );
         let (all, errors) = list(run.path());
         assert_eq!(all, vec![(key.clone(), o)]);
         assert!(errors.is_empty(), "{errors:?}");

@@ -164,12 +164,7 @@ pub fn glibc_floor(bytes: &[u8]) -> Option<String> {
         }
         at = start;
     }
-    best.map(|v| {
-        v.iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(".")
-    })
+    best.map(|v| v.iter().map(u32::to_string).collect::<Vec<_>>().join("."))
 }
 
 /// Writes `bytes` as `dir/name` (mode `mode`) unless it already holds exactly them: a synced
@@ -275,7 +270,8 @@ mod tests {
 
     #[test]
     fn the_floor_is_the_newest_glibc_version_needed() {
-        let strings = b"\0dlsym\0GLIBC_2.2.5\0GLIBC_2.17\0GLIBC_2.3\0GLIBC_PRIVATE\0see GLIBC_2.99 docs";
+        let strings =
+            b"\0dlsym\0GLIBC_2.2.5\0GLIBC_2.17\0GLIBC_2.3\0GLIBC_PRIVATE\0see GLIBC_2.99 docs";
         assert_eq!(glibc_floor(strings).as_deref(), Some("2.17"));
         assert_eq!(glibc_floor(b"no versions"), None);
         let info = inspect_bytes(Path::new("x"), &elf(native(), strings)).expect("native");
@@ -317,10 +313,14 @@ mod tests {
         assert!(!again.wrote_library && !again.wrote_preload);
         // A running container keeps the file it mapped: the new one is a new inode.
         use std::os::unix::fs::MetadataExt;
-        let before = std::fs::metadata(installed_path(&target)).expect("meta").ino();
+        let before = std::fs::metadata(installed_path(&target))
+            .expect("meta")
+            .ino();
         std::fs::write(&source, elf(native(), b"\0GLIBC_2.17\0v2")).expect("new build");
         assert!(install(&source, &target).expect("update").wrote_library);
-        let after = std::fs::metadata(installed_path(&target)).expect("meta").ino();
+        let after = std::fs::metadata(installed_path(&target))
+            .expect("meta")
+            .ino();
         assert_ne!(before, after);
         std::fs::write(&source, b"not a library").expect("junk");
         assert!(matches!(

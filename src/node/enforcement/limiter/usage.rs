@@ -67,9 +67,10 @@ pub fn gone(entries: &[(Key, Owner)], pods: &[Pod]) -> Vec<Key> {
         .filter(|p| !finished(p))
         .filter_map(|p| p.metadata.uid.as_deref())
         .collect();
-    let any_gpu_pod = pods.iter().filter(|p| !finished(p)).any(|p| {
-        crate::k8s::project::pod_gpu_request(p).is_ok_and(|r| r.is_gpu_pod())
-    });
+    let any_gpu_pod = pods
+        .iter()
+        .filter(|p| !finished(p))
+        .any(|p| crate::k8s::project::pod_gpu_request(p).is_ok_and(|r| r.is_gpu_pod()));
     entries
         .iter()
         .filter(|(_, o)| o.path == PATH_DEVICE_PLUGIN)
@@ -253,7 +254,10 @@ fn claim_users(pods: &[Pod]) -> BTreeMap<(String, String), Vec<(&Pod, String)>> 
     let mut out: BTreeMap<(String, String), Vec<(&Pod, String)>> = BTreeMap::new();
     for pod in pods.iter().filter(|p| !finished(p)) {
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
-        let spec_claims = pod.spec.iter().flat_map(|s| s.resource_claims.iter().flatten());
+        let spec_claims = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.resource_claims.iter().flatten());
         for c in spec_claims {
             if let Some(name) = &c.resource_claim_name {
                 out.entry((ns.clone(), name.clone()))
@@ -289,9 +293,7 @@ fn container_of(pod: &Pod, pod_claim: &str, request: &str) -> Option<String> {
             c.resources
                 .iter()
                 .flat_map(|r| r.claims.iter().flatten())
-                .any(|rc| {
-                    rc.name == pod_claim && rc.request.as_deref().is_none_or(|r| r == top)
-                })
+                .any(|rc| rc.name == pod_claim && rc.request.as_deref().is_none_or(|r| r == top))
         })
         .map(|c| c.name.clone())
 }
@@ -330,9 +332,12 @@ where
         let Some(claim) = uids.get(&owner.claim_uid) else {
             continue;
         };
-        let Some((pod, container)) = users.get(claim).into_iter().flatten().find_map(|(pod, n)| {
-            container_of(pod, n, &owner.request).map(|c| (*pod, c))
-        }) else {
+        let Some((pod, container)) = users
+            .get(claim)
+            .into_iter()
+            .flatten()
+            .find_map(|(pod, n)| container_of(pod, n, &owner.request).map(|c| (*pod, c)))
+        else {
             continue;
         };
         owner.namespace = claim.0.clone();
