@@ -84,7 +84,16 @@ pub fn probe(config: &NodeConfig, inventory: &Inventory, install: bool) -> Limit
     let installed = library::installed_path(dir);
     let source = &config.limiter_library;
     let has_source = !source.as_os_str().is_empty() && source.is_file();
-    if install && has_source {
+    // GPUs the limits file cannot name (fake GPUs) rule it out before anything is installed.
+    for gpu in &inventory.devices {
+        if let Err(e) = gpushare_limiter_contract::GpuUuid::parse(&gpu.uuid) {
+            s.problems.push(format!(
+                "GPU {}: the limiter names GPUs by UUID and {e}",
+                gpu.index
+            ));
+        }
+    }
+    if install && has_source && s.problems.is_empty() {
         match library::install(source, dir) {
             Ok(done) => {
                 if done.wrote_library {
@@ -105,7 +114,8 @@ pub fn probe(config: &NodeConfig, inventory: &Inventory, install: bool) -> Limit
             )),
         }
     }
-    if s.problems.is_empty() {
+    let uuids_ok = s.problems.is_empty();
+    if uuids_ok {
         match library::inspect(&installed) {
             Ok(info) => {
                 if !install && has_source {
@@ -166,14 +176,6 @@ pub fn probe(config: &NodeConfig, inventory: &Inventory, install: bool) -> Limit
                 "{e}; fix: install the libgpushare_limiter.so of this node's architecture \
                  (make limiter builds it)"
             )),
-        }
-    }
-    for gpu in &inventory.devices {
-        if let Err(e) = gpushare_limiter_contract::GpuUuid::parse(&gpu.uuid) {
-            s.problems.push(format!(
-                "GPU {}: the limiter names GPUs by UUID and {e}",
-                gpu.index
-            ));
         }
     }
     let run = &config.limiter_run_dir;
