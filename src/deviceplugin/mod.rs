@@ -33,6 +33,7 @@ pub mod allocate;
 pub mod devices;
 #[cfg(unix)]
 pub mod kinds;
+mod limiter;
 pub mod matching;
 pub mod metrics;
 #[cfg(not(unix))]

@@ -14,10 +14,11 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{Value, json};
 
+use super::limiter_guard::LimiterGuard;
 use crate::core::request::{QuantityError, parse_quantity};
 use crate::core::wire::{
     ENV_CGPU_DISABLE, ENV_MPS_ACTIVE_THREAD_PERCENTAGE, ENV_MPS_PINNED_MEM_LIMIT,
-    ENV_MPS_PIPE_DIRECTORY, ENV_VISIBLE_DEVICES, RESOURCE_GPU_MEM,
+    ENV_MPS_PIPE_DIRECTORY, ENV_VISIBLE_DEVICES, POD_ANN_DRA_GPU_MEM, RESOURCE_GPU_MEM,
 };
 
 /// The `apiVersion` of every review we accept and answer.
@@ -259,20 +260,24 @@ pub(crate) fn mutate_pod(pod: &Pod, scheduler_name: &str) -> Verdict {
     verdict
 }
 
-/// `POST /validate` of one request body: [`validate_review`] of the parsed review, with its
-/// uid (the tests' entry; the server parses once in `routes`).
+/// `POST /validate` of one request body with the default limiter directories:
+/// [`validate_review`] of the parsed review, with its uid (the tests' entry; the server parses
+/// once in `routes`, with the configured directories).
 #[cfg(test)]
 pub(crate) fn validate(body: &[u8], max_gpu_mem: u64) -> Result<(String, Verdict), ReviewError> {
     let review = parse_review(body)?;
-    let verdict = validate_review(&review, max_gpu_mem)?;
+    let verdict = validate_review(&review, max_gpu_mem, &LimiterGuard::default())?;
     Ok((review.uid, verdict))
 }
 
-/// `POST /validate`: on Pod CREATE, refuses a malformed gpu-mem request (see
-/// [`problems`]); everything else is allowed.
+/// `POST /validate`: on Pod CREATE, refuses a malformed gpu-mem request (see [`problems`]),
+/// and a gpu-mem pod (or one the DRA rewrite made of it) whose spec would take the CUDA memory
+/// limiter's place ([`super::limiter_guard`]) on the node's `guard` directories; everything
+/// else is allowed.
 pub(crate) fn validate_review(
     review: &ReviewRequest,
     max_gpu_mem: u64,
+    guard: &LimiterGuard,
 ) -> Result<Verdict, ReviewError> {
     let pod = match pod_of(review)? {
         Err(verdict) => return Ok(verdict),
@@ -281,7 +286,18 @@ pub(crate) fn validate_review(
     };
     let found = problems(&pod, max_gpu_mem);
     let owned = owned_env(&pod);
-    if found.is_empty() && owned.is_empty() {
+    let limited = asks_for_gpu_mem(&pod)
+        || pod
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(POD_ANN_DRA_GPU_MEM));
+    let escapes = if limited {
+        super::limiter_guard::escapes(&pod, guard)
+    } else {
+        Vec::new()
+    };
+    if found.is_empty() && owned.is_empty() && escapes.is_empty() {
         return Ok(Verdict::allow());
     }
     let name = pod
@@ -303,6 +319,14 @@ pub(crate) fn validate_review(
              GPU and cap its memory; a pod's own value could widen its GPUs or raise its limit): \
              {}; remove them from env",
             owned.join("; ")
+        ));
+    }
+    if !escapes.is_empty() {
+        parts.push(format!(
+            "gpushare: pod {name:?} would take the place of the CUDA memory limiter that nodes \
+             mount into GPU containers (/etc/ld.so.preload, /usr/local/gpushare) or reach its \
+             files on the node: {}; mount elsewhere",
+            escapes.join("; ")
         ));
     }
     let message = parts.join("; ");
@@ -515,6 +539,54 @@ mod tests {
                 .1
                 .patch
                 .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_gpu_pod_mounting_over_the_limiter_is_refused_and_a_plain_pod_is_not() {
+        let over = |limits: serde_json::Value, annotations: serde_json::Value| {
+            json!({ "metadata": { "name": "p", "annotations": annotations }, "spec": {
+                "containers": [{ "name": "main", "image": "x",
+                    "resources": { "limits": limits },
+                    "env": [{ "name": "CUDA_DISABLE_CONTROL", "value": "true" },
+                            { "name": "LD_PRELOAD", "value": "" }],
+                    "volumeMounts": [{ "name": "v", "mountPath": "/etc/ld.so.preload", "subPath": "empty" }] }],
+                "volumes": [{ "name": "v", "configMap": { "name": "c" } }] } })
+        };
+        let (_, v) = validate(
+            &review(
+                "Pod",
+                "CREATE",
+                over(json!({"aliyun.com/gpu-mem": "2"}), json!({})),
+            ),
+            100,
+        )
+        .unwrap();
+        assert!(!v.allowed);
+        let msg = v.message.unwrap_or_default();
+        assert!(msg.contains("CUDA memory limiter"), "{msg}");
+        assert!(
+            msg.contains("container \"main\" mounts volume \"v\" at /etc/ld.so.preload"),
+            "{msg}"
+        );
+        assert!(
+            !msg.contains("CUDA_DISABLE_CONTROL"),
+            "variables are not judged: {msg}"
+        );
+        // The DRA rewrite removed the gpu-mem limits and left its annotation.
+        let rewritten = over(json!({}), json!({ "gpushare.io/dra-gpu-mem": "{}" }));
+        assert!(
+            !validate(&review("Pod", "CREATE", rewritten), 100)
+                .unwrap()
+                .1
+                .allowed
+        );
+        // Not a GPU pod: not the limiter's business.
+        assert!(
+            validate(&review("Pod", "CREATE", over(json!({}), json!({}))), 100)
+                .unwrap()
+                .1
+                .allowed
         );
     }
 

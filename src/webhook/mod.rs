@@ -3,7 +3,8 @@
 //! that asks for `aliyun.com/gpu-mem` to our own kube-scheduler (`gpushare-scheduler`);
 //! `POST /validate` refuses malformed gpu-mem requests with a message that says what to write.
 //!
-//! Layout: [`admission`] (the reviews and the two decisions, pure), [`dra_mode`] (which path a
+//! Layout: [`admission`] (the reviews and the two decisions, pure; what would switch off the
+//! CUDA memory limiter: [`limiter_guard`]), [`dra_mode`] (which path a
 //! gpu-mem pod takes, and on the DRA path its claim template made to exist), [`dra_rewrite`]
 //! (the DRA policy, pure: one claim per pod, the GPU shared by its containers, HCAs aligned,
 //! which resources move), [`routes`] (HTTP on the
@@ -19,6 +20,7 @@ pub mod bootstrap;
 pub mod certs;
 pub mod dra_mode;
 pub mod dra_rewrite;
+pub mod limiter_guard;
 pub(crate) mod routes;
 
 use std::net::{IpAddr, SocketAddr};
@@ -289,6 +291,7 @@ pub async fn start(
         w.max_gpu_mem,
         Duration::from_millis(config.http.body_read_timeout_ms),
         dra,
+        limiter_guard::LimiterGuard::of(&config.node),
     );
     let metrics = admin.with_registry(crate::http_server::ServerMetrics::register);
     let acceptor = serving.acceptor()?;

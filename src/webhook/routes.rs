@@ -42,6 +42,8 @@ pub struct WebhookState {
     pub body_deadline: Duration,
     /// The DRA mode (namespace labels, the rewrite), when the webhook has the API.
     pub dra: Option<DraMode>,
+    /// The limiter's host directories no gpu-mem pod may reach (`[node]`).
+    pub limiter_guard: super::limiter_guard::LimiterGuard,
     reviews: Family<ReviewLabel, Counter>,
 }
 
@@ -53,6 +55,7 @@ impl WebhookState {
         max_gpu_mem: u64,
         body_deadline: Duration,
         dra: Option<DraMode>,
+        limiter_guard: super::limiter_guard::LimiterGuard,
     ) -> Arc<WebhookState> {
         let reviews = Family::<ReviewLabel, Counter>::default();
         admin.with_registry(|r| {
@@ -68,6 +71,7 @@ impl WebhookState {
             max_gpu_mem,
             body_deadline,
             dra,
+            limiter_guard,
             reviews,
         })
     }
@@ -163,7 +167,7 @@ async fn decide(
             None => admission::mutate_review(&review, &state.scheduler_name)?,
         }
     } else {
-        admission::validate_review(&review, state.max_gpu_mem)?
+        admission::validate_review(&review, state.max_gpu_mem, &state.limiter_guard)?
     };
     Ok((review.uid, verdict))
 }

@@ -1,7 +1,8 @@
 //! Verified, not assumed: every `enforcement_check_secs` the node agent reads back the limit of
 //! every container the hook recorded ([`super::record`]), through the same way to the driver
 //! the hook used (`GetMemoryLimits_v1`: soft, hard, used), and looks for served containers the
-//! hook never saw.
+//! hook never saw; under the CUDA memory limiter it reads each served container's ledger
+//! instead ([`super::limiter::usage`], the same rows).
 //!
 //! Each (container, GPU) becomes a [`ContainerMemory`] row: `enforced` (soft = hard = the
 //! share), `missing` (no limit: cleared, or the hook never ran — a device-plugin container of a
@@ -157,6 +158,7 @@ pub fn check_records(
                 used,
                 state,
                 detail,
+                mechanism: Mechanism::Driver.as_str().to_string(),
             });
         }
     }
@@ -301,6 +303,7 @@ pub fn unrecorded(
                 detail: "no limit was set: the hook did not run for this container (does the \
                          runtime apply CDI devices? run `gpushare doctor --role node`)"
                     .to_string(),
+                mechanism: Mechanism::Driver.as_str().to_string(),
             });
         }
     }
@@ -318,18 +321,23 @@ fn for_annotation(rows: &[ContainerMemory]) -> Vec<ContainerMemory> {
         .collect()
 }
 
-/// Runs the readback until `stop`: a cycle at once, then every `enforcement_check_secs`.
+/// Runs the readback until `stop`: a cycle at once, then every `enforcement_check_secs`: the
+/// driver's limits of the hook's records, and the limiter's ledgers
+/// ([`super::limiter::usage`]), into one set of rows.
 pub async fn run(enforcer: Arc<Enforcer>, client: kube::Client, scope: Scope, stop: Shutdown) {
-    let Some(limits) = enforcer.limits().cloned() else {
-        return;
+    let on = |m: Mechanism| {
+        [ServingPath::DevicePlugin, ServingPath::Dra]
+            .into_iter()
+            .any(|p| enforcer.mechanism(p) == m)
     };
-    let any_driver = [ServingPath::DevicePlugin, ServingPath::Dra]
-        .into_iter()
-        .any(|p| enforcer.mechanism(p) == Mechanism::Driver);
-    if !any_driver {
+    let limits = enforcer.limits().cloned().filter(|_| on(Mechanism::Driver));
+    let limiter = on(Mechanism::Limiter);
+    if limits.is_none() && !limiter {
         return;
     }
-    let dp_driver = enforcer.mechanism(ServingPath::DevicePlugin) == Mechanism::Driver;
+    let dp_driver =
+        limits.is_some() && enforcer.mechanism(ServingPath::DevicePlugin) == Mechanism::Driver;
+    let dp_limiter = enforcer.mechanism(ServingPath::DevicePlugin) == Mechanism::Limiter;
     if dp_driver {
         let refreshed = {
             let enforcer = enforcer.clone();
@@ -347,7 +355,7 @@ pub async fn run(enforcer: Arc<Enforcer>, client: kube::Client, scope: Scope, st
     let stop_watch = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let _stop_watch = StopOnDrop(stop_watch.clone());
     #[cfg(target_os = "linux")]
-    {
+    if let Some(limits) = &limits {
         let (enforcer, limits) = (enforcer.clone(), limits.clone());
         if let Err(e) = std::thread::Builder::new()
             .name("enforcement-stops".to_string())
@@ -362,63 +370,94 @@ pub async fn run(enforcer: Arc<Enforcer>, client: kube::Client, scope: Scope, st
     let stop_fut = stop.wait();
     tokio::pin!(stop_fut);
     loop {
-        let pods = if dp_driver {
+        // The limiter's containers are read before the pods are listed: a container's files
+        // are written after its pod exists, so a pod missing from this list is gone.
+        let entries = if limiter {
+            let run_dir = enforcer.limiter().run_dir().to_path_buf();
+            tokio::task::spawn_blocking(move || super::limiter::containers::list(&run_dir))
+                .await
+                .ok()
+        } else {
+            None
+        };
+        let pods = if dp_driver || limiter {
             match crate::node::api::list_node_pods(&client, &scope.node).await {
                 Ok(p) => Some(p),
                 Err(e) => {
-                    tracing::debug!(error = %e, "pods not listed; unrecorded containers not looked for this cycle");
+                    tracing::debug!(error = %e, "pods not listed; unrecorded containers not looked for and nothing cleaned up this cycle");
                     None
                 }
             }
         } else {
             None
         };
-        let cycle = {
-            let (enforcer, limits, scope) = (enforcer.clone(), limits.clone(), scope.clone());
-            tokio::task::spawn_blocking(move || check_records(&enforcer, limits.as_ref(), &scope))
+        let mut rows = Vec::new();
+        if let Some(limits) = &limits {
+            let cycle = {
+                let (enforcer, limits, scope) = (enforcer.clone(), limits.clone(), scope.clone());
+                tokio::task::spawn_blocking(move || {
+                    check_records(&enforcer, limits.as_ref(), &scope)
+                })
                 .await
-        };
-        if let Ok((mut rows, ids)) = cycle {
-            if let Some(pods) = &pods {
-                rows.extend(unrecorded(pods, &ids, &scope));
+            };
+            if let Ok((driver_rows, ids)) = cycle {
+                rows.extend(driver_rows);
+                if let (true, Some(pods)) = (dp_driver, &pods) {
+                    rows.extend(unrecorded(pods, &ids, &scope));
+                }
             }
-            rows.sort();
-            let turned = enforcer.status().publish(rows.clone());
-            for row in turned {
-                let message = format!(
-                    "container {} on GPU {} ({}): GPU memory limit {}: {}",
-                    row.container,
-                    row.index,
-                    row.gpu,
-                    row.state.as_str(),
-                    row.detail
-                );
-                tracing::warn!(pod = format!("{}/{}", row.namespace, row.pod), "{message}");
-                events
-                    .publish(
-                        &pod_reference(&row.namespace, &row.pod, None),
-                        Severity::Warning,
-                        "Enforce",
-                        reason(row.state),
-                        &message,
-                    )
-                    .await;
+        }
+        if let Some((entries, errors)) = entries {
+            for e in errors {
+                tracing::warn!(error = %e, "unreadable limiter owner file");
             }
-            let value = super::report::to_annotation(&for_annotation(&rows));
-            if published.as_deref() != Some(value.as_str()) {
-                let ann =
-                    BTreeMap::from([(NODE_ANN_CONTAINER_GPU_MEMORY.to_string(), value.clone())]);
-                match crate::node::api::bounded(crate::k8s::write::patch_node_annotations(
+            rows.extend(
+                limiter_cycle(
+                    &enforcer,
                     &client,
-                    &scope.node,
-                    &ann,
-                ))
-                .await
-                {
-                    Ok(_) => published = Some(value),
-                    Err(e) => {
-                        tracing::debug!(error = %e, "container GPU memory not published on the node")
-                    }
+                    &scope,
+                    entries,
+                    pods.as_deref(),
+                    dp_limiter,
+                )
+                .await,
+            );
+        }
+        rows.sort();
+        let turned = enforcer.status().publish(rows.clone());
+        for row in turned {
+            let message = format!(
+                "container {} on GPU {} ({}): GPU memory limit {}: {}",
+                row.container,
+                row.index,
+                row.gpu,
+                row.state.as_str(),
+                row.detail
+            );
+            tracing::warn!(pod = format!("{}/{}", row.namespace, row.pod), "{message}");
+            events
+                .publish(
+                    &pod_reference(&row.namespace, &row.pod, None),
+                    Severity::Warning,
+                    "Enforce",
+                    reason(row.state),
+                    &message,
+                )
+                .await;
+        }
+        let value = super::report::to_annotation(&for_annotation(&rows));
+        if published.as_deref() != Some(value.as_str()) {
+            let ann = BTreeMap::from([(NODE_ANN_CONTAINER_GPU_MEMORY.to_string(), value.clone())]);
+            match crate::node::api::bounded(crate::k8s::write::patch_node_annotations(
+                &client,
+                &scope.node,
+                &ann,
+            ))
+            .await
+            {
+                Ok(_) => published = Some(value),
+                Err(e) => {
+                    tracing::debug!(error = %e, "container GPU memory not published on the node")
                 }
             }
         }
@@ -427,6 +466,56 @@ pub async fn run(enforcer: Arc<Enforcer>, client: kube::Client, scope: Scope, st
             _ = tokio::time::sleep(interval) => {}
         }
     }
+}
+
+/// One cycle of the limiter's readback over `entries` (read before `pods` were listed): the
+/// DRA shares' pods found, gone containers' files removed (only with a pod list), the rows.
+async fn limiter_cycle(
+    enforcer: &Arc<Enforcer>,
+    client: &kube::Client,
+    scope: &Scope,
+    mut entries: Vec<(
+        super::limiter::containers::Key,
+        super::limiter::containers::Owner,
+    )>,
+    pods: Option<&[Pod]>,
+    dp_limiter: bool,
+) -> Vec<ContainerMemory> {
+    use super::limiter::usage;
+    let run_dir = enforcer.limiter().run_dir().to_path_buf();
+    if let Some(pods) = pods {
+        usage::resolve_dra(&run_dir, &mut entries, pods, |ns, name| {
+            let api: kube::Api<k8s_openapi::api::resource::v1::ResourceClaim> =
+                kube::Api::namespaced(client.clone(), &ns);
+            async move {
+                crate::node::api::bounded(api.get(&name))
+                    .await
+                    .ok()
+                    .and_then(|c| c.metadata.uid)
+            }
+        })
+        .await;
+    }
+    let pods_owned: Option<Vec<Pod>> = pods.map(<[Pod]>::to_vec);
+    let gpus = scope.gpus.clone();
+    let unit = scope.unit;
+    tokio::task::spawn_blocking(move || {
+        let mut rows = Vec::new();
+        if let Some(pods) = &pods_owned {
+            let removed = usage::sweep(&run_dir, &entries, pods);
+            for key in &removed {
+                tracing::info!(container = %key, "gone container: its limiter files removed");
+            }
+            entries.retain(|(k, _)| !removed.contains(k));
+            if dp_limiter {
+                rows.extend(usage::unserved(pods, &entries, &gpus, unit));
+            }
+        }
+        rows.extend(usage::rows(&run_dir, &entries, &gpus));
+        rows
+    })
+    .await
+    .unwrap_or_default()
 }
 
 fn reason(state: LimitState) -> &'static str {
@@ -483,6 +572,7 @@ mod tests {
             used: Some(1),
             state,
             detail: String::new(),
+            mechanism: String::new(),
         };
         assert_eq!(status.publish(vec![row(LimitState::Missing)]).len(), 1);
         assert!(status.publish(vec![row(LimitState::Missing)]).is_empty());

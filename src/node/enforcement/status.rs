@@ -102,12 +102,12 @@ impl Status {
         admin.with_registry(|r| {
             r.register(
                 "gpushare_container_gpu_memory_used_bytes",
-                "GPU memory a container's cgroup uses on a GPU, as the driver reads it back (driver enforcement)",
+                "GPU memory a container uses on a GPU: its cgroup's, as the driver reads it back (driver enforcement), or its processes' together, from its ledger (the CUDA memory limiter)",
                 self.used.clone(),
             );
             r.register(
                 "gpushare_container_gpu_memory_limit_bytes",
-                "Hard GPU memory limit of a container's cgroup on a GPU, as read back (driver enforcement)",
+                "GPU memory limit of a container on a GPU: its cgroup's hard limit read back (driver enforcement), or the limit its processes hold (the CUDA memory limiter)",
                 self.limit.clone(),
             );
             r.register(

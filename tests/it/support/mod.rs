@@ -26,6 +26,7 @@ pub mod https_client;
 pub mod isolated_extender;
 pub mod kube_validate;
 pub mod ledger_truth;
+pub mod limiter;
 pub mod mps;
 pub mod objects;
 pub mod role_process;

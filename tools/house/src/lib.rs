@@ -86,11 +86,13 @@ impl fmt::Display for Finding {
     }
 }
 
-/// The files the source rules read, from the repository at `root`.
+/// The files the source rules read, from the repository at `root`: besides the three trees
+/// the rules are about, `crates/limiter/tests`, whose shared support `tests/it` includes by
+/// `#[path]` (read as a module of `tests/it`, as rustc compiles it).
 pub fn read_repository(root: &Path) -> io::Result<SourceTree> {
     SourceTree::read(
         root,
-        &["src", "tests/it", "crates/core/src"],
+        &["src", "tests/it", "crates/core/src", "crates/limiter/tests"],
         &["Cargo.toml", "docs/development.md"],
     )
 }
