@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use gpushare::core::wire::{DRA_DEVICE_CLASS, DRA_DRIVER_NAME};
+use gpushare::core::wire::DRA_DRIVER_NAME;
 use gpushare::core::{GpuMem, GpuPolicy, MemoryUnit};
 use gpushare::dra::claims::{ClaimShare, NodeDevice, read_claim};
 use gpushare::dra::slices::{Pool, SliceGpu, device_name};
@@ -13,8 +13,8 @@ use gpushare_sandbox::apiserver::ApiServer;
 use gpushare_sandbox::dra_allocator::DraAllocator;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use serde_json::json;
 
+use crate::support::dra::create_gpu_device_class;
 use crate::support::dra_node::submit;
 
 const GIB: u64 = 1 << 30;
@@ -100,13 +100,7 @@ fn shares(server: &ApiServer, pod: &str) -> Vec<ClaimShare> {
 
 async fn cluster() -> ApiServer {
     let server = ApiServer::start().await.expect("starts");
-    server
-        .create_object(json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": { "name": DRA_DEVICE_CLASS },
-            "spec": { "selectors": [{ "cel": { "expression": gpushare::core::wire::dra_gpu_class_selector(DRA_DRIVER_NAME) } }] },
-        }))
-        .expect("the class");
+    create_gpu_device_class(&server);
     server
 }
 

@@ -26,6 +26,7 @@ use tokio::sync::watch;
 
 use crate::support::clients;
 use crate::support::dra;
+use crate::support::dra::create_gpu_device_class;
 use crate::support::dra_node::submit;
 use crate::support::socket_dir::short_tempdir;
 
@@ -129,13 +130,7 @@ impl Node {
 /// A sandbox with the class, node-a's slice, and a rewritten pod `p` (3 + 1 units) placed.
 async fn node() -> Node {
     let server = ApiServer::start().await.expect("starts");
-    server
-        .create_object(json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": { "name": DRA_DEVICE_CLASS },
-            "spec": { "selectors": [{ "cel": { "expression": gpushare::core::wire::dra_gpu_class_selector(DRA_DRIVER_NAME) } }] },
-        }))
-        .expect("the class");
+    create_gpu_device_class(&server);
     for s in build_slices(
         "node-a",
         DRA_DRIVER_NAME,

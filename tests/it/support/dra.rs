@@ -19,13 +19,19 @@ pub async fn dra_node_api(node: &str) -> ApiServer {
         "apiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n  labels:\n    gpushare.io/gpu-mem-path: dra\n"
     ))
     .expect("the node");
+    create_gpu_device_class(&api);
+    api
+}
+
+/// gpushare's DeviceClass (`gpu-mem.gpushare.io`, selecting the default driver's GPUs), as
+/// the chart installs it.
+pub fn create_gpu_device_class(api: &ApiServer) {
     api.create_object(json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
         "metadata": { "name": DRA_DEVICE_CLASS },
         "spec": { "selectors": [{ "cel": { "expression": gpushare::core::wire::dra_gpu_class_selector(DRA_DRIVER_NAME) } }] },
     }))
     .expect("the class");
-    api
 }
 
 /// A one-container (`main`) gpu-mem pod `default/<name>` of `gib` GiB, rewritten for the DRA
