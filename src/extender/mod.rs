@@ -11,6 +11,7 @@
 //! subcommand.
 
 pub mod bind;
+mod bind_error;
 mod bind_owners;
 pub mod cache;
 #[cfg(test)]
