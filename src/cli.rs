@@ -15,7 +15,7 @@ use clap::{Parser, Subcommand};
 use crate::buildinfo::{
     KREW_PLUGIN_NAME, KUBECTL_PLUGIN_COMMAND, KUBECTL_PLUGIN_NAME, version_text,
 };
-use crate::config::{self, Config, FlagOverrides, LogFormat, LogLevel};
+use crate::config::{self, Config, FlagOverrides, LogFormat, LogLevel, Section};
 #[cfg(feature = "demo")]
 use crate::demo;
 #[cfg(unix)]
@@ -219,7 +219,7 @@ pub fn main_with_args(args: Vec<OsString>) -> ExitCode {
     let loaded = if matches!(command, Command::CdiHook(_)) {
         Ok(Config::default())
     } else {
-        config::load(global.config.as_deref(), flags)
+        config::load_for(global.config.as_deref(), flags, sections(&command))
     };
     let config = match loaded {
         Ok(c) => c,
@@ -248,6 +248,24 @@ pub fn main_with_args(args: Vec<OsString>) -> ExitCode {
             eprintln!("gpushare: {}", failure::one_line(e.as_ref()));
             ExitCode::from(failure::status(&e))
         }
+    }
+}
+
+/// The configuration sections `command` runs, the ones its configuration is checked for: a
+/// section a role never reads cannot stop it (doctor and the demo check every one).
+fn sections(command: &Command) -> &'static [Section] {
+    use Section::*;
+    match command {
+        Command::Extender(_) => &[Extender, Http, Devices],
+        Command::DevicePlugin(_) => &[Http, Devices, Node, DevicePlugin, Dra],
+        #[cfg(unix)]
+        Command::DraPlugin(_) => &[Http, Devices, Node, Dra],
+        Command::Webhook(_) => &[Http, Devices, Webhook, Node, Dra],
+        Command::Inspect(_) => &[Dra],
+        Command::Doctor(_) => Section::ALL,
+        #[cfg(feature = "demo")]
+        Command::Demo(_) => Section::ALL,
+        Command::Version | Command::CdiHook(_) => &[],
     }
 }
 
