@@ -1,12 +1,12 @@
 //! The layers of the configuration and how each is read: the file (`--config`, else
-//! [`DEFAULT_CONFIG_FILE`]), the upstream environment knobs, `GPUSHARE_<SECTION>__<KEY>`, and
-//! the command-line flags ([`FlagOverrides`]); the old `device_plugin.<key>` spellings of
-//! [`NODE_KEYS`] read as `node.<key>` in each layer ([`DeprecatedKey`]). Extraction and checks
-//! are [`super::Config`]'s.
+//! [`DEFAULT_CONFIG_FILE`]; TOML, or JSON by its `.json` name), the upstream environment
+//! knobs, `GPUSHARE_<SECTION>__<KEY>`, and the command-line flags ([`FlagOverrides`]); the old
+//! `device_plugin.<key>` spellings of [`NODE_KEYS`] read as `node.<key>` in each layer
+//! ([`DeprecatedKey`]). Extraction and checks are [`super::Config`]'s.
 
 use std::path::Path;
 
-use figment::providers::{Env, Format, Toml};
+use figment::providers::{Data, Env, Format, Json, Toml};
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
 use serde::Serialize;
@@ -188,10 +188,53 @@ impl std::fmt::Display for DeprecatedKey {
     }
 }
 
+/// The configuration file as a layer: TOML, or JSON when its name ends in `.json` (what the
+/// Helm chart writes: `toJson` of its `config` value).
+pub(super) enum FileLayer {
+    /// A TOML file (any name but `*.json`).
+    Toml(Data<Toml>),
+    /// A `*.json` file.
+    Json(Data<Json>),
+}
+
+impl FileLayer {
+    fn of(path: &Path) -> FileLayer {
+        let json = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("json"));
+        if json {
+            FileLayer::Json(Json::file_exact(path))
+        } else {
+            FileLayer::Toml(Toml::file_exact(path))
+        }
+    }
+}
+
+impl Provider for FileLayer {
+    fn metadata(&self) -> Metadata {
+        match self {
+            FileLayer::Toml(p) => p.metadata(),
+            FileLayer::Json(p) => p.metadata(),
+        }
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        match self {
+            FileLayer::Toml(p) => p.data(),
+            FileLayer::Json(p) => p.data(),
+        }
+    }
+
+    fn profile(&self) -> Option<Profile> {
+        match self {
+            FileLayer::Toml(p) => p.profile(),
+            FileLayer::Json(p) => p.profile(),
+        }
+    }
+}
+
 /// The configuration file read: `--config`, else [`DEFAULT_CONFIG_FILE`] if it exists.
-pub(super) fn file_layer(
-    config_file: Option<&Path>,
-) -> Result<Option<figment::providers::Data<Toml>>, Error> {
+pub(super) fn file_layer(config_file: Option<&Path>) -> Result<Option<FileLayer>, Error> {
     match config_file {
         Some(path) => {
             if !path.is_file() {
@@ -200,10 +243,10 @@ pub(super) fn file_layer(
                     reason: "no such file".to_string(),
                 });
             }
-            Ok(Some(Toml::file_exact(path)))
+            Ok(Some(FileLayer::of(path)))
         }
         None if Path::new(DEFAULT_CONFIG_FILE).is_file() => {
-            Ok(Some(Toml::file_exact(DEFAULT_CONFIG_FILE)))
+            Ok(Some(FileLayer::of(Path::new(DEFAULT_CONFIG_FILE))))
         }
         None => Ok(None),
     }

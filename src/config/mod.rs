@@ -1,6 +1,7 @@
 //! Configuration: built-in defaults < TOML file < `GPUSHARE_*` environment < command-line flags.
 //!
-//! The file is `--config PATH`, else `/etc/gpushare/gpushare.toml` when it exists. Environment
+//! The file is `--config PATH`, else `/etc/gpushare/gpushare.toml` when it exists; a file whose
+//! name ends in `.json` is read as JSON (what the Helm chart hands over). Environment
 //! variables are `GPUSHARE_<SECTION>__<KEY>` (double underscore between section and key, e.g.
 //! `GPUSHARE_EXTENDER__PORT=12345`). The upstream knobs keep working and sit just above the
 //! defaults: `PORT` (extender.port), `LOG_LEVEL` (log.level), `NODE_NAME`
@@ -518,5 +519,53 @@ mod tests {
             );
             Ok(())
         });
+    }
+
+    #[test]
+    fn a_json_file_is_read_as_json_with_the_keys_of_the_toml_file() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "gpushare.json",
+                r#"{"extender": {"port": 4242, "bind_timeout_ms": 3000}, "http": {}}"#,
+            )?;
+            jail.create_file(
+                "gpushare.toml",
+                "[extender]\nport = 4242\nbind_timeout_ms = 3000\n",
+            )?;
+            let json = load(Some(Path::new("gpushare.json")), FlagOverrides::new()).unwrap();
+            let toml = load(Some(Path::new("gpushare.toml")), FlagOverrides::new()).unwrap();
+            assert_eq!(json.extender.port, 4242);
+            assert_eq!(json, toml);
+            jail.create_file("bad.json", r#"{"extender": {"bind_timeout_ms": 0}}"#)?;
+            let err = load(Some(Path::new("bad.json")), FlagOverrides::new())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("extender.bind_timeout_ms") && err.contains("bad.json"),
+                "{err}"
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_role_is_checked_only_for_the_sections_it_runs() {
+        let fig = Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(
+            "[webhook]\nmax_gpu_mem = 0\n[extender]\nbind_timeout_ms = 40000\n",
+        ));
+        let err = Config::from_figment(&fig).unwrap_err().to_string();
+        assert!(err.contains("http.request_timeout_ms"), "{err}");
+        let err = Config::from_figment_for(&fig, &[Section::Webhook])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("webhook.max_gpu_mem"), "{err}");
+        // The extender with its HTTP servers: the cross-section check, not the webhook's.
+        let err = Config::from_figment_for(&fig, &[Section::Extender, Section::Http])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("http.request_timeout_ms"), "{err}");
+        // Neither the extender nor the webhook: nothing of theirs stops the role.
+        let cfg = Config::from_figment_for(&fig, &[Section::Node, Section::Dra]).unwrap();
+        assert_eq!(cfg.webhook.max_gpu_mem, 0);
     }
 }

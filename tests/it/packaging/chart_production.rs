@@ -2,14 +2,14 @@
 //! (seccomp RuntimeDefault, read-only root, no privilege escalation, no capabilities, non-root
 //! where the role allows), the device plugin privileged only for the host's /dev/kmsg, image
 //! digest, pull secrets, extra flags and environment, pod annotations and security contexts as
-//! values, gpushare.toml through a ConfigMap that carries every key to the binary's own
+//! values, the configuration (JSON) through a ConfigMap that carries every key to the binary's own
 //! loader, the ServiceMonitor, node selection per role, and the adoption of the pods an Aliyun
 //! installation left running.
 
 use std::collections::BTreeMap;
 
 use figment::Figment;
-use figment::providers::{Format, Serialized, Toml};
+use figment::providers::{Format, Json, Serialized, Toml};
 use yaml_serde::Value;
 
 use gpushare::config::Config;
@@ -283,10 +283,10 @@ fn image_pull_secrets_extras_and_annotations_reach_every_pod() {
             "ghcr.io/gpushare/gpushare@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
             "{name}"
         );
-        // gpushare.toml: mounted, passed, and a change restarts the pods.
+        // gpushare.json: mounted, passed, and a change restarts the pods.
         assert!(
             a.iter()
-                .any(|x| x == "--config=/etc/gpushare/config/gpushare.toml"),
+                .any(|x| x == "--config=/etc/gpushare/config/gpushare.json"),
             "{name}"
         );
         let mount = c["volumeMounts"]
@@ -356,20 +356,24 @@ fn every_config_key_reaches_the_binary_through_the_configmap() {
     let Some(docs) = all_documents(merged(&default_values(), &overlay)) else {
         return;
     };
-    let text = find(&docs, "ConfigMap", "gpushare-config")["data"]["gpushare.toml"]
+    let text = find(&docs, "ConfigMap", "gpushare-config")["data"]["gpushare.json"]
         .as_str()
-        .expect("gpushare.toml")
+        .expect("gpushare.json")
         .to_string();
-    // The binary's own loader reads what the chart wrote...
-    let load = |toml_text: &str| -> Config {
+    // The binary's own loader reads what the chart wrote (JSON, as a `.json` file is read)...
+    let load = |text: &str| -> Config {
         Config::from_figment(
-            &Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(toml_text)),
+            &Figment::from(Serialized::defaults(Config::default())).merge(Json::string(text)),
         )
-        .unwrap_or_else(|e| panic!("the binary refuses:\n{toml_text}\n{e}"))
+        .unwrap_or_else(|e| panic!("the binary refuses:\n{text}\n{e}"))
     };
     let from_chart = load(&text);
     // ...and finds exactly what the same values say when the toml crate writes them.
-    let direct = load(&toml::to_string(&config).expect("toml"));
+    let toml_text = toml::to_string(&config).expect("toml");
+    let direct = Config::from_figment(
+        &Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(&toml_text)),
+    )
+    .unwrap_or_else(|e| panic!("the binary refuses:\n{toml_text}\n{e}"));
     assert_eq!(from_chart, direct);
     assert_ne!(from_chart, Config::default(), "the changes arrived");
     assert_eq!(from_chart.extender.bind_timeout_ms, 3000);
@@ -378,11 +382,11 @@ fn every_config_key_reaches_the_binary_through_the_configmap() {
     assert_eq!(from_chart.devices.generic[0].paths.len(), 2);
     assert!(from_chart.devices.generic[0].paths[1].optional);
 
-    // The default render: an empty file, which the binary reads as the defaults.
+    // The default render: an empty object, which the binary reads as the defaults.
     let docs = all_documents(default_values()).expect("rendered");
-    let text = find(&docs, "ConfigMap", "gpushare-config")["data"]["gpushare.toml"]
+    let text = find(&docs, "ConfigMap", "gpushare-config")["data"]["gpushare.json"]
         .as_str()
-        .expect("gpushare.toml")
+        .expect("gpushare.json")
         .to_string();
     assert_eq!(load(&text), Config::default());
 

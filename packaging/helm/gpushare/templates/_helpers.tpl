@@ -35,7 +35,7 @@ tag defaulting to the chart's appVersion. */}}
 {{- end }}
 
 {{/* Annotations of a pod template: the global podAnnotations, the role's, and the checksum of
-gpushare.toml (a config change restarts the pods). Call with (dict "root" $ "role" .Values.extender). */}}
+gpushare.json (a config change restarts the pods). Call with (dict "root" $ "role" .Values.extender). */}}
 {{- define "gpushare.podAnnotations" -}}
 checksum/config: {{ include (print .root.Template.BasePath "/config.yaml") .root | sha256sum }}
 {{- with merge (deepCopy (.role.podAnnotations | default dict)) (.root.Values.podAnnotations | default dict) }}
@@ -43,7 +43,7 @@ checksum/config: {{ include (print .root.Template.BasePath "/config.yaml") .root
 {{- end }}
 {{- end }}
 
-{{/* Where gpushare.toml is mounted in every gpushare container. */}}
+{{/* Where gpushare.json is mounted in every gpushare container. */}}
 {{- define "gpushare.configDir" -}}
 /etc/gpushare/config
 {{- end }}
