@@ -551,10 +551,11 @@ mod tests {
     #[test]
     fn a_role_is_checked_only_for_the_sections_it_runs() {
         let fig = Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(
-            "[webhook]\nmax_gpu_mem = 0\n[extender]\nbind_timeout_ms = 40000\n",
+            "[webhook]\nmax_gpu_mem = 0\n[http]\nrequest_timeout_ms = 1\n",
         ));
+        // Every section (doctor): the first refusal, the webhook's.
         let err = Config::from_figment(&fig).unwrap_err().to_string();
-        assert!(err.contains("http.request_timeout_ms"), "{err}");
+        assert!(err.contains("webhook.max_gpu_mem"), "{err}");
         let err = Config::from_figment_for(&fig, &[Section::Webhook])
             .unwrap_err()
             .to_string();
@@ -567,5 +568,6 @@ mod tests {
         // Neither the extender nor the webhook: nothing of theirs stops the role.
         let cfg = Config::from_figment_for(&fig, &[Section::Node, Section::Dra]).unwrap();
         assert_eq!(cfg.webhook.max_gpu_mem, 0);
+        assert_eq!(cfg.http.request_timeout_ms, 1);
     }
 }
