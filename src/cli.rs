@@ -28,41 +28,34 @@ use crate::{cdi_hook, deviceplugin, doctor, extender, failure, inspect, webhook}
 pub(crate) const GLOBAL_HEADING: &str = "Global options (every command)";
 
 /// Flags every subcommand takes.
-#[derive(Clone, Debug, Default, clap::Args)]
+#[derive(Clone, Debug, Default, clap::Args, serde::Serialize)]
 pub(crate) struct GlobalArgs {
     /// Configuration file [default: /etc/gpushare/gpushare.toml when it exists]
     #[arg(long, global = true, value_name = "PATH", help_heading = GLOBAL_HEADING)]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
     /// Log level: trace, debug, info, warn, error [env: LOG_LEVEL; config: log.level; RUST_LOG
     /// wins when set]
     #[arg(long, global = true, value_enum, help_heading = GLOBAL_HEADING)]
+    #[serde(rename = "level")]
     pub log_level: Option<LogLevel>,
     /// Log format; text is coloured only when stderr is a terminal and NO_COLOR is unset [config:
     /// log.format]
     #[arg(long, global = true, value_enum, help_heading = GLOBAL_HEADING)]
+    #[serde(rename = "format")]
     pub log_format: Option<LogFormat>,
     /// Kubeconfig file. Without it: `[cluster] kubeconfig` of the configuration file or
     /// GPUSHARE_CLUSTER__KUBECONFIG, else $KUBECONFIG (several paths, merged), else
     /// ~/.kube/config, else the in-cluster service account
     /// (/var/run/secrets/kubernetes.io/serviceaccount)
     #[arg(long, global = true, value_name = "PATH", help_heading = GLOBAL_HEADING)]
+    #[serde(rename = "cluster.kubeconfig")]
     pub kubeconfig: Option<PathBuf>,
 }
 
 impl GlobalArgs {
     fn overrides(&self, flags: &mut FlagOverrides) {
-        let GlobalArgs {
-            config: _,
-            log_level,
-            log_format,
-            kubeconfig,
-        } = self;
-        flags.set("log.level", *log_level);
-        flags.set("log.format", *log_format);
-        flags.set(
-            "cluster.kubeconfig",
-            kubeconfig.as_ref().map(|p| p.display().to_string()),
-        );
+        flags.args("log", self);
     }
 }
 

@@ -21,6 +21,8 @@ pub const DEFAULT_CONFIG_FILE: &str = "/etc/gpushare/gpushare.toml";
 #[derive(Clone, Debug, Default)]
 pub struct FlagOverrides {
     values: Vec<(String, Value)>,
+    /// Why a struct of flags could not be read (a path that is no UTF-8), reported by `data`.
+    unreadable: Option<String>,
 }
 
 impl FlagOverrides {
@@ -35,6 +37,35 @@ impl FlagOverrides {
             && let Ok(v) = Value::serialize(v)
         {
             self.values.push((key.to_string(), v));
+        }
+        self
+    }
+
+    /// Sets every flag of `args`, a clap struct deriving `Serialize`, where the flag names its
+    /// key: a field's value goes to `<section>.<field>`, or to the dotted key its
+    /// `#[serde(rename = "doctor.skip")]` names; a flag not given (`None`, an empty list, a
+    /// switch left off: `skip_serializing_if = "std::ops::Not::not"`) sets nothing. Fields that
+    /// are no setting are `#[serde(skip)]`.
+    pub fn args<T: Serialize>(&mut self, section: &str, args: &T) -> &mut Self {
+        match Value::serialize(args) {
+            Ok(Value::Dict(_, fields)) => {
+                for (field, value) in fields {
+                    let given = match &value {
+                        Value::Empty(..) => false,
+                        Value::Array(_, items) => !items.is_empty(),
+                        _ => true,
+                    };
+                    if given {
+                        let key = match field.contains('.') {
+                            true => field,
+                            false => format!("{section}.{field}"),
+                        };
+                        self.values.push((key, value));
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(e) => self.unreadable = Some(e.to_string()),
         }
         self
     }
@@ -54,6 +85,11 @@ impl Provider for FlagOverrides {
     }
 
     fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        if let Some(why) = &self.unreadable {
+            return Err(figment::Error::from(format!(
+                "a flag cannot be read: {why}"
+            )));
+        }
         let mut root = Dict::new();
         for (key, value) in &self.values {
             insert_dotted(&mut root, key, value.clone());

@@ -570,4 +570,66 @@ mod tests {
         assert_eq!(cfg.webhook.max_gpu_mem, 0);
         assert_eq!(cfg.http.request_timeout_ms, 1);
     }
+
+    #[test]
+    fn flags_name_their_keys_by_field_and_set_only_what_was_given() {
+        #[derive(serde::Serialize)]
+        struct Args {
+            bind_address: Option<std::net::IpAddr>,
+            port: Option<u16>,
+            url_prefix: Option<String>,
+            leader_elect: Option<bool>,
+            #[serde(rename = "node.cdi_spec_dirs")]
+            dirs: Vec<PathBuf>,
+            #[serde(rename = "doctor.skip", skip_serializing_if = "std::ops::Not::not")]
+            skip_doctor: bool,
+            #[serde(rename = "node.device_list_strategy")]
+            strategies: Vec<DeviceListStrategy>,
+            #[serde(skip)]
+            _not_a_setting: bool,
+        }
+        let given = Args {
+            bind_address: Some("127.0.0.1".parse().unwrap()),
+            port: None,
+            url_prefix: Some("/x".to_string()),
+            leader_elect: Some(false),
+            dirs: vec![PathBuf::from("/run/cdi")],
+            skip_doctor: true,
+            strategies: vec![DeviceListStrategy::CdiCri, DeviceListStrategy::Envvar],
+            _not_a_setting: true,
+        };
+        let mut flags = FlagOverrides::new();
+        flags.args("extender", &given);
+        let cfg = Config::from_figment(
+            &Figment::from(Serialized::defaults(Config::default())).merge(flags),
+        )
+        .unwrap();
+        assert_eq!(cfg.extender.bind_address.to_string(), "127.0.0.1");
+        assert_eq!(cfg.extender.port, Config::default().extender.port);
+        assert_eq!(cfg.extender.url_prefix, "/x");
+        assert!(!cfg.extender.leader_elect);
+        assert_eq!(cfg.node.cdi_spec_dirs, [PathBuf::from("/run/cdi")]);
+        assert!(cfg.doctor.skip);
+        assert_eq!(cfg.node.device_list_strategy.to_string(), "envvar,cdi-cri");
+        // Left off: nothing set, the layers below show through.
+        let mut flags = FlagOverrides::new();
+        flags.args(
+            "extender",
+            &Args {
+                bind_address: None,
+                port: None,
+                url_prefix: None,
+                leader_elect: None,
+                dirs: Vec::new(),
+                skip_doctor: false,
+                strategies: Vec::new(),
+                _not_a_setting: false,
+            },
+        );
+        let cfg = Config::from_figment(
+            &Figment::from(Serialized::defaults(Config::default())).merge(flags),
+        )
+        .unwrap();
+        assert_eq!(cfg, Config::default());
+    }
 }

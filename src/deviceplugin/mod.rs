@@ -81,10 +81,11 @@ use pods::PodStore;
 /// Upstream's flags are accepted: `--memory-unit`, `--health-check`, `--mps` work; the glog
 /// flags (`-logtostderr`, `--v=5`, …) and `--query-kubelet` family are accepted and ignored, so
 /// upstream manifests keep working.
-#[derive(Clone, Debug, Default, clap::Args)]
+#[derive(Clone, Debug, Default, clap::Args, serde::Serialize)]
 pub struct Args {
     /// The node agent's flags.
     #[command(flatten)]
+    #[serde(skip)]
     pub node: NodeArgs,
     /// kubelet's device-plugin directory [default: /var/lib/kubelet/device-plugins]
     #[arg(long, value_name = "DIR")]
@@ -102,6 +103,7 @@ pub struct Args {
     pub admin_address: Option<String>,
     /// Do not run the node preflight (doctor) before starting
     #[arg(long)]
+    #[serde(rename = "doctor.skip", skip_serializing_if = "std::ops::Not::not")]
     pub skip_doctor: bool,
     /// Upstream switches, accepted and ignored: the glog `--logtostderr`,
     /// `--alsologtostderr` and `--query-kubelet` (pods come from a watch).
@@ -113,6 +115,7 @@ pub struct Args {
         default_missing_value = "true",
         action = clap::ArgAction::Append
     )]
+    #[serde(skip)]
     pub legacy_switches: Vec<String>,
     /// Upstream flags with a value, accepted and ignored: glog `--v` (use --log-level) and the
     /// kubelet client flags `--kubelet-address`, `--kubelet-port`, `--client-cert`,
@@ -123,23 +126,15 @@ pub struct Args {
         hide = true,
         action = clap::ArgAction::Append
     )]
+    #[serde(skip)]
     pub legacy_values: Vec<String>,
 }
 
 impl Args {
     /// The flags as configuration overrides.
     pub fn overrides(&self, flags: &mut FlagOverrides) {
-        let dp = |k: &str| format!("device_plugin.{k}");
-        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
         self.node.overrides(flags);
-        flags.set(&dp("device_plugin_dir"), path(&self.device_plugin_dir));
-        flags.set(
-            &dp("pod_resources_socket"),
-            path(&self.pod_resources_socket),
-        );
-        flags.set(&dp("allocate_failure"), self.allocate_failure);
-        flags.set(&dp("admin_address"), self.admin_address.clone());
-        flags.set_flag("doctor.skip", self.skip_doctor);
+        flags.args("device_plugin", self);
     }
 }
 

@@ -16,7 +16,7 @@ pub use crate::config::devices::{DevicesConfig, DevicesConfigError};
 
 /// `--sysfs-root` / `--dev-root`: where the host's sysfs and `/dev` are read (the one
 /// definition `gpushare device-plugin` and `gpushare doctor` flatten).
-#[derive(Clone, Debug, Default, clap::Args)]
+#[derive(Clone, Debug, Default, clap::Args, serde::Serialize)]
 pub struct RootArgs {
     /// The host's /sys as gpushare sees it (a recorded tree in tests) [default:
     /// devices.sysfs_root, /sys; doctor: <root>/sys]
@@ -30,9 +30,7 @@ pub struct RootArgs {
 impl RootArgs {
     /// The flags as overrides of `devices.sysfs_root` / `devices.dev_root`.
     pub fn overrides(&self, flags: &mut crate::config::FlagOverrides) {
-        let path = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.display().to_string());
-        flags.set("devices.sysfs_root", path(&self.sysfs_root));
-        flags.set("devices.dev_root", path(&self.dev_root));
+        flags.args("devices", self);
     }
 }
 

@@ -53,33 +53,41 @@ pub enum OutputFormat {
 }
 
 /// Flags of `gpushare doctor`.
-#[derive(Clone, Debug, Default, clap::Args)]
+#[derive(Clone, Debug, Default, clap::Args, serde::Serialize)]
 pub struct Args {
     /// Which checks to run
     #[arg(long, value_enum, default_value_t = Role::All)]
+    #[serde(skip)]
     pub role: Role,
     /// Output format
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
+    #[serde(skip)]
     pub output: OutputFormat,
     /// Read every host file under DIR (e.g. /host in a pod that mounts the host's root)
     #[arg(long, value_name = "DIR", default_value = "/")]
+    #[serde(skip)]
     pub root: PathBuf,
     /// Exit 1 on warnings too
     #[arg(long)]
+    #[serde(skip)]
     pub strict: bool,
     /// kube-scheduler configuration file [default: found through
     /// /etc/kubernetes/manifests/kube-scheduler.yaml]
     #[arg(long, value_name = "PATH")]
+    #[serde(skip)]
     pub scheduler_config: Option<PathBuf>,
     /// Extender URL to probe [default: the urlPrefix of the scheduler configuration]
     #[arg(long, value_name = "URL")]
+    #[serde(skip)]
     pub extender_url: Option<String>,
     /// gpushare webhook URL to probe (managed clusters), e.g. https://127.0.0.1:9443 through
     /// `kubectl port-forward` [default: https://<webhook.service_name>.<webhook.namespace>.svc]
     #[arg(long, value_name = "URL")]
+    #[serde(skip)]
     pub webhook_url: Option<String>,
     /// Do not contact the API server (its checks are skipped)
     #[arg(long)]
+    #[serde(skip)]
     pub no_cluster: bool,
     /// This node's name [env: NODE_NAME; default: the host's /etc/hostname]
     #[arg(long, value_name = "NAME")]
@@ -87,6 +95,7 @@ pub struct Args {
     /// Check the CUDA MPS set-up: the control program, its directories and user, and that
     /// the daemon answers (node.mps)
     #[arg(long)]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub mps: bool,
     /// The MPS control program (node.mps_control)
     #[arg(long, value_name = "PATH")]
@@ -99,6 +108,7 @@ pub struct Args {
     pub mps_log_dir: Option<PathBuf>,
     /// kubelet's device-plugin directory (device_plugin.device_plugin_dir)
     #[arg(long, value_name = "DIR")]
+    #[serde(rename = "device_plugin.device_plugin_dir")]
     pub device_plugin_dir: Option<PathBuf>,
     /// Size of one unit of aliyun.com/gpu-mem: GiB, MiB or e.g. 256MiB (node.memory_unit)
     #[arg(long, value_name = "UNIT")]
@@ -121,53 +131,22 @@ pub struct Args {
     pub enforcement: Option<crate::config::enforcement::Enforcement>,
     /// The same GPU access as the device plugin.
     #[command(flatten)]
+    #[serde(skip)]
     pub gpu: crate::gpu::GpuArgs,
     /// The RDMA checks ([`rdma`]).
     #[command(flatten)]
+    #[serde(skip)]
     pub rdma: rdma::RdmaArgs,
     /// The DRA checks ([`dra`]).
     #[command(flatten)]
+    #[serde(skip)]
     pub dra: dra::DraArgs,
 }
 
 impl Args {
     /// The flags as configuration overrides.
     pub(crate) fn overrides(&self, flags: &mut FlagOverrides) {
-        flags
-            .set("node.node_name", self.node_name.clone())
-            .set_flag("node.mps", self.mps)
-            .set("node.mps_control", self.mps_control.clone())
-            .set(
-                "node.mps_pipe_dir",
-                self.mps_pipe_dir.as_ref().map(|p| p.display().to_string()),
-            )
-            .set(
-                "node.mps_log_dir",
-                self.mps_log_dir.as_ref().map(|p| p.display().to_string()),
-            )
-            .set(
-                "device_plugin.device_plugin_dir",
-                self.device_plugin_dir
-                    .as_ref()
-                    .map(|p| p.display().to_string()),
-            )
-            .set("node.memory_unit", self.memory_unit)
-            .set("node.device_id_strategy", self.device_id_strategy)
-            .set("node.cdi_kind", self.cdi_kind.clone())
-            .set("node.enforcement", self.enforcement);
-        if !self.device_list_strategy.is_empty() {
-            let list =
-                crate::config::DeviceListStrategies::new(self.device_list_strategy.iter().copied());
-            flags.set("node.device_list_strategy", Some(list.to_string()));
-        }
-        if !self.cdi_spec_dirs.is_empty() {
-            let dirs: Vec<String> = self
-                .cdi_spec_dirs
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect();
-            flags.set("node.cdi_spec_dirs", Some(dirs));
-        }
+        flags.args("node", self);
         self.gpu.overrides(flags);
     }
 }

@@ -63,7 +63,7 @@ const REPUBLISH_REFUSED_AFTER: Duration = Duration::from_secs(60);
 /// Flags of `gpushare dra-plugin`: the node agent's ([`NodeArgs`], three of them worded for
 /// the DRA path) and the DRA side's (each overrides its `[dra]`, `[node]`, `[gpu]`,
 /// `[devices]` or `[doctor]` key).
-#[derive(Clone, Debug, Default, clap::Args)]
+#[derive(Clone, Debug, Default, clap::Args, serde::Serialize)]
 #[command(
     mut_arg("node_name", |a| a.help("This node's name (the pool's name) [env: NODE_NAME]")),
     mut_arg("visible_devices", |a| a
@@ -74,6 +74,7 @@ const REPUBLISH_REFUSED_AFTER: Duration = Duration::from_secs(60);
 pub struct Args {
     /// The node agent's flags.
     #[command(flatten)]
+    #[serde(skip)]
     pub node: NodeArgs,
     /// The DRA driver name [default: gpushare.io]
     #[arg(long, value_name = "NAME")]
@@ -101,23 +102,15 @@ pub struct Args {
     pub admin_address: Option<String>,
     /// Do not run the node preflight (doctor) before starting
     #[arg(long)]
+    #[serde(rename = "doctor.skip", skip_serializing_if = "std::ops::Not::not")]
     pub skip_doctor: bool,
 }
 
 impl Args {
     /// The flags as configuration overrides.
     pub fn overrides(&self, flags: &mut FlagOverrides) {
-        let dra = |k: &str| format!("dra.{k}");
-        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
         self.node.overrides(flags);
-        flags.set(&dra("driver_name"), self.driver_name.clone());
-        flags.set(&dra("registry_dir"), path(&self.registry_dir));
-        flags.set(&dra("plugin_dir"), path(&self.plugin_dir));
-        flags.set(&dra("state_dir"), path(&self.state_dir));
-        flags.set(&dra("cdi_dir"), path(&self.cdi_dir));
-        flags.set(&dra("gpu_policy"), self.gpu_policy);
-        flags.set(&dra("admin_address"), self.admin_address.clone());
-        flags.set_flag("doctor.skip", self.skip_doctor);
+        flags.args("dra", self);
     }
 }
 

@@ -44,7 +44,7 @@ use crate::shutdown::{self, Shutdown, Trigger};
 pub use state::ExtenderState;
 
 /// Flags of `gpushare extender`.
-#[derive(Clone, Debug, Default, clap::Args)]
+#[derive(Clone, Debug, Default, clap::Args, serde::Serialize)]
 pub struct Args {
     /// Address to listen on [config: extender.bind_address; default 0.0.0.0]
     #[arg(long, value_name = "IP")]
@@ -95,49 +95,14 @@ pub struct Args {
     pub lease_namespace: Option<String>,
     /// Do not run the control-plane preflight (doctor) before starting [config: doctor.skip]
     #[arg(long)]
+    #[serde(rename = "doctor.skip", skip_serializing_if = "std::ops::Not::not")]
     pub skip_doctor: bool,
 }
 
 impl Args {
     /// The flags as configuration overrides.
     pub(crate) fn overrides(&self, flags: &mut FlagOverrides) {
-        let Args {
-            bind_address,
-            port,
-            url_prefix,
-            node_policy,
-            gpu_policy,
-            tls_cert,
-            tls_key,
-            tls_client_ca,
-            leader_elect,
-            advertise_address,
-            lease_name,
-            lease_namespace,
-            skip_doctor,
-        } = self;
-        flags.set("extender.bind_address", bind_address.map(|a| a.to_string()));
-        flags.set("extender.port", *port);
-        flags.set("extender.url_prefix", url_prefix.clone());
-        flags.set("extender.node_policy", *node_policy);
-        flags.set("extender.gpu_policy", *gpu_policy);
-        flags.set(
-            "extender.tls_cert",
-            tls_cert.as_ref().map(|p| p.display().to_string()),
-        );
-        flags.set(
-            "extender.tls_key",
-            tls_key.as_ref().map(|p| p.display().to_string()),
-        );
-        flags.set(
-            "extender.tls_client_ca",
-            tls_client_ca.as_ref().map(|p| p.display().to_string()),
-        );
-        flags.set("extender.leader_elect", *leader_elect);
-        flags.set("extender.advertise_address", advertise_address.clone());
-        flags.set("extender.lease_name", lease_name.clone());
-        flags.set("extender.lease_namespace", lease_namespace.clone());
-        flags.set_flag("doctor.skip", *skip_doctor);
+        flags.args("extender", self);
     }
 }
 

@@ -29,11 +29,12 @@ pub use backend::{
 
 /// The GPU flags shared by `device-plugin` and `doctor` (doctor tests what the plugin will
 /// use), onto the `[gpu]` configuration keys.
-#[derive(Clone, Debug, Default, clap::Args)]
+#[derive(Clone, Debug, Default, clap::Args, serde::Serialize)]
 pub struct GpuArgs {
     /// GPU access: auto (nvml where this build can load it, else nvidia-smi), nvml,
     /// nvidia-smi, fake [config: gpu.backend; default auto]
     #[arg(long, value_enum)]
+    #[serde(rename = "backend")]
     pub gpu_backend: Option<crate::config::GpuBackendKind>,
     /// Fake GPUs for `--gpu-backend fake`: `2x16GiB`, `16GiB,24GiB` or `GPU-uuid=16GiB,…`
     /// [config: gpu.fake_gpus]
@@ -51,27 +52,14 @@ pub struct GpuArgs {
     pub kmsg_path: Option<String>,
     /// Read the kernel log from its start (replay a recorded log) [config: gpu.kmsg_replay]
     #[arg(long)]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub kmsg_replay: bool,
 }
 
 impl GpuArgs {
     /// The flags as configuration overrides.
     pub(crate) fn overrides(&self, flags: &mut crate::config::FlagOverrides) {
-        let GpuArgs {
-            gpu_backend,
-            fake_gpus,
-            nvml_library,
-            nvidia_smi,
-            kmsg_path,
-            kmsg_replay,
-        } = self;
-        flags
-            .set("gpu.backend", *gpu_backend)
-            .set("gpu.fake_gpus", fake_gpus.clone())
-            .set("gpu.nvml_library", nvml_library.clone())
-            .set("gpu.nvidia_smi", nvidia_smi.clone())
-            .set("gpu.kmsg_path", kmsg_path.clone())
-            .set_flag("gpu.kmsg_replay", *kmsg_replay);
+        flags.args("gpu", self);
     }
 }
 

@@ -74,41 +74,51 @@ pub enum Format {
 }
 
 /// Flags of `gpushare inspect` / `kubectl inspect gpushare`.
-#[derive(Clone, Debug, Default, clap::Args)]
+#[derive(Clone, Debug, Default, clap::Args, serde::Serialize)]
 pub struct Args {
     /// Show only this node.
     #[arg(value_name = "NODE")]
+    #[serde(skip)]
     pub node: Option<String>,
     /// Per node, one row per pod (the upstream details view of the table format).
     #[arg(short = 'd', long)]
+    #[serde(skip)]
     pub details: bool,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
+    #[serde(skip)]
     pub output: Format,
     /// Kubeconfig context to use.
     #[arg(long, value_name = "CONTEXT")]
+    #[serde(skip)]
     pub context: Option<String>,
     /// Read the extender's view (`<URL>/gpushare-scheduler/inspect`) instead of the API server.
     #[arg(long, value_name = "URL")]
+    #[serde(skip)]
     pub from_extender: Option<String>,
     /// With an https:// --from-extender: the PEM CA that signed the extender's serving
     /// certificate (required for https).
     #[arg(long, value_name = "PATH")]
+    #[serde(skip)]
     pub extender_ca: Option<PathBuf>,
     /// With an https:// --from-extender: a PEM client certificate, for an extender that
     /// checks client certificates (`--tls-client-ca`).
     #[arg(long, value_name = "PATH", requires = "extender_key")]
+    #[serde(skip)]
     pub extender_cert: Option<PathBuf>,
     /// The PEM private key of --extender-cert.
     #[arg(long, value_name = "PATH", requires = "extender_cert")]
+    #[serde(skip)]
     pub extender_key: Option<PathBuf>,
     /// The name to check the extender's serving certificate against, when it differs from
     /// the URL's host (e.g. through `kubectl port-forward`).
     #[arg(long, value_name = "NAME")]
+    #[serde(skip)]
     pub extender_server_name: Option<String>,
     /// The DRA driver whose ResourceSlices and claims are read (the chart's dra.driverName)
     /// [config: dra.driver_name; default gpushare.io]
     #[arg(long, value_name = "NAME")]
+    #[serde(rename = "dra.driver_name")]
     pub driver_name: Option<String>,
 }
 
@@ -159,7 +169,7 @@ impl ExtenderTls {
 impl Args {
     /// The flags as configuration overrides (none: `--kubeconfig` is a global flag).
     pub(crate) fn overrides(&self, flags: &mut FlagOverrides) {
-        flags.set("dra.driver_name", self.driver_name.clone());
+        flags.args("inspect", self);
     }
 }
 

@@ -7,12 +7,12 @@
 
 use std::path::PathBuf;
 
-use crate::config::{DeviceListStrategies, DeviceListStrategy, FlagOverrides, VisibleDevices};
+use crate::config::{DeviceListStrategy, FlagOverrides, VisibleDevices};
 use crate::core::MemoryUnit;
 
 /// Flags of the node agent, shared by the node roles (each overrides its `[node]`, `[gpu]` or
 /// `[devices]` key).
-#[derive(Clone, Debug, Default, clap::Args)]
+#[derive(Clone, Debug, Default, clap::Args, serde::Serialize)]
 pub struct NodeArgs {
     /// This node's name [env: NODE_NAME]
     #[arg(long, value_name = "NAME")]
@@ -27,6 +27,7 @@ pub struct NodeArgs {
         visible_alias = "visible-devices",
         value_enum
     )]
+    #[serde(rename = "device_id_strategy")]
     pub visible_devices: Option<VisibleDevices>,
     /// How the container gets its GPU; several may be combined (comma-separated or repeated)
     /// [default: envvar]
@@ -51,6 +52,7 @@ pub struct NodeArgs {
     /// Seconds without new errors after which a GPU with a transient XID is healthy again
     /// [default: 300]
     #[arg(long, value_name = "SECS")]
+    #[serde(rename = "health_recovery_secs")]
     pub health_recovery: Option<u64>,
     /// Memory isolation through CUDA MPS (per-container pinned memory limit)
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
@@ -135,83 +137,18 @@ pub struct NodeArgs {
     pub gpu_lock_dir: Option<PathBuf>,
     /// GPU access.
     #[command(flatten)]
+    #[serde(skip)]
     pub gpu: crate::gpu::GpuArgs,
     /// Where the host's sysfs and /dev are read (RDMA HCAs, generic devices).
     #[command(flatten)]
+    #[serde(skip)]
     pub roots: crate::devices::RootArgs,
 }
 
 impl NodeArgs {
     /// The flags as configuration overrides.
     pub fn overrides(&self, flags: &mut FlagOverrides) {
-        let node = |k: &str| format!("node.{k}");
-        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
-        flags.set(&node("node_name"), self.node_name.clone());
-        flags.set(&node("memory_unit"), self.memory_unit);
-        flags.set(&node("device_id_strategy"), self.visible_devices);
-        if !self.device_list_strategy.is_empty() {
-            let list = DeviceListStrategies::new(self.device_list_strategy.iter().copied());
-            flags.set(&node("device_list_strategy"), Some(list.to_string()));
-        }
-        flags.set(&node("cdi_kind"), self.cdi_kind.clone());
-        flags.set(
-            &node("cdi_annotation_prefix"),
-            self.cdi_annotation_prefix.clone(),
-        );
-        if !self.cdi_spec_dirs.is_empty() {
-            let dirs: Vec<String> = self
-                .cdi_spec_dirs
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect();
-            flags.set(&node("cdi_spec_dirs"), Some(dirs));
-        }
-        flags.set(&node("pass_device_specs"), self.pass_device_specs);
-        flags.set(&node("health_check"), self.health_check);
-        flags.set(&node("health_recovery_secs"), self.health_recovery);
-        flags.set(&node("mps"), self.mps);
-        flags.set(&node("mps_pipe_dir"), path(&self.mps_pipe_dir));
-        flags.set(
-            &node("mps_active_thread_percentage"),
-            self.mps_active_thread_percentage,
-        );
-        flags.set(&node("mps_control"), self.mps_control.clone());
-        flags.set(&node("mps_log_dir"), path(&self.mps_log_dir));
-        flags.set(&node("mps_shm_dir"), path(&self.mps_shm_dir));
-        flags.set(
-            &node("mps_pinned_mem_limit_mib"),
-            self.mps_pinned_mem_limit_mib,
-        );
-        flags.set(&node("mps_check_interval_ms"), self.mps_check_interval_ms);
-        flags.set(&node("gpu_lock_dir"), path(&self.gpu_lock_dir));
-        flags.set(
-            &node("mps_restart_backoff_max_secs"),
-            self.mps_restart_backoff_max_secs,
-        );
-        flags.set(&node("enforcement"), self.enforcement);
-        flags.set(&node("enforcement_hook"), path(&self.enforcement_hook));
-        flags.set(
-            &node("enforcement_install_hook"),
-            self.enforcement_install_hook,
-        );
-        flags.set(
-            &node("enforcement_state_dir"),
-            path(&self.enforcement_state_dir),
-        );
-        flags.set(
-            &node("enforcement_cdi_dir"),
-            path(&self.enforcement_cdi_dir),
-        );
-        flags.set(&node("enforcement_check_secs"), self.enforcement_check_secs);
-        flags.set(&node("limiter_library"), path(&self.limiter_library));
-        flags.set(&node("limiter_dir"), path(&self.limiter_dir));
-        flags.set(&node("limiter_run_dir"), path(&self.limiter_run_dir));
-        flags.set(&node("cgroup_root"), path(&self.cgroup_root));
-        flags.set(
-            &node("runtime_cgroup_root"),
-            path(&self.runtime_cgroup_root),
-        );
-        flags.set(&node("runtime_proc_root"), path(&self.runtime_proc_root));
+        flags.args("node", self);
         self.gpu.overrides(flags);
         self.roots.overrides(flags);
     }

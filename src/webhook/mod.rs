@@ -40,7 +40,7 @@ use certs::ServingCert;
 use routes::WebhookState;
 
 /// Flags of `gpushare webhook`.
-#[derive(Clone, Debug, Default, clap::Args)]
+#[derive(Clone, Debug, Default, clap::Args, serde::Serialize)]
 pub struct Args {
     /// Address to listen on [config: webhook.bind_address; default 0.0.0.0]
     #[arg(long, value_name = "IP")]
@@ -73,6 +73,7 @@ pub struct Args {
     /// before expiry) and write the CA into the webhook configurations [config:
     /// webhook.self_signed]
     #[arg(long)]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub self_signed: bool,
     /// The Secret of --self-signed [config: webhook.tls_secret; default gpushare-webhook-tls]
     #[arg(long, value_name = "NAME")]
@@ -97,47 +98,19 @@ pub struct Args {
     /// Size of one unit of aliyun.com/gpu-mem on the DRA path, as the DRA plugins count it:
     /// GiB, MiB or e.g. 256MiB [config: node.memory_unit; default GiB]
     #[arg(long, value_name = "UNIT")]
+    #[serde(rename = "node.memory_unit")]
     pub memory_unit: Option<crate::core::MemoryUnit>,
     /// The DRA driver of the claims' devices, as the DRA plugins publish them (their
     /// <driver>/uuid keeps a pod on one GPU) [config: dra.driver_name; default gpushare.io]
     #[arg(long, value_name = "NAME")]
+    #[serde(rename = "dra.driver_name")]
     pub driver_name: Option<String>,
 }
 
 impl Args {
     /// The flags as configuration overrides.
     pub(crate) fn overrides(&self, flags: &mut FlagOverrides) {
-        let Args {
-            bind_address,
-            port,
-            scheduler_name,
-            max_gpu_mem,
-            tls_cert,
-            tls_key,
-            self_signed,
-            tls_secret,
-            namespace,
-            service_name,
-            webhook_config,
-            gpu_mem_path,
-            memory_unit,
-            driver_name,
-        } = self;
-        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
-        flags.set("webhook.bind_address", bind_address.map(|a| a.to_string()));
-        flags.set("webhook.port", *port);
-        flags.set("webhook.scheduler_name", scheduler_name.clone());
-        flags.set("webhook.max_gpu_mem", *max_gpu_mem);
-        flags.set("webhook.tls_cert", path(tls_cert));
-        flags.set("webhook.tls_key", path(tls_key));
-        flags.set_flag("webhook.self_signed", *self_signed);
-        flags.set("webhook.tls_secret", tls_secret.clone());
-        flags.set("webhook.namespace", namespace.clone());
-        flags.set("webhook.service_name", service_name.clone());
-        flags.set("webhook.webhook_config", webhook_config.clone());
-        flags.set("webhook.gpu_mem_path", *gpu_mem_path);
-        flags.set("node.memory_unit", *memory_unit);
-        flags.set("dra.driver_name", driver_name.clone());
+        flags.args("webhook", self);
     }
 }
 
