@@ -31,7 +31,8 @@ impl FlagOverrides {
         Self::default()
     }
 
-    /// Sets `key` (dotted, e.g. `extender.port`) when `value` is `Some`.
+    /// Sets `key` (dotted, e.g. `extender.port`) when `value` is `Some` (one value by hand;
+    /// a role's flags go through [`FlagOverrides::args`]).
     pub fn set<T: Serialize>(&mut self, key: &str, value: Option<T>) -> &mut Self {
         if let Some(v) = value
             && let Ok(v) = Value::serialize(v)
@@ -66,14 +67,6 @@ impl FlagOverrides {
             }
             Ok(_) => {}
             Err(e) => self.unreadable = Some(e.to_string()),
-        }
-        self
-    }
-
-    /// Sets `key` to `true` when `flag` is set (for boolean switches).
-    pub fn set_flag(&mut self, key: &str, flag: bool) -> &mut Self {
-        if flag {
-            self.set(key, Some(true));
         }
         self
     }
