@@ -23,10 +23,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::k8s::watch::DefaultBackoff;
+use crate::k8s::watch::{DefaultBackoff, ListFrom, WatchConfig};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher::Event;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -478,7 +478,9 @@ async fn watch_claims(
     let node = role.node.clone();
     crate::k8s::watch::drive(
         api,
-        watcher::Config::default(),
+        // The claims only order the slice's devices (binpack or spread): the watch cache's
+        // view, possibly a little behind, is enough.
+        WatchConfig::new(ListFrom::Cache),
         DefaultBackoff::default(),
         stop,
         |e| tracing::warn!(error = %e, node, "ResourceClaim watch error (retrying)"),

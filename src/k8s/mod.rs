@@ -9,6 +9,7 @@ pub mod client;
 pub mod dra_request;
 pub mod error_text;
 pub mod events;
+pub mod list_body;
 pub mod project;
 pub mod reachable;
 pub mod retry;
