@@ -266,8 +266,13 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<ExitCode> 
             run_node_role(
                 "device-plugin",
                 &config,
+                // The first list of the node's pods runs beside the preflight: the plugin
+                // registers as soon as both are done.
+                || deviceplugin::EarlyPods::start(&config),
                 |prepared| deviceplugin::admit(&config, prepared),
-                |agent, shutdown| deviceplugin::run(args, &config, agent, shutdown),
+                |early, agent, shutdown| {
+                    deviceplugin::run(args, &config, agent, shutdown, Some(early))
+                },
             )
             .await
         }
@@ -276,8 +281,9 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<ExitCode> 
             run_node_role(
                 "dra-plugin",
                 &config,
+                || async { Ok(()) },
                 |prepared| dra::role::admit(&config, prepared),
-                |agent, shutdown| dra::role::run(args, &config, agent, shutdown),
+                |(), agent, shutdown| dra::role::run(args, &config, agent, shutdown),
             )
             .await
         }
@@ -291,22 +297,30 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<ExitCode> 
 }
 
 /// The start-up of node role `role` (the device plugin, the DRA plugin): the platform, the
-/// settings no node role starts without, the node preflight, then the role on the process's
-/// one node agent ([`crate::node::run_role`]) until SIGTERM/SIGINT.
-async fn run_node_role<Fut>(
+/// settings no node role starts without, what the role reads before the preflight ends
+/// (`early`: nothing is written, so a failed preflight still leaves the node untouched), the
+/// node preflight, then the role on the process's one node agent ([`crate::node::run_role`])
+/// until SIGTERM/SIGINT.
+async fn run_node_role<E, EarlyFut, Fut>(
     role: &str,
     config: &Config,
+    early: impl FnOnce() -> EarlyFut,
     admit: impl FnOnce(PreparedAgent) -> anyhow::Result<PreparedAgent>,
-    run: impl FnOnce(Arc<NodeAgent>, Shutdown) -> Fut,
+    run: impl FnOnce(E, Arc<NodeAgent>, Shutdown) -> Fut,
 ) -> anyhow::Result<ExitCode>
 where
+    EarlyFut: Future<Output = anyhow::Result<E>>,
     Fut: Future<Output = anyhow::Result<ExitCode>>,
 {
     crate::buildinfo::ensure_server_platform(role)?;
     crate::node::check_required(config).map_err(failure::config)?;
     crate::gpu::check_config(&config.gpu).map_err(failure::config)?;
+    let early = early().await?;
     preflight(doctor::Role::Node, config).await?;
-    crate::node::run_role(config, role, admit, run).await
+    crate::node::run_role(config, role, admit, |agent, shutdown| {
+        run(early, agent, shutdown)
+    })
+    .await
 }
 
 /// The doctor preflight of a server role, unless `doctor.skip` (`--skip-doctor`).

@@ -150,15 +150,47 @@ pub fn admit(config: &Config, prepared: PreparedAgent) -> anyhow::Result<Prepare
     Ok(prepared)
 }
 
-/// Runs the device plugin on `agent` until `shutdown` (SIGTERM/SIGINT). The dispatcher has run
-/// the preflight and started the agent.
+/// This node's pods, listed from the process's start on (the dispatcher starts it beside the
+/// node preflight): the plugin registers with kubelet as soon as both are done, instead of
+/// listing only once the preflight has passed and the agent has started.
+#[derive(Debug)]
+pub struct EarlyPods {
+    store: PodStore,
+    stop: crate::shutdown::Trigger,
+    task: JoinHandle<()>,
+}
+
+impl EarlyPods {
+    /// Starts the watch of `config`'s node's pods with a client of its own. Nothing is written;
+    /// an API server that does not answer yet is retried (the fast backoff).
+    pub async fn start(config: &Config) -> anyhow::Result<EarlyPods> {
+        let client = crate::k8s::client(&crate::k8s::ClientOptions {
+            kubeconfig: Some(config.cluster.kubeconfig.as_str()),
+            ..Default::default()
+        })
+        .await?;
+        let store = PodStore::default();
+        let (stop, shutdown) = crate::shutdown::channel();
+        let task = tokio::spawn(
+            store
+                .clone()
+                .run(client, config.node.node_name.clone(), shutdown),
+        );
+        Ok(EarlyPods { store, stop, task })
+    }
+}
+
+/// Runs the device plugin on `agent` until `shutdown` (SIGTERM/SIGINT), with the pod watch
+/// `early` started (when the dispatcher started one). The dispatcher has run the preflight and
+/// started the agent.
 pub async fn run(
     _args: Args,
     config: &Config,
     agent: Arc<NodeAgent>,
     shutdown: Shutdown,
+    early: Option<EarlyPods>,
 ) -> anyhow::Result<ExitCode> {
-    let handle = serve(config, agent, shutdown.clone()).await?;
+    let handle = serve_with(config, agent, shutdown.clone(), early).await?;
     tracing::info!(socket = %handle.socket_path().display(), "device plugin serving");
     shutdown.wait().await;
     handle.stop().await;
@@ -436,7 +468,22 @@ pub async fn serve(
     agent: Arc<NodeAgent>,
     shutdown: Shutdown,
 ) -> anyhow::Result<DevicePluginHandle> {
+    serve_with(config, agent, shutdown, None).await
+}
+
+/// [`serve`] with the pod watch `early` already running (its store is the plugin's, its task
+/// stops with the plugin), or a watch of its own when `None`.
+async fn serve_with(
+    config: &Config,
+    agent: Arc<NodeAgent>,
+    shutdown: Shutdown,
+    early: Option<EarlyPods>,
+) -> anyhow::Result<DevicePluginHandle> {
     let dp = config.device_plugin.clone();
+    let (pods, early_watch) = match early {
+        Some(e) => (e.store, Some((e.stop, e.task))),
+        None => (PodStore::default(), None),
+    };
     let all: Vec<u32> = agent.gpus().iter().map(|g| g.index).collect();
     let gpus = agent.offer(ServingPath::DevicePlugin, all)?;
     let admin = AdminState::new();
@@ -450,7 +497,7 @@ pub async fn serve(
         agent: agent.clone(),
         gpus,
         devices_tx,
-        pods: PodStore::default(),
+        pods,
         records: std::sync::Mutex::default(),
         pod_locks: std::sync::Mutex::default(),
         reconcile_now: Notify::new(),
@@ -485,11 +532,22 @@ pub async fn serve(
             stop.clone(),
         )));
     }
-    tasks.push(tokio::spawn(plugin.pods.clone().run(
-        agent.client().clone(),
-        agent.node_name().to_string(),
-        stop.clone(),
-    )));
+    match early_watch {
+        Some((early_stop, task)) => {
+            tasks.push(task);
+            // The early watch stops with the plugin.
+            let stopped = stop.clone();
+            tasks.push(tokio::spawn(async move {
+                stopped.wait().await;
+                early_stop.trigger();
+            }));
+        }
+        None => tasks.push(tokio::spawn(plugin.pods.clone().run(
+            agent.client().clone(),
+            agent.node_name().to_string(),
+            stop.clone(),
+        ))),
+    }
     let served = match registration::serve(plugin.clone(), stop.clone()).await {
         Ok(task) => task,
         Err(e) => {

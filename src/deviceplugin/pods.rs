@@ -14,7 +14,7 @@ use kube::runtime::watcher::Event;
 use tokio::sync::watch;
 
 use super::matching::PodSnapshot;
-use crate::k8s::watch::{DefaultBackoff, ListFrom, WatchConfig};
+use crate::k8s::watch::{FastBackoff, ListFrom, WatchConfig};
 use crate::node::api::{ApiCallError, list_node_pods};
 use crate::shutdown::Shutdown;
 
@@ -142,9 +142,10 @@ impl PodStore {
     }
 
     /// Runs the watch of `node`'s pods into this store until `shutdown`, on the one watch
-    /// driver with kube-runtime's default backoff, its lists read from the API server's
-    /// watch cache. A re-list replaces the store; the first one marks it synced (the plugin
-    /// registers with kubelet only after that).
+    /// driver with its fast backoff (it may start before the API server answers: the first
+    /// list then follows within 2 s of its return, not kube-runtime's 30 s), its lists read
+    /// from the API server's watch cache. A re-list replaces the store; the first one marks
+    /// it synced (the plugin registers with kubelet only after that).
     pub async fn run(self, client: kube::Client, node: String, shutdown: Shutdown) {
         let api: Api<Pod> = Api::all(client);
         // From the watch cache, as kubelet reads its pods: a match that misses reads the API
@@ -154,7 +155,7 @@ impl PodStore {
         crate::k8s::watch::drive(
             api,
             config,
-            DefaultBackoff::default(),
+            FastBackoff::default(),
             shutdown,
             |e| tracing::warn!(error = %e, node, "pod watch error (retrying)"),
             |event| match event {
