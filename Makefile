@@ -41,7 +41,7 @@ DIST_BASE_URL ?= https://github.com/gpushare/gpushare/releases/download/v$(VERSI
 .PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup \
   tools license-check lint-packaging static-arm64 glibc-arm64 qemu-arm64 plugin-windows plugin-macos \
   build-no-demo dist dist-built dist-check check-macos check-windows qemu-arm64-static layers manifests clients docs \
-  test-clients fresh-clone chart checkov
+  test-clients fresh-clone chart checkov limiter limiter-arm64 bench-limiter test-gpu-limiter
 .PHONY: help build static glibc test test-cluster test-gpu lint fmt bench fuzz demo ci check-static setup soak
 
 help: ## list the targets
@@ -87,8 +87,13 @@ test-cluster: ## the #[ignore]d cluster_* tests against the cluster $KUBECONFIG 
 	@[ -n "$$KUBECONFIG" ] || { echo "test-cluster: KUBECONFIG is not set: there is no cluster to test against (kind create cluster --config tests/cluster/kind.yaml)" >&2; exit 1; }
 	@GPUSHARE_TEST_NO_SKIP=1 CARGO="$(CARGO)" tests/suite.sh --require-tests $(CI_FLAGS) --test it -- --ignored cluster_
 
-test-gpu: ## the #[ignore]d gpu_* tests on a machine with NVIDIA GPUs; fails when no test ran (a skip fails)
+test-gpu: ## the #[ignore]d gpu_* tests on a machine with NVIDIA GPUs (driver enforcement: R615+, cgroup v2, root; tests/gpu/enforcement.sh), then the CUDA memory limiter's conformance table; fails when no test ran (a skip fails)
 	@GPUSHARE_TEST_NO_SKIP=1 CARGO="$(CARGO)" tests/suite.sh --require-tests $(CI_FLAGS) --test it -- --ignored gpu_
+	@$(MAKE) --no-print-directory test-gpu-limiter
+
+test-gpu-limiter: ## the CUDA memory limiter on a real GPU: driver API routes, nvidia-smi, PyTorch (default, expandable_segments, cudaMallocAsync), CUDA graphs, NCCL, vLLM, as a table (SKIPPED rows name what is missing)
+	$(CARGO) build $(CI_FLAGS) --release -p gpushare-limiter --lib
+	python3 tests/gpu/limiter_conformance.py --library $(or $(CARGO_TARGET_DIR),target)/release/libgpushare_limiter.so
 
 fresh-clone: ## a fresh `git clone` of HEAD walked through `make test` (install step, SKIPPED lines) by tests/it/packaging/fresh_clone.rs
 	$(CARGO) test $(CI_FLAGS) --test it -- --ignored --nocapture fresh_clone_
@@ -121,6 +126,12 @@ check-static: ## prove $(STATIC_BIN) is statically linked and under 24 MiB (BIN_
 
 glibc: ## gpushare-glibc: glibc 2.17+ build with NVML (cargo-zigbuild; zig from PyPI)
 	$(EXTRA_ENV) ./packaging/build-glibc.sh
+
+limiter: ## the CUDA memory limiter libgpushare_limiter.so (glibc >= 2.17, cargo-zigbuild): target/limiter/x86_64/; checks its glibc floor, exports and constructors
+	$(EXTRA_ENV) ./packaging/build-limiter.sh
+
+limiter-arm64: ## the CUDA memory limiter for aarch64 (glibc >= 2.17): target/limiter/aarch64/, same checks
+	$(EXTRA_ENV) GLIBC_ARCH=aarch64 ./packaging/build-limiter.sh
 
 glibc-arm64: ## gpushare-glibc for aarch64 (glibc 2.17+, NVML): target/gpushare-glibc-aarch64
 	$(EXTRA_ENV) GLIBC_ARCH=aarch64 ./packaging/build-glibc.sh
@@ -197,9 +208,13 @@ dist-built: tools ## lay out dist/ from binaries already built, no build (DIST_A
 dist-check: tools ## unpack every archive in dist/, check SHA256SUMS, run the host binary, validate krew manifest, chart and SBOM
 	$(PYTHON) packaging/dist_check.py --dir "$(DIST_DIR)" --version "$(VERSION)" --base-url "$(DIST_BASE_URL)" $(DIST_ARTIFACTS_FLAG)
 
-bench: static ## benchmarks of the static binary that ships (extender at scale, device plugin) and of the DRA plugin; results in target/bench-report.md (docs/performance.md)
+bench: static ## benchmarks of the static binary that ships (extender at scale, device plugin), of the DRA plugin and of the CUDA memory limiter; results in target/bench-report.md (docs/performance.md)
 	GPUSHARE_BENCH_BIN=$(CURDIR)/$(STATIC_BIN) $(CARGO) bench $(CI_FLAGS) --bench scale
 	$(CARGO) bench $(CI_FLAGS) --bench dra
+	@$(MAKE) --no-print-directory bench-limiter
+
+bench-limiter: ## the CUDA memory limiter's overhead per allocation against the fake driver's raw call (p99 budget 2 µs; docs/enforcement.md)
+	$(CARGO) bench $(CI_FLAGS) -p gpushare-limiter --bench alloc
 
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := extender_json annotations

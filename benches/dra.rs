@@ -104,7 +104,7 @@ fn scratch() -> &'static std::path::Path {
 
 async fn run(pods: usize) -> anyhow::Result<Vec<(String, String, String)>> {
     let server = ApiServer::start().await?;
-    let client = server.client();
+    let client = server.admin_client();
     server.create_object(json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
         "metadata": { "name": DRA_DEVICE_CLASS },

@@ -704,7 +704,7 @@ impl Extender {
             .arg("extender")
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("KUBECONFIG", api.kubeconfig_path())
+            .env("KUBECONFIG", api.admin_kubeconfig_path())
             .env("LOG_LEVEL", "info")
             .env("GPUSHARE_DOCTOR__SKIP", "true")
             .env("GPUSHARE_EXTENDER__BIND_ADDRESS", "127.0.0.1")
@@ -1142,7 +1142,7 @@ impl LeaseLog {
         use k8s_openapi::api::coordination::v1::Lease;
         use kube::runtime::watcher;
         let leases: kube::Api<Lease> =
-            kube::Api::namespaced(api.client(), &config.extender.lease_namespace);
+            kube::Api::namespaced(api.admin_client(), &config.extender.lease_namespace);
         let fields = format!("metadata.name={}", config.extender.lease_name);
         let entries = Arc::new(std::sync::Mutex::new(Vec::new()));
         let log = entries.clone();
@@ -1360,7 +1360,7 @@ fn spawn_device_plugin(
         .arg("device-plugin")
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("KUBECONFIG", api.kubeconfig_path())
+        .env("KUBECONFIG", api.admin_kubeconfig_path())
         .env("NODE_NAME", node)
         .env("LOG_LEVEL", "warn")
         .env("GPUSHARE_GPU__BACKEND", "fake")

@@ -22,7 +22,7 @@ use crate::demo;
 use crate::dra;
 use crate::node::{NodeAgent, PreparedAgent};
 use crate::shutdown::Shutdown;
-use crate::{deviceplugin, doctor, extender, failure, inspect, webhook};
+use crate::{cdi_hook, deviceplugin, doctor, extender, failure, inspect, webhook};
 
 /// The heading `--help` shows the global flags under, apart from each role's own.
 pub(crate) const GLOBAL_HEADING: &str = "Global options (every command)";
@@ -102,6 +102,9 @@ pub enum Command {
     /// Run the admission webhook of managed clusters: routes gpu-mem pods to
     /// gpushare-scheduler and refuses malformed gpu-mem requests (HTTPS).
     Webhook(webhook::Args),
+    /// A CDI hook the container runtime runs (driver enforcement: `memory-limit` sets a
+    /// container's GPU memory limit on its own cgroup).
+    CdiHook(cdi_hook::Args),
     /// Run a self-contained demo: sandbox cluster, extender and device plugin with fake GPUs.
     #[cfg(feature = "demo")]
     Demo(demo::Args),
@@ -208,9 +211,15 @@ pub fn main_with_args(args: Vec<OsString>) -> ExitCode {
         Command::Webhook(a) => a.overrides(&mut flags),
         #[cfg(feature = "demo")]
         Command::Demo(_) => {}
-        Command::Version => {}
+        Command::Version | Command::CdiHook(_) => {}
     }
-    let config = match config::load(global.config.as_deref(), flags) {
+    // The hook reads no configuration file: a host's gpushare.toml cannot stop a container.
+    let loaded = if matches!(command, Command::CdiHook(_)) {
+        Ok(Config::default())
+    } else {
+        config::load(global.config.as_deref(), flags)
+    };
+    let config = match loaded {
         Ok(c) => c,
         Err(e) => {
             eprintln!("gpushare: {e}");
@@ -290,6 +299,7 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<ExitCode> 
         Command::Inspect(args) => inspect::run(args, config).await,
         Command::Doctor(args) => doctor::run(args, config).await,
         Command::Webhook(args) => webhook::run(args, config).await,
+        Command::CdiHook(args) => cdi_hook::run(args).await,
         #[cfg(feature = "demo")]
         Command::Demo(args) => demo::run(args, config).await,
         Command::Version => Ok(ExitCode::SUCCESS),

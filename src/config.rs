@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::core::{GpuPolicy, MemoryUnit, NodePolicy};
 
 pub mod devices;
+pub mod enforcement;
 
 /// Default configuration file, read when it exists and `--config` is not given.
 pub const DEFAULT_CONFIG_FILE: &str = "/etc/gpushare/gpushare.toml";
@@ -553,6 +554,26 @@ pub struct NodeConfig {
     pub mps_check_interval_ms: u64,
     /// The longest wait between two restarts of a daemon that keeps failing, in seconds.
     pub mps_restart_backoff_max_secs: u64,
+    /// auto | driver | mps | none: what holds a container to its share of GPU memory.
+    pub enforcement: enforcement::Enforcement,
+    /// The gpushare program the container runtime runs as the CDI hook that sets a container's
+    /// limit (driver enforcement); the same path on the host and in the node agent's view.
+    pub enforcement_hook: PathBuf,
+    /// Copy the running gpushare to `enforcement_hook` at start when it differs (a node agent
+    /// in a container, with the hook's directory a host directory).
+    pub enforcement_install_hook: bool,
+    /// Where the hook records each limit it set (host directory, the same path for the agent).
+    pub enforcement_state_dir: PathBuf,
+    /// Where the device-plugin path writes the CDI specs that carry the hook.
+    pub enforcement_cdi_dir: PathBuf,
+    /// How often every served container's limit is read back, in seconds.
+    pub enforcement_check_secs: u64,
+    /// The host's cgroup v2 root as the node agent sees it.
+    pub cgroup_root: PathBuf,
+    /// The cgroup v2 root as the container runtime (and so the hook) sees it.
+    pub runtime_cgroup_root: PathBuf,
+    /// /proc as the container runtime (and so the hook) sees it.
+    pub runtime_proc_root: PathBuf,
 }
 
 impl Default for NodeConfig {
@@ -578,6 +599,15 @@ impl Default for NodeConfig {
             mps_pinned_mem_limit_mib: 0,
             mps_check_interval_ms: 5000,
             mps_restart_backoff_max_secs: 60,
+            enforcement: enforcement::Enforcement::Auto,
+            enforcement_hook: PathBuf::from("/usr/local/bin/gpushare"),
+            enforcement_install_hook: false,
+            enforcement_state_dir: PathBuf::from("/var/run/gpushare/limits"),
+            enforcement_cdi_dir: PathBuf::from("/var/run/cdi"),
+            enforcement_check_secs: 30,
+            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+            runtime_cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+            runtime_proc_root: PathBuf::from("/proc"),
         }
     }
 }
@@ -1196,6 +1226,35 @@ impl Config {
                 "node.mps_check_interval_ms",
                 "must be at least 1".to_string(),
             ));
+        }
+        if d.enforcement_check_secs == 0 {
+            return Err(invalid(
+                "node.enforcement_check_secs",
+                "must be at least 1".to_string(),
+            ));
+        }
+        if d.enforcement == enforcement::Enforcement::Mps && !d.mps {
+            return Err(invalid(
+                "node.enforcement",
+                "mps needs the MPS daemon: set node.mps = true (--mps), or choose auto, driver \
+                 or none"
+                    .to_string(),
+            ));
+        }
+        for (key, path) in [
+            ("node.enforcement_hook", &d.enforcement_hook),
+            ("node.enforcement_state_dir", &d.enforcement_state_dir),
+            ("node.enforcement_cdi_dir", &d.enforcement_cdi_dir),
+            ("node.cgroup_root", &d.cgroup_root),
+            ("node.runtime_cgroup_root", &d.runtime_cgroup_root),
+            ("node.runtime_proc_root", &d.runtime_proc_root),
+        ] {
+            if !path.is_absolute() {
+                return Err(invalid(
+                    key,
+                    format!("{}: must be an absolute path", path.display()),
+                ));
+            }
         }
         if d.mps && d.mps_control.trim().is_empty() {
             return Err(invalid(

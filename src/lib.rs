@@ -26,12 +26,14 @@
 //!   `gpushare demo`, linked only with the `demo` feature);
 //! - infrastructure every role may use: [`buildinfo`], [`config`], [`telemetry`],
 //!   [`shutdown`], [`failure`] (exit statuses, error text), [`admin`], [`exposition`],
-//!   [`http_server`], [`outbound`] (the one HTTP client), [`k8s`], [`gpu`], [`node`] (the GPU
+//!   [`http_server`], [`outbound`] (the one HTTP client), [`k8s`], [`cgroup`] (a process's
+//!   cgroup v2 leaf and what the tree offers), [`gpu`], [`node`] (the GPU
 //!   node agent the node roles share), and the device kinds beside the GPU: [`pcie`]
 //!   (topology), [`rdma`] (HCAs), [`devices`] (configuration, generic devices, the hand-over
 //!   to a container);
 //! - the roles, which never import each other: [`extender`], [`deviceplugin`], [`inspect`],
-//!   [`doctor`], [`webhook`] (admission webhook of managed clusters), [`dra`] (the DRA
+//!   [`doctor`], [`webhook`] (admission webhook of managed clusters), [`cdi_hook`] (the CDI
+//!   hook the container runtime runs to set a container's GPU memory limit), [`dra`] (the DRA
 //!   path's pure pieces; its `dra-plugin` subcommand is not wired yet);
 //! - the composers: [`cli`] (the only dispatch to the roles, and the preflight) and `demo`.
 
@@ -40,6 +42,8 @@ pub use gpushare_kubelet_api as kubelet_api;
 
 pub mod admin;
 pub mod buildinfo;
+pub mod cdi_hook;
+pub mod cgroup;
 pub mod cli;
 pub mod config;
 #[cfg(feature = "demo")]

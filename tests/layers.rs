@@ -35,6 +35,7 @@ const INFRA: &[&str] = &[
     "http_server",
     "admin",
     "k8s",
+    "cgroup",
     "gpu",
     "pcie",
     "rdma",
@@ -43,6 +44,7 @@ const INFRA: &[&str] = &[
 ];
 /// The roles: never import each other.
 const ROLES: &[&str] = &[
+    "cdi_hook",
     "deviceplugin",
     "doctor",
     "dra",
@@ -736,6 +738,41 @@ fn the_core_crate_links_nothing_of_the_outside_world() {
         .filter(|f| deps.contains(*f))
         .collect();
     assert!(found.is_empty(), "gpushare-core depends on {found:?}");
+}
+
+#[test]
+fn the_limiter_is_never_linked_and_its_contract_links_nothing_heavy() {
+    // The limiter is a library preloaded into containers; the node roles read its ledger
+    // through the contract crate and never link the limiter itself.
+    let full = dependency_names(&["-p", "gpushare"]);
+    assert!(
+        !full.contains("gpushare-limiter"),
+        "the binary links the limiter: {full:?}"
+    );
+    let contract = dependency_names(&["-p", "gpushare-limiter-contract"]);
+    assert!(
+        contract.contains("gpushare-limiter-contract"),
+        "cargo tree listed the crate: {contract:?}"
+    );
+    let forbidden = [
+        "gpushare-limiter",
+        "kube",
+        "k8s-openapi",
+        "hyper",
+        "tonic",
+        "nvml-wrapper",
+        "tokio",
+        "libc",
+    ];
+    let found: Vec<&str> = forbidden
+        .iter()
+        .copied()
+        .filter(|f| contract.contains(*f))
+        .collect();
+    assert!(
+        found.is_empty(),
+        "gpushare-limiter-contract depends on {found:?}"
+    );
 }
 
 #[test]

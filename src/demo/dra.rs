@@ -114,10 +114,10 @@ pub async fn run_dra_scenario(fake_gpus: &str, out: &mut dyn Write) -> anyhow::R
     config.dra.admin_address = String::new();
     config.dra.gpu_policy = GpuPolicy::Binpack;
     let backend: Arc<dyn GpuBackend> = Arc::new(backend);
-    let plugin = crate::dra::role::start(&config, api.client(), backend, stop.clone())
+    let plugin = crate::dra::role::start(&config, api.admin_client(), backend, stop.clone())
         .await
         .context("starting the DRA plugin")?;
-    let kubelet = DraKubelet::start(&config.dra.registry_dir, NODE, api.client())?;
+    let kubelet = DraKubelet::start(&config.dra.registry_dir, NODE, api.admin_client())?;
     let info = kubelet.wait_registered(DRA_DRIVER_NAME).await?;
     let mut generation = plugin.published_generation();
     tokio::time::timeout(Duration::from_secs(30), generation.wait_for(|g| *g >= 1))
@@ -131,7 +131,7 @@ pub async fn run_dra_scenario(fake_gpus: &str, out: &mut dyn Write) -> anyhow::R
         info.endpoint.display(),
         served.devices.len()
     )?;
-    let allocator = DraAllocator::new(api.client());
+    let allocator = DraAllocator::new(api.admin_client());
 
     let half = walk.half();
     writeln!(out)?;

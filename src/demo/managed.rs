@@ -86,10 +86,10 @@ pub async fn run_managed_scenario(out: &mut dyn Write) -> anyhow::Result<DemoOut
     config.webhook.port = 0;
     config.webhook.self_signed = true;
     config.webhook.namespace = NAMESPACE.to_string();
-    config.cluster.kubeconfig = api.kubeconfig_path().display().to_string();
+    config.cluster.kubeconfig = api.admin_kubeconfig_path().display().to_string();
     let hook = crate::webhook::start(
         &config,
-        Some(api.client()),
+        Some(api.admin_client()),
         crate::webhook::DEFAULT_REFRESH,
         Shutdown::never(),
     )
@@ -135,7 +135,7 @@ pub async fn run_managed_scenario(out: &mut dyn Write) -> anyhow::Result<DemoOut
         format!("written: {bundles:?}"),
     );
 
-    let pods: Api<Pod> = Api::namespaced(api.client(), "default");
+    let pods: Api<Pod> = Api::namespaced(api.admin_client(), "default");
     writeln!(
         out,
         "\n▸ kubectl apply: pod trainer, limits aliyun.com/gpu-mem: 4"

@@ -220,7 +220,7 @@ pub async fn run_scenario(
         out,
         "▸ sandbox API server on {} (kubeconfig {})",
         api.url(),
-        api.kubeconfig_path().display()
+        api.admin_kubeconfig_path().display()
     )?;
 
     let root = tempfile::Builder::new()
@@ -240,7 +240,7 @@ pub async fn run_scenario(
     config.extender.port = 0;
 
     let backend: Arc<dyn GpuBackend> = Arc::new(backend);
-    let plugin = crate::deviceplugin::start(&config, api.client(), backend, stop.clone())
+    let plugin = crate::deviceplugin::start(&config, api.admin_client(), backend, stop.clone())
         .await
         .context("starting the device plugin")?;
     let info = kubelet.wait_registered(RESOURCE_GPU_MEM).await?;
@@ -256,7 +256,7 @@ pub async fn run_scenario(
         gpu_units
     )?;
     // kubelet publishes the plugin's device count as the node's capacity.
-    let nodes: Api<Node> = Api::all(api.client());
+    let nodes: Api<Node> = Api::all(api.admin_client());
     let capacity = json!({ "status": {
         "capacity": { RESOURCE_GPU_MEM: healthy.to_string() },
         "allocatable": { RESOURCE_GPU_MEM: healthy.to_string() },
@@ -265,7 +265,7 @@ pub async fn run_scenario(
         .patch_status(NODE, &PatchParams::default(), &Patch::Merge(&capacity))
         .await?;
 
-    let extender = crate::extender::start(&config, api.client(), stop.clone()).await?;
+    let extender = crate::extender::start(&config, api.admin_client(), stop.clone()).await?;
     extender.wait_ready().await?;
     let scheduler = PlayedScheduler::new(format!(
         "http://{}{}",
@@ -426,7 +426,7 @@ async fn show_inspect(api: &ApiServer, out: &mut dyn Write, format: Format) -> a
 
 async fn keep_sandbox_up(api: &ApiServer, out: &mut dyn Write) -> anyhow::Result<()> {
     let dir = api
-        .kubeconfig_path()
+        .admin_kubeconfig_path()
         .parent()
         .map(|p| p.to_path_buf())
         .unwrap_or_default();
@@ -442,7 +442,7 @@ async fn keep_sandbox_up(api: &ApiServer, out: &mut dyn Write) -> anyhow::Result
     writeln!(
         out,
         "  export KUBECONFIG={}",
-        api.kubeconfig_path().display()
+        api.admin_kubeconfig_path().display()
     )?;
     writeln!(out, "  export PATH={}:$PATH", dir.display())?;
     writeln!(out, "  kubectl get pods -o wide")?;

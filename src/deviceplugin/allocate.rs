@@ -30,6 +30,11 @@
 //! devices, device specs) before the pod is patched, so a GPU without its CDI device never
 //! marks the pod; with a CDI strategy the node's CDI specs are read at every Allocate.
 //!
+//! Under driver enforcement ([`crate::node::enforcement`]) each GPU answer also names the limit
+//! device `gpushare.io/memory-limit=<uuid>_<bytes>` (its spec, carrying the hook that sets the
+//! container's limit, written first: a spec that cannot be written fails the call) and carries
+//! NVIDIA's `NVIDIA_GPU_MEMORY_REQUEST/LIMIT`.
+//!
 //! No match: on a one-GPU node the upstream fallback (that GPU, no patch); otherwise the
 //! upstream failure envs or, with `--allocate-failure error`, a gRPC error that names the pods
 //! considered; either way a Warning Event on the node.
@@ -57,6 +62,8 @@ use crate::kubelet_api::deviceplugin::{
 };
 use crate::node::api::bounded;
 use crate::node::contract::{self, ContainerEdits, Target};
+use crate::node::enforcement::Mechanism;
+use crate::node::paths::ServingPath;
 
 /// How long one Allocate may take in all (waiting for the pod list, the PATCH and its
 /// retries); kubelet turns a failed Allocate into a Failed pod, so this is generous.
@@ -172,6 +179,55 @@ impl Plugin {
                 Err(Status::failed_precondition(msg))
             }
         }
+    }
+
+    /// Under driver enforcement, adds the limit device for `units` of GPU `gpu_index` (its spec
+    /// written first) and NVIDIA's envs to `response`; a spec that cannot be written fails the
+    /// call, so no container starts without its limit.
+    async fn enforce(
+        &self,
+        gpu_index: u32,
+        units: GpuMem,
+        mut response: ContainerAllocateResponse,
+    ) -> Result<ContainerAllocateResponse, Status> {
+        let enforcer = self.agent.enforcement().clone();
+        let Some(gpu) = self.gpu_by_index(gpu_index) else {
+            return Ok(response);
+        };
+        if enforcer.mechanism(ServingPath::DevicePlugin) != Mechanism::Driver {
+            return Ok(response);
+        }
+        let bytes = self.agent.unit().to_bytes(units);
+        let (uuid, writer) = (gpu.uuid.clone(), enforcer.clone());
+        let written = tokio::task::spawn_blocking(move || writer.device_plugin_limit(&uuid, bytes))
+            .await
+            .map_err(|e| Status::internal(format!("writing the limit spec did not finish: {e}")))?;
+        let name = written.map_err(|e| {
+            let msg = format!(
+                "GPU {} ({}): cannot write the CDI spec carrying the memory-limit hook: {e}; no \
+                 container starts without its limit",
+                gpu.index, gpu.uuid
+            );
+            tracing::error!("Allocate: {msg}");
+            self.metrics.allocation("limit_spec_failed");
+            self.agent
+                .events()
+                .warn_soon("Allocate", "GpuShareLimitSpecFailed", msg.clone());
+            Status::failed_precondition(msg)
+        })?;
+        response
+            .envs
+            .extend(crate::node::enforcement::limit_envs(bytes));
+        let (cri, annotation) = enforcer.device_plugin_strategies();
+        if cri {
+            response.cdi_devices.push(CdiDevice { name: name.clone() });
+        }
+        if annotation {
+            response
+                .annotations
+                .insert(enforcer.limit_annotation_key(), name);
+        }
+        Ok(response)
     }
 
     fn known(&self) -> impl Fn(u32) -> bool + '_ {
@@ -391,6 +447,7 @@ impl Plugin {
                 Choice::Matched { m, seq, repeat } => {
                     let base = self.grant(m.gpu_index, visible_uuid, m.pod_total, units);
                     let response = self.hand_over(Some(m.gpu_index), base).await?;
+                    let response = self.enforce(m.gpu_index, units, response).await?;
                     if !repeat && let Err(e) = self.record_on_pod(&m, seq, deadline).await {
                         self.metrics.allocation(if e.unknown {
                             "patch_unknown"
@@ -427,7 +484,8 @@ impl Plugin {
                     );
                     self.metrics.allocation("single_gpu_fallback");
                     let base = self.grant(gpu.index, true, units, units);
-                    responses.push(self.hand_over(Some(gpu.index), base).await?);
+                    let response = self.hand_over(Some(gpu.index), base).await?;
+                    responses.push(self.enforce(gpu.index, units, response).await?);
                 }
                 Choice::Unmatched(rejected) => {
                     self.metrics.allocation("no_candidate");

@@ -15,7 +15,8 @@ use crate::admin::AdminState;
 pub struct OutcomeLabel {
     /// `matched`, `repeated` (the same container asked again), `single_gpu_fallback`,
     /// `no_candidate`, `patch_failed` (the API refused), `patch_unknown` (no answer in time),
-    /// `mps_not_serving` (refused while the MPS control daemon does not serve).
+    /// `mps_not_serving` (refused while the MPS control daemon does not serve),
+    /// `limit_spec_failed` (the CDI spec carrying the memory-limit hook could not be written).
     pub outcome: String,
 }
 

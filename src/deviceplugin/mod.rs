@@ -147,6 +147,10 @@ impl Args {
 pub fn admit(config: &Config, prepared: PreparedAgent) -> anyhow::Result<PreparedAgent> {
     let prepared = prepared.with_devices(&config.devices);
     devices::check_message_size(prepared.found_gpus(), prepared.unit())?;
+    prepared
+        .enforcement()
+        .admit(crate::node::paths::ServingPath::DevicePlugin)
+        .map_err(crate::failure::config)?;
     Ok(prepared)
 }
 
@@ -488,6 +492,7 @@ async fn serve_with(
     let gpus = agent.offer(ServingPath::DevicePlugin, all)?;
     let admin = AdminState::new();
     let metrics = Metrics::new(&admin);
+    agent.enforcement().status().register(&admin);
     let mut health = agent.health();
     let view = health.borrow_and_update().clone();
     let first = devices::list_and_watch_response(&gpus, |u| view.is_healthy(u));

@@ -114,6 +114,7 @@ impl HandOver {
                     .to_vec(),
                 })
                 .collect(),
+            hooks: Vec::new(),
         }
     }
 

@@ -11,7 +11,8 @@
 //! dedicated scheduler and the webhook ([`managed`]), and name what an Aliyun installation
 //! left in the chart's way ([`migration`]); with `--mps`, the MPS set-up ([`mps`]); with
 //! `--rdma`, the RDMA stack ([`rdma`]); with `--dra`, what the DRA path needs on the node and in
-//! the API server ([`dra`]).
+//! the API server ([`dra`]); on a node, which mechanism enforces each GPU's memory shares and
+//! what the driver's per-cgroup limits need ([`enforcement`]).
 //! `extender` and `device-plugin` run [`preflight`] before they start. Doctor only reads: it
 //! changes nothing on the host or in the cluster, and every probe has a short deadline (the
 //! MPS probe runs the control program as a client; it never starts or stops the daemon).
@@ -19,6 +20,7 @@
 pub mod cdi;
 pub mod cluster;
 pub mod dra;
+pub mod enforcement;
 pub mod gpus;
 pub mod host;
 pub mod managed;
@@ -113,6 +115,9 @@ pub struct Args {
     /// CDI spec directories, comma-separated (node.cdi_spec_dirs)
     #[arg(long, value_delimiter = ',', value_name = "DIR")]
     pub cdi_spec_dirs: Vec<PathBuf>,
+    /// auto | driver | mps | none: the enforcement to check for (node.enforcement)
+    #[arg(long, value_enum)]
+    pub enforcement: Option<crate::config::enforcement::Enforcement>,
     /// The same GPU access as the device plugin.
     #[command(flatten)]
     pub gpu: crate::gpu::GpuArgs,
@@ -147,7 +152,8 @@ impl Args {
             )
             .set("node.memory_unit", self.memory_unit)
             .set("node.device_id_strategy", self.device_id_strategy)
-            .set("node.cdi_kind", self.cdi_kind.clone());
+            .set("node.cdi_kind", self.cdi_kind.clone())
+            .set("node.enforcement", self.enforcement);
         if !self.device_list_strategy.is_empty() {
             let list =
                 crate::config::DeviceListStrategies::new(self.device_list_strategy.iter().copied());
@@ -280,6 +286,7 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
         ));
         checks.push(gpus::memory_unit(node_cfg.memory_unit, probe.devices()));
         checks.extend(mps::checks(&host, node_cfg, opts.preflight).await);
+        checks.push(enforcement::check(&host, config, probe, opts.dra.is_some()).await);
     }
     checks.push(cluster::api_server(&api, config, opts.preflight));
     if role.node() {

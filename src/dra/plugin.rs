@@ -104,6 +104,9 @@ pub struct Served {
     pub others: BTreeMap<String, KindDeviceRef>,
     /// Device name -> why it is unhealthy.
     pub unhealthy: BTreeMap<String, String>,
+    /// Device name -> a note on a healthy device: containers whose GPU memory limit is not in
+    /// force (driver enforcement's readback), the message of its health.
+    pub notes: BTreeMap<String, String>,
 }
 
 impl Served {
@@ -415,7 +418,11 @@ impl Core {
             .chain(served.others.keys())
             .map(|d| match served.unhealthy.get(d) {
                 Some(why) => (d.clone(), false, why.clone()),
-                None => (d.clone(), true, String::new()),
+                None => (
+                    d.clone(),
+                    true,
+                    served.notes.get(d).cloned().unwrap_or_default(),
+                ),
             })
             .collect()
     }

@@ -21,6 +21,10 @@
 //! `NCCL_IB_HCA` names every HCA of the claim whichever device's edits the runtime applies
 //! last).
 //!
+//! Under driver enforcement ([`crate::node::enforcement`], [`CdiPreparer::with_enforcement`])
+//! each GPU share's device also carries the `createRuntime` hook that sets the share as the
+//! container's limit on that GPU, and NVIDIA's `NVIDIA_GPU_MEMORY_REQUEST/LIMIT` (MiB).
+//!
 //! What it does not do: check the claim against the served GPUs or other claims (the plugin
 //! did, [`super::claims::admit`]), record anything (the checkpoint is the plugin's), or
 //! express CDI annotations (a CDI spec has none; `cdi-annotations` alone adds nothing).
@@ -40,8 +44,10 @@ use crate::gpu::cdi::{
     remove_spec, write_spec,
 };
 use crate::node::contract::{self, ContainerEdits, NodeTraits, Target};
+use crate::node::enforcement::{Enforcer, Mechanism};
 use crate::node::gpus::ServedGpu;
 use crate::node::kinds::DeviceKinds;
+use crate::node::paths::ServingPath;
 
 /// The class of the CDI kind of the claims' specs (`<driver>/gpu`).
 pub const CDI_CLASS: &str = "gpu";
@@ -86,6 +92,7 @@ pub struct CdiPreparer {
     cdi_dir: PathBuf,
     kind: String,
     kinds: DeviceKinds,
+    enforcement: Option<std::sync::Arc<Enforcer>>,
 }
 
 impl CdiPreparer {
@@ -105,7 +112,15 @@ impl CdiPreparer {
             cdi_dir: cdi_dir.to_path_buf(),
             kind: cdi_kind(driver),
             kinds: DeviceKinds::default(),
+            enforcement: None,
         }
+    }
+
+    /// The same, carrying the memory-limit hook in each GPU share when the DRA path's
+    /// mechanism is the driver's limits.
+    pub fn with_enforcement(mut self, enforcement: std::sync::Arc<Enforcer>) -> CdiPreparer {
+        self.enforcement = Some(enforcement);
+        self
     }
 
     /// The same, handing over the devices of `kinds` (RDMA HCAs, generic devices) too.
@@ -151,13 +166,26 @@ impl CdiPreparer {
                 total,
                 share.units,
             );
-            let edits = contract::hand_over(&self.node, registry.as_ref(), Target::Gpu(gpu), base)?;
+            let mut edits =
+                contract::hand_over(&self.node, registry.as_ref(), Target::Gpu(gpu), base)?;
             let name = format!("{claim_uid}-{i}");
             let mut share_ids = vec![format!("{}={name}", self.kind)];
             share_ids.extend(edits.cdi_devices.iter().cloned());
+            let hook = self
+                .enforcement
+                .as_ref()
+                .filter(|e| e.mechanism(ServingPath::Dra) == Mechanism::Driver)
+                .map(|e| {
+                    edits
+                        .envs
+                        .extend(crate::node::enforcement::limit_envs(share.memory_bytes));
+                    e.hook_edit(&gpu.uuid, share.memory_bytes)
+                });
+            let mut container_edits = container_edits(&edits);
+            container_edits.hooks.extend(hook);
             spec.devices.push(DeviceSpecEdit {
                 name,
-                container_edits: container_edits(&edits),
+                container_edits,
             });
             ids.push(share_ids);
         }
@@ -237,6 +265,7 @@ fn container_edits(edits: &ContainerEdits) -> ContainerEditsSpec {
                 },
             })
             .collect(),
+        hooks: Vec::new(),
     }
 }
 

@@ -38,6 +38,7 @@ use super::slices::{Pool, SliceGpu, device_name};
 use crate::admin::AdminState;
 use crate::config::{Config, DraConfig, FlagOverrides};
 use crate::core::{GpuPolicy, MemoryUnit};
+use crate::node::enforcement::report::{ContainerMemory, LimitState};
 use crate::node::health::HealthView;
 use crate::node::paths::ServingPath;
 use crate::node::{NodeAgent, NodeAgentHandle, NodeArgs, PreparedAgent};
@@ -263,6 +264,10 @@ pub async fn start(
 /// What the DRA plugin reads before the agent publishes anything: the device kinds beside
 /// the GPUs that `[devices]` enables (RDMA HCAs, generic devices), published after them.
 pub fn admit(config: &Config, prepared: PreparedAgent) -> anyhow::Result<PreparedAgent> {
+    prepared
+        .enforcement()
+        .admit(ServingPath::Dra)
+        .map_err(crate::failure::config)?;
     Ok(prepared.with_devices(&config.devices))
 }
 
@@ -356,7 +361,8 @@ async fn serve_offered(
         &dra.driver_name,
         &dra.cdi_dir,
     )
-    .with_kinds(agent.device_kinds().clone());
+    .with_kinds(agent.device_kinds().clone())
+    .with_enforcement(agent.enforcement().clone());
     let plugin = match super::plugin::start(
         plugin_config,
         role.client.clone(),
@@ -372,6 +378,7 @@ async fn serve_offered(
     };
     let admin = AdminState::new();
     let mut tasks = Vec::new();
+    agent.enforcement().status().register(&admin);
     let mut registration = plugin.registration();
     {
         let admin = admin.clone();
@@ -402,6 +409,7 @@ async fn serve_offered(
         role.clone(),
         health,
         allocated_rx,
+        agent.enforcement().status().watch(),
         stop.clone(),
     )));
     let admin_addr = match crate::admin::serve(
@@ -506,12 +514,33 @@ async fn watch_claims(
     .await;
 }
 
+/// The health notes of the served GPUs: for each, the containers whose GPU memory limit the
+/// readback found not in force.
+fn limit_notes(served: &Served, rows: &[ContainerMemory]) -> BTreeMap<String, String> {
+    let mut notes: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for row in rows.iter().filter(|r| r.state != LimitState::Enforced) {
+        if let Some((name, _)) = served.devices.iter().find(|(_, d)| d.uuid == row.gpu) {
+            notes.entry(name.clone()).or_default().push(format!(
+                "GPU memory limit {} for {}/{} container {}: {}",
+                row.state.as_str(),
+                row.namespace,
+                row.pod,
+                row.container,
+                row.detail
+            ));
+        }
+    }
+    notes.into_iter().map(|(k, v)| (k, v.join("; "))).collect()
+}
+
 /// Publishes the slice on every change of health or use (and the served devices with it);
-/// a publication that fails is tried again after [`REPUBLISH_AFTER`].
+/// a publication that fails is tried again after [`REPUBLISH_AFTER`]. The served devices carry
+/// the enforcement readback's notes (`limits`) into the health messages.
 async fn publish_loop(
     role: Arc<Role>,
     mut health: watch::Receiver<Arc<HealthView>>,
     mut allocated: watch::Receiver<BTreeMap<String, u64>>,
+    mut limits: watch::Receiver<Arc<Vec<ContainerMemory>>>,
     stop: Shutdown,
 ) {
     let stop_fut = stop.wait();
@@ -528,8 +557,10 @@ async fn publish_loop(
         let view = health.borrow_and_update().clone();
         let used = allocated.borrow_and_update().clone();
         let gpus = role.slice_gpus(&view, &used);
+        let rows = limits.borrow_and_update().clone();
         role.served.send_if_modified(|s| {
-            let next = Served::from_gpus(&gpus, role.unit).with_kinds(&role.facts.others);
+            let mut next = Served::from_gpus(&gpus, role.unit).with_kinds(&role.facts.others);
+            next.notes = limit_notes(&next, &rows);
             if *s == next {
                 false
             } else {
@@ -578,6 +609,7 @@ async fn publish_loop(
             _ = &mut stop_fut => return,
             r = health.changed() => if r.is_err() { return },
             r = allocated.changed() => if r.is_err() { return },
+            r = limits.changed() => if r.is_err() { return },
             _ = retry => {}
         }
     }

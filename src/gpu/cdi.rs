@@ -11,7 +11,7 @@
 //!
 //! The writer ([`TransientSpec`], [`write_spec`], [`remove_spec`]) writes the transient
 //! per-claim specs a DRA kubelet plugin hands its containers: `cdiVersion`, `kind` and
-//! `devices`, each with `containerEdits` (`env`, `deviceNodes`, `mounts`), as JSON, atomically
+//! `devices`, each with `containerEdits` (`env`, `deviceNodes`, `mounts`, `hooks`), as JSON, atomically
 //! (a temporary file in the same directory, synced, then renamed over the name), so a runtime
 //! never reads half a spec. Removing one that is gone is no error.
 //!
@@ -341,6 +341,37 @@ pub struct CdiMount {
     pub options: Vec<String>,
 }
 
+/// An OCI hook of a written spec (the runtime runs `path` with `args`, argv\[0\] included, and
+/// the container's OCI state on stdin, at the stage `hook_name` names).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CdiHook {
+    /// The OCI stage: `createRuntime`, `createContainer`, `startContainer`, `poststart`,
+    /// `poststop` (or the old `prestart`).
+    pub hook_name: String,
+    /// The program, an absolute path in the runtime's namespace.
+    pub path: String,
+    /// Its arguments, argv\[0\] first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Its whole environment (`NAME=value`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    /// Seconds the runtime lets it run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<u32>,
+}
+
+/// The OCI hook stages a CDI spec may name.
+const HOOK_STAGES: &[&str] = &[
+    "prestart",
+    "createRuntime",
+    "createContainer",
+    "startContainer",
+    "poststart",
+    "poststop",
+];
+
 /// The `containerEdits` of one written device.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -354,6 +385,9 @@ pub struct ContainerEditsSpec {
     /// Mounts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mounts: Vec<CdiMount>,
+    /// OCI hooks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hooks: Vec<CdiHook>,
 }
 
 /// One device of a written spec.
@@ -457,6 +491,14 @@ pub fn write_spec(dir: &Path, id: &str, spec: &TransientSpec) -> Result<PathBuf,
                 "env entry {bad:?} of device {:?} is not NAME=value",
                 d.name
             )));
+        }
+        for hook in &d.container_edits.hooks {
+            if !HOOK_STAGES.contains(&hook.hook_name.as_str()) || !hook.path.starts_with('/') {
+                return Err(WriteError::Invalid(format!(
+                    "hook {:?} at {:?} of device {:?}: expected an OCI stage and an absolute path",
+                    hook.hook_name, hook.path, d.name
+                )));
+            }
         }
     }
     let io = |path: &Path| {
@@ -599,6 +641,13 @@ mod tests {
                     container_path: "/tmp/nvidia-mps".to_string(),
                     options: vec!["bind".to_string()],
                 }],
+                hooks: vec![CdiHook {
+                    hook_name: "createRuntime".to_string(),
+                    path: "/usr/local/bin/gpushare".to_string(),
+                    args: vec!["gpushare".to_string(), "cdi-hook".to_string()],
+                    env: vec!["PATH=/usr/bin".to_string()],
+                    timeout: Some(30),
+                }],
             },
         });
         spec
@@ -627,6 +676,10 @@ mod tests {
         assert_eq!(edits["deviceNodes"][0]["permissions"], "rw");
         assert_eq!(edits["mounts"][0]["hostPath"], "/tmp/nvidia-mps");
         assert_eq!(edits["mounts"][0]["containerPath"], "/tmp/nvidia-mps");
+        assert_eq!(edits["hooks"][0]["hookName"], "createRuntime");
+        assert_eq!(edits["hooks"][0]["path"], "/usr/local/bin/gpushare");
+        assert_eq!(edits["hooks"][0]["args"][1], "cdi-hook");
+        assert_eq!(edits["hooks"][0]["timeout"], 30);
         let back: TransientSpec = serde_json::from_str(&text).expect("round trip");
         assert_eq!(back, spec);
         // Rewriting replaces it whole, and leaves no temporary file behind.
@@ -673,6 +726,13 @@ mod tests {
             .env
             .push("NOVALUE".to_string());
         assert!(write_spec(dir.path(), "c", &bad).is_err());
+        for (stage, path) in [("createRuntime", "gpushare"), ("preStart", "/bin/x")] {
+            let mut bad = spec.clone();
+            bad.devices[0].container_edits.hooks[0].hook_name = stage.to_string();
+            bad.devices[0].container_edits.hooks[0].path = path.to_string();
+            let err = write_spec(dir.path(), "c", &bad).expect_err("bad hook");
+            assert!(err.to_string().contains("OCI stage"), "{err}");
+        }
         let mut bad = spec;
         bad.devices[0].name = "-x".to_string();
         assert!(write_spec(dir.path(), "c", &bad).is_err());

@@ -7,10 +7,12 @@
 //! `[gpu] backend`; `auto` tries nvml then nvidia-smi and, when both fail, returns an error
 //! naming what was tried — it never blocks (upstream hung forever).
 //!
-//! Only this module touches NVML. [`mps`] drives the CUDA MPS control program.
+//! Only this module touches NVML. [`mps`] drives the CUDA MPS control program; [`limits`] sets
+//! and reads the driver's per-cgroup memory limits.
 
 pub mod cdi;
 pub mod fake;
+pub mod limits;
 pub mod mps;
 pub mod nvidia_smi;
 pub mod nvml;
@@ -196,6 +198,15 @@ pub trait GpuBackend: Send + Sync + fmt::Debug {
     /// Starts watching for health events; events arrive on the returned channel until it is
     /// dropped. Backends without a health source return a channel that never yields.
     fn watch_health(&self) -> Result<tokio::sync::mpsc::Receiver<HealthEvent>, Error>;
+
+    /// The driver's per-cgroup memory limits, reached the way this backend reaches the driver
+    /// (blocking: it may load a library). The fake backend has none.
+    fn memory_limits(&self) -> Result<Arc<dyn limits::MemoryLimits>, limits::LimitError> {
+        Err(limits::LimitError::Unavailable(format!(
+            "the {} GPU backend has no driver to set memory limits with",
+            self.name()
+        )))
+    }
 }
 
 /// Checks what configuration alone decides, before anything is opened: with the `fake`

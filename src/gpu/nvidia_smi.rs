@@ -109,6 +109,14 @@ impl GpuBackend for NvidiaSmiBackend {
         "nvidia-smi"
     }
 
+    fn memory_limits(
+        &self,
+    ) -> Result<Arc<dyn super::limits::MemoryLimits>, super::limits::LimitError> {
+        Ok(Arc::new(super::limits::SmiLimits::new(
+            &self.options.program,
+        )))
+    }
+
     /// Blocking: runs nvidia-smi (call from a blocking context in async code).
     fn inventory(&self) -> Result<Inventory, Error> {
         let run = run(&self.options)?;
@@ -155,15 +163,15 @@ impl GpuBackend for NvidiaSmiBackend {
 }
 
 /// The outcome of one nvidia-smi run.
-struct Run {
-    success: bool,
-    status: String,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Run {
+    pub(crate) success: bool,
+    pub(crate) status: String,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 impl Run {
-    fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         format!("{}\n{}", self.stderr.trim(), self.stdout.trim())
             .trim()
             .to_string()
@@ -172,9 +180,13 @@ impl Run {
 
 /// Runs `<program> -q -x` with a timeout; the child is killed when it runs past it.
 fn run(options: &NvidiaSmiOptions) -> Result<Run, Error> {
-    let program = &options.program;
+    run_args(&options.program, &["-q", "-x"], options.timeout)
+}
+
+/// Runs `<program> <args>` with `timeout`; the child is killed when it runs past it.
+pub(crate) fn run_args(program: &str, args: &[&str], timeout: Duration) -> Result<Run, Error> {
     let mut child = Command::new(program)
-        .args(["-q", "-x"])
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -189,7 +201,7 @@ fn run(options: &NvidiaSmiOptions) -> Result<Run, Error> {
         child.stdout.take().map(|s| read_in_thread(Box::new(s))),
         child.stderr.take().map(|s| read_in_thread(Box::new(s))),
     ];
-    let deadline = Instant::now() + options.timeout;
+    let deadline = Instant::now() + timeout;
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
@@ -197,8 +209,9 @@ fn run(options: &NvidiaSmiOptions) -> Result<Run, Error> {
                 let _ = child.kill();
                 let _ = child.wait();
                 return Err(Error::NvidiaSmi(format!(
-                    "`{program} -q -x` did not finish within {}s; killed it",
-                    options.timeout.as_secs()
+                    "`{program} {}` did not finish within {}s; killed it",
+                    args.join(" "),
+                    timeout.as_secs()
                 )));
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(10)),

@@ -156,6 +156,12 @@ impl GpuBackend for NvmlBackend {
         })
     }
 
+    fn memory_limits(
+        &self,
+    ) -> Result<Arc<dyn super::limits::MemoryLimits>, super::limits::LimitError> {
+        Ok(Arc::new(super::limits::NvmlLimits::open(&self.library)?))
+    }
+
     /// NVML event sets (XIDs) exist on Linux only.
     #[cfg(not(target_os = "linux"))]
     fn watch_health(&self) -> Result<mpsc::Receiver<HealthEvent>, Error> {

@@ -279,6 +279,7 @@ impl OtherPath for DraCluster {
                         uid: uid.clone(),
                         memory,
                         state: STATE_DRA_CLAIM.to_string(),
+                        gpu_memory: None,
                     }),
                 }
             }

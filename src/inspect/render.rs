@@ -229,12 +229,29 @@ pub(crate) fn bar(used: u64, total: u64) -> String {
 }
 
 fn pod_list(pods: &[PodShare], with_state: bool) -> String {
+    pod_list_in(pods, with_state, None)
+}
+
+/// The pods of a GPU; with `unit_bytes` (the `wide` view) a pod the node agent read back
+/// shows `used/allocated` in the node's unit, and a limit not in force says so.
+fn pod_list_in(pods: &[PodShare], with_state: bool, unit_bytes: Option<u64>) -> String {
     if pods.is_empty() {
         return "-".to_string();
     }
     pods.iter()
         .map(|p| {
-            let mut s = format!("{}/{}={}", cell(&p.namespace), cell(&p.name), p.memory);
+            let mut s = format!("{}/{}=", cell(&p.namespace), cell(&p.name));
+            match (&p.gpu_memory, unit_bytes) {
+                (Some(m), Some(unit)) if unit > 0 => {
+                    let _ = write!(s, "{:.1}/{}", m.used_bytes as f64 / unit as f64, p.memory);
+                    if m.state != "enforced" {
+                        let _ = write!(s, " (limit {})", cell(&m.state));
+                    }
+                }
+                _ => {
+                    let _ = write!(s, "{}", p.memory);
+                }
+            }
             if with_state {
                 let _ = write!(s, " ({})", cell(&p.state));
             }
@@ -242,6 +259,12 @@ fn pod_list(pods: &[PodShare], with_state: bool) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Bytes of one unit of a node's `unit` label (`GiB`, `MiB`, `256MiB`).
+fn unit_bytes(unit: &str) -> Option<u64> {
+    let unit: crate::core::MemoryUnit = unit.parse().ok()?;
+    Some(unit.to_bytes(crate::core::GpuMem::new(1)))
 }
 
 /// Number of distinct pods holding memory on `node`.
@@ -278,7 +301,7 @@ pub fn wide(report: &Report) -> String {
                 gpu.used,
                 gpu.total,
                 if gpu.healthy { "healthy" } else { "UNHEALTHY" },
-                pod_list(&gpu.pods, false),
+                pod_list_in(&gpu.pods, false, unit_bytes(&node.unit)),
             );
         }
         if !node.pending.is_empty() {

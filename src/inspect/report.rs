@@ -29,7 +29,9 @@ use serde::{Deserialize, Serialize};
 use crate::core::MemoryUnit;
 use crate::core::annotations::decode_allocation_json;
 use crate::core::wire::ANN_ALLOCATION_JSON;
+use crate::core::wire::NODE_ANN_CONTAINER_GPU_MEMORY;
 use crate::k8s::project::{node_gpus, pod_annotations, pod_gpu_request, pod_is_terminal};
+use crate::node::enforcement::report::{ContainerMemory, LimitState, from_annotation};
 
 /// The whole report. Serialized as the `json`/`yaml` output (camelCase keys).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -191,6 +193,24 @@ pub struct PodShare {
     pub memory: u64,
     /// One of [`PodState`]'s names.
     pub state: String,
+    /// Under driver enforcement: what the pod's containers use of this GPU and their limits,
+    /// as the node agent last read them back (the node annotation
+    /// `gpushare.io/container-gpu-memory`); absent without readback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory: Option<PodGpuMemory>,
+}
+
+/// A pod's GPU memory on one GPU as the node agent read it back.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodGpuMemory {
+    /// Bytes its containers use (the sum of those read).
+    pub used_bytes: u64,
+    /// `enforced` when every container's limit is its share, else the first other state
+    /// (`missing`, `mismatch`, `unreadable`).
+    pub state: String,
+    /// Each container's row.
+    pub containers: Vec<ContainerMemory>,
 }
 
 /// Why a pod is where it is (the `state` field).
@@ -376,6 +396,7 @@ impl Report {
                 place_pod(&mut report, pod);
             }
             dra.add_to(&mut report, unit_value);
+            attach_gpu_memory(&mut report, node);
             report.finish();
             reports.push(report);
         }
@@ -467,6 +488,47 @@ impl NodeReport {
     }
 }
 
+/// Adds what the node agent read back of each pod's containers (the node annotation
+/// `gpushare.io/container-gpu-memory`) to the pods on each GPU.
+fn attach_gpu_memory(report: &mut NodeReport, node: &Node) {
+    let Some(rows) = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(NODE_ANN_CONTAINER_GPU_MEMORY))
+        .and_then(|t| from_annotation(t))
+    else {
+        return;
+    };
+    for gpu in &mut report.gpus {
+        for pod in &mut gpu.pods {
+            let mine: Vec<ContainerMemory> = rows
+                .iter()
+                .filter(|r| {
+                    r.index == gpu.index && r.namespace == pod.namespace && r.pod == pod.name
+                })
+                .cloned()
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let state = mine
+                .iter()
+                .map(|r| r.state)
+                .find(|s| *s != LimitState::Enforced)
+                .unwrap_or(LimitState::Enforced);
+            pod.gpu_memory = Some(PodGpuMemory {
+                used_bytes: mine
+                    .iter()
+                    .filter_map(|r| r.used)
+                    .fold(0, u64::saturating_add),
+                state: state.as_str().to_string(),
+                containers: mine,
+            });
+        }
+    }
+}
+
 /// Puts one pod's memory where it belongs on `node`.
 fn place_pod(node: &mut NodeReport, pod: &Pod) {
     let (annotations, _) = pod_annotations(pod);
@@ -481,6 +543,7 @@ fn place_pod(node: &mut NodeReport, pod: &Pod) {
         uid: pod.metadata.uid.clone().unwrap_or_default(),
         memory,
         state: state.as_str().to_string(),
+        gpu_memory: None,
     };
     let allocation = pod
         .metadata
@@ -628,6 +691,7 @@ impl Report {
                     _ if pending => PodState::NoIndex.as_str().to_string(),
                     _ => PodState::Bound.as_str().to_string(),
                 },
+                gpu_memory: None,
             };
             let mut report = NodeReport {
                 name: n.name.clone(),

@@ -110,7 +110,7 @@ mod tests {
     #[tokio::test]
     async fn a_repeated_event_becomes_one_object_with_a_series() {
         let api = ApiServer::start().await.expect("sandbox");
-        let events = Events::new(api.client(), "gpushare-device-plugin", "node-1");
+        let events = Events::new(api.admin_client(), "gpushare-device-plugin", "node-1");
         let node = node_reference("node-1", "uid-1");
         for _ in 0..3 {
             events
@@ -140,7 +140,7 @@ mod tests {
     #[tokio::test]
     async fn a_long_note_is_cut_to_the_api_limit() {
         let api = ApiServer::start().await.expect("sandbox");
-        let events = Events::new(api.client(), "gpushare-schd-extender", "");
+        let events = Events::new(api.admin_client(), "gpushare-schd-extender", "");
         let pod = pod_reference("ml", "trainer", Some("u"));
         events
             .publish(

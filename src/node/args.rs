@@ -82,6 +82,39 @@ pub struct NodeArgs {
     /// Longest wait between restarts of a failing daemon, in seconds [default: 60]
     #[arg(long, value_name = "SECS")]
     pub mps_restart_backoff_max_secs: Option<u64>,
+    /// What holds a container to its share of GPU memory: auto (the strongest each GPU
+    /// supports: driver, else mps with --mps, else none), driver (the driver's per-cgroup
+    /// limits, R615+; refuses to start without them), mps, none [default: auto]
+    #[arg(long, value_enum)]
+    pub enforcement: Option<crate::config::enforcement::Enforcement>,
+    /// The gpushare program the container runtime runs as the CDI hook that sets a container's
+    /// limit; the same path on the host and here [default: /usr/local/bin/gpushare]
+    #[arg(long, value_name = "PATH")]
+    pub enforcement_hook: Option<PathBuf>,
+    /// Copy this gpushare to --enforcement-hook at start when it differs (the hook's
+    /// directory a host directory)
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub enforcement_install_hook: Option<bool>,
+    /// Where the hook records the limits it set [default: /var/run/gpushare/limits]
+    #[arg(long, value_name = "DIR")]
+    pub enforcement_state_dir: Option<PathBuf>,
+    /// Where the device-plugin path writes the CDI specs carrying the hook [default:
+    /// /var/run/cdi]
+    #[arg(long, value_name = "DIR")]
+    pub enforcement_cdi_dir: Option<PathBuf>,
+    /// How often every served container's limit is read back, in seconds [default: 30]
+    #[arg(long, value_name = "SECS")]
+    pub enforcement_check_secs: Option<u64>,
+    /// The host's cgroup v2 root as seen here [default: /sys/fs/cgroup]
+    #[arg(long, value_name = "DIR")]
+    pub cgroup_root: Option<PathBuf>,
+    /// The cgroup v2 root as the container runtime sees it, passed to the hook [default:
+    /// /sys/fs/cgroup]
+    #[arg(long, value_name = "DIR")]
+    pub runtime_cgroup_root: Option<PathBuf>,
+    /// /proc as the container runtime sees it, passed to the hook [default: /proc]
+    #[arg(long, value_name = "DIR")]
+    pub runtime_proc_root: Option<PathBuf>,
     /// GPU access.
     #[command(flatten)]
     pub gpu: crate::gpu::GpuArgs,
@@ -136,6 +169,27 @@ impl NodeArgs {
             &node("mps_restart_backoff_max_secs"),
             self.mps_restart_backoff_max_secs,
         );
+        flags.set(&node("enforcement"), self.enforcement);
+        flags.set(&node("enforcement_hook"), path(&self.enforcement_hook));
+        flags.set(
+            &node("enforcement_install_hook"),
+            self.enforcement_install_hook,
+        );
+        flags.set(
+            &node("enforcement_state_dir"),
+            path(&self.enforcement_state_dir),
+        );
+        flags.set(
+            &node("enforcement_cdi_dir"),
+            path(&self.enforcement_cdi_dir),
+        );
+        flags.set(&node("enforcement_check_secs"), self.enforcement_check_secs);
+        flags.set(&node("cgroup_root"), path(&self.cgroup_root));
+        flags.set(
+            &node("runtime_cgroup_root"),
+            path(&self.runtime_cgroup_root),
+        );
+        flags.set(&node("runtime_proc_root"), path(&self.runtime_proc_root));
         self.gpu.overrides(flags);
         self.roots.overrides(flags);
     }

@@ -17,6 +17,9 @@
 //!   extended resource, with the GPUs' PCI places (read with [`PreparedAgent::with_devices`]);
 //! - the container contract ([`contract`]): (GPU, units, strategy) → envs, mounts, device
 //!   nodes, CDI names. Pure.
+//! - GPU memory enforcement ([`enforcement`]): which mechanism each path's containers get
+//!   (the driver's per-cgroup limits through a CDI hook, MPS, none), and the readback of every
+//!   served container's limit.
 //!
 //! It does not speak any kubelet protocol (registration, ListAndWatch, Allocate, DRA gRPC:
 //! those are the roles'), match pods to containers, or serve metrics of its own (the roles
@@ -32,6 +35,7 @@
 pub mod api;
 mod args;
 pub mod contract;
+pub mod enforcement;
 pub mod gpus;
 pub mod health;
 pub mod kinds;
@@ -218,6 +222,7 @@ pub struct NodeAgent {
     mps: Option<Arc<MpsStatus>>,
     unit_refused: Option<String>,
     kinds: kinds::DeviceKinds,
+    enforcement: Arc<enforcement::Enforcer>,
 }
 
 impl std::fmt::Debug for NodeAgent {
@@ -241,6 +246,7 @@ pub struct PreparedAgent {
     inventory: Inventory,
     unit_refused: Option<String>,
     kinds: kinds::DeviceKinds,
+    enforcement: Arc<enforcement::Enforcer>,
 }
 
 impl std::fmt::Debug for PreparedAgent {
@@ -292,6 +298,9 @@ impl NodeAgent {
         )
         .await?;
         config.memory_unit = unit.unit;
+        let enforcement = Arc::new(
+            enforcement::Enforcer::prepare_off_runtime(&config, &backend, &inventory).await,
+        );
         Ok(PreparedAgent {
             config,
             node,
@@ -301,6 +310,7 @@ impl NodeAgent {
             inventory,
             unit_refused: unit.refused,
             kinds: kinds::DeviceKinds::default(),
+            enforcement,
         })
     }
 
@@ -375,6 +385,11 @@ impl NodeAgent {
         self.mps.as_ref()
     }
 
+    /// GPU memory enforcement: each path's mechanism, the hook, the readback's state.
+    pub fn enforcement(&self) -> &Arc<enforcement::Enforcer> {
+        &self.enforcement
+    }
+
     /// Offers GPUs `indices` on `path`; refused (none offered) when another path offers any
     /// of them. Returns the GPUs offered.
     pub fn offer(
@@ -431,6 +446,12 @@ impl PreparedAgent {
         self.config.memory_unit
     }
 
+    /// GPU memory enforcement as found on this node (a role's admit asks what its path gets,
+    /// [`enforcement::Enforcer::admit`]).
+    pub fn enforcement(&self) -> &Arc<enforcement::Enforcer> {
+        &self.enforcement
+    }
+
     /// Publishes the node facts (gpu-count, device annotations, excluded GPUs, the unit
     /// refusal's Event) and starts the MPS supervisor (the daemon answers, or is known not
     /// to, before this returns) and the health task, until `shutdown` or
@@ -445,6 +466,7 @@ impl PreparedAgent {
             inventory,
             unit_refused,
             kinds,
+            enforcement,
         } = self;
         let unit = config.memory_unit;
         let gpus = gpus::served_gpus(&inventory, unit);
@@ -501,6 +523,7 @@ impl PreparedAgent {
             mps,
             unit_refused,
             kinds,
+            enforcement,
             config,
         });
         let (stop_trigger, stop) = shutdown.child();
@@ -521,6 +544,16 @@ impl PreparedAgent {
             supervisor.first_contact().await;
             tasks.push(tokio::spawn(supervisor.run(stop.clone())));
         }
+        tasks.push(tokio::spawn(enforcement::readback::run(
+            agent.enforcement.clone(),
+            agent.client.clone(),
+            enforcement::readback::Scope {
+                node: agent.node.clone(),
+                gpus: agent.gpus.clone(),
+                unit,
+            },
+            stop.clone(),
+        )));
         if agent.config.health_check {
             match backend.watch_health() {
                 Ok(rx) => tasks.push(tokio::spawn(health_task(

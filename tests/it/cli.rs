@@ -144,7 +144,7 @@ fn bad<'a>(args: &[&'a str], status: i32, names: &'a [&'a str]) -> BadInput<'a> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_roles_bad_inputs_exit_with_the_documented_status_naming_the_problem() {
     let api = ApiServer::start().await.expect("sandbox API server");
-    let sandbox = api.kubeconfig_path().to_string_lossy().into_owned();
+    let sandbox = api.admin_kubeconfig_path().to_string_lossy().into_owned();
     let refused = kubeconfig_for(&format!("http://127.0.0.1:{}", closed_port()));
     let refused = refused.path().to_string_lossy().into_owned();
     // Something that is not an API server answers 404 with an HTML page to everything.

@@ -167,9 +167,10 @@ async fn start(api: &ApiServer, config: &Config, refresh: Option<Duration>) -> E
         tls_refresh: refresh,
         ..Default::default()
     };
-    let ext = gpushare::extender::start_with(config, api.client(), Shutdown::never(), options)
-        .await
-        .expect("extender starts");
+    let ext =
+        gpushare::extender::start_with(config, api.admin_client(), Shutdown::never(), options)
+            .await
+            .expect("extender starts");
     if !config.extender.leader_elect {
         ext.wait_ready().await.expect("extender ready");
     }

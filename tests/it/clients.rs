@@ -54,7 +54,7 @@ async fn plugin_on(
     let backend = FakeBackend::from_spec("2x16GiB").expect("fake GPUs");
     let plugin = deviceplugin::start(
         &config,
-        api.client(),
+        api.admin_client(),
         Arc::new(backend),
         gpushare::shutdown::Shutdown::never(),
     )
@@ -244,9 +244,13 @@ async fn promtool_accepts_the_extender_metrics() {
     config.extender.bind_address = [127, 0, 0, 1].into();
     config.extender.port = 0;
     config.doctor.skip = true;
-    let ext = extender::start(&config, api.client(), gpushare::shutdown::Shutdown::never())
-        .await
-        .expect("extender starts");
+    let ext = extender::start(
+        &config,
+        api.admin_client(),
+        gpushare::shutdown::Shutdown::never(),
+    )
+    .await
+    .expect("extender starts");
     ext.wait_ready().await.expect("extender ready");
     // One filter, so the labelled counters and histograms have samples.
     let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",

@@ -158,7 +158,7 @@ async fn the_4mib_guard_refuses_mib_on_8x80gib_and_names_a_unit() {
     let backend = FakeBackend::from_spec("8x80GiB").expect("spec");
     let err = deviceplugin::start(
         &config,
-        api.client(),
+        api.admin_client(),
         Arc::new(backend),
         gpushare::shutdown::Shutdown::never(),
     )
@@ -502,7 +502,7 @@ fn missing_nvml_exits_1_with_a_clear_error_instead_of_hanging() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let api = rt.block_on(ApiServer::start()).expect("api");
     api.seed_yaml(&node_yaml("")).expect("node");
-    let kubeconfig = api.kubeconfig_path();
+    let kubeconfig = api.admin_kubeconfig_path();
     let dir = short_tempdir();
     let plugin_dir = dir.path().display().to_string();
     for backend in ["nvml", "auto"] {

@@ -414,7 +414,7 @@ async fn grpcio_kubelet_registers_lists_and_allocates_an_hca() {
     config.devices.rdma.enabled = true;
     let plugin = gpushare::deviceplugin::start(
         &config,
-        api.client(),
+        api.admin_client(),
         std::sync::Arc::new(hgx_backend()),
         gpushare::shutdown::Shutdown::never(),
     )

@@ -611,9 +611,57 @@ async fn run_async(args: Vec<String>) -> Output {
 }
 
 fn cluster_args(api: &ApiServer, root: &Path, role: &str) -> Vec<String> {
+    cluster_args_as(&api.admin_kubeconfig_path(), root, role)
+}
+
+/// Every permission the extender and the device plugin review, each as one rule, except those
+/// named in `except` (`"<resource> <verb>"`).
+fn role_rules_except(except: &[&str]) -> Vec<Value> {
+    let all = [
+        ("", "pods", &["get", "list", "watch", "patch"][..]),
+        ("", "pods/binding", &["create"]),
+        ("", "nodes", &["get", "list", "watch", "patch"]),
+        ("", "nodes/status", &["patch"]),
+        ("", "configmaps", &["get", "list", "watch"]),
+        ("events.k8s.io", "events", &["create", "patch"]),
+        (
+            "coordination.k8s.io",
+            "leases",
+            &["get", "create", "update"],
+        ),
+    ];
+    all.iter()
+        .flat_map(|(group, resource, verbs)| verbs.iter().map(move |v| (group, resource, v)))
+        .filter(|(_, resource, verb)| !except.contains(&format!("{resource} {verb}").as_str()))
+        .map(|(group, resource, verb)| {
+            serde_json::json!({ "apiGroups": [group], "resources": [resource], "verbs": [verb] })
+        })
+        .collect()
+}
+
+/// The kubeconfig of ServiceAccount `kube-system/doctor`, granted `rules` by a ClusterRole:
+/// doctor run as an identity that RBAC restricts.
+fn restricted_kubeconfig(api: &ApiServer, rules: Vec<Value>) -> PathBuf {
+    for object in [
+        serde_json::json!({ "apiVersion": "v1", "kind": "ServiceAccount",
+                            "metadata": { "name": "doctor", "namespace": "kube-system" } }),
+        serde_json::json!({ "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                            "metadata": { "name": "doctor" }, "rules": rules }),
+        serde_json::json!({ "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                            "metadata": { "name": "doctor" },
+                            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "doctor" },
+                            "subjects": [{ "kind": "ServiceAccount", "name": "doctor", "namespace": "kube-system" }] }),
+    ] {
+        api.create_object(object).expect("RBAC object created");
+    }
+    api.service_account_kubeconfig("kube-system", "doctor", None)
+        .expect("a kubeconfig")
+}
+
+fn cluster_args_as(kubeconfig: &Path, root: &Path, role: &str) -> Vec<String> {
     let mut args: Vec<String> = [
         "--kubeconfig",
-        path(&api.kubeconfig_path()),
+        path(kubeconfig),
         "doctor",
         "--role",
         role,
@@ -655,9 +703,9 @@ async fn api_checks_against_the_sandbox_cluster() {
     );
     assert_eq!(status(&report, "plugin-conflict"), "ok", "{report:#}");
 
-    // One denied verb shows up by name and fails the run.
-    api.deny_access("create", "pods/binding");
-    let out = run_async(cluster_args(&api, root.path(), "control-plane")).await;
+    // One verb RBAC does not grant shows up by name and fails the run.
+    let kubeconfig = restricted_kubeconfig(&api, role_rules_except(&["pods/binding create"]));
+    let out = run_async(cluster_args_as(&kubeconfig, root.path(), "control-plane")).await;
     assert_eq!(out.status.code(), Some(1));
     let report = json_of(&out);
     let rbac = check(&report, "rbac");
@@ -666,7 +714,7 @@ async fn api_checks_against_the_sandbox_cluster() {
     assert!(detail.contains("denied: pods/binding create"), "{detail}");
     assert!(detail.contains("extender: 15 of 16 allowed"), "{detail}");
     // The device plugin does not create bindings: the node role's review passes.
-    let report = json_of(&run_async(cluster_args(&api, root.path(), "node")).await);
+    let report = json_of(&run_async(cluster_args_as(&kubeconfig, root.path(), "node")).await);
     assert_eq!(status(&report, "rbac"), "ok", "{report:#}");
     api.shutdown().await;
 }
@@ -756,8 +804,13 @@ async fn preflight_passes_a_sound_setup_and_refuses_a_broken_one() {
         .await
         .expect("control-plane preflight passes");
 
-    // A denied verb only the extender needs stops the extender, not the device plugin.
-    api.deny_access("watch", "configmaps");
+    // A verb only the extender needs, not granted, stops the extender, not the device plugin.
+    let mut config = config;
+    config.cluster.kubeconfig = path(&restricted_kubeconfig(
+        &api,
+        role_rules_except(&["configmaps watch"]),
+    ))
+    .to_string();
     let err = preflight(Role::ControlPlane, &config)
         .await
         .expect_err("rbac fails");

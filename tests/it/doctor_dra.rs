@@ -283,7 +283,7 @@ fn the_flags_move_the_directories_and_docker_cannot_serve_dra() {
 
 async fn dra_checks(api: &ApiServer, role: Role, root: &Path) -> Vec<Check> {
     let mut config = Config::default();
-    config.cluster.kubeconfig = api.kubeconfig_path().display().to_string();
+    config.cluster.kubeconfig = api.admin_kubeconfig_path().display().to_string();
     config.node.node_name = "gpu-node-1".to_string();
     let opts = Options {
         role,

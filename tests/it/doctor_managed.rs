@@ -88,7 +88,7 @@ async fn a_sound_managed_install_passes_and_a_stale_ca_bundle_fails() {
     config.webhook.self_signed = true;
     let hook = webhook::start(
         &config,
-        Some(api.client()),
+        Some(api.admin_client()),
         webhook::DEFAULT_REFRESH,
         Shutdown::never(),
     )

@@ -81,7 +81,7 @@ async fn doctor_names_the_aliyun_leftovers_and_its_commands_clear_the_way() {
          2 ClusterRoles and 2 bindings:\n{}",
         check.hint
     );
-    let kubeconfig = api.kubeconfig_path().display().to_string();
+    let kubeconfig = api.admin_kubeconfig_path().display().to_string();
     for line in commands {
         kubectl(bin.clone(), kubeconfig.clone(), line).await;
     }

@@ -149,7 +149,7 @@ async fn a_rewritten_pod_gets_its_gpu_mem_per_container_on_one_gpu() {
     let mut pool = Pool::new();
     assert!(publish(&server, &mut pool, GpuPolicy::Binpack, [0, 0]));
     submit(&server, "p1", 6, 2);
-    let pass = DraAllocator::new(server.client())
+    let pass = DraAllocator::new(server.admin_client())
         .reconcile()
         .await
         .expect("a pass");
@@ -177,7 +177,7 @@ async fn a_rewritten_pod_gets_its_gpu_mem_per_container_on_one_gpu() {
 async fn the_gpu_policy_orders_the_slice_and_first_fit_follows_it() {
     for (policy, same_gpu) in [(GpuPolicy::Binpack, true), (GpuPolicy::Spread, false)] {
         let server = cluster().await;
-        let allocator = DraAllocator::new(server.client());
+        let allocator = DraAllocator::new(server.admin_client());
         let mut pool = Pool::new();
         assert!(publish(&server, &mut pool, policy, [0, 0]));
         submit(&server, "p1", 3, 1);

@@ -45,7 +45,7 @@ impl Node {
     async fn start(&self) -> DraPluginHandle {
         let plugin = role::start(
             &self.config,
-            self.api.client(),
+            self.api.admin_client(),
             Arc::new(hgx_backend()),
             Shutdown::never(),
         )
@@ -250,7 +250,7 @@ async fn one_claim_gets_gpu_memory_and_the_hca_under_the_same_root_and_prepare_h
     fake_dev(dev.path());
     let node = node(dev.path()).await;
     let plugin = node.start().await;
-    let kubelet = DraKubelet::start(&node.config.dra.registry_dir, NODE, node.api.client())
+    let kubelet = DraKubelet::start(&node.config.dra.registry_dir, NODE, node.api.admin_client())
         .expect("the DRA kubelet starts");
     kubelet
         .wait_registered(DRA_DRIVER_NAME)
@@ -260,13 +260,13 @@ async fn one_claim_gets_gpu_memory_and_the_hca_under_the_same_root_and_prepare_h
     // The first pod takes the whole first GPU (binpack), so the second lands on GPU 1: its
     // HCA must be the one behind GPU 1's switch, not the first HCA that fits.
     submit(&node.api, "whole", 80, false);
-    let pass = DraAllocator::new(node.api.client())
+    let pass = DraAllocator::new(node.api.admin_client())
         .reconcile()
         .await
         .expect("a pass");
     assert_eq!(pass.bound.len(), 1, "{pass:?}");
     submit(&node.api, "trainer", 10, true);
-    let pass = DraAllocator::new(node.api.client())
+    let pass = DraAllocator::new(node.api.admin_client())
         .reconcile()
         .await
         .expect("a pass");
@@ -359,7 +359,7 @@ async fn one_claim_gets_gpu_memory_and_the_hca_under_the_same_root_and_prepare_h
     node.api
         .set_pod_phase("default", "trainer", "Succeeded")
         .expect("phase");
-    DraAllocator::new(node.api.client())
+    DraAllocator::new(node.api.admin_client())
         .reconcile()
         .await
         .expect("a pass");
@@ -387,7 +387,7 @@ async fn grpcio_gets_the_gpu_share_and_the_hca_of_one_claim() {
     let node = node(dev.path()).await;
     let plugin = node.start().await;
     submit(&node.api, "p", 4, false);
-    let pass = DraAllocator::new(node.api.client())
+    let pass = DraAllocator::new(node.api.admin_client())
         .reconcile()
         .await
         .expect("a pass");
@@ -438,7 +438,7 @@ async fn a_pod_written_with_limits_gets_its_gpu_and_the_hca_under_its_root() {
     let node = node(dev.path()).await;
     let plugin = node.start().await;
     submit(&node.api, "whole", 80, false);
-    let pass = DraAllocator::new(node.api.client())
+    let pass = DraAllocator::new(node.api.admin_client())
         .reconcile()
         .await
         .expect("a pass");
@@ -466,7 +466,7 @@ async fn a_pod_written_with_limits_gets_its_gpu_and_the_hca_under_its_root() {
     value["apiVersion"] = json!("v1");
     value["kind"] = json!("Pod");
     node.api.create_object(value).expect("the pod");
-    let pass = DraAllocator::new(node.api.client())
+    let pass = DraAllocator::new(node.api.admin_client())
         .reconcile()
         .await
         .expect("a pass");

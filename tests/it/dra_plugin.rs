@@ -109,7 +109,7 @@ impl Node {
     fn start_plugin(&self) -> RunningPlugin {
         start(
             self.config.clone(),
-            self.server.client(),
+            self.server.admin_client(),
             self.served.subscribe(),
             self.preparer.clone(),
             Shutdown::never(),
@@ -118,8 +118,12 @@ impl Node {
     }
 
     fn kubelet(&self) -> DraKubelet {
-        DraKubelet::start(&self.config.registry_dir, "node-a", self.server.client())
-            .expect("the kubelet starts")
+        DraKubelet::start(
+            &self.config.registry_dir,
+            "node-a",
+            self.server.admin_client(),
+        )
+        .expect("the kubelet starts")
     }
 }
 
@@ -171,7 +175,7 @@ async fn node() -> Node {
     value["apiVersion"] = json!("v1");
     value["kind"] = json!("Pod");
     server.create_object(value).expect("the pod");
-    let pass = DraAllocator::new(server.client())
+    let pass = DraAllocator::new(server.admin_client())
         .reconcile()
         .await
         .expect("a pass");
@@ -303,7 +307,7 @@ async fn the_plugin_registers_prepares_once_survives_a_restart_and_unprepares_a_
     node.server
         .set_pod_phase("default", "p", "Succeeded")
         .expect("phase");
-    let pass = DraAllocator::new(node.server.client())
+    let pass = DraAllocator::new(node.server.admin_client())
         .reconcile()
         .await
         .expect("a pass");
@@ -419,7 +423,7 @@ async fn slices_are_published_updated_and_deleted_by_one_reconciling_pass() {
     use k8s_openapi::api::resource::v1::ResourceSlice;
 
     let server = ApiServer::start().await.expect("starts");
-    let client = server.client();
+    let client = server.admin_client();
     let other = json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
         "metadata": { "name": "node-b-gpushare-io-0" },

@@ -43,13 +43,18 @@ struct Node {
 impl Node {
     async fn start(&self) -> DraPluginHandle {
         let backend: Arc<dyn gpushare::gpu::GpuBackend> = self.backend.clone();
-        role::start(&self.config, self.api.client(), backend, Shutdown::never())
-            .await
-            .expect("the DRA plugin starts")
+        role::start(
+            &self.config,
+            self.api.admin_client(),
+            backend,
+            Shutdown::never(),
+        )
+        .await
+        .expect("the DRA plugin starts")
     }
 
     fn kubelet(&self) -> DraKubelet {
-        DraKubelet::start(&self.config.dra.registry_dir, NODE, self.api.client())
+        DraKubelet::start(&self.config.dra.registry_dir, NODE, self.api.admin_client())
             .expect("the DRA kubelet starts")
     }
 
@@ -155,7 +160,7 @@ async fn the_role_publishes_prepares_a_cdi_spec_and_unprepares_across_a_restart(
     wait_until("ready once registered", || plugin.is_ready()).await;
 
     submit(&node.api, "p", 3, 1);
-    let pass = DraAllocator::new(node.api.client())
+    let pass = DraAllocator::new(node.api.admin_client())
         .reconcile()
         .await
         .expect("a pass");
@@ -231,7 +236,7 @@ async fn the_role_publishes_prepares_a_cdi_spec_and_unprepares_across_a_restart(
     node.api
         .set_pod_phase("default", "p", "Succeeded")
         .expect("phase");
-    let pass = DraAllocator::new(node.api.client())
+    let pass = DraAllocator::new(node.api.admin_client())
         .reconcile()
         .await
         .expect("a pass");
@@ -336,7 +341,7 @@ async fn grpcio_prepares_and_unprepares_through_the_role() {
     let plugin = node.start().await;
     dra::published(&plugin).await;
     submit(&node.api, "p", 2, 2);
-    let pass = DraAllocator::new(node.api.client())
+    let pass = DraAllocator::new(node.api.admin_client())
         .reconcile()
         .await
         .expect("a pass");
@@ -381,7 +386,7 @@ async fn prepared_by_grpcio(node: &Node, python: &Path) -> (DraPluginHandle, Str
     let plugin = node.start().await;
     dra::published(&plugin).await;
     submit(&node.api, "p", 2, 1);
-    let pass = DraAllocator::new(node.api.client())
+    let pass = DraAllocator::new(node.api.admin_client())
         .reconcile()
         .await
         .expect("a pass");

@@ -42,7 +42,7 @@ impl Env {
     async fn start_with(config: Config, seed: impl FnOnce(&ApiServer)) -> Env {
         let api = ApiServer::start().await.expect("sandbox API server starts");
         seed(&api);
-        let ext = extender::start(&config, api.client(), Shutdown::never())
+        let ext = extender::start(&config, api.admin_client(), Shutdown::never())
             .await
             .expect("extender starts");
         ext.wait_ready().await.expect("extender becomes ready");
@@ -51,7 +51,7 @@ impl Env {
 
     /// A second extender on the same API state.
     async fn another(&self) -> ExtenderHandle {
-        let ext = extender::start(&config(), self.api.client(), Shutdown::never())
+        let ext = extender::start(&config(), self.api.admin_client(), Shutdown::never())
             .await
             .expect("second extender starts");
         ext.wait_ready().await.expect("second extender ready");
@@ -346,7 +346,7 @@ async fn a_restarted_extender_rebuilds_the_same_ledger_from_annotations() {
     // The device plugin assigned one of them.
     let patch = json!({"metadata": {"annotations": {"ALIYUN_COM_GPU_MEM_ASSIGNED": "true"}}});
     gpushare::k8s::write::patch_pod_annotations(
-        &env.api.client(),
+        &env.api.admin_client(),
         "default",
         "p0",
         &serde_json::from_value(patch["metadata"]["annotations"].clone()).unwrap(),
@@ -377,7 +377,7 @@ async fn node_capacity_changes_are_picked_up() {
     let p = create(&env.api, pending_pod("p", "12"));
     assert_eq!(bind(env.addr(), &p, "n1").await.0, 200);
     // The cards were swapped for four 24 GiB ones (EXT#191).
-    let client = env.api.client();
+    let client = env.api.admin_client();
     let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
     let patch =
         json!({"status": {"capacity": {"aliyun.com/gpu-mem": "96", "aliyun.com/gpu-count": "4"}}});
@@ -912,7 +912,7 @@ async fn scheduling_verbs_answer_503_until_synced_and_while_not_serving() {
         "/api/v1/pods?",
         FaultAction::Delay(Duration::from_millis(1500)),
     ));
-    let ext = extender::start(&config(), api.client(), Shutdown::never())
+    let ext = extender::start(&config(), api.admin_client(), Shutdown::never())
         .await
         .unwrap();
     let (s, r) = filter(ext.addr, &pending_pod("x", "4"), &["n1"]).await;
@@ -936,7 +936,7 @@ async fn scheduling_verbs_answer_503_until_synced_and_while_not_serving() {
     // The port is taken: a second extender on it fails at once.
     let mut c = config();
     c.extender.port = ext.addr.port();
-    let err = extender::start(&c, api.client(), Shutdown::never())
+    let err = extender::start(&c, api.admin_client(), Shutdown::never())
         .await
         .unwrap_err();
     assert!(format!("{err:#}").contains("cannot listen"), "{err:#}");

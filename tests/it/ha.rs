@@ -40,7 +40,7 @@ struct Candidate {
 fn candidate(api: &ApiServer, id: &'static str) -> Candidate {
     let (trigger, handle) = shutdown::channel();
     let leadership =
-        LeaderElector::new(api.client(), NS, LEASE, id.to_string(), timing()).spawn(handle);
+        LeaderElector::new(api.admin_client(), NS, LEASE, id.to_string(), timing()).spawn(handle);
     Candidate {
         id,
         trigger,
@@ -223,7 +223,7 @@ async fn a_live_lease_of_a_stranger_is_respected_until_released() {
     // The stranger releases it (clears holderIdentity in place, as client-go's release does;
     // deleting and re-creating it would race our own create): we take it.
     let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
-        kube::Api::namespaced(api.client(), NS);
+        kube::Api::namespaced(api.admin_client(), NS);
     leases
         .patch(
             LEASE,
@@ -249,7 +249,7 @@ async fn a_holder_whose_clock_is_20_s_behind_keeps_its_lease() {
     let behind = AdjustableClock::new();
     behind.set_wall_offset(k8s_openapi::jiff::SignedDuration::from_secs(-20));
     let (holder_stop, handle) = shutdown::channel();
-    let holder = LeaderElector::new(api.client(), NS, LEASE, "slow-clock".into(), timing())
+    let holder = LeaderElector::new(api.admin_client(), NS, LEASE, "slow-clock".into(), timing())
         .with_clock(behind)
         .spawn(handle);
     let mut rx = holder.subscribe();
@@ -257,7 +257,7 @@ async fn a_holder_whose_clock_is_20_s_behind_keeps_its_lease() {
     let ahead = AdjustableClock::new();
     ahead.set_wall_offset(k8s_openapi::jiff::SignedDuration::from_secs(20));
     let (fast_stop, handle) = shutdown::channel();
-    let fast = LeaderElector::new(api.client(), NS, LEASE, "fast-clock".into(), timing())
+    let fast = LeaderElector::new(api.admin_client(), NS, LEASE, "fast-clock".into(), timing())
         .with_clock(ahead)
         .spawn(handle);
     let plain = candidate(&api, "plain-clock");

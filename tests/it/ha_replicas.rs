@@ -82,7 +82,7 @@ impl Isolated {
                 // The client too lives in this runtime: its connections stop with it.
                 let handle = gpushare::extender::start_with(
                     &config,
-                    api.client(),
+                    api.admin_client(),
                     Shutdown::never(),
                     options,
                 )
@@ -538,9 +538,10 @@ async fn a_binds_deadline_counts_from_its_admission_including_the_body() {
         identity: None,
         ..Default::default()
     };
-    let ext = gpushare::extender::start_with(&config, api.client(), Shutdown::never(), options)
-        .await
-        .expect("extender starts");
+    let ext =
+        gpushare::extender::start_with(&config, api.admin_client(), Shutdown::never(), options)
+            .await
+            .expect("extender starts");
     ext.wait_ready().await.expect("ready");
     api.create_object(pending_pod("slow-body", 4))
         .expect("seed");
@@ -589,7 +590,7 @@ async fn a_leader_whose_time_jumped_mid_bind_checks_its_fence_before_writing() {
         identity: Some("replica-a".into()),
         ..Default::default()
     };
-    let a = gpushare::extender::start_with(&config, api.client(), Shutdown::never(), options)
+    let a = gpushare::extender::start_with(&config, api.admin_client(), Shutdown::never(), options)
         .await
         .expect("extender starts");
     wait_leading(&a.state(), "replica-a").await;

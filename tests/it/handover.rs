@@ -77,7 +77,7 @@ async fn node(strategies: &[DeviceListStrategy], tweak: impl FnOnce(&mut Config)
     tweak(&mut config);
     let plugin = deviceplugin::start(
         &config,
-        api.client(),
+        api.admin_client(),
         Arc::new(FakeBackend::from_spec("2x16GiB").expect("fake gpus")),
         gpushare::shutdown::Shutdown::never(),
     )

@@ -331,7 +331,7 @@ fn kubectl_runs_the_plugin_against_the_sandbox_api_server() {
         .block_on(gpushare_sandbox::apiserver::ApiServer::start())
         .expect("sandbox API server starts");
     seed_fixture(&server, "userguide");
-    let kubeconfig = server.kubeconfig_path();
+    let kubeconfig = server.admin_kubeconfig_path();
     let plugin_dir = tempfile::tempdir().expect("temp dir");
     std::os::unix::fs::symlink(
         crate::support::bin(),
@@ -508,12 +508,15 @@ fn from_extender_agrees_with_the_api_view_of_the_same_cluster() {
     let (stop, stopped) = gpushare::shutdown::channel();
     let extender = runtime
         .block_on(async {
-            let handle = gpushare::extender::start(&config, server.client(), stopped).await?;
+            let handle = gpushare::extender::start(&config, server.admin_client(), stopped).await?;
             handle.wait_ready().await?;
             anyhow::Ok(handle)
         })
         .expect("the extender starts and syncs");
-    let kubeconfig = server.kubeconfig_path().to_string_lossy().into_owned();
+    let kubeconfig = server
+        .admin_kubeconfig_path()
+        .to_string_lossy()
+        .into_owned();
     let from_api = run(&["inspect", "-o", "json", "--kubeconfig", &kubeconfig]);
     assert!(from_api.status.success(), "{}", stderr(&from_api));
     let url = format!("http://{}", extender.addr);

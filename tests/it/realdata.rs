@@ -828,10 +828,13 @@ async fn every_extender_body_gets_the_answer_kube_scheduler_expects() {
     config.extender.bind_address = [127, 0, 0, 1].into();
     config.extender.port = 0;
     config.doctor.skip = true;
-    let ext =
-        gpushare::extender::start(&config, api.client(), gpushare::shutdown::Shutdown::never())
-            .await
-            .expect("extender starts");
+    let ext = gpushare::extender::start(
+        &config,
+        api.admin_client(),
+        gpushare::shutdown::Shutdown::never(),
+    )
+    .await
+    .expect("extender starts");
     ext.wait_ready().await.expect("ready");
     let addr = ext.addr;
     for (key, path) in files("extender-args") {
@@ -939,7 +942,7 @@ async fn plugin_over_xml(
     let backend = gpushare::gpu::open(&config.gpu).expect("the nvidia-smi backend opens");
     let plugin = gpushare::deviceplugin::start(
         &config,
-        api.client(),
+        api.admin_client(),
         backend,
         gpushare::shutdown::Shutdown::never(),
     )
@@ -1049,7 +1052,7 @@ async fn the_device_plugin_counts_an_unattributed_xid_and_marks_no_gpu() {
     let health = backend.health();
     let plugin = gpushare::deviceplugin::start(
         &config,
-        api.client(),
+        api.admin_client(),
         std::sync::Arc::new(backend),
         gpushare::shutdown::Shutdown::never(),
     )

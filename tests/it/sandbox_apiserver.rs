@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
+use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction, Identity};
 use http::Method;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
@@ -84,7 +84,7 @@ fn names<K: kube::Resource>(items: &[K]) -> Vec<String> {
 #[tokio::test]
 async fn seeded_objects_list_and_get_through_kube_rs() {
     let server = seeded().await;
-    let client = server.client();
+    let client = server.admin_client();
     let nodes: Api<Node> = Api::all(client.clone());
     let list = nodes
         .list(&ListParams::default())
@@ -143,7 +143,7 @@ async fn seeded_objects_list_and_get_through_kube_rs() {
 #[tokio::test]
 async fn selectors_and_pagination() {
     let server = seeded().await;
-    let pods: Api<Pod> = Api::all(server.client());
+    let pods: Api<Pod> = Api::all(server.admin_client());
     let list = |lp: ListParams| {
         let pods = pods.clone();
         async move { names(&pods.list(&lp).await.expect("lists").items) }
@@ -210,7 +210,7 @@ async fn selectors_and_pagination() {
                 "metadata": {"name": format!("page-{i}"), "namespace": "paged"}}))
             .expect("create");
     }
-    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "paged");
+    let cms: Api<ConfigMap> = Api::namespaced(server.admin_client(), "paged");
     let (mut token, mut counts, mut listed) = (None::<String>, Vec::new(), 0);
     loop {
         let mut lp = ListParams::default().limit(3);
@@ -263,7 +263,7 @@ async fn selectors_and_pagination() {
 #[tokio::test]
 async fn watch_from_a_resource_version_sees_changes_in_order() {
     let server = seeded().await;
-    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    let cms: Api<ConfigMap> = Api::namespaced(server.admin_client(), "default");
     let rv = cms
         .list(&ListParams::default())
         .await
@@ -349,7 +349,7 @@ async fn watch_from_a_resource_version_sees_changes_in_order() {
 #[tokio::test]
 async fn pod_phase_changes_reach_a_field_selected_watch() {
     let server = seeded().await;
-    let pods: Api<Pod> = Api::namespaced(server.client(), "ml");
+    let pods: Api<Pod> = Api::namespaced(server.admin_client(), "ml");
     let rv = server.resource_version().to_string();
     let watch = pods
         .watch(
@@ -432,7 +432,7 @@ fn list_requests(server: &ApiServer, resource: &str) -> usize {
 #[tokio::test]
 async fn a_kube_watcher_survives_a_cut_watch_and_a_410_relist() {
     let server = seeded().await;
-    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    let cms: Api<ConfigMap> = Api::namespaced(server.admin_client(), "default");
     server
         .create_object(serde_json::to_value(configmap("a")).expect("json"))
         .expect("a");
@@ -503,7 +503,7 @@ async fn a_kube_watcher_survives_a_cut_watch_and_a_410_relist() {
 #[tokio::test]
 async fn patches_of_every_content_type() {
     let server = seeded().await;
-    let client = server.client();
+    let client = server.admin_client();
     let pods: Api<Pod> = Api::namespaced(client.clone(), "ml");
 
     let merged = pods
@@ -655,7 +655,7 @@ async fn patches_of_every_content_type() {
 #[tokio::test]
 async fn update_create_and_delete_conflicts() {
     let server = seeded().await;
-    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "kube-system");
+    let cms: Api<ConfigMap> = Api::namespaced(server.admin_client(), "kube-system");
     let current = cms.get("settings").await.expect("gets");
     let mut stale = current.clone();
     let mut fresh = current.clone();
@@ -721,7 +721,7 @@ async fn update_create_and_delete_conflicts() {
 #[tokio::test]
 async fn binding_sets_the_node_once_with_a_uid_precondition() {
     let server = seeded().await;
-    let client = server.client();
+    let client = server.admin_client();
     let trainer: Pod = server
         .get_as("pods", Some("ml"), "trainer")
         .expect("seeded");
@@ -774,7 +774,7 @@ async fn binding_sets_the_node_once_with_a_uid_precondition() {
 #[tokio::test]
 async fn node_status_patches_change_only_the_status() {
     let server = seeded().await;
-    let client = server.client();
+    let client = server.admin_client();
     gpushare::k8s::write::patch_node_gpu_count(&client, "gpu-node-2", 4)
         .await
         .expect("patches nodes/status");
@@ -826,7 +826,7 @@ async fn node_status_patches_change_only_the_status() {
 #[tokio::test]
 async fn injected_faults_reach_the_client_then_expire() {
     let server = seeded().await;
-    let pods: Api<Pod> = Api::namespaced(server.client(), "ml");
+    let pods: Api<Pod> = Api::namespaced(server.admin_client(), "ml");
     let patch = Patch::Merge(json!({ "metadata": { "annotations": { "f": "1" } } }));
 
     for (code, reason) in [(409, "Conflict"), (500, "InternalError")] {
@@ -872,6 +872,7 @@ async fn injected_faults_reach_the_client_then_expire() {
     );
     // ...and a client without the default retry layer sees the Status.
     let mut config = kube::Config::new(server.url().parse().expect("a URL"));
+    config.auth_info.token = Some(server.admin_token().into());
     config.default_retry = false;
     let no_retry: Api<Pod> =
         Api::namespaced(kube::Client::try_from(config).expect("a client"), "ml");
@@ -946,13 +947,24 @@ async fn injected_faults_reach_the_client_then_expire() {
 }
 
 #[tokio::test]
-async fn self_subject_access_reviews_follow_the_deny_rules() {
+async fn self_subject_access_reviews_answer_from_the_stored_rbac() {
     let server = seeded().await;
-    server.deny_access("create", "pods/binding");
-    let reviews: Api<SelfSubjectAccessReview> = Api::all(server.client());
+    server
+        .seed_yaml(
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: patcher, namespace: ml}\n---\n\
+             apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: patch-pods, namespace: ml}\n\
+             rules: [{apiGroups: [''], resources: [pods], verbs: [patch]}]\n---\n\
+             apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {name: patcher, namespace: ml}\n\
+             roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: patch-pods}\n\
+             subjects: [{kind: ServiceAccount, name: patcher}]\n",
+        )
+        .expect("RBAC seeded");
+    let patcher = server.client_for(&Identity::service_account("ml", "patcher"));
+    let reviews: Api<SelfSubjectAccessReview> = Api::all(patcher);
     let review = |verb: &str, resource: &str, subresource: Option<&str>| SelfSubjectAccessReview {
         spec: SelfSubjectAccessReviewSpec {
             resource_attributes: Some(ResourceAttributes {
+                namespace: Some("ml".into()),
                 verb: Some(verb.into()),
                 resource: Some(resource.into()),
                 subresource: subresource.map(str::to_string),
@@ -975,6 +987,16 @@ async fn self_subject_access_reviews_follow_the_deny_rules() {
         .await
         .expect("a review");
     assert!(!denied.status.expect("a status").allowed);
+    // The administrator (system:masters) may do anything.
+    let admin: Api<SelfSubjectAccessReview> = Api::all(server.admin_client());
+    let review = admin
+        .create(
+            &PostParams::default(),
+            &review("create", "pods", Some("binding")),
+        )
+        .await
+        .expect("a review");
+    assert!(review.status.expect("a status").allowed);
 }
 
 /// Raw HTTP against the server, for malformed input.
@@ -985,7 +1007,7 @@ async fn raw(
     content_type: &str,
     body: &str,
 ) -> (u16, Value) {
-    let client = server.client();
+    let client = server.admin_client();
     let request = http::Request::builder()
         .method(method)
         .uri(path)
@@ -1109,7 +1131,7 @@ async fn bad_input_gets_status_objects() {
 #[tokio::test]
 async fn discovery_documents() {
     let server = ApiServer::start().await.expect("starts");
-    let client = server.client();
+    let client = server.admin_client();
     let version = client.apiserver_version().await.expect("/version");
     assert_eq!(version.major, "1");
     let core = client.list_core_api_resources("v1").await.expect("/api/v1");
@@ -1192,7 +1214,7 @@ impl Kubectl {
     fn new(name: &str, server: &ApiServer) -> Kubectl {
         Kubectl {
             binary: kubectl_binary(name),
-            kubeconfig: server.kubeconfig_path(),
+            kubeconfig: server.admin_kubeconfig_path(),
             cache: tempfile::tempdir().expect("a cache dir"),
         }
     }
@@ -1489,7 +1511,7 @@ async fn every_sdk_kubectl_lists_and_creates() {
 #[tokio::test]
 async fn watches_send_bookmarks_end_on_timeout_and_stream_initial_events() {
     let server = seeded().await;
-    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    let cms: Api<ConfigMap> = Api::namespaced(server.admin_client(), "default");
     let rv = server.resource_version().to_string();
     let mut bookmarked = cms
         .watch(&WatchParams::default(), &rv)
@@ -1542,7 +1564,7 @@ async fn leases_and_events_round_trip() {
     use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::api::events::v1::Event as NewEvent;
     let server = ApiServer::start().await.expect("starts");
-    let client = server.client();
+    let client = server.admin_client();
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-system");
     let lease: Lease = serde_json::from_value(json!({
         "metadata": { "name": "gpushare-extender" },

@@ -77,7 +77,7 @@ async fn cluster() -> ApiServer {
 #[tokio::test]
 async fn resource_k8s_io_v1_is_discoverable_and_typed() {
     let server = cluster().await;
-    let client = server.client();
+    let client = server.admin_client();
     let list: Value = client
         .request(
             http::Request::get("/apis/resource.k8s.io/v1")
@@ -142,7 +142,7 @@ async fn resource_k8s_io_v1_is_discoverable_and_typed() {
 async fn a_templated_pod_gets_its_claim_allocated_on_one_gpu_and_bound_then_released() {
     let server = cluster().await;
     server.create_object(gpu_pod("p1")).expect("the pod");
-    let allocator = DraAllocator::new(server.client());
+    let allocator = DraAllocator::new(server.admin_client());
     let pass = allocator.reconcile().await.expect("a pass");
     assert_eq!(pass.created.len(), 1, "{pass:?}");
     assert_eq!(
@@ -278,12 +278,12 @@ async fn a_claim_created_whose_answer_was_lost_is_found_not_duplicated() {
             "spec": { "devices": { "requests": [{ "name": "main", "exactly": { "deviceClassName": "gpu-mem.gpushare.io" } }] } },
         }))
         .expect("the earlier claim");
-    let pass = DraAllocator::new(server.client())
+    let pass = DraAllocator::new(server.admin_client())
         .reconcile()
         .await
         .expect("a pass");
     assert!(pass.created.is_empty(), "{pass:?}");
-    let claims = Api::<ResourceClaim>::namespaced(server.client(), "default")
+    let claims = Api::<ResourceClaim>::namespaced(server.admin_client(), "default")
         .list(&ListParams::default())
         .await
         .expect("claims");
@@ -331,7 +331,7 @@ spec:
     pod["spec"]["containers"] = json!([{ "name": "main", "image": "x",
         "resources": { "claims": [{ "name": "gpu" }] } }]);
     server.create_object(pod).expect("the pod");
-    let allocator = DraAllocator::new(server.client());
+    let allocator = DraAllocator::new(server.admin_client());
     for _ in 0..2 {
         let pass = allocator.reconcile().await.expect("a pass");
         assert!(pass.bound.is_empty(), "{pass:?}");

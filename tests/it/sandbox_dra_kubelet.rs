@@ -346,12 +346,16 @@ async fn the_dra_kubelet_registers_prepares_reads_health_and_unprepares_after_th
     let dir = short_tempdir();
     let running = start_plugin(
         dir.path(),
-        server.client(),
+        server.admin_client(),
         "DRAPlugin",
         &[v1::SERVICE, v1beta1::SERVICE, health_v1::SERVICE],
     );
-    let kubelet =
-        DraKubelet::start(&dir.path().join("registry"), "node-a", server.client()).expect("starts");
+    let kubelet = DraKubelet::start(
+        &dir.path().join("registry"),
+        "node-a",
+        server.admin_client(),
+    )
+    .expect("starts");
     let info = kubelet.wait_registered(DRIVER).await.expect("registers");
     assert_eq!(info.endpoint, dir.path().join("plugin/dra.sock"));
     assert_eq!(info.health_service.as_deref(), Some(health_v1::SERVICE));
@@ -366,7 +370,7 @@ async fn the_dra_kubelet_registers_prepares_reads_health_and_unprepares_after_th
     );
 
     server.create_object(pod("p")).expect("pod");
-    let allocator = DraAllocator::new(server.client());
+    let allocator = DraAllocator::new(server.admin_client());
     assert_eq!(allocator.reconcile().await.expect("a pass").bound.len(), 1);
     let report = kubelet.sync().await.expect("a sync");
     assert_eq!(report.prepared, ["default/p"]);
@@ -436,15 +440,19 @@ async fn a_v1beta1_plugin_is_called_through_v1beta1_and_a_wrong_type_is_refused(
     let dir = short_tempdir();
     let running = start_plugin(
         dir.path(),
-        server.client(),
+        server.admin_client(),
         "DRAPlugin",
         &[v1beta1::SERVICE],
     );
-    let kubelet =
-        DraKubelet::start(&dir.path().join("registry"), "node-a", server.client()).expect("starts");
+    let kubelet = DraKubelet::start(
+        &dir.path().join("registry"),
+        "node-a",
+        server.admin_client(),
+    )
+    .expect("starts");
     kubelet.wait_registered(DRIVER).await.expect("registers");
     server.create_object(pod("p")).expect("pod");
-    DraAllocator::new(server.client())
+    DraAllocator::new(server.admin_client())
         .reconcile()
         .await
         .expect("a pass");
@@ -457,9 +465,18 @@ async fn a_v1beta1_plugin_is_called_through_v1beta1_and_a_wrong_type_is_refused(
     drop(running);
 
     let dir = short_tempdir();
-    let wrong = start_plugin(dir.path(), server.client(), "CSIPlugin", &[v1::SERVICE]);
-    let kubelet =
-        DraKubelet::start(&dir.path().join("registry"), "node-a", server.client()).expect("starts");
+    let wrong = start_plugin(
+        dir.path(),
+        server.admin_client(),
+        "CSIPlugin",
+        &[v1::SERVICE],
+    );
+    let kubelet = DraKubelet::start(
+        &dir.path().join("registry"),
+        "node-a",
+        server.admin_client(),
+    )
+    .expect("starts");
     let plugins = kubelet
         .wait_plugins("a refusal", |ps| ps.iter().any(|p| p.error.is_some()))
         .await
@@ -489,22 +506,23 @@ async fn grpcio_dra_kubelet_registers_prepares_watches_health_and_unprepares() {
     };
     let server = cluster().await;
     server.create_object(pod("p")).expect("pod");
-    DraAllocator::new(server.client())
+    DraAllocator::new(server.admin_client())
         .reconcile()
         .await
         .expect("a pass");
-    let claims: Vec<ResourceClaim> = Api::<ResourceClaim>::namespaced(server.client(), "default")
-        .list(&Default::default())
-        .await
-        .expect("claims")
-        .items;
+    let claims: Vec<ResourceClaim> =
+        Api::<ResourceClaim>::namespaced(server.admin_client(), "default")
+            .list(&Default::default())
+            .await
+            .expect("claims")
+            .items;
     let claim = &claims[0];
     let uid = claim.metadata.uid.clone().expect("uid");
     let name = claim.metadata.name.clone().expect("name");
     let dir = short_tempdir();
     let running = start_plugin(
         dir.path(),
-        server.client(),
+        server.admin_client(),
         "DRAPlugin",
         &[v1::SERVICE, v1beta1::SERVICE, health_v1::SERVICE],
     );

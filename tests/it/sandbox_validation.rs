@@ -59,7 +59,7 @@ async fn send(server: &ApiServer, method: http::Method, path: &str, body: &Value
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(body.to_string().into_bytes())
         .expect("a request");
-    match server.client().request::<Value>(request).await {
+    match server.admin_client().request::<Value>(request).await {
         Ok(v) => Answer::Stored(v),
         Err(kube::Error::Api(status)) => Answer::Refused {
             code: status.code,
@@ -578,7 +578,7 @@ async fn a_refusal_is_upstreams_invalid_status_and_stores_nothing() {
     );
 
     // Through kube-rs' typed API too: a typed client sees the 422.
-    let api: Api<ResourceSlice> = Api::all(server.client());
+    let api: Api<ResourceSlice> = Api::all(server.admin_client());
     let typed: ResourceSlice = serde_json::from_value(slice_of(gpus(129))).expect("typed");
     match api.create(&PostParams::default(), &typed).await {
         Err(kube::Error::Api(s)) => assert_eq!((s.code, s.reason.as_str()), (422, "Invalid")),
@@ -671,7 +671,7 @@ async fn each_version_drops_the_fields_its_default_gates_leave_out() {
             .set_kubernetes_version(minor)
             .expect("a played version");
         let version: Value = server
-            .client()
+            .admin_client()
             .request(
                 http::Request::get("/version")
                     .body(Vec::new())

@@ -44,7 +44,7 @@ impl Env {
     async fn start_with(config: Config, seed: impl FnOnce(&ApiServer)) -> Env {
         let api = ApiServer::start().await.expect("sandbox API server starts");
         seed(&api);
-        let ext = extender::start(&config, api.client(), Shutdown::never())
+        let ext = extender::start(&config, api.admin_client(), Shutdown::never())
             .await
             .expect("extender starts");
         ext.wait_ready().await.expect("extender becomes ready");
@@ -589,7 +589,7 @@ async fn a_reservation_of_unknown_outcome_survives_a_restart() {
     hold.wait_reached(1).await;
     // The process stops (a restart) with its Binding still held at the API server.
     env.ext.stop().await;
-    let ext = extender::start(&c, env.api.client(), Shutdown::never())
+    let ext = extender::start(&c, env.api.admin_client(), Shutdown::never())
         .await
         .expect("the extender restarts");
     ext.wait_ready().await.expect("ready again");
@@ -639,7 +639,7 @@ async fn a_found_reservation_expires_after_the_settle_window() {
         "{:?}",
         annotations(&env.api, "p")
     );
-    let ext = extender::start(&c, env.api.client(), Shutdown::never())
+    let ext = extender::start(&c, env.api.admin_client(), Shutdown::never())
         .await
         .expect("the extender restarts");
     ext.wait_ready().await.expect("ready again");

@@ -88,7 +88,7 @@ fn config() -> Config {
 }
 
 async fn start(api: &ApiServer) -> ExtenderHandle {
-    let ext = extender::start(&config(), api.client(), Shutdown::never())
+    let ext = extender::start(&config(), api.admin_client(), Shutdown::never())
         .await
         .expect("extender starts");
     ext.wait_ready().await.expect("extender becomes ready");

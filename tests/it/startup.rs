@@ -73,7 +73,7 @@ async fn the_preflight_waits_out_an_api_server_that_does_not_answer_yet() {
     let mut c = config.clone();
     c.extender.bind_address = [127, 0, 0, 1].into();
     c.extender.port = 0;
-    let ext = gpushare::extender::start(&c, api.client(), Shutdown::never())
+    let ext = gpushare::extender::start(&c, api.admin_client(), Shutdown::never())
         .await
         .expect("extender starts");
     ext.wait_ready().await.expect("extender ready");
@@ -159,7 +159,7 @@ async fn the_extender_process_waits_for_the_api_server_and_then_serves() {
         .args(["extender", "--skip-doctor", "--bind-address", "127.0.0.1"])
         .args(["--port", &port.to_string()])
         .arg("--kubeconfig")
-        .arg(api.kubeconfig_path())
+        .arg(api.admin_kubeconfig_path())
         .env("GPUSHARE_LOG__FORMAT", "json")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -243,7 +243,7 @@ async fn the_device_plugin_lists_its_pods_while_its_preflight_runs() {
     );
     let mut child = tokio::process::Command::new(crate::support::bin())
         .arg("device-plugin")
-        .env("KUBECONFIG", api.kubeconfig_path())
+        .env("KUBECONFIG", api.admin_kubeconfig_path())
         .env("NODE_NAME", "gpu-node-1")
         .env("GPUSHARE_GPU__BACKEND", "fake")
         .env("GPUSHARE_GPU__FAKE_GPUS", "2x16GiB")

@@ -45,7 +45,7 @@ impl Watching {
     fn start(api: &ApiServer, list_from: ListFrom) -> Watching {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let (stop, shutdown) = shutdown::channel();
-        let cms: Api<ConfigMap> = Api::namespaced(api.client(), "default");
+        let cms: Api<ConfigMap> = Api::namespaced(api.admin_client(), "default");
         let (events, errors) = (seen.clone(), seen.clone());
         let task = tokio::spawn(async move {
             drive(

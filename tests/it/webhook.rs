@@ -277,7 +277,7 @@ fn text(secret: &Secret, key: &str) -> String {
 async fn self_signed(api: &ApiServer, refresh: Duration) -> WebhookHandle {
     let mut c = config();
     c.webhook.self_signed = true;
-    webhook::start(&c, Some(api.client()), refresh, Shutdown::never())
+    webhook::start(&c, Some(api.admin_client()), refresh, Shutdown::never())
         .await
         .expect("webhook starts")
 }
@@ -424,7 +424,7 @@ async fn the_sandbox_api_server_calls_the_webhooks_on_pod_create() {
     webhook_configs(&api);
     let hook = self_signed(&api, webhook::DEFAULT_REFRESH).await;
     api.route_service("kube-system", "gpushare-webhook", hook.addr);
-    let pods: Api<Pod> = Api::namespaced(api.client(), "default");
+    let pods: Api<Pod> = Api::namespaced(api.admin_client(), "default");
     let created = pods
         .create(
             &PostParams::default(),
@@ -474,7 +474,7 @@ async fn the_sandbox_api_server_calls_the_webhooks_on_pod_create() {
     api.create_object(json!({ "apiVersion": "v1", "kind": "Namespace",
         "metadata": { "name": "legacy", "labels": { "gpushare.io/webhook": "disabled" } } }))
         .expect("ns");
-    let legacy: Api<Pod> = Api::namespaced(api.client(), "legacy");
+    let legacy: Api<Pod> = Api::namespaced(api.admin_client(), "legacy");
     let created = legacy
         .create(
             &PostParams::default(),
@@ -549,7 +549,7 @@ async fn kubectl_sees_the_pod_routed_and_the_refusal_explained() {
             yaml_serde::to_string(&gpu_pod(&format!("bad{i}"), "-1", None)).expect("yaml"),
         )
         .expect("write");
-        let kubeconfig = api.kubeconfig_path();
+        let kubeconfig = api.admin_kubeconfig_path();
         let kubectl = kubectl.to_string();
         // kubectl keeps its discovery cache under $HOME/.kube: a HOME of the test's own.
         let home = dir.path().to_path_buf();

@@ -76,7 +76,7 @@ async fn cluster_with(
     tweak(&mut c);
     let hook = webhook::start(
         &c,
-        Some(api.client()),
+        Some(api.admin_client()),
         webhook::DEFAULT_REFRESH,
         Shutdown::never(),
     )
@@ -98,7 +98,7 @@ fn two_container_pod(name: &str) -> Pod {
 }
 
 async fn create(api: &ApiServer, ns: &str, pod: &Pod) -> Pod {
-    let pods: Api<Pod> = Api::namespaced(api.client(), ns);
+    let pods: Api<Pod> = Api::namespaced(api.admin_client(), ns);
     pods.create(&PostParams::default(), pod)
         .await
         .expect("the pod is admitted")
@@ -182,7 +182,7 @@ async fn a_gpu_mem_pod_becomes_one_claim_that_the_allocator_places_on_one_gpu() 
         requests[1]["exactly"]["capacity"]["requests"]["memory"],
         (2 * GIB).to_string()
     );
-    let pass = DraAllocator::new(api.client())
+    let pass = DraAllocator::new(api.admin_client())
         .reconcile()
         .await
         .expect("a pass");
@@ -237,7 +237,7 @@ async fn the_namespace_label_wins_over_the_cluster_path_both_ways() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dry_run_is_rewritten_but_creates_nothing() {
     let (api, hook) = cluster(GpuMemPath::Dra).await;
-    let pods: Api<Pod> = Api::namespaced(api.client(), "dra-ns");
+    let pods: Api<Pod> = Api::namespaced(api.admin_client(), "dra-ns");
     let answered = pods
         .create(
             &PostParams {

@@ -1,6 +1,8 @@
 //! The repository's own rules, checked: `tests/README.md` lists every module of this test
 //! binary and of its `support` (and no module that is gone), and every crate of the workspace
-//! opts into the workspace lints, which forbid `unsafe` code.
+//! opts into the workspace lints, which forbid `unsafe` code, but the named exceptions (the
+//! CUDA memory limiter; NVML's per-cgroup memory limits), each with its reason and lints of its
+//! own.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -94,25 +96,86 @@ fn manifests() -> Vec<(String, toml::Table)> {
     out
 }
 
+/// A crate allowed `unsafe` code: why, and the lints it must deny instead (every `unsafe` block
+/// says why it is sound, and what else its setting needs).
+struct UnsafeException {
+    manifest: &'static str,
+    why: &'static str,
+    denies: &'static [(&'static str, &'static str)],
+}
+
+/// The crates allowed `unsafe` code.
+const UNSAFE_EXCEPTIONS: &[UnsafeException] = &[
+    UnsafeException {
+        manifest: "crates/limiter/Cargo.toml",
+        why: "the CUDA memory limiter is a library the dynamic loader preloads into containers' \
+              programs, made of C calls (dlsym, fcntl, mmap) and raw pointers handed over by the \
+              driver API; a panic aborts the program it is loaded into",
+        denies: &[
+            ("rust", "unsafe_op_in_unsafe_fn"),
+            ("rust", "missing_docs"),
+            ("clippy", "undocumented_unsafe_blocks"),
+            ("clippy", "unwrap_used"),
+            ("clippy", "expect_used"),
+            ("clippy", "panic"),
+            ("clippy", "indexing_slicing"),
+        ],
+    },
+    UnsafeException {
+        manifest: "crates/nvml-limits/Cargo.toml",
+        why: "NVML's per-cgroup memory limits (nvmlDeviceSetMemoryLimits_v1 / \
+              GetMemoryLimits_v1) have no binding in nvml-wrapper: two C functions called \
+              through symbols resolved at run time",
+        denies: &[
+            ("rust", "unsafe_op_in_unsafe_fn"),
+            ("rust", "missing_docs"),
+            ("clippy", "undocumented_unsafe_blocks"),
+            ("clippy", "multiple_unsafe_ops_per_block"),
+        ],
+    },
+];
+
 #[test]
-fn every_crate_forbids_unsafe_code() {
+fn every_crate_forbids_unsafe_code_but_the_named_exceptions() {
     let all = manifests();
-    assert!(
-        all.len() >= 4,
-        "the root and its three crates: {}",
-        all.len()
-    );
+    assert!(all.len() >= 7, "the root and its six crates: {}", all.len());
     let root = &all[0].1;
     assert_eq!(
         root["workspace"]["lints"]["rust"]["unsafe_code"].as_str(),
         Some("forbid"),
         "[workspace.lints.rust] unsafe_code = \"forbid\" in Cargo.toml"
     );
+    let mut excepted = 0;
     for (path, manifest) in &all {
-        let opted_in = manifest
-            .get("lints")
+        let lints = manifest.get("lints");
+        let opted_in = lints
             .and_then(|l| l.get("workspace"))
             .and_then(toml::Value::as_bool);
+        if let Some(exception) = UNSAFE_EXCEPTIONS.iter().find(|e| e.manifest == path) {
+            excepted += 1;
+            assert!(!exception.why.is_empty(), "{path}: the reason");
+            assert_eq!(
+                opted_in, None,
+                "{path}: its own [lints], not the workspace's"
+            );
+            for (group, lint) in exception.denies {
+                let level = lints
+                    .and_then(|l| l.get(*group))
+                    .and_then(|g| g.get(*lint))
+                    .and_then(toml::Value::as_str);
+                assert_eq!(
+                    level,
+                    Some("deny"),
+                    "{path}: [lints.{group}] {lint} = \"deny\""
+                );
+            }
+            continue;
+        }
         assert_eq!(opted_in, Some(true), "{path}: [lints] workspace = true");
     }
+    assert_eq!(
+        excepted,
+        UNSAFE_EXCEPTIONS.len(),
+        "every exception is a workspace member"
+    );
 }

@@ -42,6 +42,11 @@ pub const ENV_MPS_PINNED_MEM_LIMIT: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
 pub const ENV_MPS_ACTIVE_THREAD_PERCENTAGE: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
 /// Container env set in MPS mode: where the MPS control pipes are.
 pub const ENV_MPS_PIPE_DIRECTORY: &str = "CUDA_MPS_PIPE_DIRECTORY";
+/// Container env under driver enforcement (NVIDIA's container toolkit reads it for its own
+/// `apply-cuda-memory-limits` hook): the soft limit in MiB.
+pub const ENV_GPU_MEMORY_REQUEST: &str = "NVIDIA_GPU_MEMORY_REQUEST";
+/// Container env under driver enforcement: the hard limit in MiB.
+pub const ENV_GPU_MEMORY_LIMIT: &str = "NVIDIA_GPU_MEMORY_LIMIT";
 
 /// Node label that selects the device plugin DaemonSet.
 pub const LABEL_GPUSHARE: &str = "gpushare";
@@ -89,6 +94,11 @@ pub const NODE_ANN_DEVICES: &str = "gpushare.io/devices";
 pub const NODE_ANN_EXCLUDED_GPUS: &str = "gpushare.io/excluded-gpus";
 /// Node annotation (ours): the unit the device plugin counts in (`GiB`, `MiB`, `256MiB`).
 pub const NODE_ANN_MEMORY_UNIT: &str = "gpushare.io/memory-unit";
+/// Node annotation (ours): under driver enforcement, each served container's GPU memory limit
+/// and use as the node agent last read them back, as JSON
+/// `[{"namespace":"d","pod":"p","container":"c","gpu":"GPU-…","index":0,"expected":4294967296,
+/// "limit":4294967296,"used":1073741824,"state":"enforced"}]` (bytes).
+pub const NODE_ANN_CONTAINER_GPU_MEMORY: &str = "gpushare.io/container-gpu-memory";
 /// Pod annotation (ours): names of the pod's GPU containers already allocated, comma-separated.
 pub const POD_ANN_ALLOCATED_CONTAINERS: &str = "gpushare.io/allocated-containers";
 /// Pod annotation (ours): the reservation a bind holds while its Binding may still land, as

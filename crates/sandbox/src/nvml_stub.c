@@ -14,15 +14,44 @@
  *   noevents <gpu_index>                               (that GPU supports no events)
  *   mig <gpu_index>                                    (MIG mode enabled on that GPU; after its gpu line)
  *   events <path>                                      (default: nvml_stub.events beside the config)
+ *   memacct dmem|misc|off                              (per-cgroup memory limits; default off)
+ *   cgroup_root <path>                                 (the fake /sys/fs/cgroup; default /sys/fs/cgroup)
+ *   fail_set <code>                                    (nvmlDeviceSetMemoryLimits_v1 answers <code>)
  * A missing config file makes nvmlInit fail with NVML_ERROR_DRIVER_NOT_LOADED, as NVML does
  * on a machine without the driver.
  *
  * XID events: nvmlEventSetWait_v2 re-reads the events file; each line `xid <gpu_index> <xid>`
  * is delivered once to every event set that existed when the line was appended and that has
  * the GPU registered (tracked by line number; lines present when a set is created are old).
+ *
+ * Per-cgroup memory limits (driver R615, "MPS v3 memory partitioning"), over a fake cgroup tree
+ * under cgroup_root, with NVML's semantics as documented (nothing here is measured on a GPU):
+ *   nvmlDeviceSetMemoryLimits_v1 / nvmlDeviceGetMemoryLimits_v1 take the full path of a cgroup
+ *   directory. A MIG-enabled GPU answers NOT_SUPPORTED; so does `memacct off`. A path that is no
+ *   directory answers NOT_FOUND.
+ *   - dmem: the limits live in the cgroup's own files, one line `nvidia/<pci>/vidmem <bytes|max>`
+ *     per GPU: hard in dmem.max, soft in dmem.min, use in dmem.current. A cgroup without
+ *     dmem.max (its parent did not enable +dmem) cannot be set (NOT_FOUND) and reads its nearest
+ *     dmem-enabled ancestor. Setting a soft limit adds the change to dmem.min of every ancestor
+ *     up to the first without dmem.min (the driver's propagation); removing a directory does not.
+ *   - misc: the driver's own map, kept in `<config>.misc` beside the config (`<pci> <path> <soft>
+ *     <hard> <used>`): a cgroup reads its nearest limited ancestor, and one without any answers
+ *     NOT_SUPPORTED (what R615's misc backend does for a cgroup no limit reaches).
+ *   nvmlDeviceGetMemoryInfo_v2 reports the calling process's hard limit as the total (the
+ *   process's cgroup: $NVML_STUB_CGROUP, a full path, else /proc/self/cgroup under cgroup_root).
+ *   nvmlStubAllocate(device, bytes) is the stub's stand-in for a CUDA allocation in the calling
+ *   process's cgroup: NVML_ERROR_MEMORY past a hard limit (dmem: any level from the cgroup up),
+ *   else the bytes are counted as used. nvml_stub_workload.c calls it as a container would.
+ * Built with -DNVML_STUB_NO_MEMORY_LIMITS the library has no memory-limit symbols at all (a
+ * driver older than R615).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +68,7 @@ enum {
   NVML_ERROR_INSUFFICIENT_SIZE = 7,
   NVML_ERROR_DRIVER_NOT_LOADED = 9,
   NVML_ERROR_TIMEOUT = 10,
+  NVML_ERROR_MEMORY = 20,
   NVML_ERROR_UNKNOWN = 999,
 };
 
@@ -46,6 +76,8 @@ enum {
 #define MAX_GPUS 64
 #define MAX_SETS 64
 #define PATH_LEN 4096
+/* Paths made from a PATH_LEN path and a file name. */
+#define DERIVED_LEN (PATH_LEN + 64)
 
 struct nvmlDevice_st {
   unsigned index;
@@ -108,6 +140,10 @@ static struct nvmlDevice_st gpus[MAX_GPUS];
 static unsigned gpu_count = 0;
 static char events_path[PATH_LEN] = "";
 static struct nvmlEventSet_st sets[MAX_SETS];
+static char config_file[PATH_LEN] = "";
+static int memacct = 0; /* 0 off, 1 misc, 2 dmem */
+static char cgroup_root[PATH_LEN] = "/sys/fs/cgroup";
+static int fail_set = 0;
 
 static void config_path(char *out, size_t len) {
   const char *env = getenv("NVML_STUB_CONFIG");
@@ -141,6 +177,7 @@ static nvmlReturn_t load_config(void) {
   FILE *f = path[0] ? fopen(path, "r") : NULL;
   if (!f) return NVML_ERROR_DRIVER_NOT_LOADED;
   gpu_count = 0;
+  snprintf(config_file, sizeof config_file, "%s", path);
   snprintf(events_path, sizeof events_path, "%s", path);
   char *slash = strrchr(events_path, '/');
   if (slash)
@@ -160,6 +197,12 @@ static nvmlReturn_t load_config(void) {
       snprintf(nvml_version, sizeof nvml_version, "%s", rest);
     } else if (!strcmp(word, "cuda")) {
       cuda_version = atoi(rest);
+    } else if (!strcmp(word, "memacct")) {
+      memacct = !strcmp(rest, "dmem") ? 2 : !strcmp(rest, "misc") ? 1 : 0;
+    } else if (!strcmp(word, "cgroup_root")) {
+      snprintf(cgroup_root, sizeof cgroup_root, "%s", rest);
+    } else if (!strcmp(word, "fail_set")) {
+      fail_set = atoi(rest);
     } else if (!strcmp(word, "events")) {
       snprintf(events_path, sizeof events_path, "%s", rest);
     } else if (!strcmp(word, "mig")) {
@@ -225,6 +268,8 @@ const char *nvmlErrorString(nvmlReturn_t r) {
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
     case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
     case NVML_ERROR_TIMEOUT: return "Timeout";
+    case 4: return "Insufficient Permissions";
+    case NVML_ERROR_MEMORY: return "Insufficient Memory";
     default: return "Unknown Error";
   }
 }
@@ -334,13 +379,20 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
   return NVML_SUCCESS;
 }
 
+static int caller_limit(nvmlDevice_t d, unsigned long long *hard, unsigned long long *used);
+
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
   REQUIRE_DEVICE(d);
   if (!m) return NVML_ERROR_INVALID_ARGUMENT;
   m->total = d->memory_mib << 20;
   m->reserved = 0;
   m->used = 0;
-  m->free = m->total;
+  unsigned long long hard, used;
+  if (caller_limit(d, &hard, &used) && hard < m->total) {
+    m->total = hard;
+    m->used = used;
+  }
+  m->free = m->total > m->used ? m->total - m->used : 0;
   return NVML_SUCCESS;
 }
 
@@ -462,4 +514,342 @@ nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
   set->in_use = 0;
   pthread_mutex_unlock(&lock);
   return NVML_SUCCESS;
+}
+
+/* ---- Per-cgroup memory limits ------------------------------------------------------------ */
+
+#define LIMIT_MAX 0xFFFFFFFFFFFFFFFFULL
+
+typedef struct {
+  const char *nameSpace;
+  unsigned long long softLimit;
+  unsigned long long hardLimit;
+} nvmlSetMemoryLimits_v1_t;
+
+typedef struct {
+  const char *nameSpace;
+  unsigned long long softLimit;
+  unsigned long long hardLimit;
+  unsigned long long currentUsed;
+} nvmlGetMemoryLimits_v1_t;
+
+/* A lock beside the config, so the hook, the node agent and workloads (separate processes)
+ * never interleave a read-modify-write of the limit files. */
+static int lock_state(void) {
+  char path[DERIVED_LEN];
+  snprintf(path, sizeof path, "%s.lock", config_file);
+  int fd = open(path, O_RDWR | O_CREAT, 0644);
+  if (fd >= 0) flock(fd, LOCK_EX);
+  return fd;
+}
+static void unlock_state(int fd) {
+  if (fd >= 0) {
+    flock(fd, LOCK_UN);
+    close(fd);
+  }
+}
+
+static int is_dir(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int is_file(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static void dmem_key(nvmlDevice_t d, char *out, size_t n) {
+  char pci[32];
+  snprintf(pci, sizeof pci, "%s", d->pci_bus_id);
+  for (char *c = pci; *c; c++)
+    if (*c >= 'A' && *c <= 'Z') *c = (char)(*c - 'A' + 'a');
+  snprintf(out, n, "nvidia/%s/vidmem", pci);
+}
+
+/* The value of `key` in `dir/file` (lines `key value`, value a number or max); 1 when found. */
+static int read_keyed(const char *dir, const char *file, const char *key, unsigned long long *v) {
+  char path[DERIVED_LEN];
+  snprintf(path, sizeof path, "%s/%s", dir, file);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  char line[512], k[256], val[64];
+  int found = 0;
+  while (!found && fgets(line, sizeof line, f)) {
+    if (sscanf(line, "%255s %63s", k, val) == 2 && !strcmp(k, key)) {
+      *v = !strcmp(val, "max") ? LIMIT_MAX : strtoull(val, NULL, 10);
+      found = 1;
+    }
+  }
+  fclose(f);
+  return found;
+}
+
+/* Rewrites `dir/file` with `key value` replaced or added; other lines kept. */
+static int write_keyed(const char *dir, const char *file, const char *key, unsigned long long v) {
+  char path[DERIVED_LEN], tmp[DERIVED_LEN + 8];
+  snprintf(path, sizeof path, "%s/%s", dir, file);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *in = fopen(path, "r");
+  FILE *out = fopen(tmp, "w");
+  if (!out) {
+    if (in) fclose(in);
+    return 0;
+  }
+  char line[512], k[256];
+  int done = 0;
+  while (in && fgets(line, sizeof line, in)) {
+    if (sscanf(line, "%255s", k) == 1 && !strcmp(k, key)) {
+      if (v == LIMIT_MAX) fprintf(out, "%s max\n", key);
+      else fprintf(out, "%s %llu\n", key, v);
+      done = 1;
+    } else {
+      fputs(line, out);
+    }
+  }
+  if (!done) {
+    if (v == LIMIT_MAX) fprintf(out, "%s max\n", key);
+    else fprintf(out, "%s %llu\n", key, v);
+  }
+  if (in) fclose(in);
+  fclose(out);
+  return rename(tmp, path) == 0;
+}
+
+/* Strips the last component of `path`; 0 when `path` is (or is above) the cgroup root. */
+static int to_parent(char *path) {
+  size_t root = strlen(cgroup_root);
+  while (root > 1 && cgroup_root[root - 1] == '/') root--;
+  if (strlen(path) <= root || strncmp(path, cgroup_root, root) != 0) return 0;
+  char *slash = strrchr(path, '/');
+  if (!slash || (size_t)(slash - path) < root) return 0;
+  *slash = 0;
+  return 1;
+}
+
+/* The calling process's cgroup directory (full path); 0 when unknown. */
+static int caller_cgroup(char *out, size_t n) {
+  const char *env = getenv("NVML_STUB_CGROUP");
+  if (env && *env) {
+    snprintf(out, n, "%s", env);
+    return 1;
+  }
+  FILE *f = fopen("/proc/self/cgroup", "r");
+  if (!f) return 0;
+  char line[PATH_LEN];
+  int found = 0;
+  while (!found && fgets(line, sizeof line, f)) {
+    trim(line);
+    if (!strncmp(line, "0::", 3)) {
+      snprintf(out, n, "%s%s", cgroup_root, line + 3);
+      found = 1;
+    }
+  }
+  fclose(f);
+  return found;
+}
+
+/* misc: the line of the nearest limited ancestor-or-self of `path` for GPU `pci`. */
+static int misc_find(const char *pci, const char *path, char *found_path, unsigned long long *soft,
+                     unsigned long long *hard, unsigned long long *used) {
+  char state[DERIVED_LEN], cur[PATH_LEN];
+  snprintf(state, sizeof state, "%s.misc", config_file);
+  snprintf(cur, sizeof cur, "%s", path);
+  for (;;) {
+    FILE *f = fopen(state, "r");
+    if (f) {
+      char line[PATH_LEN + 128], p[32], ns[PATH_LEN];
+      unsigned long long a, b, c;
+      while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "%31s %4095s %llu %llu %llu", p, ns, &a, &b, &c) == 5 && !strcmp(p, pci) &&
+            !strcmp(ns, cur)) {
+          fclose(f);
+          if (found_path) snprintf(found_path, PATH_LEN, "%s", cur);
+          *soft = a;
+          *hard = b;
+          *used = c;
+          return 1;
+        }
+      }
+      fclose(f);
+    }
+    if (!to_parent(cur)) return 0;
+  }
+}
+
+/* misc: writes (replaces) the line of `path` for GPU `pci`. */
+static int misc_store(const char *pci, const char *path, unsigned long long soft,
+                      unsigned long long hard, unsigned long long used) {
+  char state[DERIVED_LEN], tmp[DERIVED_LEN + 8];
+  snprintf(state, sizeof state, "%s.misc", config_file);
+  snprintf(tmp, sizeof tmp, "%s.tmp", state);
+  FILE *in = fopen(state, "r");
+  FILE *out = fopen(tmp, "w");
+  if (!out) {
+    if (in) fclose(in);
+    return 0;
+  }
+  char line[PATH_LEN + 128], p[32], ns[PATH_LEN];
+  while (in && fgets(line, sizeof line, in)) {
+    if (sscanf(line, "%31s %4095s", p, ns) == 2 && !strcmp(p, pci) && !strcmp(ns, path)) continue;
+    fputs(line, out);
+  }
+  fprintf(out, "%s %s %llu %llu %llu\n", pci, path, soft, hard, used);
+  if (in) fclose(in);
+  fclose(out);
+  return rename(tmp, state) == 0;
+}
+
+/* dmem: the nearest dmem-enabled ancestor-or-self of `path` (has dmem.max); 0 when none. */
+static int dmem_enabled(char *path) {
+  for (;;) {
+    char file[DERIVED_LEN];
+    snprintf(file, sizeof file, "%s/dmem.max", path);
+    if (is_file(file)) return 1;
+    if (!to_parent(path)) return 0;
+  }
+}
+
+/* The calling process's effective hard limit and use on `d`; 1 when a limit reaches it. */
+static int caller_limit(nvmlDevice_t d, unsigned long long *hard, unsigned long long *used) {
+  char cg[PATH_LEN], key[96];
+  if (memacct == 0 || d->mig_enabled || !caller_cgroup(cg, sizeof cg)) return 0;
+  dmem_key(d, key, sizeof key);
+  if (memacct == 1) {
+    unsigned long long soft;
+    return misc_find(d->pci_bus_id, cg, NULL, &soft, hard, used) && *hard != LIMIT_MAX;
+  }
+  if (!dmem_enabled(cg)) return 0;
+  unsigned long long h = LIMIT_MAX, u = 0;
+  read_keyed(cg, "dmem.max", key, &h);
+  read_keyed(cg, "dmem.current", key, &u);
+  *hard = h;
+  *used = u;
+  return h != LIMIT_MAX;
+}
+
+#ifndef NVML_STUB_NO_MEMORY_LIMITS
+nvmlReturn_t nvmlDeviceSetMemoryLimits_v1(nvmlDevice_t d, nvmlSetMemoryLimits_v1_t *l) {
+  REQUIRE_DEVICE(d);
+  if (!l || !l->nameSpace) return NVML_ERROR_INVALID_ARGUMENT;
+  if (fail_set) return (nvmlReturn_t)fail_set;
+  if (memacct == 0 || d->mig_enabled) return NVML_ERROR_NOT_SUPPORTED;
+  if (!is_dir(l->nameSpace)) return NVML_ERROR_NOT_FOUND;
+  char key[96];
+  dmem_key(d, key, sizeof key);
+  int fd = lock_state();
+  nvmlReturn_t ret = NVML_SUCCESS;
+  if (memacct == 1) {
+    unsigned long long soft, hard, used = 0;
+    char at[PATH_LEN];
+    if (!(misc_find(d->pci_bus_id, l->nameSpace, at, &soft, &hard, &used) &&
+          !strcmp(at, l->nameSpace)))
+      used = 0;
+    if (!misc_store(d->pci_bus_id, l->nameSpace, l->softLimit, l->hardLimit, used))
+      ret = NVML_ERROR_UNKNOWN;
+  } else {
+    char file[DERIVED_LEN];
+    snprintf(file, sizeof file, "%s/dmem.max", l->nameSpace);
+    if (!is_file(file)) {
+      ret = NVML_ERROR_NOT_FOUND;
+    } else {
+      unsigned long long old_soft = 0;
+      read_keyed(l->nameSpace, "dmem.min", key, &old_soft);
+      write_keyed(l->nameSpace, "dmem.max", key, l->hardLimit);
+      write_keyed(l->nameSpace, "dmem.min", key, l->softLimit);
+      /* The driver's propagation: each ancestor's dmem.min moves by the change, up to the first
+       * ancestor without dmem.min. */
+      char up[PATH_LEN];
+      snprintf(up, sizeof up, "%s", l->nameSpace);
+      while (to_parent(up)) {
+        char min_file[DERIVED_LEN];
+        snprintf(min_file, sizeof min_file, "%s/dmem.min", up);
+        if (!is_file(min_file)) break;
+        unsigned long long v = 0;
+        read_keyed(up, "dmem.min", key, &v);
+        if (l->softLimit >= old_soft) v += l->softLimit - old_soft;
+        else v = v > old_soft - l->softLimit ? v - (old_soft - l->softLimit) : 0;
+        write_keyed(up, "dmem.min", key, v);
+      }
+    }
+  }
+  unlock_state(fd);
+  return ret;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryLimits_v1(nvmlDevice_t d, nvmlGetMemoryLimits_v1_t *l) {
+  REQUIRE_DEVICE(d);
+  if (!l || !l->nameSpace) return NVML_ERROR_INVALID_ARGUMENT;
+  if (memacct == 0 || d->mig_enabled) return NVML_ERROR_NOT_SUPPORTED;
+  if (!is_dir(l->nameSpace)) return NVML_ERROR_NOT_FOUND;
+  char key[96];
+  dmem_key(d, key, sizeof key);
+  int fd = lock_state();
+  nvmlReturn_t ret = NVML_SUCCESS;
+  if (memacct == 1) {
+    unsigned long long soft, hard, used;
+    if (misc_find(d->pci_bus_id, l->nameSpace, NULL, &soft, &hard, &used)) {
+      l->softLimit = soft;
+      l->hardLimit = hard;
+      l->currentUsed = used;
+    } else {
+      ret = NVML_ERROR_NOT_SUPPORTED;
+    }
+  } else {
+    char at[PATH_LEN];
+    snprintf(at, sizeof at, "%s", l->nameSpace);
+    l->softLimit = 0;
+    l->hardLimit = LIMIT_MAX;
+    l->currentUsed = 0;
+    if (dmem_enabled(at)) {
+      read_keyed(at, "dmem.min", key, &l->softLimit);
+      read_keyed(at, "dmem.max", key, &l->hardLimit);
+      read_keyed(at, "dmem.current", key, &l->currentUsed);
+    }
+  }
+  unlock_state(fd);
+  return ret;
+}
+#endif
+
+/* Stub only: an allocation of `bytes` on `d` by the calling process (see the header). */
+nvmlReturn_t nvmlStubAllocate(nvmlDevice_t d, unsigned long long bytes) {
+  REQUIRE_DEVICE(d);
+  char cg[PATH_LEN], key[96];
+  if (memacct == 0 || d->mig_enabled || !caller_cgroup(cg, sizeof cg)) return NVML_SUCCESS;
+  dmem_key(d, key, sizeof key);
+  int fd = lock_state();
+  nvmlReturn_t ret = NVML_SUCCESS;
+  if (memacct == 1) {
+    unsigned long long soft, hard, used;
+    char at[PATH_LEN];
+    if (misc_find(d->pci_bus_id, cg, at, &soft, &hard, &used)) {
+      if (hard != LIMIT_MAX && used + bytes > hard) ret = NVML_ERROR_MEMORY;
+      else misc_store(d->pci_bus_id, at, soft, hard, used + bytes);
+    }
+  } else {
+    /* Every level from the cgroup up bounds it; the charge lands on each level that counts. */
+    char up[PATH_LEN];
+    snprintf(up, sizeof up, "%s", cg);
+    do {
+      unsigned long long max = LIMIT_MAX, cur = 0;
+      read_keyed(up, "dmem.max", key, &max);
+      read_keyed(up, "dmem.current", key, &cur);
+      if (max != LIMIT_MAX && cur + bytes > max) ret = NVML_ERROR_MEMORY;
+    } while (ret == NVML_SUCCESS && to_parent(up));
+    if (ret == NVML_SUCCESS) {
+      snprintf(up, sizeof up, "%s", cg);
+      do {
+        char file[DERIVED_LEN];
+        snprintf(file, sizeof file, "%s/dmem.max", up);
+        if (is_file(file)) {
+          unsigned long long cur = 0;
+          read_keyed(up, "dmem.current", key, &cur);
+          write_keyed(up, "dmem.current", key, cur + bytes);
+        }
+      } while (to_parent(up));
+    }
+  }
+  unlock_state(fd);
+  return ret;
 }

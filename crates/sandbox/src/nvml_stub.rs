@@ -10,6 +10,12 @@
 //! (cached under the temp dir) and copies the result into the caller's directory, so every
 //! test gets its own library file — and so its own configuration and NVML state, even inside
 //! one test process. It needs a C compiler; it does not need a GPU or a driver.
+//!
+//! The per-cgroup memory limits of driver R615 ([`enable_memory_limits`]: a backend, `dmem`
+//! or `misc`, over a fake cgroup tree) are the stub's too; [`build_without_memory_limits`]
+//! builds a library without those functions (an older driver), and [`build_workload`] a
+//! program that uses a GPU from inside a cgroup as a container's workload would (what it sees
+//! of the memory, and allocations that fail past the cgroup's hard limit).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -27,6 +33,55 @@ pub const CONFIG_NAME: &str = "nvml_stub.conf";
 pub const EVENTS_NAME: &str = "nvml_stub.events";
 /// Env var naming a configuration file elsewhere (for child processes).
 pub const CONFIG_ENV: &str = "NVML_STUB_CONFIG";
+/// Env var naming the cgroup directory (a full path) the stub takes the calling process to be
+/// in (else its `/proc/self/cgroup` under the fake root).
+pub const CGROUP_ENV: &str = "NVML_STUB_CGROUP";
+/// The workload program's C source.
+pub const WORKLOAD_SOURCE: &str = include_str!("nvml_stub_workload.c");
+/// File name of the built workload program.
+pub const WORKLOAD_NAME: &str = "nvml_stub_workload";
+
+/// How the stub keeps per-cgroup memory limits (the driver picks one when it loads).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryAccounting {
+    /// The kernel's dmem controller: limits in the cgroup's `dmem.*` files.
+    Dmem,
+    /// The driver's own map, no hierarchy.
+    Misc,
+    /// Memory partitioning off: the limit calls answer Not Supported.
+    Off,
+}
+
+/// Turns the per-cgroup memory limits on with `backend`, over the fake cgroup tree at
+/// `cgroup_root` (append to the configuration beside `library` before it is first initialised).
+pub fn enable_memory_limits(
+    library: &Path,
+    backend: MemoryAccounting,
+    cgroup_root: &Path,
+) -> anyhow::Result<()> {
+    let backend = match backend {
+        MemoryAccounting::Dmem => "dmem",
+        MemoryAccounting::Misc => "misc",
+        MemoryAccounting::Off => "off",
+    };
+    append_line(library, &format!("memacct {backend}"))?;
+    append_line(library, &format!("cgroup_root {}", cgroup_root.display()))
+}
+
+/// Makes every `nvmlDeviceSetMemoryLimits_v1` answer NVML error `code` (e.g. 4, No
+/// Permission).
+pub fn fail_set_limits(library: &Path, code: u32) -> anyhow::Result<()> {
+    append_line(library, &format!("fail_set {code}"))
+}
+
+fn append_line(library: &Path, line: &str) -> anyhow::Result<()> {
+    let path = beside(library, CONFIG_NAME);
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    writeln!(f, "{line}").with_context(|| format!("writing {}", path.display()))
+}
 
 /// One GPU the stub reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,7 +112,32 @@ pub fn enable_mig(library: &Path, index: usize) -> anyhow::Result<()> {
 
 /// Builds the stub into `out_dir/libnvidia-ml.so.1` and returns that path.
 pub fn build(out_dir: &Path) -> anyhow::Result<PathBuf> {
-    let cached = cached_library()?;
+    build_variant(out_dir, &[])
+}
+
+/// Builds the stub without the memory-limit functions (a driver older than R615) into
+/// `out_dir/libnvidia-ml.so.1`.
+pub fn build_without_memory_limits(out_dir: &Path) -> anyhow::Result<PathBuf> {
+    build_variant(out_dir, &["-DNVML_STUB_NO_MEMORY_LIMITS"])
+}
+
+/// Builds the workload program (see `nvml_stub_workload.c`) into `out_dir`; returns its path.
+pub fn build_workload(out_dir: &Path) -> anyhow::Result<PathBuf> {
+    let cached = cached_build(WORKLOAD_SOURCE, WORKLOAD_NAME, &[], &["-O1", "-Wall"])?;
+    std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let target = out_dir.join(WORKLOAD_NAME);
+    std::fs::copy(&cached, &target)
+        .with_context(|| format!("copying {} to {}", cached.display(), target.display()))?;
+    Ok(target)
+}
+
+fn build_variant(out_dir: &Path, defines: &[&str]) -> anyhow::Result<PathBuf> {
+    let cached = cached_build(
+        SOURCE,
+        LIBRARY_NAME,
+        defines,
+        &["-shared", "-fPIC", "-O1", "-Wall"],
+    )?;
     std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let target = out_dir.join(LIBRARY_NAME);
     // A copy, not a link: the loader treats one inode as one library, and each test needs its
@@ -67,10 +147,16 @@ pub fn build(out_dir: &Path) -> anyhow::Result<PathBuf> {
     Ok(target)
 }
 
-/// Compiles the stub once per source content; returns the cached library.
-fn cached_library() -> anyhow::Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("gpushare-nvml-stub-{:016x}", fnv1a(SOURCE)));
-    let library = dir.join(LIBRARY_NAME);
+/// Compiles `source` (with `defines`) once per content; returns the cached output `name`.
+fn cached_build(
+    source_text: &str,
+    name: &str,
+    defines: &[&str],
+    flags: &[&str],
+) -> anyhow::Result<PathBuf> {
+    let key = format!("{source_text}{}", defines.join(" "));
+    let dir = std::env::temp_dir().join(format!("gpushare-nvml-stub-{:016x}", fnv1a(&key)));
+    let library = dir.join(name);
     if library.is_file() {
         return Ok(library);
     }
@@ -78,14 +164,17 @@ fn cached_library() -> anyhow::Result<PathBuf> {
     let unique = format!("{}-{:?}", std::process::id(), std::thread::current().id());
     let unique: String = unique.chars().filter(char::is_ascii_alphanumeric).collect();
     let source = dir.join(format!("nvml_stub-{unique}.c"));
-    let partial = dir.join(format!("{LIBRARY_NAME}.{unique}.tmp"));
-    std::fs::write(&source, SOURCE).with_context(|| format!("writing {}", source.display()))?;
+    let partial = dir.join(format!("{name}.{unique}.tmp"));
+    std::fs::write(&source, source_text)
+        .with_context(|| format!("writing {}", source.display()))?;
     let cc = std::env::var("CC")
         .ok()
         .filter(|c| !c.is_empty())
         .unwrap_or_else(|| "cc".into());
     let output = Command::new(&cc)
-        .args(["-shared", "-fPIC", "-O1", "-Wall", "-o"])
+        .args(flags)
+        .args(defines)
+        .arg("-o")
         .arg(&partial)
         .arg(&source)
         .args(["-ldl", "-lpthread"])
@@ -95,7 +184,7 @@ fn cached_library() -> anyhow::Result<PathBuf> {
     if !output.status.success() {
         let _ = std::fs::remove_file(&partial);
         bail!(
-            "`{cc}` failed to build the NVML stub ({}): {}",
+            "`{cc}` failed to build {name} ({}): {}",
             output.status,
             String::from_utf8_lossy(&output.stderr)
         );

@@ -343,6 +343,15 @@ fn the_policy_allows_only_the_device_plugins_own_writes() {
             device_annotations.clone(),
             Verdict::Allowed,
         ),
+        (
+            "the enforcement readback on its own Node",
+            plugin_node(own, None, "gpu-a"),
+            node_a.clone(),
+            json!({ "metadata": { "annotations": {
+                wire::NODE_ANN_CONTAINER_GPU_MEMORY: r#"[{"namespace":"d","pod":"p","container":"c","gpu":"GPU-a","index":0,"expected":4294967296,"state":"missing"}]"#,
+            }}}),
+            Verdict::Allowed,
+        ),
         // --- another node's objects
         (
             "a pod bound to another node",

@@ -194,7 +194,7 @@ async fn the_charts_certificates_authenticate_the_scheduler_to_the_extender() {
     config.extender.tls_cert = file("tls.crt");
     config.extender.tls_key = file("tls.key");
     config.extender.tls_client_ca = file("ca.crt");
-    let ext = gpushare::extender::start(&config, api.client(), Shutdown::never())
+    let ext = gpushare::extender::start(&config, api.admin_client(), Shutdown::never())
         .await
         .expect("the extender takes the chart's certificates");
     ext.wait_ready().await.expect("ready");

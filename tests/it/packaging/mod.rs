@@ -8,6 +8,7 @@ mod admission_policy;
 mod auth_chart;
 mod chart;
 mod chart_dedicated;
+mod chart_enforcement;
 mod chart_mps;
 mod chart_operator;
 mod chart_production;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use gpushare::config::Config;
 use gpushare::core::wire;
 use gpushare::deviceplugin::{self, DevicePluginHandle};
+use gpushare::gpu::GpuBackend;
 use gpushare::gpu::fake::{FakeBackend, FakeHealth};
 use gpushare::kubelet_api::deviceplugin::ContainerAllocateResponse;
 use gpushare_sandbox::apiserver::ApiServer;
@@ -65,6 +66,19 @@ pub(crate) async fn cluster_on(
     seed: impl FnOnce(&ApiServer),
     tweak: impl FnOnce(&mut Config),
 ) -> anyhow::Result<Cluster> {
+    let health = backend.health();
+    cluster_on_backend(Arc::new(backend), health, node, seed, tweak).await
+}
+
+/// [`cluster_on`] over any GPU backend (the NVML stub, say); `health` is where the tests inject
+/// health events (for a backend of its own, that of an unused fake backend).
+pub(crate) async fn cluster_on_backend(
+    backend: Arc<dyn GpuBackend>,
+    health: FakeHealth,
+    node: &str,
+    seed: impl FnOnce(&ApiServer),
+    tweak: impl FnOnce(&mut Config),
+) -> anyhow::Result<Cluster> {
     let dir = short_tempdir();
     let api = ApiServer::start().await?;
     api.seed_yaml(node)?;
@@ -77,11 +91,10 @@ pub(crate) async fn cluster_on(
     config.device_plugin.admin_address = String::new();
     config.doctor.skip = true;
     tweak(&mut config);
-    let health = backend.health();
     let plugin = deviceplugin::start(
         &config,
-        api.client(),
-        Arc::new(backend),
+        api.admin_client(),
+        backend,
         gpushare::shutdown::Shutdown::never(),
     )
     .await?;

@@ -57,7 +57,7 @@ fn copy_tree(from: &Path, to: &Path) {
 pub(crate) fn preflight_config(api: &ApiServer, plugin_dir: &Path) -> Config {
     let mut c = Config::default();
     c.cluster.kubeconfig = api
-        .kubeconfig_path()
+        .admin_kubeconfig_path()
         .to_str()
         .expect("utf-8 path")
         .to_string();
@@ -75,7 +75,7 @@ pub(crate) async fn control_plane_checks(
     webhook_url: Option<String>,
 ) -> Vec<Check> {
     let mut config = Config::default();
-    config.cluster.kubeconfig = api.kubeconfig_path().display().to_string();
+    config.cluster.kubeconfig = api.admin_kubeconfig_path().display().to_string();
     let root = tempfile::tempdir().expect("root");
     let opts = Options {
         role: Role::ControlPlane,

@@ -42,7 +42,7 @@ pub(crate) fn extender_config(leader_elect: bool) -> Config {
 }
 
 pub(crate) async fn start_extender(api: &ApiServer, config: &Config) -> ExtenderHandle {
-    gpushare::extender::start(config, api.client(), shutdown::Shutdown::never())
+    gpushare::extender::start(config, api.admin_client(), shutdown::Shutdown::never())
         .await
         .expect("extender starts")
 }
@@ -58,9 +58,14 @@ pub(crate) async fn start_named(
         identity: Some(identity.to_string()),
         ..Default::default()
     };
-    gpushare::extender::start_with(config, api.client(), shutdown::Shutdown::never(), options)
-        .await
-        .expect("extender starts")
+    gpushare::extender::start_with(
+        config,
+        api.admin_client(),
+        shutdown::Shutdown::never(),
+        options,
+    )
+    .await
+    .expect("extender starts")
 }
 
 pub(crate) fn binding_args(api: &ApiServer, name: &str, node: &str) -> Vec<u8> {

@@ -21,11 +21,26 @@ pub(crate) async fn http(
     url: &str,
     body: Option<Vec<u8>>,
 ) -> Option<(u16, Vec<u8>)> {
+    http_as(method, url, body, None).await
+}
+
+/// [`http`] with `Authorization: Bearer <token>` when a token is given (the sandbox API
+/// server's raw answers, as a client holding that token gets them).
+pub(crate) async fn http_as(
+    method: http::Method,
+    url: &str,
+    body: Option<Vec<u8>>,
+    bearer: Option<&str>,
+) -> Option<(u16, Vec<u8>)> {
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let req = http::Request::builder()
+    let mut req = http::Request::builder()
         .method(method)
         .uri(url)
-        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(http::header::CONTENT_TYPE, "application/json");
+    if let Some(token) = bearer {
+        req = req.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let req = req
         .body(Full::new(Bytes::from(body.unwrap_or_default())))
         .ok()?;
     let resp = tokio::time::timeout(DEADLINE, client.request(req))

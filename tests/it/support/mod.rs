@@ -12,6 +12,7 @@ pub mod clients;
 pub mod deviceplugin_cluster;
 pub mod doctor_node;
 pub mod dra;
+pub mod enforcement;
 pub mod extender_cluster;
 pub mod extender_http;
 pub mod helm_chart;

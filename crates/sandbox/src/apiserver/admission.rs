@@ -1,19 +1,33 @@
-//! Admission webhooks, as kube-apiserver calls them on pod create: every stored
-//! MutatingWebhookConfiguration whose rules match (`pods`, `CREATE`, the namespace selector)
-//! is called in name order and its JSONPatch applied; then every matching
-//! ValidatingWebhookConfiguration sees the mutated pod and may refuse it.
+//! Admission as kube-apiserver runs it on every write: mutating webhooks, then (after the
+//! object is prepared for storage) ValidatingAdmissionPolicies (`admission_policy`) and
+//! validating webhooks, from the stored configurations, for any resource and operation.
+//!
+//! A write is described by its [`Attributes`] (operation `CREATE`, `UPDATE` or `DELETE`;
+//! resource, subresource and kind — `pods/binding` is a `CREATE` of a `Binding`; namespace;
+//! name; object and old object; the requesting user; dry run). A webhook is called when, as
+//! upstream's `ShouldCallHook` decides, its `namespaceSelector` matches the namespace's labels
+//! (for a namespaced request: the Namespace object must exist, else 404; for a Namespace, its
+//! own labels; never a constraint on cluster-scoped objects), its `objectSelector` matches the
+//! object's or the old object's labels, one of its `rules` matches (`operations`,
+//! `apiGroups`, `apiVersions`, `resources` with `resource/subresource`, `*`, `resource/*`,
+//! `*/subresource`, and `scope`), and then every `matchConditions` CEL expression is true. The
+//! admission configurations themselves are exempt, as upstream has them.
 //!
 //! Calls go over HTTPS (rustls, trusting only the webhook's `caBundle`, checking the server
 //! name) to `clientConfig.url`, or for `clientConfig.service` to the address registered with
 //! [`super::ApiServer::route_service`] (the sandbox has no cluster network), with the server
-//! name `<service>.<namespace>.svc`. `failurePolicy` (default `Fail`) and `timeoutSeconds`
-//! (default 10) are honoured; warnings come back as `Warning` headers.
+//! name `<service>.<namespace>.svc`. The AdmissionReview carries the real request: kind,
+//! resource, subresource, name, namespace, operation, the user's `userInfo`, object, old
+//! object, dry run and options. `failurePolicy` (default `Fail`) and `timeoutSeconds`
+//! (default 10, at most 30) are honoured; a refusal is upstream's status (`admission webhook
+//! "<name>" denied the request: <message>`, the webhook's code or 400); warnings come back as
+//! `Warning` headers. A dry run is sent with `dryRun: true`, and refused with 400 when a matching
+//! webhook's `sideEffects` is neither `None` nor `NoneOnDryRun`.
 //!
-//! A dry run (`?dryRun=All`) is sent with `dryRun: true`, and refused with 400 when a matching
-//! webhook's `sideEffects` is neither `None` nor `NoneOnDryRun` (as kube-apiserver does).
-//!
-//! Limits: pods and CREATE only; `objectSelector`, `matchConditions`, `reinvocationPolicy`
-//! and `matchPolicy` are ignored; `scope` is not checked.
+//! Limits: `reinvocationPolicy` and `matchPolicy: Equivalent` are ignored (every resource has
+//! one version here); `matchConditions` have no `authorizer`; mutating webhooks see the object
+//! as it will be stored (a status write: the whole object with the new status), and
+//! their patches on a DELETE are ignored; no audit annotations.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -28,154 +42,204 @@ use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
 
 use super::Shared;
+use super::admission_policy;
+use super::cel_expr::{Bindings, Expression};
+use super::discovery::ResourceDef;
+use super::identity::Identity;
 use super::patch::{self, PatchKind};
-use super::store::{ApiError, meta_str};
+use super::store::{ApiError, Store, meta_str, new_uid};
 
-/// The outcome of admission for one pod create.
-pub(super) struct Admitted {
-    /// The pod to store.
-    pub object: Value,
-    /// Warnings for the client.
-    pub warnings: Vec<String>,
+/// An admission operation (CONNECT is not served).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Operation {
+    Create,
+    Update,
+    Delete,
 }
 
-/// Runs the webhooks for a pod create in `namespace` (a dry run when `dry_run`); `Err` refuses
-/// it.
-pub(super) async fn admit_pod_create(
-    shared: &Arc<Shared>,
-    namespace: &str,
-    mut object: Value,
-    dry_run: bool,
-) -> Result<Admitted, ApiError> {
-    let (mutating, validating, ns_labels) = {
-        let store = shared.store();
-        let ns_labels = store
-            .get_by_id("namespaces", None, namespace)
-            .and_then(|n| n.pointer("/metadata/labels").cloned())
-            .unwrap_or_else(|| json!({}));
-        (
-            store.list_by_id("mutatingwebhookconfigurations", None),
-            store.list_by_id("validatingwebhookconfigurations", None),
-            ns_labels,
-        )
-    };
-    let mut ns_labels = ns_labels;
-    // As kube-apiserver: every namespace carries its name as a label.
-    ns_labels["kubernetes.io/metadata.name"] = json!(namespace);
-    let mut warnings = Vec::new();
-    for (configs, mutate) in [(mutating, true), (validating, false)] {
-        for config in configs {
-            for hook in config
-                .get("webhooks")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                if !matches_pod_create(hook)
-                    || !selector_matches(hook.get("namespaceSelector"), &ns_labels)
-                {
-                    continue;
-                }
-                let name = hook
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string();
-                let side_effects = hook.get("sideEffects").and_then(Value::as_str);
-                if dry_run && !matches!(side_effects, Some("None" | "NoneOnDryRun")) {
-                    return Err(ApiError::with_code(
-                        400,
-                        "BadRequest",
-                        &format!("admission webhook {name:?} does not support dry run"),
-                    ));
-                }
-                let ignore = hook.get("failurePolicy").and_then(Value::as_str) == Some("Ignore");
-                let response = match call(shared, hook, namespace, &object, dry_run).await {
-                    Ok(r) => r,
-                    Err(why) if ignore => {
-                        warnings.push(format!("failed calling webhook {name:?} (ignored): {why}"));
-                        continue;
-                    }
-                    Err(why) => {
-                        return Err(ApiError::with_code(
-                            500,
-                            "InternalError",
-                            &format!(
-                                "Internal error occurred: failed calling webhook {name:?}: {why}"
-                            ),
-                        ));
-                    }
-                };
-                if let Some(w) = response.get("warnings").and_then(Value::as_array) {
-                    warnings.extend(w.iter().filter_map(Value::as_str).map(str::to_string));
-                }
-                if response.get("allowed").and_then(Value::as_bool) != Some(true) {
-                    let message = response
-                        .pointer("/status/message")
-                        .and_then(Value::as_str)
-                        .unwrap_or("");
-                    let code = response
-                        .pointer("/status/code")
-                        .and_then(Value::as_u64)
-                        .and_then(|c| u16::try_from(c).ok())
-                        .filter(|c| (400..600).contains(c))
-                        .unwrap_or(403);
-                    let reason = match code {
-                        400 => "BadRequest",
-                        403 => "Forbidden",
-                        422 => "Invalid",
-                        _ => "InternalError",
-                    };
-                    return Err(ApiError::with_code(
-                        code,
-                        reason,
-                        &format!("admission webhook {name:?} denied the request: {message}"),
-                    ));
-                }
-                if mutate && let Some(p) = response.get("patch").and_then(Value::as_str) {
-                    let raw = base64::engine::general_purpose::STANDARD
-                        .decode(p)
-                        .map_err(|e| webhook_error(&name, &format!("patch is not base64: {e}")))?;
-                    object = patch::apply(PatchKind::Json, &object, &raw).map_err(|e| {
-                        webhook_error(&name, &format!("patch does not apply: {}", e.message))
-                    })?;
-                }
-            }
+impl Operation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Create => "CREATE",
+            Operation::Update => "UPDATE",
+            Operation::Delete => "DELETE",
         }
     }
-    Ok(Admitted { object, warnings })
+
+    fn options_kind(self) -> &'static str {
+        match self {
+            Operation::Create => "CreateOptions",
+            Operation::Update => "UpdateOptions",
+            Operation::Delete => "DeleteOptions",
+        }
+    }
 }
 
-fn webhook_error(name: &str, why: &str) -> ApiError {
-    ApiError::with_code(
-        500,
-        "InternalError",
-        &format!("Internal error occurred: webhook {name:?}: {why}"),
-    )
+/// What admission decides on: one write (upstream's `admission.Attributes`).
+#[derive(Clone, Debug)]
+pub(crate) struct Attributes {
+    pub operation: Operation,
+    pub def: &'static ResourceDef,
+    /// `""`, `status`, `binding`.
+    pub subresource: String,
+    /// (group, version, kind) of the object: the resource's, or `Binding` for `pods/binding`.
+    pub kind: (String, String, String),
+    /// `""` for cluster-scoped objects; a Namespace's own name for a Namespace.
+    pub namespace: String,
+    /// May be empty on a create with `generateName`.
+    pub name: String,
+    pub object: Option<Value>,
+    pub old_object: Option<Value>,
+    pub user: Identity,
+    pub dry_run: bool,
 }
 
-fn has(list: Option<&Value>, want: &str) -> bool {
-    list.and_then(Value::as_array).is_some_and(|l| {
-        l.iter()
-            .any(|v| v.as_str().is_some_and(|s| s == want || s == "*"))
-    })
+impl Attributes {
+    /// A write of `def` (its `subresource`) in `namespace`, object named `name`.
+    pub fn new(
+        operation: Operation,
+        def: &'static ResourceDef,
+        subresource: Option<&str>,
+        namespace: Option<&str>,
+        name: &str,
+        user: &Identity,
+        dry_run: bool,
+    ) -> Attributes {
+        let subresource = subresource.unwrap_or("").to_string();
+        let kind = if subresource == "binding" {
+            (String::new(), "v1".to_string(), "Binding".to_string())
+        } else {
+            (
+                def.group.to_string(),
+                def.version.to_string(),
+                def.kind.to_string(),
+            )
+        };
+        let namespace = if def.id == "namespaces" {
+            name.to_string()
+        } else {
+            namespace.unwrap_or("").to_string()
+        };
+        Attributes {
+            operation,
+            def,
+            subresource,
+            kind,
+            namespace,
+            name: name.to_string(),
+            object: None,
+            old_object: None,
+            user: user.clone(),
+            dry_run,
+        }
+    }
+
+    /// Upstream exempts the admission configurations from admission.
+    fn exempt(&self) -> bool {
+        self.kind.0 == "admissionregistration.k8s.io"
+            && matches!(
+                self.kind.2.as_str(),
+                "ValidatingWebhookConfiguration"
+                    | "MutatingWebhookConfiguration"
+                    | "ValidatingAdmissionPolicy"
+                    | "ValidatingAdmissionPolicyBinding"
+            )
+    }
+
+    /// Upstream's `AdmissionRequest`; `with_objects` adds `object` and `oldObject` (a webhook's
+    /// review), without them it is CEL's `request`.
+    pub fn request(&self, uid: &str, with_objects: bool) -> Value {
+        let (group, version, kind) = &self.kind;
+        let gvk = json!({ "group": group, "version": version, "kind": kind });
+        let gvr = json!({ "group": self.def.group, "version": self.def.version,
+                          "resource": self.def.plural });
+        let mut request = json!({
+            "uid": uid,
+            "kind": gvk, "resource": gvr, "requestKind": gvk, "requestResource": gvr,
+            "operation": self.operation.as_str(),
+            "userInfo": self.user.user_info(),
+            "dryRun": self.dry_run,
+            "options": { "apiVersion": "meta.k8s.io/v1", "kind": self.operation.options_kind() },
+        });
+        if !self.subresource.is_empty() {
+            request["subResource"] = json!(self.subresource);
+            request["requestSubResource"] = json!(self.subresource);
+        }
+        if !self.name.is_empty() {
+            request["name"] = json!(self.name);
+        }
+        if !self.namespace.is_empty() {
+            request["namespace"] = json!(self.namespace);
+        }
+        if with_objects {
+            request["object"] = self.object.clone().unwrap_or(Value::Null);
+            request["oldObject"] = self.old_object.clone().unwrap_or(Value::Null);
+        }
+        request
+    }
+
+    /// The name in a refusal (upstream's `extractResourceName`): the request's, the object's,
+    /// its `generateName`, or `Unknown`.
+    pub fn name_for_errors(&self) -> String {
+        if !self.name.is_empty() {
+            return self.name.clone();
+        }
+        let object = self.object.as_ref();
+        object
+            .and_then(|o| meta_str(o, "name").filter(|n| !n.is_empty()))
+            .or_else(|| object.and_then(|o| meta_str(o, "generateName")))
+            .unwrap_or("Unknown")
+            .to_string()
+    }
 }
 
-fn matches_pod_create(hook: &Value) -> bool {
-    hook.get("rules")
+/// Whether any admission configuration is stored: without one, admission admits everything
+/// unchanged and a write takes the direct path.
+pub(crate) fn configured(store: &Store) -> bool {
+    [
+        "mutatingwebhookconfigurations",
+        "validatingwebhookconfigurations",
+        "validatingadmissionpolicybindings",
+    ]
+    .iter()
+    .any(|id| !store.list_by_id(id, None).is_empty())
+}
+
+fn strings(value: Option<&Value>) -> Vec<&str> {
+    value
         .and_then(Value::as_array)
-        .is_some_and(|rules| {
-            rules.iter().any(|r| {
-                has(r.get("operations"), "CREATE")
-                    && has(r.get("apiGroups"), "")
-                    && has(r.get("resources"), "pods")
-            })
-        })
+        .map(|l| l.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+/// Upstream's `rules.Matcher`: one `RuleWithOperations` against the request.
+pub(crate) fn rule_matches(rule: &Value, attrs: &Attributes) -> bool {
+    let any = |key: &str, want: &str| {
+        strings(rule.get(key))
+            .iter()
+            .any(|v| *v == "*" || *v == want)
+    };
+    let is_namespace = attrs.def.id == "namespaces";
+    let scope = match rule.get("scope").and_then(Value::as_str) {
+        None | Some("*") => true,
+        Some("Namespaced") => !is_namespace && !attrs.namespace.is_empty(),
+        Some("Cluster") => is_namespace || attrs.namespace.is_empty(),
+        Some(_) => false,
+    };
+    let resource = strings(rule.get("resources")).iter().any(|r| {
+        let (res, sub) = r.split_once('/').unwrap_or((r, ""));
+        (res == "*" || res == attrs.def.plural) && (sub == "*" || sub == attrs.subresource)
+    });
+    scope
+        && any("operations", attrs.operation.as_str())
+        && any("apiGroups", attrs.def.group)
+        && any("apiVersions", attrs.def.version)
+        && resource
 }
 
 /// A LabelSelector (matchLabels, matchExpressions In/NotIn/Exists/DoesNotExist) against
 /// `labels`; absent or empty matches everything.
-fn selector_matches(selector: Option<&Value>, labels: &Value) -> bool {
+pub(crate) fn selector_matches(selector: Option<&Value>, labels: &Value) -> bool {
     let Some(selector) = selector else {
         return true;
     };
@@ -190,11 +254,7 @@ fn selector_matches(selector: Option<&Value>, labels: &Value) -> bool {
         .is_none_or(|list| {
             list.iter().all(|e| {
                 let key = e.get("key").and_then(Value::as_str).unwrap_or("");
-                let values: Vec<&str> = e
-                    .get("values")
-                    .and_then(Value::as_array)
-                    .map(|v| v.iter().filter_map(Value::as_str).collect())
-                    .unwrap_or_default();
+                let values = strings(e.get("values"));
                 match e.get("operator").and_then(Value::as_str) {
                     Some("In") => label(key).is_some_and(|v| values.contains(&v)),
                     Some("NotIn") => label(key).is_none_or(|v| !values.contains(&v)),
@@ -205,6 +265,294 @@ fn selector_matches(selector: Option<&Value>, labels: &Value) -> bool {
             })
         });
     match_labels && expressions
+}
+
+fn is_empty_selector(selector: Option<&Value>) -> bool {
+    selector.is_none_or(|s| {
+        s.get("matchLabels")
+            .and_then(Value::as_object)
+            .is_none_or(|m| m.is_empty())
+            && s.get("matchExpressions")
+                .and_then(Value::as_array)
+                .is_none_or(|l| l.is_empty())
+    })
+}
+
+fn labels_of(object: Option<&Value>) -> Value {
+    object
+        .and_then(|o| o.pointer("/metadata/labels"))
+        .cloned()
+        .unwrap_or_else(|| json!({}))
+}
+
+/// Upstream's `MatchNamespaceSelector`: `Err` (404) when the namespace of a namespaced request
+/// does not exist and the selector is not empty.
+pub(crate) fn namespace_selector_matches(
+    store: &Store,
+    selector: Option<&Value>,
+    attrs: &Attributes,
+) -> Result<bool, ApiError> {
+    let is_namespace = attrs.def.id == "namespaces";
+    if (attrs.namespace.is_empty() && !is_namespace) || is_empty_selector(selector) {
+        return Ok(true);
+    }
+    let mut labels = if is_namespace {
+        let own = if attrs.operation == Operation::Delete {
+            attrs.old_object.as_ref()
+        } else {
+            attrs.object.as_ref()
+        };
+        labels_of(own)
+    } else {
+        let namespace = namespace_object(store, &attrs.namespace)?;
+        labels_of(Some(&namespace))
+    };
+    // As kube-apiserver: every namespace carries its name as a label.
+    labels["kubernetes.io/metadata.name"] = json!(attrs.namespace);
+    Ok(selector_matches(selector, &labels))
+}
+
+/// The Namespace object, or upstream's 404.
+pub(crate) fn namespace_object(store: &Store, name: &str) -> Result<Value, ApiError> {
+    store.get_by_id("namespaces", None, name).ok_or_else(|| {
+        ApiError::new(
+            404,
+            "NotFound",
+            format!("namespaces {name:?} not found"),
+            Some(json!({ "name": name, "kind": "namespaces" })),
+        )
+    })
+}
+
+/// Upstream's `MatchObjectSelector`: the object's or the old object's labels.
+pub(crate) fn object_selector_matches(selector: Option<&Value>, attrs: &Attributes) -> bool {
+    if is_empty_selector(selector) {
+        return true;
+    }
+    [attrs.object.as_ref(), attrs.old_object.as_ref()]
+        .into_iter()
+        .flatten()
+        .any(|o| selector_matches(selector, &labels_of(Some(o))))
+}
+
+/// Upstream's `ShouldCallHook`: selectors, then rules; a selector's error only when the rules
+/// match.
+fn should_call(store: &Store, hook: &Value, attrs: &Attributes) -> Result<bool, ApiError> {
+    let ns = namespace_selector_matches(store, hook.get("namespaceSelector"), attrs);
+    if matches!(ns, Ok(false)) || !object_selector_matches(hook.get("objectSelector"), attrs) {
+        return Ok(false);
+    }
+    let rules = hook
+        .get("rules")
+        .and_then(Value::as_array)
+        .is_some_and(|rules| rules.iter().any(|r| rule_matches(r, attrs)));
+    if !rules {
+        return Ok(false);
+    }
+    ns
+}
+
+/// The CEL bindings of a webhook's `matchConditions` and of a policy: `object`, `oldObject`,
+/// `request`.
+pub(crate) fn request_bindings(attrs: &Attributes) -> Bindings {
+    let mut bindings = Bindings::default();
+    bindings.set_json("object", attrs.object.as_ref().unwrap_or(&Value::Null));
+    bindings.set_json(
+        "oldObject",
+        attrs.old_object.as_ref().unwrap_or(&Value::Null),
+    );
+    bindings.set_json("request", &attrs.request(&new_uid(), false));
+    bindings
+}
+
+/// Upstream's match conditions: `Ok(false)` when one is false (whatever the others do),
+/// `Err` when none is false and one failed to evaluate.
+pub(crate) fn match_conditions(
+    conditions: Option<&Value>,
+    bindings: &Bindings,
+) -> Result<bool, String> {
+    let mut errors = Vec::new();
+    for condition in conditions.and_then(Value::as_array).into_iter().flatten() {
+        let source = condition
+            .get("expression")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        match Expression::compile(source).truth(bindings) {
+            Ok(true) => {}
+            Ok(false) => return Ok(false),
+            Err(e) => errors.push(e),
+        }
+    }
+    if errors.is_empty() {
+        Ok(true)
+    } else {
+        Err(errors.join(", "))
+    }
+}
+
+/// Every webhook of the stored configurations of `id`, in name order.
+fn webhooks(store: &Store, id: &str) -> Vec<Value> {
+    store
+        .list_by_id(id, None)
+        .into_iter()
+        .flat_map(|config| {
+            config
+                .get("webhooks")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+fn webhook_error(name: &str, why: &str) -> ApiError {
+    ApiError::new(
+        500,
+        "InternalError",
+        format!("Internal error occurred: failed calling webhook {name:?}: {why}"),
+        None,
+    )
+}
+
+/// Upstream's `ToStatusErr`: the webhook's status, its code at least 400.
+fn denial(name: &str, status: Option<&Value>) -> ApiError {
+    let field = |k: &str| {
+        status
+            .and_then(|s| s.get(k))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let code = status
+        .and_then(|s| s.get("code"))
+        .and_then(Value::as_u64)
+        .and_then(|c| u16::try_from(c).ok())
+        .filter(|c| *c >= 400)
+        .unwrap_or(400);
+    let denied_by = format!("admission webhook {name:?} denied the request");
+    let (message, reason) = (field("message"), field("reason"));
+    let message = match (message.is_empty(), reason.is_empty()) {
+        (false, _) => format!("{denied_by}: {message}"),
+        (true, false) => format!("{denied_by}: {reason}"),
+        (true, true) => format!("{denied_by} without explanation"),
+    };
+    ApiError::new(
+        code,
+        reason,
+        message,
+        status.and_then(|s| s.get("details")).cloned(),
+    )
+}
+
+/// Runs the webhooks of `id` (mutating or validating) on `attrs`; mutating ones may patch the
+/// object. Returns the warnings.
+async fn run_webhooks(
+    shared: &Arc<Shared>,
+    id: &str,
+    attrs: &mut Attributes,
+) -> Result<Vec<String>, ApiError> {
+    let mutate = id == "mutatingwebhookconfigurations";
+    let hooks = webhooks(&shared.store(), id);
+    let mut warnings = Vec::new();
+    for hook in hooks {
+        let name = hook
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        if !should_call(&shared.store(), &hook, attrs)? {
+            continue;
+        }
+        let ignore = hook.get("failurePolicy").and_then(Value::as_str) == Some("Ignore");
+        match match_conditions(hook.get("matchConditions"), &request_bindings(attrs)) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(_) if ignore => continue,
+            Err(why) => {
+                return Err(webhook_error(
+                    &name,
+                    &format!("failed to evaluate match condition: {why}"),
+                ));
+            }
+        }
+        let side_effects = hook.get("sideEffects").and_then(Value::as_str);
+        if attrs.dry_run && !matches!(side_effects, Some("None" | "NoneOnDryRun")) {
+            return Err(ApiError::bad_request(format!(
+                "admission webhook {name:?} does not support dry run"
+            )));
+        }
+        let response = match call(shared, &hook, attrs).await {
+            Ok(r) => r,
+            Err(why) if ignore => {
+                warnings.push(format!("failed calling webhook {name:?} (ignored): {why}"));
+                continue;
+            }
+            Err(why) => return Err(webhook_error(&name, &why)),
+        };
+        if let Some(w) = response.get("warnings").and_then(Value::as_array) {
+            warnings.extend(w.iter().filter_map(Value::as_str).map(str::to_string));
+        }
+        if response.get("allowed").and_then(Value::as_bool) != Some(true) {
+            return Err(denial(&name, response.get("status")));
+        }
+        if mutate
+            && let Some(p) = response.get("patch").and_then(Value::as_str)
+            && let Some(object) = attrs.object.as_ref()
+        {
+            let raw = base64::engine::general_purpose::STANDARD
+                .decode(p)
+                .map_err(|e| {
+                    ApiError::new(
+                        500,
+                        "InternalError",
+                        format!(
+                            "Internal error occurred: webhook {name:?}: patch is not base64: {e}"
+                        ),
+                        None,
+                    )
+                })?;
+            let patched = patch::apply(PatchKind::Json, object, &raw).map_err(|e| {
+                ApiError::new(
+                    500,
+                    "InternalError",
+                    format!(
+                        "Internal error occurred: webhook {name:?}: patch does not apply: {}",
+                        e.message
+                    ),
+                    None,
+                )
+            })?;
+            attrs.object = Some(patched);
+        }
+    }
+    Ok(warnings)
+}
+
+/// Mutating admission: the mutating webhooks, in name order, each seeing the previous one's
+/// patch. Returns the warnings; `attrs.object` is the mutated object.
+pub(crate) async fn mutate(
+    shared: &Arc<Shared>,
+    attrs: &mut Attributes,
+) -> Result<Vec<String>, ApiError> {
+    if attrs.exempt() {
+        return Ok(Vec::new());
+    }
+    run_webhooks(shared, "mutatingwebhookconfigurations", attrs).await
+}
+
+/// Validating admission: the ValidatingAdmissionPolicies, then the validating webhooks.
+/// Returns the warnings.
+pub(crate) async fn validate(
+    shared: &Arc<Shared>,
+    attrs: &Attributes,
+) -> Result<Vec<String>, ApiError> {
+    if attrs.exempt() {
+        return Ok(Vec::new());
+    }
+    let mut warnings = admission_policy::validate(&shared.store(), attrs)?;
+    let mut attrs = attrs.clone();
+    warnings.extend(run_webhooks(shared, "validatingwebhookconfigurations", &mut attrs).await?);
+    Ok(warnings)
 }
 
 /// Where to call and which name the certificate must carry.
@@ -254,13 +602,7 @@ fn target(shared: &Shared, hook: &Value) -> Result<(SocketAddr, String, String),
 }
 
 /// Calls one webhook; returns its `response` object.
-async fn call(
-    shared: &Shared,
-    hook: &Value,
-    namespace: &str,
-    object: &Value,
-    dry_run: bool,
-) -> Result<Value, String> {
+async fn call(shared: &Shared, hook: &Value, attrs: &Attributes) -> Result<Value, String> {
     let (addr, server_name, path) = target(shared, hook)?;
     let ca = hook
         .pointer("/clientConfig/caBundle")
@@ -288,24 +630,10 @@ async fn call(
             .unwrap_or(10)
             .clamp(1, 30),
     );
-    let uid = format!("sandbox-{}", shared.store().resource_version());
+    let uid = new_uid();
     let review = json!({
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": { "group": "", "version": "v1", "kind": "Pod" },
-            "resource": { "group": "", "version": "v1", "resource": "pods" },
-            "requestKind": { "group": "", "version": "v1", "kind": "Pod" },
-            "requestResource": { "group": "", "version": "v1", "resource": "pods" },
-            "name": meta_str(object, "name").unwrap_or(""),
-            "namespace": namespace,
-            "operation": "CREATE",
-            "userInfo": { "username": "sandbox" },
-            "object": object,
-            "oldObject": null,
-            "dryRun": dry_run,
-            "options": { "apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions" },
-        },
+        "request": attrs.request(&uid, true),
     });
     let exchange = async {
         let server_name = ServerName::try_from(server_name.clone())
@@ -367,6 +695,12 @@ async fn call(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::apiserver::discovery;
+
+    fn attrs(op: Operation, id: &str, sub: Option<&str>, ns: Option<&str>) -> Attributes {
+        let def = discovery::by_id(id).expect("a resource");
+        Attributes::new(op, def, sub, ns, "x", &Identity::admin(), false)
+    }
 
     #[test]
     fn namespace_selectors_match_like_label_selectors() {
@@ -386,10 +720,142 @@ mod tests {
             &json!({ "kubernetes.io/metadata.name": "kube-system" })
         ));
         assert!(selector_matches(None, &labels));
-        let hook = json!({ "rules": [{ "operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"] }] });
-        assert!(matches_pod_create(&hook));
-        assert!(!matches_pod_create(
-            &json!({ "rules": [{ "operations": ["UPDATE"], "apiGroups": [""], "resources": ["pods"] }] })
+    }
+
+    #[test]
+    fn rules_match_as_upstreams_rule_matcher() {
+        use Operation::*;
+        let pod_create = attrs(Create, "pods", None, Some("ml"));
+        let binding = attrs(Create, "pods", Some("binding"), Some("ml"));
+        let node_status = attrs(Update, "nodes", Some("status"), None);
+        let ns_update = attrs(Update, "namespaces", None, None);
+        let slice_delete = attrs(Delete, "resourceslices", None, None);
+        let rule = |ops: &[&str], groups: &[&str], resources: &[&str], scope: Option<&str>| {
+            let mut r = json!({ "operations": ops, "apiGroups": groups, "apiVersions": ["*"],
+                                "resources": resources });
+            if let Some(s) = scope {
+                r["scope"] = json!(s);
+            }
+            r
+        };
+        let table: &[(Value, &Attributes, bool)] = &[
+            (rule(&["CREATE"], &[""], &["pods"], None), &pod_create, true),
+            (
+                rule(&["UPDATE"], &[""], &["pods"], None),
+                &pod_create,
+                false,
+            ),
+            (rule(&["*"], &["*"], &["*"], None), &pod_create, true),
+            // `pods` and `*` do not match a subresource; `pods/*`, `*/binding` and `*/*` do
+            (rule(&["CREATE"], &[""], &["pods"], None), &binding, false),
+            (rule(&["CREATE"], &[""], &["*"], None), &binding, false),
+            (
+                rule(&["CREATE"], &[""], &["pods/binding"], None),
+                &binding,
+                true,
+            ),
+            (rule(&["CREATE"], &[""], &["pods/*"], None), &binding, true),
+            (
+                rule(&["CREATE"], &[""], &["*/binding"], None),
+                &binding,
+                true,
+            ),
+            (
+                rule(&["CREATE"], &[""], &["pods/*"], None),
+                &pod_create,
+                true,
+            ),
+            (
+                rule(&["UPDATE"], &[""], &["nodes"], None),
+                &node_status,
+                false,
+            ),
+            (
+                rule(&["UPDATE"], &[""], &["nodes/status"], None),
+                &node_status,
+                true,
+            ),
+            (
+                rule(&["*"], &["*"], &["*/*"], Some("Cluster")),
+                &node_status,
+                true,
+            ),
+            (
+                rule(&["*"], &["*"], &["*/*"], Some("Namespaced")),
+                &node_status,
+                false,
+            ),
+            (
+                rule(&["*"], &["*"], &["*"], Some("Namespaced")),
+                &pod_create,
+                true,
+            ),
+            // a Namespace is cluster-scoped, though its namespace is its own name
+            (
+                rule(&["*"], &["*"], &["*"], Some("Namespaced")),
+                &ns_update,
+                false,
+            ),
+            (
+                rule(&["*"], &["*"], &["*"], Some("Cluster")),
+                &ns_update,
+                true,
+            ),
+            (
+                rule(&["DELETE"], &["resource.k8s.io"], &["resourceslices"], None),
+                &slice_delete,
+                true,
+            ),
+            (
+                rule(&["DELETE"], &[""], &["resourceslices"], None),
+                &slice_delete,
+                false,
+            ),
+        ];
+        for (r, a, want) in table {
+            assert_eq!(
+                rule_matches(r, a),
+                *want,
+                "{r} on {:?} {}/{}",
+                a.operation,
+                a.def.plural,
+                a.subresource
+            );
+        }
+        assert_eq!(binding.kind.2, "Binding");
+        assert_eq!(
+            ns_update.namespace, "x",
+            "a namespace's namespace is its name"
+        );
+    }
+
+    #[test]
+    fn selectors_need_the_namespace_and_read_old_and_new_labels() {
+        let mut store = Store::new();
+        let mut a = attrs(Operation::Update, "pods", None, Some("ml"));
+        let selector = json!({ "matchLabels": { "team": "a" } });
+        let missing = namespace_selector_matches(&store, Some(&selector), &a).expect_err("404");
+        assert_eq!(
+            (missing.code, missing.message.as_str()),
+            (404, "namespaces \"ml\" not found")
+        );
+        assert!(namespace_selector_matches(&store, Some(&json!({})), &a).expect("empty"));
+        store
+            .create_value(json!({ "apiVersion": "v1", "kind": "Namespace",
+                                  "metadata": { "name": "ml", "labels": { "team": "a" } } }))
+            .expect("namespace");
+        assert!(namespace_selector_matches(&store, Some(&selector), &a).expect("labels"));
+        let name = json!({ "matchLabels": { "kubernetes.io/metadata.name": "ml" } });
+        assert!(namespace_selector_matches(&store, Some(&name), &a).expect("name label"));
+        a.old_object = Some(json!({ "metadata": { "labels": { "app": "old" } } }));
+        a.object = Some(json!({ "metadata": { "labels": { "app": "new" } } }));
+        for app in ["old", "new"] {
+            let s = json!({ "matchLabels": { "app": app } });
+            assert!(object_selector_matches(Some(&s), &a), "{app}");
+        }
+        assert!(!object_selector_matches(
+            Some(&json!({ "matchLabels": { "app": "x" } })),
+            &a
         ));
     }
 }

@@ -284,7 +284,7 @@ pub(crate) fn invalid_status_of(
     }
     ApiError {
         code: 422,
-        reason: "Invalid",
+        reason: "Invalid".into(),
         message,
         details: Some(details),
     }

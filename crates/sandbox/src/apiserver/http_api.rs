@@ -17,14 +17,19 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
 
-use super::admission;
+use super::admission::{self, Attributes, Operation};
 use super::discovery::{self, ResourceDef};
+use super::identity::{self, Identity};
 use super::patch::PatchKind;
 use super::selector::Selectors;
-use super::store::{ApiError, EventType, Objects, Part, StoredEvent, count_in, list_in, meta_str};
+use super::store::{
+    ApiError, EventType, Objects, Origin, Part, PreparedPatch, StoredEvent, count_in, list_in,
+    meta_str,
+};
 use super::table::{self, IncludeObject};
 use super::watch_cache::{ListRead, too_large};
-use super::{FaultAction, RecordedRequest, Shared};
+use super::{FaultAction, RecordedRequest, Refusal, Shared};
+use super::{protobuf_body, rbac, request_info, reviews, serving_tls};
 
 type Body = BoxBody<Bytes, std::io::Error>;
 
@@ -38,9 +43,15 @@ async fn stopped(shutdown: &mut tokio::sync::watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
-/// Accepts connections until shutdown.
-pub(super) async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+/// Accepts connections until shutdown: plain HTTP, or HTTPS when the first byte is a TLS
+/// handshake (see `serving_tls`).
+pub(super) async fn serve(
+    listener: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+    tls: Arc<tokio_rustls::rustls::ServerConfig>,
+) {
     let mut shutdown = shared.shutdown.clone();
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     loop {
         let accepted = tokio::select! {
             _ = stopped(&mut shutdown) => break,
@@ -50,13 +61,24 @@ pub(super) async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>
             continue;
         };
         let shared = shared.clone();
+        let acceptor = acceptor.clone();
         let mut conn_shutdown = shared.shutdown.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| handle(shared.clone(), req));
-            let conn = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service);
+            let mut first = [0u8; 1];
+            let tls = matches!(stream.peek(&mut first).await, Ok(1) if first[0] == serving_tls::HANDSHAKE);
+            let http = hyper::server::conn::http1::Builder::new();
+            let serve = async move {
+                if tls {
+                    if let Ok(stream) = acceptor.accept(stream).await {
+                        let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                    }
+                } else {
+                    let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                }
+            };
             tokio::select! {
-                _ = conn => {}
+                _ = serve => {}
                 _ = stopped(&mut conn_shutdown) => {}
             }
         });
@@ -110,13 +132,40 @@ async fn handle(
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    let authorization = parts
+        .headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let user = shared.authenticate(identity::bearer(authorization));
     shared.record(RecordedRequest {
         method: parts.method.clone(),
         path: path.clone(),
         query: query.clone(),
         content_type: content_type.clone(),
         body: String::from_utf8_lossy(&bytes).into_owned(),
+        username: user.as_ref().ok().map(|u| u.username.clone()),
     });
+    let refused = |username: Option<String>, err: ApiError| {
+        shared.refuse(Refusal {
+            method: parts.method.clone(),
+            path: path.clone(),
+            query: query.clone(),
+            username,
+            code: err.code,
+            message: err.message.clone(),
+        });
+        Ok(error_response(&err))
+    };
+    let Ok(user) = user else {
+        return refused(None, ApiError::unauthorized());
+    };
+    let parsed_query = parse_query(&query);
+    let attributes = request_info::resolve(&parts.method, &path, &parsed_query);
+    let decision = rbac::authorize(&shared.store(), &user, &attributes);
+    if !decision.allowed {
+        let err = rbac::forbidden(&user, &attributes, &decision.reason);
+        return refused(Some(user.username.clone()), err);
+    }
     let path_and_query = if query.is_empty() {
         path.clone()
     } else {
@@ -148,10 +197,10 @@ async fn handle(
             "the request body is too large",
         )));
     }
-    let mut request = Req {
+    let request = Req {
         method: parts.method,
         path,
-        query: parse_query(&query),
+        query: parsed_query,
         path_and_query,
         content_type,
         accept: parts
@@ -160,30 +209,11 @@ async fn handle(
             .and_then(|v| v.to_str().ok())
             .map(str::to_string),
         body: bytes,
+        user,
     };
-    let mut warnings = Vec::new();
-    if let Some(namespace) = pod_create_namespace(&request) {
-        let dry_run = request
-            .query
-            .iter()
-            .any(|(k, v)| k == "dryRun" && v == "All");
-        let admitted = match request.json_body() {
-            Ok(pod) => admission::admit_pod_create(&shared, &namespace, pod, dry_run).await,
-            Err(err) => Err(err),
-        };
-        match admitted {
-            // As kube-apiserver: a dry run is admitted and answered, never stored.
-            Ok(a) if dry_run => return Ok(json_response(201, &a.object)),
-            Ok(a) => {
-                request.body = Bytes::from(a.object.to_string());
-                warnings = a.warnings;
-            }
-            Err(err) => return Ok(error_response(&err)),
-        }
-    }
-    let mut response = match fault {
+    let response = match fault {
         Some(FaultAction::ApplyThenDrop) => {
-            drop(route(&shared, &request));
+            drop(route(&shared, &request).await);
             return Err(std::io::Error::new(
                 std::io::ErrorKind::ConnectionAborted,
                 "injected fault: applied, answer dropped",
@@ -196,7 +226,7 @@ async fn handle(
             let late = shared.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
-                let response = route(&late, &request);
+                let response = route(&late, &request).await;
                 late.controls().late_in_flight -= 1;
                 let _ = tx.send(response);
             });
@@ -210,7 +240,7 @@ async fn handle(
             let late = shared.clone();
             tokio::spawn(async move {
                 hold.pass().await;
-                let response = route(&late, &request);
+                let response = route(&late, &request).await;
                 late.controls().late_in_flight -= 1;
                 let _ = tx.send(response);
             });
@@ -222,37 +252,24 @@ async fn handle(
             }
         }
         Some(FaultAction::AnswerLate(delay)) => {
-            let response = route(&shared, &request);
+            let response = route(&shared, &request).await;
             tokio::time::sleep(delay).await;
             response
         }
-        _ => route(&shared, &request),
+        _ => route(&shared, &request).await,
     };
+    Ok(response)
+}
+
+/// `response` with a `Warning: 299 - "<text>"` header per warning (admission's).
+fn with_warnings(mut response: Response<Body>, warnings: &[String]) -> Response<Body> {
     for w in warnings {
         let text = format!("299 - \"{}\"", w.replace(['"', '\n', '\r'], " "));
         if let Ok(v) = http::HeaderValue::from_str(&text) {
             response.headers_mut().append(http::header::WARNING, v);
         }
     }
-    Ok(response)
-}
-
-/// The namespace of a pod create (`POST /api/v1/namespaces/<ns>/pods`), which goes through
-/// the admission webhooks first.
-fn pod_create_namespace(req: &Req) -> Option<String> {
-    if req.method != Method::POST {
-        return None;
-    }
-    match req
-        .path
-        .split('/')
-        .filter(|s| !s.is_empty())
-        .collect::<Vec<_>>()
-        .as_slice()
-    {
-        ["api", "v1", "namespaces", ns, "pods"] => Some(ns.to_string()),
-        _ => None,
-    }
+    response
 }
 
 /// A request, parsed.
@@ -264,6 +281,8 @@ struct Req {
     content_type: Option<String>,
     accept: Option<String>,
     body: Bytes,
+    /// The authenticated identity.
+    user: Identity,
 }
 
 impl Req {
@@ -281,6 +300,14 @@ impl Req {
     fn json_body(&self) -> Result<Value, ApiError> {
         if self.body.is_empty() {
             return Err(ApiError::bad_request("the request has no body"));
+        }
+        if self
+            .content_type
+            .as_deref()
+            .is_some_and(|c| c.starts_with(protobuf_body::PROTOBUF))
+        {
+            return protobuf_body::decode(&self.body)
+                .map_err(|why| ApiError::with_code(415, "UnsupportedMediaType", &why));
         }
         match serde_json::from_slice::<Value>(&self.body) {
             Ok(v) => Ok(v),
@@ -389,7 +416,7 @@ fn resource_target(group: &str, version: &str, rest: &[&str]) -> Option<Target> 
     }
 }
 
-fn route(shared: &Arc<Shared>, req: &Req) -> Response<Body> {
+async fn route(shared: &Arc<Shared>, req: &Req) -> Response<Body> {
     let segments: Vec<&str> = req.path.split('/').filter(|s| !s.is_empty()).collect();
     let discovery_doc = match segments.as_slice() {
         ["version"] => Some(discovery::version(shared.store().cluster().minor())),
@@ -436,20 +463,25 @@ fn route(shared: &Arc<Shared>, req: &Req) -> Response<Body> {
         return error_response(&ApiError::path_not_found());
     };
     match target {
-        Target::Collection { def, namespace } => collection(shared, req, def, namespace.as_deref()),
+        Target::Collection { def, namespace } => {
+            collection(shared, req, def, namespace.as_deref()).await
+        }
         Target::Object {
             def,
             namespace,
             name,
             subresource,
-        } => object(
-            shared,
-            req,
-            def,
-            namespace.as_deref(),
-            &name,
-            subresource.as_deref(),
-        ),
+        } => {
+            object(
+                shared,
+                req,
+                def,
+                namespace.as_deref(),
+                &name,
+                subresource.as_deref(),
+            )
+            .await
+        }
     }
 }
 
@@ -458,7 +490,7 @@ fn selectors(req: &Req) -> Result<Selectors, ApiError> {
         .map_err(ApiError::bad_request)
 }
 
-fn collection(
+async fn collection(
     shared: &Arc<Shared>,
     req: &Req,
     def: &'static ResourceDef,
@@ -466,7 +498,7 @@ fn collection(
 ) -> Response<Body> {
     if !def.stored {
         return if req.method == Method::POST {
-            respond(access_review(shared, req))
+            respond(review(shared, req, def))
         } else {
             error_response(&ApiError::method_not_allowed(&req.method))
         };
@@ -477,19 +509,360 @@ fn collection(
             Err(err) => error_response(&err),
         },
         Method::GET => list(shared, req, def, namespace),
-        Method::POST if req.param("dryRun") == Some("All") => respond(
-            req.json_body()
-                .and_then(|obj| shared.store().create_dry_run(def, namespace, obj))
-                .map(|obj| (201, obj)),
-        ),
-        Method::POST => respond(
-            req.json_body()
-                .and_then(|obj| shared.store().create(def, namespace, obj))
-                .map(|obj| (201, obj)),
-        ),
-        Method::DELETE => respond(delete_collection(shared, req, def, namespace)),
+        Method::POST => match req.json_body() {
+            Ok(obj) => create(shared, req, def, namespace, obj).await,
+            Err(err) => error_response(&err),
+        },
+        Method::DELETE => match delete_collection(shared, req, def, namespace).await {
+            Ok((code, value, warnings)) => with_warnings(json_response(code, &value), &warnings),
+            Err(err) => error_response(&err),
+        },
         _ => error_response(&ApiError::method_not_allowed(&req.method)),
     }
+}
+
+/// How often a write whose object changed while it was admitted is tried (as upstream's
+/// `GuaranteedUpdate` retries a patch).
+const WRITE_ATTEMPTS: usize = 5;
+
+impl Req {
+    /// `dryRun=All` (the only value upstream accepts) in the query.
+    fn dry_run(&self) -> bool {
+        self.param("dryRun") == Some("All")
+    }
+}
+
+fn is_conflict(err: &ApiError) -> bool {
+    err.code == 409 && err.reason == "Conflict"
+}
+
+/// A create: mutating admission on the object as sent (its namespace the request's), the
+/// create's checks and defaults (name generated), validating admission, then stored (or, in a
+/// dry run, answered). Without admission configured, the direct path.
+async fn create(
+    shared: &Arc<Shared>,
+    req: &Req,
+    def: &'static ResourceDef,
+    namespace: Option<&str>,
+    mut obj: Value,
+) -> Response<Body> {
+    let dry_run = req.dry_run();
+    {
+        let mut store = shared.store();
+        if !admission::configured(&store) {
+            let created = if dry_run {
+                store.create_dry_run(def, namespace, obj)
+            } else {
+                store.create(def, namespace, obj)
+            };
+            return respond(created.map(|obj| (201, obj)));
+        }
+    }
+    if def.namespaced
+        && let Some(ns) = namespace
+        && let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut)
+        && meta
+            .get("namespace")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+    {
+        meta.insert("namespace".into(), json!(ns));
+    }
+    let name = meta_str(&obj, "name").unwrap_or("").to_string();
+    let mut attrs = Attributes::new(
+        Operation::Create,
+        def,
+        None,
+        namespace,
+        &name,
+        &req.user,
+        dry_run,
+    );
+    attrs.object = Some(obj);
+    let mut warnings = match admission::mutate(shared, &mut attrs).await {
+        Ok(w) => w,
+        Err(err) => return error_response(&err),
+    };
+    let prepared = shared.store().admit_create(
+        def,
+        namespace,
+        attrs.object.take().unwrap_or(Value::Null),
+        Origin::Request,
+    );
+    let (key, prepared) = match prepared {
+        Ok(p) => p,
+        Err(err) => return error_response(&err),
+    };
+    attrs.name = key.2.clone();
+    attrs.object = Some(prepared.clone());
+    match admission::validate(shared, &attrs).await {
+        Ok(w) => warnings.extend(w),
+        Err(err) => return error_response(&err),
+    }
+    let result = {
+        let mut store = shared.store();
+        if dry_run {
+            Ok(store.dry_run_view(def, prepared))
+        } else {
+            store.commit_create(def, key, prepared)
+        }
+    };
+    with_warnings(respond(result.map(|obj| (201, obj))), &warnings)
+}
+
+/// The object (or its subresource) a PUT or PATCH addresses.
+#[derive(Clone, Copy)]
+struct Addressed<'a> {
+    def: &'static ResourceDef,
+    namespace: Option<&'a str>,
+    name: &'a str,
+    subresource: Option<&'a str>,
+    part: Part,
+}
+
+/// The body of a PUT or PATCH.
+enum Change<'a> {
+    Put(Value),
+    Patch(PatchKind, &'a [u8]),
+}
+
+/// An update (PUT) or patch: the new object computed from the stored one, admitted as an
+/// `UPDATE` (mutating, then validating), then stored if the stored object is still the one it
+/// was computed from (else, for a patch or an unconditional PUT, computed again). An apply
+/// patch of a missing object is a create. Without admission configured, the direct path.
+async fn update(
+    shared: &Arc<Shared>,
+    req: &Req,
+    at: Addressed<'_>,
+    change: Change<'_>,
+) -> Response<Body> {
+    let Addressed {
+        def,
+        namespace,
+        name,
+        subresource,
+        part,
+    } = at;
+    let dry_run = req.dry_run();
+    let retry = match &change {
+        Change::Patch(..) => true,
+        Change::Put(obj) => meta_str(obj, "resourceVersion").is_none_or(str::is_empty),
+    };
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let prepared = {
+            let mut store = shared.store();
+            if !dry_run && !admission::configured(&store) {
+                return match &change {
+                    Change::Put(obj) => respond(
+                        store
+                            .update(def, namespace, name, obj.clone(), part)
+                            .map(|obj| (200, obj)),
+                    ),
+                    Change::Patch(kind, body) => respond(
+                        store
+                            .patch(def, namespace, name, *kind, body, part)
+                            .map(|(obj, created)| (if created { 201 } else { 200 }, obj)),
+                    ),
+                };
+            }
+            match &change {
+                Change::Put(obj) => store
+                    .prepare_update(def, namespace, name, obj.clone(), part)
+                    .map(|(current, next)| PreparedPatch::Update { current, next }),
+                Change::Patch(kind, body) => {
+                    store.prepare_patch(def, namespace, name, *kind, body, part)
+                }
+            }
+        };
+        let (current, next) = match prepared {
+            Ok(PreparedPatch::Update { current, next }) => (current, next),
+            Ok(PreparedPatch::Create(obj)) => {
+                return create(shared, req, def, namespace, obj).await;
+            }
+            Err(err) => return error_response(&err),
+        };
+        let mut attrs = Attributes::new(
+            Operation::Update,
+            def,
+            subresource,
+            namespace,
+            name,
+            &req.user,
+            dry_run,
+        );
+        attrs.old_object = Some(current.clone());
+        attrs.object = Some(next);
+        let mut warnings = match admission::mutate(shared, &mut attrs).await {
+            Ok(w) => w,
+            Err(err) => return error_response(&err),
+        };
+        match admission::validate(shared, &attrs).await {
+            Ok(w) => warnings.extend(w),
+            Err(err) => return error_response(&err),
+        }
+        let mut next = attrs.object.take().unwrap_or(Value::Null);
+        if dry_run {
+            let view = shared.store().dry_run_view(def, next);
+            return with_warnings(json_response(200, &view), &warnings);
+        }
+        if let Some(rv) = current.pointer("/metadata/resourceVersion").cloned()
+            && let Some(meta) = next.get_mut("metadata").and_then(Value::as_object_mut)
+        {
+            meta.insert("resourceVersion".into(), rv);
+        }
+        let stored = shared.store().update(def, namespace, name, next, part);
+        match stored {
+            Err(err) if retry && is_conflict(&err) && attempt < WRITE_ATTEMPTS => continue,
+            other => return with_warnings(respond(other.map(|obj| (200, obj))), &warnings),
+        }
+    }
+}
+
+/// A delete: admitted as a `DELETE` of the stored object, then removed if it is still that
+/// object (else admitted again). Without admission configured, the direct path.
+async fn delete(
+    shared: &Arc<Shared>,
+    req: &Req,
+    def: &'static ResourceDef,
+    namespace: Option<&str>,
+    name: &str,
+) -> Response<Body> {
+    let options: Value = if req.body.is_empty() {
+        json!({})
+    } else {
+        match serde_json::from_slice(&req.body) {
+            Ok(v) => v,
+            Err(e) => {
+                return error_response(&ApiError::bad_request(format!(
+                    "error decoding DeleteOptions: {e}"
+                )));
+            }
+        }
+    };
+    let uid = options
+        .pointer("/preconditions/uid")
+        .and_then(Value::as_str);
+    let rv = options
+        .pointer("/preconditions/resourceVersion")
+        .and_then(Value::as_str);
+    let dry_run = req.dry_run()
+        || options
+            .get("dryRun")
+            .and_then(Value::as_array)
+            .is_some_and(|d| d.iter().any(|v| v == "All"));
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let current = {
+            let mut store = shared.store();
+            if !dry_run && !admission::configured(&store) {
+                return respond(
+                    store
+                        .delete(def, namespace, name, uid, rv)
+                        .map(|obj| (200, obj)),
+                );
+            }
+            store.prepare_delete(def, namespace, name, uid, rv)
+        };
+        let current = match current {
+            Ok(c) => c,
+            Err(err) => return error_response(&err),
+        };
+        match admit_delete(shared, req, def, namespace, name, &current, dry_run).await {
+            Ok(warnings) if dry_run => {
+                return with_warnings(json_response(200, &current), &warnings);
+            }
+            Ok(warnings) => {
+                let deleted = shared.store().delete(
+                    def,
+                    namespace,
+                    name,
+                    meta_str(&current, "uid"),
+                    meta_str(&current, "resourceVersion"),
+                );
+                match deleted {
+                    Err(err) if is_conflict(&err) && attempt < WRITE_ATTEMPTS => continue,
+                    other => return with_warnings(respond(other.map(|obj| (200, obj))), &warnings),
+                }
+            }
+            Err(err) => return error_response(&err),
+        }
+    }
+}
+
+/// Admission of the `DELETE` of `current`: the warnings, or the refusal.
+async fn admit_delete(
+    shared: &Arc<Shared>,
+    req: &Req,
+    def: &'static ResourceDef,
+    namespace: Option<&str>,
+    name: &str,
+    current: &Value,
+    dry_run: bool,
+) -> Result<Vec<String>, ApiError> {
+    let mut attrs = Attributes::new(
+        Operation::Delete,
+        def,
+        None,
+        namespace,
+        name,
+        &req.user,
+        dry_run,
+    );
+    attrs.old_object = Some(current.clone());
+    let mut warnings = admission::mutate(shared, &mut attrs).await?;
+    warnings.extend(admission::validate(shared, &attrs).await?);
+    Ok(warnings)
+}
+
+/// `pods/binding`: admitted as the `CREATE` of a `Binding`, then applied.
+async fn bind(
+    shared: &Arc<Shared>,
+    req: &Req,
+    def: &'static ResourceDef,
+    namespace: Option<&str>,
+    name: &str,
+) -> Response<Body> {
+    let binding = match req.json_body() {
+        Ok(b) => b,
+        Err(err) => return error_response(&err),
+    };
+    let dry_run = req.dry_run();
+    let success = json!({ "kind": "Status", "apiVersion": "v1", "metadata": {},
+                          "status": "Success", "code": 201 });
+    let configured = admission::configured(&shared.store());
+    let (binding, warnings) = if configured || dry_run {
+        let mut attrs = Attributes::new(
+            Operation::Create,
+            def,
+            Some("binding"),
+            namespace,
+            name,
+            &req.user,
+            dry_run,
+        );
+        attrs.object = Some(binding);
+        let mut warnings = match admission::mutate(shared, &mut attrs).await {
+            Ok(w) => w,
+            Err(err) => return error_response(&err),
+        };
+        match admission::validate(shared, &attrs).await {
+            Ok(w) => warnings.extend(w),
+            Err(err) => return error_response(&err),
+        }
+        if dry_run {
+            return with_warnings(json_response(201, &success), &warnings);
+        }
+        (attrs.object.take().unwrap_or(Value::Null), warnings)
+    } else {
+        (binding, Vec::new())
+    };
+    let bound = shared
+        .store()
+        .bind(namespace.unwrap_or("default"), name, &binding);
+    with_warnings(respond(bound.map(|()| (201, success))), &warnings)
 }
 
 /// Where a paged list goes on: after `(ns, name)`, with `returned` objects handed out so far
@@ -660,29 +1033,49 @@ fn list(
     )
 }
 
-fn delete_collection(
+async fn delete_collection(
     shared: &Arc<Shared>,
     req: &Req,
     def: &'static ResourceDef,
     namespace: Option<&str>,
-) -> Result<(u16, Value), ApiError> {
+) -> Result<(u16, Value, Vec<String>), ApiError> {
     let selectors = selectors(req)?;
-    let mut store = shared.store();
-    let (doomed, _) = store.list(def, namespace, None, 0, &|obj| selectors.matches(obj));
+    let dry_run = req.dry_run();
+    let (doomed, configured) = {
+        let store = shared.store();
+        let (doomed, _) = store.list(def, namespace, None, 0, &|obj| selectors.matches(obj));
+        (doomed, admission::configured(&store))
+    };
     let mut items = Vec::new();
-    for (ns, name, _) in doomed {
+    let mut warnings = Vec::new();
+    for (ns, name, current) in doomed {
         let ns = (!ns.is_empty()).then_some(ns);
-        items.push(store.delete(def, ns.as_deref(), &name, None, None)?);
+        if configured || dry_run {
+            warnings.extend(
+                admit_delete(shared, req, def, ns.as_deref(), &name, &current, dry_run).await?,
+            );
+        }
+        if dry_run {
+            items.push(current);
+            continue;
+        }
+        match shared.store().delete(def, ns.as_deref(), &name, None, None) {
+            Ok(deleted) => items.push(deleted),
+            // Deleted meanwhile: as upstream, not an error of the collection's delete.
+            Err(err) if err.code == 404 => {}
+            Err(err) => return Err(err),
+        }
     }
-    let rv = store.resource_version();
+    let rv = shared.store().resource_version();
     Ok((
         200,
         json!({ "kind": def.list_kind(), "apiVersion": def.api_version(),
                 "metadata": { "resourceVersion": rv.to_string() }, "items": items }),
+        warnings,
     ))
 }
 
-fn object(
+async fn object(
     shared: &Arc<Shared>,
     req: &Req,
     def: &'static ResourceDef,
@@ -698,21 +1091,19 @@ fn object(
         Some("status") if def.status => Part::Status,
         Some("binding") if def.binding => {
             return if req.method == Method::POST {
-                respond(req.json_body().and_then(|binding| {
-                    shared
-                        .store()
-                        .bind(namespace.unwrap_or("default"), name, &binding)?;
-                    Ok((
-                        201,
-                        json!({ "kind": "Status", "apiVersion": "v1", "metadata": {},
-                                "status": "Success", "code": 201 }),
-                    ))
-                }))
+                bind(shared, req, def, namespace, name).await
             } else {
                 error_response(&ApiError::method_not_allowed(&req.method))
             };
         }
         Some(_) => return error_response(&ApiError::path_not_found()),
+    };
+    let at = Addressed {
+        def,
+        namespace,
+        name,
+        subresource,
+        part,
     };
     match req.method {
         Method::GET => {
@@ -729,81 +1120,33 @@ fn object(
                 other => respond(other.map(|obj| (200, obj))),
             }
         }
-        Method::PUT => respond(
-            req.json_body()
-                .and_then(|obj| shared.store().update(def, namespace, name, obj, part))
-                .map(|obj| (200, obj)),
-        ),
+        Method::PUT => match req.json_body() {
+            Ok(obj) => update(shared, req, at, Change::Put(obj)).await,
+            Err(err) => error_response(&err),
+        },
         Method::PATCH => {
             let content_type = req.content_type.as_deref().unwrap_or("");
             let Some(kind) = PatchKind::from_content_type(content_type) else {
                 return error_response(&ApiError::unsupported_media_type(content_type));
             };
-            respond(
-                shared
-                    .store()
-                    .patch(def, namespace, name, kind, &req.body, part)
-                    .map(|(obj, created)| (if created { 201 } else { 200 }, obj)),
-            )
+            update(shared, req, at, Change::Patch(kind, &req.body)).await
         }
-        Method::DELETE if part == Part::Main => {
-            let options: Value = if req.body.is_empty() {
-                json!({})
-            } else {
-                match serde_json::from_slice(&req.body) {
-                    Ok(v) => v,
-                    Err(e) => {
-                        return error_response(&ApiError::bad_request(format!(
-                            "error decoding DeleteOptions: {e}"
-                        )));
-                    }
-                }
-            };
-            let uid = options
-                .pointer("/preconditions/uid")
-                .and_then(Value::as_str);
-            let rv = options
-                .pointer("/preconditions/resourceVersion")
-                .and_then(Value::as_str);
-            respond(
-                shared
-                    .store()
-                    .delete(def, namespace, name, uid, rv)
-                    .map(|obj| (200, obj)),
-            )
-        }
+        Method::DELETE if part == Part::Main => delete(shared, req, def, namespace, name).await,
         _ => error_response(&ApiError::method_not_allowed(&req.method)),
     }
 }
 
-fn access_review(shared: &Arc<Shared>, req: &Req) -> Result<(u16, Value), ApiError> {
-    let mut review = req.json_body()?;
-    if !review.is_object() {
-        return Err(ApiError::bad_request("the review is not a JSON object"));
+/// A self review (see `reviews`), answered for the requesting identity.
+fn review(shared: &Arc<Shared>, req: &Req, def: &ResourceDef) -> Result<(u16, Value), ApiError> {
+    if def.id == "selfsubjectreviews" {
+        return Ok(reviews::subject_review(&req.user, &def.api_version()));
     }
-    let attributes = review.pointer("/spec/resourceAttributes");
-    let field = |f: &str| {
-        attributes
-            .and_then(|a| a.get(f))
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string()
-    };
-    let verb = field("verb");
-    let resource = match field("subresource").as_str() {
-        "" => field("resource"),
-        sub => format!("{}/{sub}", field("resource")),
-    };
-    let allowed = !shared.is_denied(&verb, &resource);
-    review["apiVersion"] = json!("authorization.k8s.io/v1");
-    review["kind"] = json!("SelfSubjectAccessReview");
-    review["status"] = if allowed {
-        json!({ "allowed": true, "reason": "sandbox API server allows everything" })
-    } else {
-        json!({ "allowed": false, "denied": true,
-                "reason": format!("sandbox API server denies {verb} on {resource}") })
-    };
-    Ok((201, review))
+    let body = req.json_body()?;
+    let store = shared.store();
+    match def.id {
+        "selfsubjectrulesreviews" => reviews::rules_review(&store, &req.user, body),
+        _ => reviews::access_review(&store, &req.user, body),
+    }
 }
 
 /// One watch event line.

@@ -1,10 +1,20 @@
 //! An in-process Kubernetes API server for tests and `gpushare demo` — a test double, never
 //! for production.
 //!
-//! [`ApiServer::start`] serves real HTTP/1.1 on `127.0.0.1:<random port>` from an in-memory
-//! store and writes a kubeconfig file for it, so that kube-rs ([`ApiServer::client`]) and
-//! the real `kubectl` binaries (`--kubeconfig` [`ApiServer::kubeconfig_path`]) talk to it as
-//! to a cluster.
+//! [`ApiServer::start`] serves real HTTP/1.1 on `127.0.0.1:<random port>` (plain HTTP and
+//! HTTPS on the one port, see `serving_tls`) from an in-memory store and writes a kubeconfig
+//! file for it, so that kube-rs ([`ApiServer::admin_client`]) and the real `kubectl` binaries
+//! (`--kubeconfig` [`ApiServer::admin_kubeconfig_path`]) talk to it as to a cluster.
+//!
+//! # Identities
+//! Every request needs a bearer token the server minted (`identity`): without one it is
+//! answered `401 Unauthorized`. [`ApiServer::admin_client`] and
+//! [`ApiServer::admin_kubeconfig_path`] are the cluster administrator ([`Identity::admin`],
+//! group `system:masters`, allowed everything) — a test that bypasses RBAC says so by that
+//! name. [`ApiServer::kubeconfig_for`], [`ApiServer::client_for`] and
+//! [`ApiServer::service_account_kubeconfig`] mint one for any [`Identity`]: a user, or a
+//! ServiceAccount (authenticated while its object exists) optionally with the node-name extra
+//! of a pod-bound token ([`Identity::on_node`]).
 //!
 //! # Supported surface
 //! - Discovery: `/version`, `/api`, `/api/v1`, `/apis`, `/apis/<group>[/<version>]`.
@@ -13,11 +23,19 @@
 //!   field validation, and `/openapi/v2` (JSON or the protobuf kubectl asks for) declares
 //!   the same for kubectl 1.27, so kubectl skips client-side schema validation. No schemas
 //!   are served: `kubectl explain` and client-side `kubectl apply` do not work.
+//! - Authorization (`rbac`, `request_info`): upstream's RBAC authorizer over the stored
+//!   Roles, ClusterRoles, RoleBindings and ClusterRoleBindings (verbs, apiGroups, resources
+//!   and subresources with `*/sub`, resourceNames, nonResourceURLs, wildcards), the verb and
+//!   name of each request resolved as upstream's RequestInfo does (a `metadata.name` field
+//!   selector names a list or watch); `system:masters` is allowed everything; a refusal is
+//!   upstream's 403 `Status`. The bootstrap policy is seeded (`cluster-admin`, discovery, the
+//!   self reviews, `/version` and health for every authenticated user).
 //! - Resources: core/v1 `pods` (namespaced and all-namespaces), `nodes`, `configmaps`,
 //!   `events`, `namespaces`; `events.k8s.io/v1` `events` (stored apart from core events, id
 //!   `events.events.k8s.io`); `coordination.k8s.io/v1` `leases`;
-//!   `authorization.k8s.io/v1` `selfsubjectaccessreviews` (create only, allowed unless a
-//!   rule from [`ApiServer::deny_access`] matches).
+//!   `authorization.k8s.io/v1` `selfsubjectaccessreviews` and `selfsubjectrulesreviews`,
+//!   `authentication.k8s.io/v1` `selfsubjectreviews` (create only, answered for the caller
+//!   from the same rules, JSON or the protobuf kubectl sends: `reviews`, `protobuf_body`).
 //! - Verbs: get; list with `labelSelector` (`k=v`, `k==v`, `k!=v`, `k`, `!k`, `k in (..)`,
 //!   `k notin (..)`), `fieldSelector` (any dotted field path with `=`, `==`, `!=`, a missing
 //!   field reads as empty), `limit`/`continue` and `resourceVersion`/`resourceVersionMatch`
@@ -36,15 +54,23 @@
 //!   `Table`s for pods and nodes.
 //! - Errors are real `Status` objects with the matching HTTP code; malformed input answers
 //!   400, unknown paths 404, unsupported methods 405. Bad input never panics.
-//! - Admission: on pod create, registered Mutating- and ValidatingWebhookConfigurations
-//!   are called over HTTPS as kube-apiserver calls them (see `admission`; webhooks named
-//!   by Service need [`ApiServer::route_service`]). Apps/v1 `deployments` and
-//!   `daemonsets`, batch/v1 `jobs`, core `secrets`, `services` and `serviceaccounts`,
-//!   `rbac.authorization.k8s.io/v1` cluster roles and bindings, and
-//!   `admissionregistration.k8s.io/v1` webhook configurations are stored like any other
-//!   object, and so are `resource.k8s.io/v1` `resourceslices` and `deviceclasses`
-//!   (cluster-scoped), `resourceclaimtemplates` and `resourceclaims` (namespaced; claims with
-//!   the `status` subresource, written by the sandbox allocator, `crate::dra_allocator`).
+//! - Admission on every write (create, update, patch, delete, delete-collection,
+//!   `pods/binding`, the `status` subresources): stored MutatingWebhookConfigurations, then
+//!   the object as it will be stored, then ValidatingAdmissionPolicies with their bindings
+//!   (CEL, `admission_policy`, `cel_expr`) and ValidatingWebhookConfigurations, matched as
+//!   upstream matches them (rules with subresources and scope, namespace and object
+//!   selectors, match conditions; a namespaced write under a namespace selector needs its
+//!   Namespace object) and called over HTTPS as kube-apiserver calls them (see `admission`;
+//!   webhooks named by Service need [`ApiServer::route_service`]). A write is stored only if
+//!   the object it was admitted against is still the stored one (a patch is computed again).
+//!   Without any admission configuration stored, writes take the direct path.
+//! - Apps/v1 `deployments` and `daemonsets`, batch/v1 `jobs`, core `secrets`, `services` and
+//!   `serviceaccounts`, `rbac.authorization.k8s.io/v1` roles, cluster roles and their
+//!   bindings, and `admissionregistration.k8s.io/v1` webhook configurations and admission
+//!   policies with their bindings are stored like any other object, and so are
+//!   `resource.k8s.io/v1` `resourceslices` and `deviceclasses` (cluster-scoped),
+//!   `resourceclaimtemplates` and `resourceclaims` (namespaced; claims with the `status`
+//!   subresource, written by the sandbox allocator, `crate::dra_allocator`).
 //! - `resource.k8s.io/v1` as upstream enforces it, for the Kubernetes version played
 //!   ([`ApiServer::set_kubernetes_version`], 1.34 to 1.37, 1.37 until set; `/version`
 //!   answers it) and its feature gates ([`ApiServer::set_feature_gate`], each at that
@@ -57,49 +83,66 @@
 //!   names and values, 128 devices per slice or 64 once a device has taints, 32 attributes
 //!   and capacities per device, request policies with `min + step <= value`, counters,
 //!   taints, 32 requests and constraints per claim, selectors that compile, immutable claim
-//!   and template specs, allocation results, ...). A refusal is upstream's 422 `Invalid`
+//!   and template specs, allocation results, ...), after mutating admission and before
+//!   validating admission, as upstream orders them. A refusal is upstream's 422 `Invalid`
 //!   Status with its field paths and messages; a value of the wrong type or an unparsable
 //!   quantity is upstream's 400.
-//! - `dryRun=All` on create: validated and answered, nothing stored.
-//! - Test controls: [`ApiServer::seed_yaml`], [`ApiServer::get_object`],
-//!   [`ApiServer::set_pod_phase`], the Kubernetes version and gates (above, and
-//!   [`ApiServer::set_consumable_capacity`] for one gate), fault injection ([`Fault`]: error codes, delays, dropped
-//!   connections, cut watches, requests held at a [`Hold`] until released — a paused
-//!   client; a filter on `fieldManager=<identity>` singles out one replica's lease writes), a
-//!   request log ([`ApiServer::requests`], [`ApiServer::request_count`]), access denials and
-//!   the watch cache (off with [`ApiServer::set_watch_cache`], held behind with
-//!   [`ApiServer::hold_watch_cache`]). Clock skew is not the server's
-//!   business: the extender's leader election reads an injectable clock.
+//! - `dryRun=All` on every write: validated and admitted (webhooks get `dryRun: true`, and
+//!   one with side effects refuses it), answered, nothing stored.
+//! - Test controls (they bypass authorization and admission): [`ApiServer::seed_yaml`],
+//!   [`ApiServer::get_object`], [`ApiServer::set_pod_phase`], the Kubernetes version and
+//!   gates (above, and [`ApiServer::set_consumable_capacity`] for one gate), fault injection
+//!   ([`Fault`]: error codes, delays, dropped connections, cut watches, requests held at a
+//!   [`Hold`] until released — a paused client; a filter on `fieldManager=<identity>`
+//!   singles out one replica's lease writes), a request log naming who sent each request
+//!   ([`ApiServer::requests`], [`ApiServer::request_count`]), the requests refused by
+//!   authentication or RBAC ([`ApiServer::refusals`]) and the watch cache (off with
+//!   [`ApiServer::set_watch_cache`], held behind with [`ApiServer::hold_watch_cache`]). Faults apply after authentication and authorization. Clock
+//!   skew is not the server's business: the extender's leader election reads an injectable
+//!   clock.
 //!
 //! # Limits (it is a test double)
-//! No authentication or authorization (every request is allowed; only
-//! SelfSubjectAccessReview answers can be denied), no admission but pod-create webhooks,
-//! no controllers (a Deployment never gets pods), no defaulting beyond a
-//! pod's `Pending` phase (`resource.k8s.io` defaults such as `count: 1` are assumed by the
-//! validation, not written), no validation of object schemas beyond `resource.k8s.io`
-//! (whose object metadata, label values, node selectors beyond their term count, CEL cost
-//! and 1.37 alpha fields are not checked either; unknown fields are kept, not pruned;
-//! objects seeded by test controls keep the status they are given), no garbage collection, graceful
+//! Authentication by bearer tokens only (no client certificates, no anonymous user, no
+//! impersonation, no TokenReview or SubjectAccessReview of other users); no ClusterRole
+//! aggregation, Node authorizer or RBAC escalation checks; no admission plugins but the
+//! webhooks and ValidatingAdmissionPolicies (no NamespaceLifecycle, NodeRestriction,
+//! MutatingAdmissionPolicy; the CEL libraries `cel_expr` lists as missing, no `authorizer`
+//! variable, no audit annotations), no controllers (a Deployment never gets pods), no
+//! defaulting beyond a pod's `Pending` phase (`resource.k8s.io` defaults such as `count: 1`
+//! are assumed by the validation, not written), no validation of object schemas beyond
+//! `resource.k8s.io` (whose object metadata, label values, node selectors beyond their term
+//! count, CEL cost and 1.37 alpha fields are not checked either; unknown fields are kept,
+//! not pruned; objects seeded by test controls keep the status they are given), no garbage
+//! collection, graceful
 //! deletion or finalizers, no namespace lifecycle (objects may live in any namespace), no
-//! field managers, protobuf or CBOR (JSON only), no legacy `/api/v1/watch/...` paths.
-//! Strategic merge patches merge only well-known lists (containers, conditions, env,
-//! volumes, ...) by key and replace the others. One global `resourceVersion` counter for
-//! all kinds, as etcd does. kube-rs clients retry 429/503/504 on their own, so a single
-//! injected 503 is invisible to them.
+//! field managers, protobuf (except the self reviews' request bodies) or CBOR, no legacy
+//! `/api/v1/watch/...` paths. Strategic merge patches merge only well-known lists
+//! (containers, conditions, env, volumes, ...) by key and replace the others. One global
+//! `resourceVersion` counter for all kinds, as etcd does. kube-rs clients retry
+//! 429/503/504 on their own, so a single injected 503 is invisible to them.
 
 mod admission;
+mod admission_policy;
+mod cel_expr;
 mod discovery;
 mod feature_gates;
 mod field_errors;
 mod http_api;
+mod identity;
 mod patch;
+mod protobuf_body;
+mod rbac;
+mod request_info;
 mod resource_strategy;
+mod reviews;
 mod selector;
+mod serving_tls;
 mod store;
 mod table;
 mod validation_resource;
 mod watch_cache;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -110,6 +153,8 @@ use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 
 pub use feature_gates::{FeatureGate, NEWEST_MINOR, OLDEST_MINOR, UnsupportedVersion};
+use identity::Unauthenticated;
+pub use identity::{Identity, NODE_NAME_EXTRA};
 use store::Store;
 pub(crate) use store::new_uid;
 use watch_cache::WatchCache;
@@ -254,6 +299,25 @@ pub struct RecordedRequest {
     pub content_type: Option<String>,
     /// The body, as (lossy) UTF-8.
     pub body: String,
+    /// Who sent it (the authenticated user name); `None` when it was not authenticated.
+    pub username: Option<String>,
+}
+
+/// A request refused before it reached the store: 401 (no valid token) or 403 (RBAC).
+#[derive(Clone, Debug)]
+pub struct Refusal {
+    /// The HTTP method.
+    pub method: http::Method,
+    /// The path, without the query.
+    pub path: String,
+    /// The raw query string.
+    pub query: String,
+    /// Who sent it; `None` when it was not authenticated.
+    pub username: Option<String>,
+    /// 401 or 403.
+    pub code: u16,
+    /// The `Status` message answered.
+    pub message: String,
 }
 
 /// An open watch stream, cuttable by a [`FaultAction::CutWatch`].
@@ -266,7 +330,11 @@ struct OpenWatch {
 struct Controls {
     faults: Vec<Fault>,
     requests: Vec<RecordedRequest>,
-    denied: Vec<(String, String)>,
+    refusals: Vec<Refusal>,
+    /// Bearer token → identity, for every token minted.
+    tokens: HashMap<String, Identity>,
+    /// Kubeconfig files written so far (a counter for their names).
+    kubeconfigs: usize,
     watches: Vec<(u64, OpenWatch)>,
     next_watch_id: u64,
     /// (namespace, service, address) for webhooks named by `clientConfig.service`.
@@ -351,11 +419,28 @@ impl Shared {
         self.controls().requests.push(request);
     }
 
-    fn is_denied(&self, verb: &str, resource: &str) -> bool {
-        self.controls()
-            .denied
-            .iter()
-            .any(|(v, r)| (v == verb || v == "*") && (r == resource || r == "*"))
+    fn refuse(&self, refusal: Refusal) {
+        self.controls().refusals.push(refusal);
+    }
+
+    /// The identity a bearer token stands for (see `identity`): a ServiceAccount's only while
+    /// its object exists, with that object's uid.
+    fn authenticate(&self, token: Option<&str>) -> Result<Identity, Unauthenticated> {
+        let token = token.ok_or(Unauthenticated::NoToken)?;
+        let mut user = self
+            .controls()
+            .tokens
+            .get(token)
+            .cloned()
+            .ok_or(Unauthenticated::UnknownToken)?;
+        if let Some((ns, name)) = user.service_account_ref() {
+            let account = self
+                .store()
+                .get_by_id("serviceaccounts", Some(ns), name)
+                .ok_or_else(|| Unauthenticated::NoServiceAccount(format!("{ns}/{name}")))?;
+            user.uid = store::meta_str(&account, "uid").unwrap_or("").to_string();
+        }
+        Ok(user)
     }
 }
 
@@ -364,8 +449,11 @@ struct Inner {
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    kubeconfig: PathBuf,
-    _dir: tempfile::TempDir,
+    admin_kubeconfig: PathBuf,
+    admin_token: String,
+    /// The CA of the server's HTTPS certificate (see `serving_tls`).
+    ca_pem: String,
+    dir: tempfile::TempDir,
 }
 
 impl Drop for Inner {
@@ -382,20 +470,26 @@ pub struct ApiServer {
 
 impl ApiServer {
     /// Starts a server on `127.0.0.1:0` with namespaces `default`, `kube-system`,
-    /// `kube-public` and `kube-node-lease`, and writes its kubeconfig.
+    /// `kube-public` and `kube-node-lease`, the bootstrap RBAC policy (`cluster-admin` bound to
+    /// `system:masters`, discovery and the self reviews for every authenticated user), and
+    /// writes the administrator's kubeconfig ([`ApiServer::admin_kubeconfig_path`]).
     pub async fn start() -> anyhow::Result<ApiServer> {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
             .await
             .context("binding the sandbox API server to 127.0.0.1")?;
         let addr = listener.local_addr()?;
         let (stop, shutdown) = watch::channel(false);
+        let admin_token = identity::new_token();
+        let tls = serving_tls::issue()?;
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::new()),
             cache: Mutex::new(WatchCache::new()),
             controls: Mutex::new(Controls {
                 faults: Vec::new(),
                 requests: Vec::new(),
-                denied: Vec::new(),
+                refusals: Vec::new(),
+                tokens: HashMap::from([(admin_token.clone(), Identity::admin())]),
+                kubeconfigs: 0,
                 watches: Vec::new(),
                 next_watch_id: 0,
                 services: Vec::new(),
@@ -404,30 +498,39 @@ impl ApiServer {
             addr,
             shutdown,
         });
-        for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+        let namespaces = ["default", "kube-system", "kube-public", "kube-node-lease"].map(|ns| {
+            serde_json::json!({
+                "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": ns },
+                "spec": { "finalizers": ["kubernetes"] }, "status": { "phase": "Active" },
+            })
+        });
+        for object in namespaces.into_iter().chain(rbac::bootstrap_objects()) {
             shared
                 .store()
-                .create_value(serde_json::json!({
-                    "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": ns },
-                    "spec": { "finalizers": ["kubernetes"] }, "status": { "phase": "Active" },
-                }))
+                .create_value(object)
                 .map_err(anyhow::Error::from)?;
         }
         let dir = tempfile::Builder::new()
             .prefix("gpushare-sandbox-apiserver")
             .tempdir()
             .context("creating the sandbox kubeconfig folder")?;
-        let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(&kubeconfig, kubeconfig_text(addr))
-            .with_context(|| format!("writing {}", kubeconfig.display()))?;
-        let task = tokio::spawn(http_api::serve(listener, shared.clone()));
+        let admin_kubeconfig = dir.path().join("kubeconfig");
+        let https = format!("https://{addr}");
+        std::fs::write(
+            &admin_kubeconfig,
+            identity::kubeconfig_text(&https, &tls.ca_pem, "sandbox-admin", &admin_token),
+        )
+        .with_context(|| format!("writing {}", admin_kubeconfig.display()))?;
+        let task = tokio::spawn(http_api::serve(listener, shared.clone(), tls.config));
         Ok(ApiServer {
             inner: Arc::new(Inner {
                 shared,
                 stop,
                 task: Mutex::new(Some(task)),
-                kubeconfig,
-                _dir: dir,
+                admin_kubeconfig,
+                admin_token,
+                ca_pem: tls.ca_pem,
+                dir,
             }),
         })
     }
@@ -436,9 +539,20 @@ impl ApiServer {
         &self.inner.shared
     }
 
-    /// The base URL, `http://127.0.0.1:PORT`.
+    /// The base URL, `http://127.0.0.1:PORT` (plain HTTP; the same port serves HTTPS).
     pub fn url(&self) -> String {
         format!("http://{}", self.inner.shared.addr)
+    }
+
+    /// The HTTPS URL, `https://127.0.0.1:PORT`, its certificate issued by
+    /// [`ApiServer::ca_pem`]: what the kubeconfig files name.
+    pub fn https_url(&self) -> String {
+        format!("https://{}", self.inner.shared.addr)
+    }
+
+    /// The CA certificate (PEM) of the HTTPS certificate.
+    pub fn ca_pem(&self) -> String {
+        self.inner.ca_pem.clone()
     }
 
     /// The listening address.
@@ -446,22 +560,92 @@ impl ApiServer {
         self.inner.shared.addr
     }
 
-    /// A kubeconfig file for this server (context `sandbox`, namespace `default`, no
-    /// credentials), usable by kube-rs and kubectl. It lives as long as the server.
-    pub fn kubeconfig_path(&self) -> PathBuf {
-        self.inner.kubeconfig.clone()
+    /// The administrator's kubeconfig (context `sandbox`, namespace `default`, the token of
+    /// [`Identity::admin`]: `system:masters`, allowed everything; admission still applies),
+    /// usable by kube-rs and kubectl. It lives as long as the server. A test or tool that
+    /// starts a role under it bypasses RBAC, and says so by this name.
+    pub fn admin_kubeconfig_path(&self) -> PathBuf {
+        self.inner.admin_kubeconfig.clone()
     }
 
-    /// A kube-rs client for this server (plain HTTP, default namespace `default`).
+    /// A kube-rs client for this server as the administrator (see
+    /// [`ApiServer::admin_kubeconfig_path`]; plain HTTP, default namespace `default`).
     ///
     /// Must be called inside a tokio runtime, like every kube client constructor.
-    pub fn client(&self) -> kube::Client {
+    pub fn admin_client(&self) -> kube::Client {
+        self.client_with_token(&self.inner.admin_token)
+    }
+
+    /// The administrator's bearer token.
+    pub fn admin_token(&self) -> String {
+        self.inner.admin_token.clone()
+    }
+
+    /// A bearer token for `identity` (a new one per call). A ServiceAccount's token
+    /// authenticates only while the ServiceAccount object exists.
+    pub fn token_for(&self, identity: &Identity) -> String {
+        let token = identity::new_token();
+        self.shared()
+            .controls()
+            .tokens
+            .insert(token.clone(), identity.clone());
+        token
+    }
+
+    /// A kubeconfig file that authenticates as `identity` (context `sandbox`, namespace
+    /// `default`); it lives as long as the server.
+    pub fn kubeconfig_for(&self, identity: &Identity) -> anyhow::Result<PathBuf> {
+        let token = self.token_for(identity);
+        let n = {
+            let mut controls = self.shared().controls();
+            controls.kubeconfigs += 1;
+            controls.kubeconfigs
+        };
+        let path = self.inner.dir.path().join(format!("kubeconfig-{n}"));
+        std::fs::write(
+            &path,
+            identity::kubeconfig_text(
+                &self.https_url(),
+                &self.inner.ca_pem,
+                &identity.username,
+                &token,
+            ),
+        )
+        .with_context(|| format!("writing {}", path.display()))?;
+        Ok(path)
+    }
+
+    /// The kubeconfig of ServiceAccount `namespace/name` as a pod-bound token sees it: with
+    /// the node-name extra when `node` is given (what the chart's admission policies read).
+    pub fn service_account_kubeconfig(
+        &self,
+        namespace: &str,
+        name: &str,
+        node: Option<&str>,
+    ) -> anyhow::Result<PathBuf> {
+        let mut identity = Identity::service_account(namespace, name);
+        if let Some(node) = node {
+            identity = identity.on_node(node);
+        }
+        self.kubeconfig_for(&identity)
+    }
+
+    /// A kube-rs client authenticated as `identity` (plain HTTP, namespace `default`).
+    ///
+    /// Must be called inside a tokio runtime, like every kube client constructor.
+    pub fn client_for(&self, identity: &Identity) -> kube::Client {
+        let token = self.token_for(identity);
+        self.client_with_token(&token)
+    }
+
+    fn client_with_token(&self, token: &str) -> kube::Client {
         let uri: http::Uri = match self.url().parse() {
             Ok(uri) => uri,
             // The URL is built from a SocketAddr, so it always parses.
             Err(_) => http::Uri::from_static("http://127.0.0.1"),
         };
-        let config = kube::Config::new(uri);
+        let mut config = kube::Config::new(uri);
+        config.auth_info.token = Some(token.to_string().into());
         match kube::Client::try_from(config) {
             Ok(client) => client,
             Err(err) => panic!("a kube client for a plain-HTTP URL always builds: {err}"),
@@ -655,13 +839,10 @@ impl ApiServer {
         self.shared().cache().release();
     }
 
-    /// Makes SelfSubjectAccessReviews for `verb` on `resource` (`pods`, `pods/binding`,
-    /// `*` for any) answer `allowed: false`. Only the reviews change; requests still succeed.
-    pub fn deny_access(&self, verb: &str, resource: &str) {
-        self.shared()
-            .controls()
-            .denied
-            .push((verb.to_string(), resource.to_string()));
+    /// Every request refused by authentication (401) or authorization (403) so far, in
+    /// order: what a role was not allowed to do.
+    pub fn refusals(&self) -> Vec<Refusal> {
+        self.shared().controls().refusals.clone()
     }
 
     /// Stops the server: no new connections, open watches end. Waits for the accept loop.
@@ -677,12 +858,4 @@ impl ApiServer {
             let _ = task.await;
         }
     }
-}
-
-fn kubeconfig_text(addr: SocketAddr) -> String {
-    format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: sandbox\n  cluster:\n    server: http://{addr}\n\
-         contexts:\n- name: sandbox\n  context:\n    cluster: sandbox\n    user: sandbox\n    namespace: default\n\
-         current-context: sandbox\nusers:\n- name: sandbox\n  user: {{}}\npreferences: {{}}\n"
-    )
 }

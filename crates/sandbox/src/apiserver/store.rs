@@ -27,16 +27,26 @@ const LIVE_CAPACITY: usize = 16_384;
 #[derive(Clone, Debug)]
 pub(crate) struct ApiError {
     pub code: u16,
-    pub reason: &'static str,
+    pub reason: std::borrow::Cow<'static, str>,
     pub message: String,
     pub details: Option<Value>,
 }
 
 impl ApiError {
     fn with(code: u16, reason: &'static str, message: String, details: Option<Value>) -> ApiError {
+        ApiError::new(code, reason, message, details)
+    }
+
+    /// A `Status` with any reason (an admission webhook's own, say) and details.
+    pub fn new(
+        code: u16,
+        reason: impl Into<std::borrow::Cow<'static, str>>,
+        message: String,
+        details: Option<Value>,
+    ) -> ApiError {
         ApiError {
             code,
-            reason,
+            reason: reason.into(),
             message,
             details,
         }
@@ -148,6 +158,33 @@ impl ApiError {
         )
     }
 
+    /// Upstream's `NewForbidden`: `<resource>[.group] ["name"] is forbidden: <why>`, or
+    /// `forbidden: <why>` without a resource.
+    pub fn forbidden(group: &str, resource: &str, name: &str, why: &str) -> ApiError {
+        let qualified = if group.is_empty() {
+            resource.to_string()
+        } else {
+            format!("{resource}.{group}")
+        };
+        let message = match (qualified.is_empty() || resource.is_empty(), name.is_empty()) {
+            (true, _) => format!("forbidden: {why}"),
+            (false, true) => format!("{qualified} is forbidden: {why}"),
+            (false, false) => format!("{qualified} {name:?} is forbidden: {why}"),
+        };
+        let mut details = json!({});
+        for (key, value) in [("name", name), ("group", group), ("kind", resource)] {
+            if !value.is_empty() {
+                details[key] = json!(value);
+            }
+        }
+        ApiError::with(403, "Forbidden", message, Some(details))
+    }
+
+    /// The 401 of a request without valid credentials.
+    pub fn unauthorized() -> ApiError {
+        ApiError::with(401, "Unauthorized", "Unauthorized".into(), None)
+    }
+
     pub fn gone(message: impl Into<String>) -> ApiError {
         ApiError::with(410, "Expired", message.into(), None)
     }
@@ -211,7 +248,16 @@ pub(crate) struct StoredEvent {
     pub old: Option<Value>,
 }
 
+/// (resource id, namespace or "", name).
 pub(crate) type Key = (&'static str, String, String);
+
+/// What a PATCH would do, before it is done (admission sees it first).
+pub(crate) enum PreparedPatch {
+    /// `current` becomes `next`.
+    Update { current: Value, next: Value },
+    /// An apply patch of a missing object creates this one.
+    Create(Value),
+}
 
 /// The objects, the counter and the event history.
 pub(crate) struct Store {
@@ -229,7 +275,7 @@ pub(crate) struct Store {
 
 /// Who creates an object.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Origin {
+pub enum Origin {
     /// An API request: a claim's status is reset, as upstream does.
     Request,
     /// A test control seeding an object as the cluster would hold it (a claim keeps the status
@@ -375,9 +421,31 @@ impl Store {
         Ok(obj)
     }
 
+    /// Stores an object a create prepared ([`Store::admit_create`]); 409 when its name was
+    /// taken meanwhile.
+    pub fn commit_create(
+        &mut self,
+        def: &'static ResourceDef,
+        key: Key,
+        obj: Value,
+    ) -> Result<Value, ApiError> {
+        if self.objects.contains_key(&key) {
+            return Err(ApiError::already_exists(def, &key.2));
+        }
+        Ok(self.commit(key, obj, EventType::Added, None))
+    }
+
+    /// `obj` as a dry-run write answers it. The fields a disabled gate drops were dropped when
+    /// the write was prepared ([`Store::admit_create`], [`Store::prepare_update`]), as
+    /// upstream's strategy does before validation.
+    pub fn dry_run_view(&self, _def: &ResourceDef, obj: Value) -> Value {
+        obj
+    }
+
     /// The checks and defaults of a create: the key and the object to store. For
-    /// `resource.k8s.io` kinds, upstream's strategy (gated fields dropped) and validation.
-    fn admit_create(
+    /// `resource.k8s.io` kinds, upstream's strategy (gated fields dropped) and validation, on
+    /// the object mutating admission returned (upstream's order).
+    pub fn admit_create(
         &self,
         def: &'static ResourceDef,
         url_namespace: Option<&str>,
@@ -490,22 +558,62 @@ impl Store {
         (self.rv, self.objects.clone())
     }
 
-    /// Replaces an object (PUT); 409 when the body's resourceVersion is stale.
-    pub fn update(
-        &mut self,
+    /// What a PUT would store: `(current, next)`, checked as [`Store::update`] checks it.
+    pub fn prepare_update(
+        &self,
         def: &'static ResourceDef,
         namespace: Option<&str>,
         name: &str,
         obj: Value,
         part: Part,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<(Value, Value), ApiError> {
+        let (key, current) = self.update_target(def, namespace, name, &obj)?;
+        let next = self.next_object(def, &key.2, &current, obj, part)?;
+        Ok((current, next))
+    }
+
+    /// What a PATCH would do, checked as [`Store::patch`] checks it.
+    pub fn prepare_patch(
+        &self,
+        def: &'static ResourceDef,
+        namespace: Option<&str>,
+        name: &str,
+        kind: PatchKind,
+        body: &[u8],
+        part: Part,
+    ) -> Result<PreparedPatch, ApiError> {
+        let key = Store::key(def, namespace, name);
+        let Some(current) = self.objects.get(&key).cloned() else {
+            if kind == PatchKind::Apply && part == Part::Main {
+                let mut obj = patch::parse_apply_body(body)?;
+                if obj.get("metadata").is_none_or(|m| !m.is_object()) {
+                    obj["metadata"] = json!({});
+                }
+                set_meta(&mut obj, "name", json!(name));
+                return Ok(PreparedPatch::Create(obj));
+            }
+            return Err(ApiError::not_found(def, name));
+        };
+        let patched = patch::apply(kind, &current, body)?;
+        let next = self.next_object(def, name, &current, patched, part)?;
+        Ok(PreparedPatch::Update { current, next })
+    }
+
+    /// The stored object a PUT of `obj` replaces, after the body checks.
+    fn update_target(
+        &self,
+        def: &'static ResourceDef,
+        namespace: Option<&str>,
+        name: &str,
+        obj: &Value,
+    ) -> Result<(Key, Value), ApiError> {
         if !obj.is_object() {
             return Err(ApiError::bad_request(
                 "the request body is not a JSON object",
             ));
         }
-        check_kind(def, &obj)?;
-        if let Some(body_name) = meta_str(&obj, "name")
+        check_kind(def, obj)?;
+        if let Some(body_name) = meta_str(obj, "name")
             && body_name != name
         {
             return Err(ApiError::bad_request(format!(
@@ -518,6 +626,19 @@ impl Store {
             .get(&key)
             .cloned()
             .ok_or_else(|| ApiError::not_found(def, name))?;
+        Ok((key, current))
+    }
+
+    /// Replaces an object (PUT); 409 when the body's resourceVersion is stale.
+    pub fn update(
+        &mut self,
+        def: &'static ResourceDef,
+        namespace: Option<&str>,
+        name: &str,
+        obj: Value,
+        part: Part,
+    ) -> Result<Value, ApiError> {
+        let (key, current) = self.update_target(def, namespace, name, &obj)?;
         self.replace(def, key, current, obj, part)
     }
 
@@ -557,20 +678,37 @@ impl Store {
         new: Value,
         part: Part,
     ) -> Result<Value, ApiError> {
-        let name = key.2.clone();
+        let next = self.next_object(def, &key.2, &current, new, part)?;
+        if next == current {
+            // A no-op write does not bump the resourceVersion, as in the real server.
+            return Ok(current);
+        }
+        Ok(self.commit(key, next, EventType::Modified, Some(current)))
+    }
+
+    /// What replacing `current` with `new` stores: system metadata kept, (per `part`) the
+    /// other half of the object kept; 409 when `new` carries a stale resourceVersion.
+    fn next_object(
+        &self,
+        def: &'static ResourceDef,
+        name: &str,
+        current: &Value,
+        new: Value,
+        part: Part,
+    ) -> Result<Value, ApiError> {
         if !new.is_object() {
             return Err(ApiError::bad_request(
                 "the patched object is not a JSON object",
             ));
         }
-        let current_rv = meta_str(&current, "resourceVersion")
+        let current_rv = meta_str(current, "resourceVersion")
             .unwrap_or("")
             .to_string();
         if let Some(rv) = meta_str(&new, "resourceVersion")
             && !rv.is_empty()
             && rv != current_rv
         {
-            return Err(ApiError::stale(def, &name));
+            return Err(ApiError::stale(def, name));
         }
         let mut next = match part {
             Part::Status => {
@@ -618,17 +756,28 @@ impl Store {
             set_meta(&mut next, "generation", json!(generation + 1));
         }
         let write = Write::Update {
-            old: &current,
+            old: current,
             part,
         };
         resource_strategy::prepare(def.id, &mut next, write, &self.cluster);
-        validation_resource::validate(def, &next, Some(&current), part, &self.cluster)?;
+        validation_resource::validate(def, &next, Some(current), part, &self.cluster)?;
         set_meta(&mut next, "resourceVersion", json!(current_rv));
-        if next == current {
-            // A no-op write does not bump the resourceVersion, as in the real server.
-            return Ok(current);
-        }
-        Ok(self.commit(key, next, EventType::Modified, Some(current)))
+        Ok(next)
+    }
+
+    /// The object a DELETE would remove, after its preconditions are checked.
+    pub fn prepare_delete(
+        &self,
+        def: &'static ResourceDef,
+        namespace: Option<&str>,
+        name: &str,
+        uid: Option<&str>,
+        rv: Option<&str>,
+    ) -> Result<Value, ApiError> {
+        let current = self.get(def, namespace, name)?;
+        check_precondition(def, name, &current, Precondition::Uid, uid)?;
+        check_precondition(def, name, &current, Precondition::ResourceVersion, rv)?;
+        Ok(current)
     }
 
     /// Deletes an object, checking the optional uid / resourceVersion preconditions.
@@ -856,6 +1005,21 @@ fn check_kind(def: &ResourceDef, obj: &Value) -> Result<(), ApiError> {
 }
 
 fn validate_name(def: &ResourceDef, name: &str) -> Result<(), ApiError> {
+    if def.group == "rbac.authorization.k8s.io" {
+        // Upstream's ValidateRBACName: any valid path segment (`system:discovery`).
+        return if name == "." || name == ".." || name.contains(['/', '%']) {
+            Err(ApiError::invalid(
+                def,
+                name,
+                format!(
+                    "{} \"{name}\" is invalid: metadata.name: Invalid value: \"{name}\": may not be '.' or '..' and may not contain '/' or '%'",
+                    def.kind
+                ),
+            ))
+        } else {
+            Ok(())
+        };
+    }
     let ok = name.len() <= 253
         && name
             .chars()
@@ -943,7 +1107,7 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-fn random_u64() -> u64 {
+pub(crate) fn random_u64() -> u64 {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)

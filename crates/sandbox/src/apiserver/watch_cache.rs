@@ -117,7 +117,7 @@ impl ListRead {
 pub(crate) fn too_large(asked: u64, current: u64) -> ApiError {
     ApiError {
         code: 504,
-        reason: "Timeout",
+        reason: "Timeout".into(),
         message: format!("Too large resource version: {asked}, current: {current}"),
         details: Some(serde_json::json!({
             "causes": [{ "reason": "ResourceVersionTooLarge", "message": "Too large resource version" }],
@@ -244,7 +244,7 @@ mod tests {
     #[test]
     fn too_large_carries_upstreams_cause() {
         let e = too_large(9, 4);
-        assert_eq!((e.code, e.reason), (504, "Timeout"));
+        assert_eq!((e.code, e.reason.as_ref()), (504, "Timeout"));
         assert_eq!(e.message, "Too large resource version: 9, current: 4");
         let status = e.to_status();
         assert_eq!(

@@ -1,0 +1,100 @@
+//! The chart's `devicePlugin.enforcement`, rendered by the real Helm engine, on both node roles:
+//! `none` (the default) only passes the flag; `auto` and `driver` also install the hook (the
+//! host's /var/lib/gpushare/bin at the same path, `--enforcement-install-hook`), mount the state
+//! directory, the host's /var/run/cdi for the device-plugin path's limit specs and the host's
+//! cgroup tree read-only, and the binary accepts the flags.
+
+use yaml_serde::Value;
+
+use crate::support::assert_cli_accepts;
+use crate::support::helm_chart::{all_documents, default_values, merged};
+
+fn daemonset(overlay: &str, name: &str) -> Option<Value> {
+    let docs = all_documents(merged(
+        &default_values(),
+        &yaml_serde::from_str(overlay).expect("overlay parses"),
+    ))?;
+    docs.into_iter()
+        .find(|d| d["kind"] == "DaemonSet" && d["metadata"]["name"] == name)
+        .map(|d| d["spec"]["template"]["spec"].clone())
+}
+
+fn args(spec: &Value) -> Vec<String> {
+    spec["containers"][0]["args"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.as_str().map(str::to_string))
+        .collect()
+}
+
+/// `(mountPath, hostPath, readOnly)` of each hostPath volume of the first container.
+fn host_mounts(spec: &Value) -> Vec<(String, String, bool)> {
+    let volumes = spec["volumes"].as_sequence().cloned().unwrap_or_default();
+    spec["containers"][0]["volumeMounts"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| {
+            let v = volumes.iter().find(|v| v["name"] == m["name"])?;
+            Some((
+                m["mountPath"].as_str()?.to_string(),
+                v["hostPath"]["path"].as_str()?.to_string(),
+                m["readOnly"].as_bool().unwrap_or(false),
+            ))
+        })
+        .collect()
+}
+
+#[test]
+fn enforcement_reaches_both_node_roles_with_the_hook_installed_on_the_host() {
+    let Some(off) = daemonset("{}", "gpushare-device-plugin-ds") else {
+        return;
+    };
+    assert!(args(&off).iter().any(|a| a == "--enforcement=none"));
+    assert!(!args(&off).iter().any(|a| a.starts_with("--enforcement-")));
+    assert!(
+        !host_mounts(&off)
+            .iter()
+            .any(|(m, _, _)| m == "/var/lib/gpushare/bin")
+    );
+    for (overlay, name, what) in [
+        (
+            "devicePlugin: {enforcement: driver, deviceListStrategy: cdi-cri}",
+            "gpushare-device-plugin-ds",
+            "the device plugin",
+        ),
+        (
+            "{devicePlugin: {enforcement: auto}, dra: {enabled: true}}",
+            "gpushare-dra-plugin",
+            "the DRA plugin",
+        ),
+    ] {
+        let spec = daemonset(overlay, name).expect("rendered");
+        let args = args(&spec);
+        for want in [
+            "--enforcement-hook=/var/lib/gpushare/bin/gpushare",
+            "--enforcement-install-hook",
+            "--enforcement-state-dir=/var/run/gpushare/limits",
+            "--enforcement-cdi-dir=/run/gpushare/limit-cdi",
+            "--cgroup-root=/host/sys/fs/cgroup",
+        ] {
+            assert!(args.iter().any(|a| a == want), "{what}: {want} in {args:?}");
+        }
+        assert_cli_accepts(&args, what);
+        let mounts = host_mounts(&spec);
+        for want in [
+            ("/var/lib/gpushare/bin", "/var/lib/gpushare/bin", false),
+            (
+                "/var/run/gpushare/limits",
+                "/var/run/gpushare/limits",
+                false,
+            ),
+            ("/run/gpushare/limit-cdi", "/var/run/cdi", false),
+            ("/host/sys/fs/cgroup", "/sys/fs/cgroup", true),
+        ] {
+            let want = (want.0.to_string(), want.1.to_string(), want.2);
+            assert!(mounts.contains(&want), "{what}: {want:?} in {mounts:?}");
+        }
+    }
+}
