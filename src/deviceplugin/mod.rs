@@ -31,6 +31,7 @@
 
 pub mod allocate;
 pub mod devices;
+pub(crate) mod journal;
 #[cfg(unix)]
 pub mod kinds;
 pub mod matching;
@@ -48,6 +49,7 @@ pub mod records;
 #[cfg(unix)]
 pub mod registration;
 mod service;
+pub(crate) mod writeback;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -73,6 +75,7 @@ use crate::shutdown::Shutdown;
 use metrics::Metrics;
 use pods::PodStore;
 use records::Records;
+use writeback::Writeback;
 
 /// Flags of `gpushare device-plugin`: the node agent's ([`NodeArgs`]) and the kubelet side's
 /// (each overrides its `[device_plugin]`, `[node]`, `[gpu]`, `[devices]` or `[doctor]` key).
@@ -98,6 +101,10 @@ pub struct Args {
     /// Address of /healthz, /readyz and /metrics; empty disables them [default: 0.0.0.0:9101]
     #[arg(long, value_name = "ADDR")]
     pub admin_address: Option<String>,
+    /// Where Allocate's answers are kept until the pods' annotations say so (tmpfs)
+    /// [default: /var/run/gpushare/device-plugin]
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
     /// Do not run the node preflight (doctor) before starting
     #[arg(long)]
     pub skip_doctor: bool,
@@ -137,6 +144,7 @@ impl Args {
         );
         flags.set(&dp("allocate_failure"), self.allocate_failure);
         flags.set(&dp("admin_address"), self.admin_address.clone());
+        flags.set(&dp("state_dir"), path(&self.state_dir));
         flags.set_flag("doctor.skip", self.skip_doctor);
     }
 }
@@ -241,6 +249,11 @@ pub(crate) struct Plugin {
     pub(crate) reported: std::sync::Mutex<reconcile::Reported>,
     pub(crate) metrics: Metrics,
     pub(crate) admin: Arc<AdminState>,
+    /// Writes Allocate's answers to the pods after they are returned (durable on the node
+    /// first).
+    pub(crate) writeback: Writeback,
+    /// Fires when the plugin stops (its background writes end; the journal keeps them).
+    pub(crate) stopping: Shutdown,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -384,6 +397,22 @@ impl DevicePluginHandle {
         self.plugin.allocation_records()
     }
 
+    /// How many pods have Allocate answers not yet written to their annotations.
+    pub fn pending_writes(&self) -> usize {
+        self.plugin.writeback.pending()
+    }
+
+    /// Resolves once every Allocate answer so far is written to its pod (or the pod is gone).
+    pub async fn writes_settled(&self) {
+        self.plugin.writeback.settled().await
+    }
+
+    /// Resolves once every Allocate answer so far for pod `namespace/name` is written to it
+    /// (or the pod is gone).
+    pub async fn write_settled(&self, namespace: &str, name: &str) {
+        self.plugin.writeback.settled_pod(namespace, name).await
+    }
+
     /// Asks the PodResources reconciler to run now.
     pub fn reconcile_now(&self) {
         self.plugin.reconcile_now.notify_one();
@@ -497,6 +526,9 @@ async fn serve_with(
     let view = health.borrow_and_update().clone();
     let first = devices::list_and_watch_response(&gpus, |u| view.is_healthy(u));
     let (devices_tx, _) = watch::channel(Arc::new(first));
+    // One internal stop that fires on the caller's shutdown or on `stop()`.
+    let (stop_trigger, stop) = shutdown.child();
+    let stop_trigger = Arc::new(stop_trigger);
     let plugin = Arc::new(Plugin {
         config: dp.clone(),
         agent: agent.clone(),
@@ -509,15 +541,18 @@ async fn serve_with(
         reported: std::sync::Mutex::default(),
         metrics,
         admin: admin.clone(),
+        writeback: Writeback::open(&dp.state_dir),
+        stopping: stop.clone(),
     });
     plugin.refresh_devices(&view);
     if agent.unit_refused().is_some() {
         plugin.metrics.memory_unit_change_refused.set(1);
     }
-
-    // One internal stop that fires on the caller's shutdown or on `stop()`.
-    let (stop_trigger, stop) = shutdown.child();
-    let stop_trigger = Arc::new(stop_trigger);
+    // The answers of an earlier run that are not on the pods yet count as answered before
+    // kubelet can call Allocate (registration comes later), and their writes are finished.
+    if plugin.writeback.replay(&plugin) > 0 {
+        plugin.reconcile_now.notify_one();
+    }
     let mut tasks = Vec::new();
     tasks.push(tokio::spawn(follow_health(
         plugin.clone(),
