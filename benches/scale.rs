@@ -919,9 +919,18 @@ async fn extender_figures(size: Size) -> anyhow::Result<Vec<Figure>> {
     let client: HttpClient = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(size.bind_concurrency.max(1))
         .build_http();
-    let (status, _) = get(&client, &format!("http://{}/readyz", extender.addr)).await?;
-    if status != 200 {
-        bail!("the extender logged its sync but /readyz answered {status}");
+    // Ready follows the logged sync closely but not atomically: poll, bounded.
+    let readyz = format!("http://{}/readyz", extender.addr);
+    let ready_by = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _) = get(&client, &readyz).await?;
+        if status == 200 {
+            break;
+        }
+        if Instant::now() > ready_by {
+            bail!("the extender logged its sync but /readyz still answered {status} 10 s later");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let (pods, nodes) =
         ledger_counts(&client, &format!("http://{}/metrics", extender.addr)).await?;
@@ -1347,12 +1356,14 @@ fn nix_signal(pid: u32, signal: &str) -> std::io::Result<std::process::ExitStatu
 }
 
 /// The real `gpushare device-plugin` binary in a process of its own (fake GPU backend,
-/// 8 × 16 GiB), registering with a fresh sandbox kubelet in `dir`, against `api`; with
+/// 8 × 16 GiB), registering with a fresh sandbox kubelet in `dir`, against `api`, its state
+/// directory (where its answers are durable before they are returned) `state_dir`; with
 /// `preflight`, its node preflight (doctor) on, as it ships.
 fn spawn_device_plugin(
     api: &ApiServer,
     kubelet: &gpushare_sandbox::kubelet::Kubelet,
     node: &str,
+    state_dir: &std::path::Path,
     preflight: bool,
 ) -> anyhow::Result<tokio::process::Child> {
     let mut command = tokio::process::Command::new(gpushare_binary());
@@ -1377,6 +1388,7 @@ fn spawn_device_plugin(
             kubelet.pod_resources_socket(),
         )
         .env("GPUSHARE_DEVICE_PLUGIN__ADMIN_ADDRESS", "")
+        .env("GPUSHARE_DEVICE_PLUGIN__STATE_DIR", state_dir)
         .kill_on_drop(true)
         .stdout(std::process::Stdio::null())
         // The preflight's report goes to stderr: not part of the figures.
@@ -1437,7 +1449,7 @@ async fn device_plugin_figures(
                 .context("temporary folder")?;
             let kubelet = Kubelet::start(dir.path()).await?;
             let started = Instant::now();
-            let mut child = spawn_device_plugin(&api, &kubelet, node, true)?;
+            let mut child = spawn_device_plugin(&api, &kubelet, node, &dir.path().join("state"), true)?;
             kubelet
                 .wait_registered(RESOURCE_GPU_MEM)
                 .await
@@ -1471,7 +1483,7 @@ async fn device_plugin_figures(
         .tempdir()
         .context("temporary folder")?;
     let kubelet = Kubelet::start(dir.path()).await?;
-    let mut child = spawn_device_plugin(&api, &kubelet, node, false)?;
+    let mut child = spawn_device_plugin(&api, &kubelet, node, &dir.path().join("state"), false)?;
     let pid = child.id().context("the device plugin exited at once")?;
     let status_path = format!("/proc/{pid}/status");
     kubelet

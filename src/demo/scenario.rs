@@ -233,6 +233,7 @@ pub async fn run_scenario(
     let mut config = Config::default();
     config.node.node_name = NODE.to_string();
     config.device_plugin.device_plugin_dir = kubelet.device_plugin_dir();
+    config.device_plugin.state_dir = root.path().join("state");
     config.device_plugin.pod_resources_socket = kubelet.pod_resources_socket();
     config.device_plugin.admin_address = String::new();
     config.node.memory_unit = unit;
