@@ -74,7 +74,8 @@ pub(crate) struct Writeback {
 }
 
 enum Landed {
-    /// The API server has the annotations (or they said it already).
+    /// The API server has the annotations (or they said it already, or the records hold none
+    /// of the answers any more).
     Written,
     /// The pod is gone (deleted, or re-created under its name).
     Gone,
@@ -293,7 +294,24 @@ async fn land(plugin: &Arc<Plugin>, write: &PendingWrite) -> Landed {
         let tried = {
             let lock = plugin.pod_lock(&write.uid);
             let _pod_locked = lock.lock().await;
-            let added = write.answered.iter().map(|a| a.container.clone()).collect();
+            // Only the answers the records still hold: one the reconciler found swapped or
+            // kubelet gave away, or whose pod is gone, is not written back over its correction.
+            let added: std::collections::BTreeSet<String> = {
+                let records = plugin.records();
+                write
+                    .answered
+                    .iter()
+                    .filter(|a| {
+                        records
+                            .containers_of(&write.uid)
+                            .any(|g| g.container == a.container)
+                    })
+                    .map(|a| a.container.clone())
+                    .collect()
+            };
+            if added.is_empty() {
+                return Landed::Written;
+            }
             match super::reconcile::annotations_after(plugin, &write.uid, added) {
                 // Not in the store: the watch may not have it yet, or it is gone.
                 None if plugin.pods.get(&write.namespace, &write.name).is_none() => None,
