@@ -57,15 +57,20 @@ demo: ## run the self-contained demo (sandbox cluster, extender, device plugin, 
 	$(CARGO) run $(CI_FLAGS) --quiet --bin gpushare -- demo
 
 DOCS_VENV ?= .venv-docs
-docs: ## the documentation site into target/site (MkDocs pinned in docs/requirements.txt, strict: a broken link or anchor fails), then the check that docs/ names every flag and configuration key
+docs: ## the documentation site into target/site (MkDocs pinned in docs/requirements.txt, strict: any warning fails, a broken link or anchor too; a code fence shown as text fails), then the check that docs/ names every flag and configuration key
 	@[ -x $(DOCS_VENV)/bin/python3 ] || python3 -m venv $(DOCS_VENV)
 	$(DOCS_VENV)/bin/pip install --quiet --disable-pip-version-check -r docs/requirements.txt
-	$(DOCS_VENV)/bin/mkdocs build --strict --quiet
+	@# No --quiet: it keeps MkDocs' warnings from being counted, and strict mode then passes them.
+	$(DOCS_VENV)/bin/mkdocs build --strict
+	@# A fence Markdown did not parse (one inside a list item, without superfences) becomes inline
+	@# code that starts with the fence's language and a line break: <code>sh⏎.
+	@if grep -n -P '<code>(sh|bash|shell|console|yaml|yml|json|toml|text|ini|rust|python|go|diff|dockerfile|promql|c|)$$' target/site/*.html; then \
+	  echo "docs: the lines above show a fenced code block as inline text (a fence Markdown did not parse)"; exit 1; fi
 	$(CARGO) test $(CI_FLAGS) --test it -- docs::
 	@echo "docs: target/site/index.html"
 
 VENV ?= .venv
-clients: ## the outside clients the tests drive, pinned: grpcio, grpcio-tools, helm-python-sdk into $(VENV), checkov into .venv-checkov (promtool: apt-get install prometheus); any failure fails
+clients: ## the outside clients the tests drive, pinned: grpcio, grpcio-tools, helm-python-sdk, kubernetes-validate into $(VENV), checkov into .venv-checkov (promtool: apt-get install prometheus); any failure fails
 	@VENV=$(VENV) tests/clients/install.sh
 
 test-clients: ## what `make test` installs first: as `make clients`, but a client that cannot be installed only makes its tests print SKIPPED (strict under CI)
@@ -80,8 +85,9 @@ chart: ## regenerate the chart's generated files: values.schema.json's config pa
 	GPUSHARE_UPDATE_GOLDEN=1 $(CARGO) test $(CI_FLAGS) --test it -- packaging::chart_schema::the_schema_config_part packaging::chart_readme::the_chart_readme
 SOAK_PODS ?= 2000
 SOAK_NODES ?= 50
-soak: ## 2,000 pods bound and deleted over 50 nodes under random API faults, a re-list every ~500 events and three extender restarts with Bindings in flight; prints the counts (SOAK_PODS, SOAK_NODES, SOAK_SEED)
-	SOAK_PODS=$(SOAK_PODS) SOAK_NODES=$(SOAK_NODES) $(CARGO) test $(CI_FLAGS) --test it soak:: -- --ignored --nocapture
+SOAK_DRA_PODS ?= 200
+soak: ## 2,000 pods bound and deleted over 50 nodes under random API faults, a re-list every ~500 events and three extender restarts with Bindings in flight; the DRA plugin's claims under hung and failing reads and three kills; three leader kills mid-binds; prints the counts (SOAK_PODS, SOAK_NODES, SOAK_DRA_PODS, SOAK_SEED)
+	SOAK_PODS=$(SOAK_PODS) SOAK_NODES=$(SOAK_NODES) SOAK_DRA_PODS=$(SOAK_DRA_PODS) $(CARGO) test $(CI_FLAGS) --test it soak -- --ignored --nocapture
 
 test-cluster: ## the #[ignore]d cluster_* tests against the cluster $KUBECONFIG names; fails when it is unset or when no test ran (a skip fails)
 	@[ -n "$$KUBECONFIG" ] || { echo "test-cluster: KUBECONFIG is not set: there is no cluster to test against (kind create cluster --config tests/cluster/kind.yaml)" >&2; exit 1; }

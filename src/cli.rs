@@ -20,7 +20,7 @@ use crate::config::{self, Config, FlagOverrides, LogFormat, LogLevel};
 use crate::demo;
 #[cfg(unix)]
 use crate::dra;
-use crate::node::{NodeAgent, PreparedAgent};
+use crate::node::{NodeAgent, NodeWrites, PreparedAgent};
 use crate::shutdown::Shutdown;
 use crate::{cdi_hook, deviceplugin, doctor, extender, failure, inspect, webhook};
 
@@ -66,11 +66,13 @@ impl GlobalArgs {
     }
 }
 
-/// GPU memory sharing for Kubernetes: scheduler extender, device plugin, inspect and doctor.
+/// GPU memory sharing for Kubernetes: extender, device plugin, DRA plugin, webhook, inspect, doctor.
 ///
 /// A drop-in successor of Aliyun's gpushare: pods ask for `aliyun.com/gpu-mem` (GiB by
 /// default), the extender picks one GPU with room, the device plugin hands it to the
-/// container. Run `gpushare <command> --help` for each role.
+/// container; on the DRA path (Kubernetes 1.34+) the webhook turns the request into a
+/// ResourceClaim and the DRA plugin hands the GPU over through CDI. Run `gpushare <command>
+/// --help` for each role.
 #[derive(Debug, Parser)]
 #[command(
     name = "gpushare",
@@ -273,7 +275,7 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<ExitCode> 
         }
         Command::DevicePlugin(args) => {
             run_node_role(
-                "device-plugin",
+                NodeRole::DevicePlugin,
                 &config,
                 // The first list of the node's pods runs beside the preflight: the plugin
                 // registers as soon as both are done.
@@ -288,7 +290,7 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<ExitCode> 
         #[cfg(unix)]
         Command::DraPlugin(args) => {
             run_node_role(
-                "dra-plugin",
+                NodeRole::DraPlugin,
                 &config,
                 || async { Ok(()) },
                 |prepared| dra::role::admit(&config, prepared),
@@ -306,13 +308,48 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<ExitCode> 
     }
 }
 
+/// The node roles, and what differs in their start-up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NodeRole {
+    /// `device-plugin`: the device plugin's preflight; the agent publishes on the Node.
+    DevicePlugin,
+    /// `dra-plugin`: the DRA node's preflight (`doctor --dra`); the agent only reads the Node.
+    #[cfg_attr(not(unix), allow(dead_code))]
+    DraPlugin,
+}
+
+impl NodeRole {
+    fn name(self) -> &'static str {
+        match self {
+            NodeRole::DevicePlugin => "device-plugin",
+            NodeRole::DraPlugin => "dra-plugin",
+        }
+    }
+
+    fn writes(self) -> NodeWrites {
+        match self {
+            NodeRole::DevicePlugin => NodeWrites::Published,
+            NodeRole::DraPlugin => NodeWrites::ReadOnly,
+        }
+    }
+
+    /// Its doctor preflight, unless `doctor.skip` (`--skip-doctor`).
+    async fn preflight(self, config: &Config) -> anyhow::Result<()> {
+        match self {
+            NodeRole::DevicePlugin => preflight(doctor::Role::Node, config).await,
+            NodeRole::DraPlugin if config.doctor.skip => Ok(()),
+            NodeRole::DraPlugin => doctor::preflight_dra(config).await,
+        }
+    }
+}
+
 /// The start-up of node role `role` (the device plugin, the DRA plugin): the platform, the
 /// settings no node role starts without, what the role reads before the preflight ends
 /// (`early`: nothing is written, so a failed preflight still leaves the node untouched), the
-/// node preflight, then the role on the process's one node agent ([`crate::node::run_role`])
-/// until SIGTERM/SIGINT.
+/// role's preflight, then the role on the process's one node agent
+/// ([`crate::node::run_role`]) until SIGTERM/SIGINT.
 async fn run_node_role<E, EarlyFut, Fut>(
-    role: &str,
+    node_role: NodeRole,
     config: &Config,
     early: impl FnOnce() -> EarlyFut,
     admit: impl FnOnce(PreparedAgent) -> anyhow::Result<PreparedAgent>,
@@ -322,12 +359,13 @@ where
     EarlyFut: Future<Output = anyhow::Result<E>>,
     Fut: Future<Output = anyhow::Result<ExitCode>>,
 {
+    let role = node_role.name();
     crate::buildinfo::ensure_server_platform(role)?;
-    crate::node::check_required(config).map_err(failure::config)?;
+    crate::node::check_required(config, role).map_err(failure::config)?;
     crate::gpu::check_config(&config.gpu).map_err(failure::config)?;
     let early = early().await?;
-    preflight(doctor::Role::Node, config).await?;
-    crate::node::run_role(config, role, admit, |agent, shutdown| {
+    node_role.preflight(config).await?;
+    crate::node::run_role(config, role, node_role.writes(), admit, |agent, shutdown| {
         run(early, agent, shutdown)
     })
     .await

@@ -490,6 +490,8 @@ pub const DEFAULT_DRA_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
 pub const DEFAULT_DRA_CDI_DIR: &str = "/var/run/cdi";
 /// The parent of the DRA plugin's state directory (`<this>/<driver>`, the checkpoint).
 pub const DEFAULT_DRA_STATE_DIR: &str = "/var/run/gpushare";
+/// Where the node roles keep one lock file per GPU (`node.gpu_lock_dir` when empty).
+pub const DEFAULT_GPU_LOCK_DIR: &str = "/var/run/gpushare/gpus";
 
 impl DraConfig {
     /// The plugin directory: `plugin_dir`, or `/var/lib/kubelet/plugins/<driver_name>`.
@@ -582,6 +584,21 @@ pub struct NodeConfig {
     pub runtime_cgroup_root: PathBuf,
     /// /proc as the container runtime (and so the hook) sees it.
     pub runtime_proc_root: PathBuf,
+    /// Host directory of the GPU lock files both node roles take before offering a GPU (one
+    /// path per GPU across processes); empty: /var/run/gpushare/gpus, or with the fake backend
+    /// a directory of the process's own.
+    pub gpu_lock_dir: PathBuf,
+}
+
+impl NodeConfig {
+    /// The GPU lock directory of real GPUs: `gpu_lock_dir`, or its default.
+    pub fn gpu_lock_dir(&self) -> PathBuf {
+        if self.gpu_lock_dir.as_os_str().is_empty() {
+            PathBuf::from(DEFAULT_GPU_LOCK_DIR)
+        } else {
+            self.gpu_lock_dir.clone()
+        }
+    }
 }
 
 impl Default for NodeConfig {
@@ -616,6 +633,7 @@ impl Default for NodeConfig {
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             runtime_cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             runtime_proc_root: PathBuf::from("/proc"),
+            gpu_lock_dir: PathBuf::new(),
         }
     }
 }

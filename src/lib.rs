@@ -1,7 +1,11 @@
-//! gpushare: GPU memory sharing for Kubernetes, as one binary with four roles.
+//! gpushare: GPU memory sharing for Kubernetes, as one binary whose subcommands are its roles:
+//! `extender`, `device-plugin`, `dra-plugin`, `webhook`, `inspect` and `doctor` (and
+//! `cdi-hook`, which the container runtime runs).
 //!
 //! A wire-compatible successor of Aliyun's gpushare (scheduler extender, device plugin,
-//! `kubectl inspect gpushare`), plus `doctor`, a preflight for nodes and control planes.
+//! `kubectl inspect gpushare`), plus `doctor`, a preflight for nodes and control planes, the
+//! admission webhook of managed clusters and the DRA path (`dra-plugin`, with the webhook's
+//! rewrite of gpu-mem pods into ResourceClaims).
 //!
 //! ```text
 //!                 kube-scheduler                          kubectl inspect gpushare
@@ -16,10 +20,13 @@
 //!                                     (GPUs, unit, health, MPS, contract) ──► GPU backend
 //!                                                          (nvml | nvidia-smi | fake)
 //!   doctor: checks every box above before the roles start, and on demand.
+//!
+//!   DRA path: webhook ──gpu-mem pod → ResourceClaim──► API server ◄── kube-scheduler (DRA)
+//!   kubelet ──NodePrepareResources (gRPC, UDS)──► dra-plugin ──► node agent, CDI spec
 //! ```
 //!
 //! Layout (docs/development.md has the map and the rules, and
-//! `tests/it/layers.rs` enforces them):
+//! `tests/layers.rs` enforces them):
 //! - crates of their own: [`core`] (`gpushare-core`, pure: units, wire names, annotation
 //!   codec, what a pod holds, ledger, placement), [`kubelet_api`] (`gpushare-kubelet-api`,
 //!   generated gRPC code) and `gpushare-sandbox` (a throwaway cluster for tests and
@@ -32,9 +39,9 @@
 //!   (topology), [`rdma`] (HCAs), [`devices`] (configuration, generic devices, the hand-over
 //!   to a container);
 //! - the roles, which never import each other: [`extender`], [`deviceplugin`], [`inspect`],
-//!   [`doctor`], [`webhook`] (admission webhook of managed clusters), [`cdi_hook`] (the CDI
-//!   hook the container runtime runs to set a container's GPU memory limit), [`dra`] (the DRA
-//!   path's pure pieces; its `dra-plugin` subcommand is not wired yet);
+//!   [`doctor`], [`webhook`] (admission webhook: managed clusters and the DRA rewrite),
+//!   [`cdi_hook`] (the CDI hook the container runtime runs to set a container's GPU memory
+//!   limit), [`dra`] (the DRA kubelet plugin, `dra-plugin`);
 //! - the composers: [`cli`] (the only dispatch to the roles, and the preflight) and `demo`.
 
 pub use gpushare_core as core;

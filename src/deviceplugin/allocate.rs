@@ -471,6 +471,7 @@ impl Plugin {
             let units = GpuMem::new(creq.devices_ids.len() as u64);
             match self.choose(&creq.devices_ids, units).await {
                 Choice::Matched { m, seq, repeat } => {
+                    self.refuse_held_back(m.gpu_index)?;
                     let base = self.grant(m.gpu_index, visible_uuid, m.pod_total, units);
                     let response = self.hand_over(Some(m.gpu_index), base).await?;
                     let response = self.enforce(m.gpu_index, units, response).await?;
@@ -503,6 +504,7 @@ impl Plugin {
                 }
                 Choice::Unmatched(rejected) if self.gpus.len() == 1 => {
                     let gpu = &self.gpus[0];
+                    self.refuse_held_back(gpu.index)?;
                     tracing::info!(
                         units = units.units(),
                         considered = rejected.len(),
@@ -537,20 +539,29 @@ impl Plugin {
     /// now would run without its memory limit (or not reach the daemon at all). Nothing is
     /// claimed; kubelet fails the pod with this message.
     fn refuse_without_mps(self: &Arc<Self>, containers: usize) -> Result<(), Status> {
-        let Some(mps) = self.agent.mps() else {
+        let Err(refused) = self.node.check_mps() else {
             return Ok(());
         };
-        if mps.serving() {
-            return Ok(());
-        }
         for _ in 0..containers.max(1) {
             self.metrics.allocation("mps_not_serving");
         }
+        let msg = refused.to_string();
+        tracing::error!("Allocate refused: {msg}");
+        self.allocate_failed_event(msg.clone());
+        Err(Status::unavailable(msg))
+    }
+
+    /// Refuses GPU `index` while the path's gate holds it back (another path serves it, or
+    /// that path's pods still hold memory on it): nothing is claimed; kubelet fails the pod
+    /// with the reason.
+    fn refuse_held_back(self: &Arc<Self>, index: u32) -> Result<(), Status> {
+        let Some(why) = self.offer.borrow().held_back.get(&index).cloned() else {
+            return Ok(());
+        };
+        self.metrics.allocation("held_back");
         let msg = format!(
-            "MPS mode: the CUDA MPS control daemon on {} is not serving ({}), so no GPU is handed              out without its memory limit. The device plugin restarts the daemon on its own; if              this persists, run `gpushare doctor --mps` on the node and read the daemon's log in              {}",
-            mps.control.pipe_dir.display(),
-            mps.why(),
-            mps.control.log_dir.display()
+            "GPU {index} is not offered on the device-plugin path now: {why}; no GPU is handed \
+             out that another path may count too"
         );
         tracing::error!("Allocate refused: {msg}");
         self.allocate_failed_event(msg.clone());

@@ -1,4 +1,6 @@
-//! The device plugin's Prometheus metrics, registered with the role's `AdminState`.
+//! The device plugin's Prometheus metrics of its kubelet side, registered with the role's
+//! `AdminState`: allocations, matching corrections, registration. The node metrics (unhealthy
+//! GPUs, the memory-unit refusal, MPS) are the node agent's ([`crate::node::monitor`]).
 //!
 //! Does not serve them: `crate::admin::serve` does.
 
@@ -15,7 +17,8 @@ use crate::admin::AdminState;
 pub struct OutcomeLabel {
     /// `matched`, `repeated` (the same container asked again), `single_gpu_fallback`,
     /// `no_candidate`, `patch_failed` (the API refused), `patch_unknown` (no answer in time),
-    /// `mps_not_serving` (refused while the MPS control daemon does not serve),
+    /// `mps_not_serving` (refused while the MPS control daemon does not serve), `held_back`
+    /// (the pod's GPU is held back by the path's gate: another path serves it),
     /// `limit_spec_failed` (the CDI spec carrying the memory-limit hook could not be written).
     pub outcome: String,
 }
@@ -34,21 +37,10 @@ pub struct Metrics {
     /// Pods whose containers kubelet ran on devices of different GPUs (reported, never
     /// corrected).
     pub split_pods: Counter,
-    /// 1 while a change of `--memory-unit` is refused because pods placed under the unit the
-    /// node had still run.
-    pub memory_unit_change_refused: Gauge,
-    /// GPUs currently unhealthy.
-    pub unhealthy_gpus: Gauge,
-    /// XIDs at a PCI address that is none of the served GPUs (marked no GPU).
-    pub unattributed_xids: Counter,
     /// 1 while registered with kubelet.
     pub registered: Gauge,
     /// Registrations with kubelet (1 + re-registrations after kubelet restarts).
     pub registrations: Counter,
-    /// With `--mps`: 1 while the MPS control daemon answers and has its defaults.
-    pub mps_daemon_up: Gauge,
-    /// With `--mps`: restarts of the MPS control daemon after it stopped answering.
-    pub mps_daemon_restarts: Counter,
 }
 
 impl Metrics {
@@ -62,13 +54,8 @@ impl Metrics {
             swaps_corrected: Counter::default(),
             mismatches_seen: Counter::default(),
             split_pods: Counter::default(),
-            memory_unit_change_refused: Gauge::default(),
-            unhealthy_gpus: Gauge::default(),
-            unattributed_xids: Counter::default(),
             registered: Gauge::default(),
             registrations: Counter::default(),
-            mps_daemon_up: Gauge::default(),
-            mps_daemon_restarts: Counter::default(),
         };
         admin.with_registry(|r| {
             r.register(
@@ -97,21 +84,6 @@ impl Metrics {
                 m.split_pods.clone(),
             );
             r.register(
-                "gpushare_device_plugin_memory_unit_change_refused",
-                "1 while a memory unit change is refused because pods placed under the old unit run",
-                m.memory_unit_change_refused.clone(),
-            );
-            r.register(
-                "gpushare_device_plugin_unhealthy_gpus",
-                "GPUs currently marked unhealthy",
-                m.unhealthy_gpus.clone(),
-            );
-            r.register(
-                "gpushare_device_plugin_unattributed_xids",
-                "XIDs at a PCI address that is none of the served GPUs (NVSwitch/NVLink); they mark no GPU",
-                m.unattributed_xids.clone(),
-            );
-            r.register(
                 "gpushare_device_plugin_registered",
                 "1 while registered with kubelet",
                 m.registered.clone(),
@@ -120,16 +92,6 @@ impl Metrics {
                 "gpushare_device_plugin_registrations",
                 "Registrations with kubelet",
                 m.registrations.clone(),
-            );
-            r.register(
-                "gpushare_device_plugin_mps_daemon_up",
-                "1 while the CUDA MPS control daemon answers get_server_list and has its defaults (--mps)",
-                m.mps_daemon_up.clone(),
-            );
-            r.register(
-                "gpushare_device_plugin_mps_daemon_restarts",
-                "Restarts of the CUDA MPS control daemon after it stopped answering (--mps)",
-                m.mps_daemon_restarts.clone(),
             );
         });
         m

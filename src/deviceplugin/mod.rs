@@ -67,7 +67,8 @@ use crate::gpu::GpuBackend;
 use crate::kubelet_api::deviceplugin::ListAndWatchResponse;
 use crate::node::gpus::ServedGpu;
 use crate::node::health::HealthView;
-use crate::node::mps::MpsState;
+use crate::node::monitor::{NodeMetrics, NodeMonitor, NodeRole};
+use crate::node::path_gate::{GateSettings, Offer, PathGate};
 use crate::node::paths::ServingPath;
 use crate::node::{NodeAgent, NodeAgentHandle, NodeArgs, PreparedAgent};
 use crate::shutdown::Shutdown;
@@ -234,8 +235,11 @@ pub(crate) struct Plugin {
     pub(crate) config: DevicePluginConfig,
     /// The node agent: the GPUs, the unit, health, MPS, node publishing, the contract.
     pub(crate) agent: Arc<NodeAgent>,
-    /// The GPUs the agent offers on this path.
+    /// The node's GPUs, listed on this path; those the gate holds back are listed unhealthy
+    /// and refused in Allocate.
     pub(crate) gpus: Vec<ServedGpu>,
+    /// What the path's gate offers now ([`crate::node::path_gate`]).
+    pub(crate) offer: watch::Receiver<Offer>,
     pub(crate) devices_tx: watch::Sender<Arc<ListAndWatchResponse>>,
     pub(crate) pods: PodStore,
     /// The allocations answered, by pod UID. Held for in-memory steps only, never across an
@@ -248,6 +252,8 @@ pub(crate) struct Plugin {
     /// What the reconciler has reported already.
     pub(crate) reported: std::sync::Mutex<reconcile::Reported>,
     pub(crate) metrics: Metrics,
+    /// The node metrics, the readiness that follows MPS and the MPS refusal.
+    pub(crate) node: Arc<NodeMonitor>,
     pub(crate) admin: Arc<AdminState>,
     /// Writes Allocate's answers to the pods after they are returned (durable on the node
     /// first).
@@ -317,40 +323,22 @@ impl Plugin {
         self.gpus.iter().find(|g| g.uuid == uuid)
     }
 
-    /// Re-sends the device list for the health `view`.
+    /// Re-sends the device list for the health `view` and the gate's offer: a GPU's devices
+    /// are healthy when it is and the gate offers it.
     pub(crate) fn refresh_devices(&self, view: &HealthView) {
-        let msg = devices::list_and_watch_response(&self.gpus, |u| view.is_healthy(u));
-        let unhealthy = self
-            .gpus
-            .iter()
-            .filter(|g| !view.is_healthy(&g.uuid))
-            .count();
-        self.metrics
-            .unhealthy_gpus
-            .set(i64::try_from(unhealthy).unwrap_or(i64::MAX));
+        let offer = self.offer.borrow().clone();
+        let offered = |u: &str| {
+            self.gpus
+                .iter()
+                .any(|g| g.uuid == u && offer.is_offered(g.index))
+        };
+        let msg =
+            devices::list_and_watch_response(&self.gpus, |u| view.is_healthy(u) && offered(u));
         self.devices_tx.send_replace(Arc::new(msg));
     }
 
     pub(crate) fn socket_path(&self) -> PathBuf {
         self.config.device_plugin_dir.join(PLUGIN_SOCKET)
-    }
-
-    /// Puts the MPS daemon's state into the metrics (the restarts after `restarts_seen`);
-    /// returns the restarts seen now.
-    fn mps_metrics(&self, now: MpsState, restarts_seen: u64) -> u64 {
-        self.metrics.mps_daemon_up.set(i64::from(now.serving));
-        let new = now.restarts.saturating_sub(restarts_seen);
-        if new > 0 {
-            self.metrics.mps_daemon_restarts.inc_by(new);
-        }
-        now.restarts.max(restarts_seen)
-    }
-
-    /// Ready while registered with kubelet and, with `--mps`, while the MPS daemon serves.
-    pub(crate) fn update_ready(&self) {
-        let registered = self.metrics.registered.get() == 1;
-        let mps = self.agent.mps().is_none_or(|m| m.serving());
-        self.admin.set_ready(registered && mps);
     }
 }
 
@@ -358,6 +346,7 @@ impl Plugin {
 #[derive(Debug)]
 pub struct DevicePluginHandle {
     plugin: Arc<Plugin>,
+    gate: Option<PathGate>,
     stop: Arc<crate::shutdown::Trigger>,
     tasks: Vec<JoinHandle<()>>,
     admin_addr: Option<std::net::SocketAddr>,
@@ -376,9 +365,14 @@ impl DevicePluginHandle {
         self.admin_addr
     }
 
-    /// The metrics.
+    /// The metrics of the kubelet side.
     pub fn metrics(&self) -> &Metrics {
         &self.plugin.metrics
+    }
+
+    /// The node metrics (health, the memory-unit refusal, MPS).
+    pub fn node_metrics(&self) -> &NodeMetrics {
+        self.plugin.node.metrics()
     }
 
     /// The metrics in the Prometheus text format.
@@ -454,14 +448,22 @@ impl DevicePluginHandle {
         &self.plugin.agent
     }
 
+    /// What the path's gate offers now, and every change after.
+    pub fn offer(&self) -> watch::Receiver<Offer> {
+        self.plugin.offer.clone()
+    }
+
     /// Stops serving, ends the ListAndWatch streams, removes the socket and gives the GPUs
     /// back to the agent (and stops the agent when [`start`] built it).
-    pub async fn stop(self) {
+    pub async fn stop(mut self) {
         self.stop.trigger();
-        for task in self.tasks {
+        for task in std::mem::take(&mut self.tasks) {
             let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
         }
         let _ = std::fs::remove_file(self.plugin.socket_path());
+        if let Some(gate) = self.gate.take() {
+            gate.close().await;
+        }
         self.plugin.agent.withdraw(ServingPath::DevicePlugin);
         if let Some(agent) = self.own_agent {
             agent.stop().await;
@@ -480,6 +482,7 @@ pub async fn start(
 ) -> anyhow::Result<DevicePluginHandle> {
     let (mut handle, agent) = crate::node::serve_on_own_agent(
         config,
+        crate::node::NodeWrites::Published,
         client,
         backend,
         shutdown,
@@ -517,11 +520,20 @@ async fn serve_with(
         Some(e) => (e.store, Some((e.stop, e.task))),
         None => (PodStore::default(), None),
     };
-    let all: Vec<u32> = agent.gpus().iter().map(|g| g.index).collect();
-    let gpus = agent.offer(ServingPath::DevicePlugin, all)?;
+    let gate = agent
+        .open_path(
+            ServingPath::DevicePlugin,
+            GateSettings {
+                dra_driver: config.dra.driver_name.clone(),
+            },
+            shutdown.clone(),
+        )
+        .await;
+    let gpus = agent.gpus().to_vec();
     let admin = AdminState::new();
     let metrics = Metrics::new(&admin);
     agent.enforcement().status().register(&admin);
+    let node = NodeMonitor::new(agent.clone(), admin.clone(), NodeRole::DevicePlugin);
     let mut health = agent.health();
     let view = health.borrow_and_update().clone();
     let first = devices::list_and_watch_response(&gpus, |u| view.is_healthy(u));
@@ -533,6 +545,7 @@ async fn serve_with(
         config: dp.clone(),
         agent: agent.clone(),
         gpus,
+        offer: gate.offer(),
         devices_tx,
         pods,
         records: std::sync::Mutex::default(),
@@ -540,14 +553,12 @@ async fn serve_with(
         reconcile_now: Notify::new(),
         reported: std::sync::Mutex::default(),
         metrics,
+        node: node.clone(),
         admin: admin.clone(),
         writeback: Writeback::open(&dp.state_dir),
         stopping: stop.clone(),
     });
     plugin.refresh_devices(&view);
-    if agent.unit_refused().is_some() {
-        plugin.metrics.memory_unit_change_refused.set(1);
-    }
     // The answers of an earlier run that are not on the pods yet count as answered before
     // kubelet can call Allocate (registration comes later), and their writes are finished.
     if plugin.writeback.replay(&plugin) > 0 {
@@ -557,21 +568,11 @@ async fn serve_with(
     tasks.push(tokio::spawn(follow_health(
         plugin.clone(),
         health,
-        view.unattributed_xids,
+        gate.offer(),
         stop.clone(),
     )));
-    if let Some(status) = agent.mps() {
-        // The state now is in the metrics before kubelet can ask; the task follows changes.
-        let mut state = status.subscribe();
-        let now = *state.borrow_and_update();
-        plugin.mps_metrics(now, 0);
-        tasks.push(tokio::spawn(follow_mps(
-            plugin.clone(),
-            state,
-            now.restarts,
-            stop.clone(),
-        )));
-    }
+    // The node metrics and the readiness (MPS) follow the agent.
+    tasks.push(node.follow(stop.clone()));
     match early_watch {
         Some((early_stop, task)) => {
             tasks.push(task);
@@ -632,6 +633,7 @@ async fn serve_with(
     };
     Ok(DevicePluginHandle {
         plugin,
+        gate: Some(gate),
         stop: stop_trigger,
         tasks,
         admin_addr,
@@ -639,44 +641,21 @@ async fn serve_with(
     })
 }
 
-/// Follows the agent's health view into ListAndWatch and the health metrics until `stop`.
+/// Follows the agent's health view and the gate's offer into ListAndWatch until `stop`.
 async fn follow_health(
     plugin: Arc<Plugin>,
     mut health: watch::Receiver<Arc<HealthView>>,
-    mut unattributed_seen: u64,
+    mut offer: watch::Receiver<Offer>,
     stop: Shutdown,
 ) {
     loop {
         tokio::select! {
             _ = stop.clone().wait() => return,
             changed = health.changed() => if changed.is_err() { return },
+            changed = offer.changed() => if changed.is_err() { return },
         }
         let view = health.borrow_and_update().clone();
-        let new = view.unattributed_xids.saturating_sub(unattributed_seen);
-        if new > 0 {
-            plugin.metrics.unattributed_xids.inc_by(new);
-            unattributed_seen = view.unattributed_xids;
-        }
+        offer.borrow_and_update();
         plugin.refresh_devices(&view);
-    }
-}
-
-/// Follows the changes of the agent's MPS daemon into the MPS metrics and the readiness until
-/// `stop` (the state at start is in the metrics already, and the registration's own readiness
-/// update reads it).
-async fn follow_mps(
-    plugin: Arc<Plugin>,
-    mut state: watch::Receiver<MpsState>,
-    mut restarts_seen: u64,
-    stop: Shutdown,
-) {
-    loop {
-        tokio::select! {
-            _ = stop.clone().wait() => return,
-            changed = state.changed() => if changed.is_err() { return },
-        }
-        let now = *state.borrow_and_update();
-        restarts_seen = plugin.mps_metrics(now, restarts_seen);
-        plugin.update_ready();
     }
 }

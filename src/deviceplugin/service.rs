@@ -83,7 +83,7 @@ impl Endpoint for Plugin {
         if registered {
             self.metrics.registrations.inc();
         }
-        self.update_ready();
+        self.node.set_role_ready(registered);
     }
 
     fn devices(&self) -> &watch::Sender<Arc<ListAndWatchResponse>> {

@@ -122,6 +122,22 @@ pub(crate) fn api_server(api: &ApiState, config: &Config, preflight: bool) -> Ch
     }
 }
 
+/// Where a permission is needed: the scope its review asks about. A Role grants only in its
+/// namespace and a `resourceNames` rule only for that name (for `list` and `watch`, through
+/// the `metadata.name` field selector the request carries), so each review asks exactly what
+/// the role's requests are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Every namespace, or a cluster-scoped resource.
+    Cluster,
+    /// The namespace of the upstream unhealthy-GPU ConfigMaps (`kube-system`).
+    UnhealthyConfigMaps,
+    /// The extender's Lease namespace (`extender.lease_namespace`), any name (`create`).
+    LeaseNamespace,
+    /// The extender's own Lease (`extender.lease_namespace`/`extender.lease_name`).
+    Lease,
+}
+
 /// One permission a role needs; allowed when any of `groups` allows it.
 #[derive(Clone, Copy, Debug)]
 pub struct Permission {
@@ -135,6 +151,8 @@ pub struct Permission {
     pub verb: &'static str,
     /// Only needed with leader election.
     pub leader_only: bool,
+    /// Where it is needed.
+    pub scope: Scope,
 }
 
 const fn perm(
@@ -149,12 +167,23 @@ const fn perm(
         subresource: sub,
         verb,
         leader_only: false,
+        scope: Scope::Cluster,
+    }
+}
+
+/// A permission of the extender's leader election, in `scope`.
+const fn lease(verb: &'static str, scope: Scope) -> Permission {
+    Permission {
+        leader_only: true,
+        scope,
+        ..perm(LEASES, "leases", "", verb)
     }
 }
 
 const CORE: &[&str] = &[""];
 const EVENTS: &[&str] = &["events.k8s.io"];
 const LEASES: &[&str] = &["coordination.k8s.io"];
+const RESOURCE: &[&str] = &["resource.k8s.io"];
 
 /// What `gpushare extender` does with the API.
 pub(crate) const EXTENDER_PERMISSIONS: &[Permission] = &[
@@ -166,23 +195,26 @@ pub(crate) const EXTENDER_PERMISSIONS: &[Permission] = &[
     perm(CORE, "nodes", "", "get"),
     perm(CORE, "nodes", "", "list"),
     perm(CORE, "nodes", "", "watch"),
-    perm(CORE, "configmaps", "", "get"),
-    perm(CORE, "configmaps", "", "list"),
-    perm(CORE, "configmaps", "", "watch"),
+    Permission {
+        scope: Scope::UnhealthyConfigMaps,
+        ..perm(CORE, "configmaps", "", "get")
+    },
+    Permission {
+        scope: Scope::UnhealthyConfigMaps,
+        ..perm(CORE, "configmaps", "", "list")
+    },
+    Permission {
+        scope: Scope::UnhealthyConfigMaps,
+        ..perm(CORE, "configmaps", "", "watch")
+    },
     perm(EVENTS, "events", "", "create"),
     perm(EVENTS, "events", "", "patch"),
-    Permission {
-        leader_only: true,
-        ..perm(LEASES, "leases", "", "get")
-    },
-    Permission {
-        leader_only: true,
-        ..perm(LEASES, "leases", "", "create")
-    },
-    Permission {
-        leader_only: true,
-        ..perm(LEASES, "leases", "", "update")
-    },
+    lease("get", Scope::Lease),
+    lease("update", Scope::Lease),
+    // The Lease watch: a list and a watch with the field selector metadata.name=<lease>.
+    lease("list", Scope::Lease),
+    lease("watch", Scope::Lease),
+    lease("create", Scope::LeaseNamespace),
 ];
 
 /// What `gpushare device-plugin` does with the API.
@@ -196,7 +228,43 @@ pub(crate) const DEVICE_PLUGIN_PERMISSIONS: &[Permission] = &[
     perm(CORE, "nodes", "status", "patch"),
     perm(EVENTS, "events", "", "create"),
     perm(EVENTS, "events", "", "patch"),
+    // One path per GPU: a GPU a DRA slice publishes or a claim holds is not offered.
+    perm(RESOURCE, "resourceslices", "", "list"),
+    perm(RESOURCE, "resourceclaims", "", "list"),
 ];
+
+/// What `gpushare dra-plugin` does with the API: reads its Node and writes on it only its
+/// path's annotation (`gpushare.io/dra-gpus`; with enforcement, the containers' use), lists its
+/// node's pods (one path per GPU: a GPU the extender placed a pod on is held back), reads the
+/// claims it prepares and follows, keeps its ResourceSlices, and writes the node's Events.
+pub(crate) const DRA_PLUGIN_PERMISSIONS: &[Permission] = &[
+    perm(CORE, "nodes", "", "get"),
+    perm(CORE, "nodes", "", "patch"),
+    perm(CORE, "pods", "", "list"),
+    perm(RESOURCE, "resourceclaims", "", "get"),
+    perm(RESOURCE, "resourceclaims", "", "list"),
+    perm(RESOURCE, "resourceclaims", "", "watch"),
+    perm(RESOURCE, "resourceslices", "", "list"),
+    perm(RESOURCE, "resourceslices", "", "create"),
+    perm(RESOURCE, "resourceslices", "", "update"),
+    perm(RESOURCE, "resourceslices", "", "delete"),
+    perm(EVENTS, "events", "", "create"),
+    perm(EVENTS, "events", "", "patch"),
+];
+
+/// The namespace and name a review of `p` asks about.
+fn scope_of(p: &Permission, config: &Config) -> (Option<String>, Option<String>) {
+    let lease = &config.extender;
+    match p.scope {
+        Scope::Cluster => (None, None),
+        Scope::UnhealthyConfigMaps => (Some(wire::UNHEALTHY_CONFIGMAP_NAMESPACE.to_string()), None),
+        Scope::LeaseNamespace => (Some(lease.lease_namespace.clone()), None),
+        Scope::Lease => (
+            Some(lease.lease_namespace.clone()),
+            Some(lease.lease_name.clone()),
+        ),
+    }
+}
 
 impl Permission {
     fn label(&self) -> String {
@@ -212,7 +280,13 @@ impl Permission {
     }
 }
 
-async fn allowed_in(client: &kube::Client, p: &Permission, group: &str) -> Result<bool, ApiError> {
+async fn allowed_in(
+    client: &kube::Client,
+    p: &Permission,
+    group: &str,
+    config: &Config,
+) -> Result<bool, ApiError> {
+    let (namespace, name) = scope_of(p, config);
     let review = SelfSubjectAccessReview {
         spec: SelfSubjectAccessReviewSpec {
             resource_attributes: Some(ResourceAttributes {
@@ -220,6 +294,8 @@ async fn allowed_in(client: &kube::Client, p: &Permission, group: &str) -> Resul
                 resource: Some(p.resource.to_string()),
                 subresource: (!p.subresource.is_empty()).then(|| p.subresource.to_string()),
                 verb: Some(p.verb.to_string()),
+                namespace,
+                name,
                 ..ResourceAttributes::default()
             }),
             ..SelfSubjectAccessReviewSpec::default()
@@ -234,10 +310,10 @@ async fn allowed_in(client: &kube::Client, p: &Permission, group: &str) -> Resul
     Ok(answer.status.is_some_and(|s| s.allowed))
 }
 
-async fn allowed(client: &kube::Client, p: &Permission) -> Result<bool, ApiError> {
+async fn allowed(client: &kube::Client, p: &Permission, config: &Config) -> Result<bool, ApiError> {
     let mut last_err = None;
     for group in p.groups {
-        match allowed_in(client, p, group).await {
+        match allowed_in(client, p, group, config).await {
             Ok(true) => return Ok(true),
             Ok(false) => {}
             Err(e) => last_err = Some(e),
@@ -249,8 +325,11 @@ async fn allowed(client: &kube::Client, p: &Permission) -> Result<bool, ApiError
     }
 }
 
-/// `rbac`: each `(who, permissions)` set reviewed with SelfSubjectAccessReview.
-pub async fn rbac(api: &ApiState, sets: &[(&str, &[Permission])], leader_elect: bool) -> Check {
+/// `rbac`: each `(who, permissions)` set reviewed with SelfSubjectAccessReview, each in its
+/// scope ([`Scope`], from `config`); the leader-election ones count only with
+/// `extender.leader_elect`.
+pub async fn rbac(api: &ApiState, sets: &[(&str, &[Permission])], config: &Config) -> Check {
+    let leader_elect = config.extender.leader_elect;
     const ID: &str = "rbac";
     const TITLE: &str = "RBAC permissions of this identity";
     if let Some(c) = skipped(ID, TITLE, api) {
@@ -264,7 +343,7 @@ pub async fn rbac(api: &ApiState, sets: &[(&str, &[Permission])], leader_elect: 
     let mut unknown = false;
     for (who, perms) in sets {
         let reviews = futures::future::join_all(perms.iter().map(|p| async move {
-            let r = tokio::time::timeout(CHECK_TIMEOUT, allowed(client, p)).await;
+            let r = tokio::time::timeout(CHECK_TIMEOUT, allowed(client, p, config)).await;
             (p, r.unwrap_or(Err(ApiError::TimedOut)))
         }))
         .await;
@@ -358,6 +437,16 @@ pub fn capacity(node: &Node, resource: &str) -> Option<String> {
     node.status
         .as_ref()?
         .capacity
+        .as_ref()?
+        .get(resource)
+        .map(|q| q.0.clone())
+}
+
+/// `status.allocatable[resource]` of `node`, as written.
+pub fn allocatable(node: &Node, resource: &str) -> Option<String> {
+    node.status
+        .as_ref()?
+        .allocatable
         .as_ref()?
         .get(resource)
         .map(|q| q.0.clone())

@@ -8,15 +8,21 @@
 //!   (the plugin runs as root);
 //! - `dra-cdi-runtime`: the runtime the kubelet uses hands CDI devices over and reads the
 //!   plugin's CDI directory (the runtime reading is [`super::cdi`]'s);
+//! - `dra-memory-unit`: every GPU holds at least two memory units, as a valid slice device
+//!   needs (`min + step <= value`); a GPU that does not is left out of the slice;
 //! - `dra-plugin-conflict`: no device plugin serves the same GPUs (gpushare's own
-//!   `aliyungpushare.sock`, NVIDIA's sockets and processes, and, with the API, a Node that
-//!   advertises `aliyun.com/gpu-mem` or `nvidia.com/gpu`).
+//!   `aliyungpushare.sock` and the GPU locks it holds, NVIDIA's sockets and processes, and,
+//!   with the API, a Node that advertises allocatable `aliyun.com/gpu-mem` or
+//!   `nvidia.com/gpu`). `gpushare dra-plugin` runs it in its preflight.
 //!
 //! Control plane (`--role control-plane`, with the API):
 //! - `dra-api`: `resource.k8s.io/v1` is served with its slices, claims and classes;
 //! - `dra-consumable-capacity`: a server-side dry-run create of a ResourceSlice whose device has
 //!   `allowMultipleAllocations: true` keeps the field (an API server with the
 //!   `DRAConsumableCapacity` gate off drops it); nothing is stored;
+//! - `dra-device-taints`: the same dry-run slice keeps its device's taint (with the
+//!   `DRADeviceTaints` gate off, the default on 1.34 and 1.35, the API server drops it, and an
+//!   unhealthy GPU keeps receiving claims);
 //! - `dra-device-class`: the DeviceClass `gpu-mem.gpushare.io` exists and selects the driver's
 //!   GPUs (`type == "gpu"`; a class selecting every device of the driver is a warning).
 //!
@@ -29,7 +35,7 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceCapacity, DeviceClass,
-    ResourcePool, ResourceSlice, ResourceSliceSpec,
+    DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -40,7 +46,10 @@ use super::cdi::{self, CdiReader};
 use super::cluster::{self, ApiError, ApiState, REQUEST_TIMEOUT};
 use super::host::{self, HostRoot};
 use super::report::{Check, Status};
-use crate::core::wire;
+use crate::core::{MemoryUnit, wire};
+use crate::gpu::GpuDevice;
+use crate::node::gpu_locks::{Holder, path_name};
+use crate::node::paths::ServingPath;
 
 /// kubelet's plugin registry (`--registry-dir`).
 pub const DEFAULT_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
@@ -88,6 +97,18 @@ impl Default for DraArgs {
 }
 
 impl DraArgs {
+    /// The checks of the DRA plugin configured as `dra` (its preflight).
+    pub fn of_plugin(dra: &crate::config::DraConfig) -> DraArgs {
+        DraArgs {
+            dra: true,
+            driver_name: dra.driver_name.clone(),
+            registry_dir: dra.registry_dir.clone(),
+            plugin_dir: Some(dra.plugin_dir()),
+            cdi_dir: dra.cdi_dir.clone(),
+            state_dir: Some(dra.state_dir()),
+        }
+    }
+
     /// `--plugin-dir`, or `/var/lib/kubelet/plugins/<driver>`.
     pub fn plugin_dir(&self) -> PathBuf {
         self.plugin_dir
@@ -173,6 +194,7 @@ pub fn node_checks(
     args: &DraArgs,
     device_plugin_dir: &Path,
     node: &Result<Option<Node>, ApiError>,
+    locks: &[(String, Holder)],
 ) -> Vec<Check> {
     let registry = &args.registry_dir;
     let plugin = args.plugin_dir();
@@ -247,7 +269,7 @@ pub fn node_checks(
                 dirs_flag: "--cdi-dir",
             },
         ),
-        plugin_conflict(host, device_plugin_dir, node),
+        plugin_conflict(host, device_plugin_dir, node, locks),
     ]
 }
 
@@ -256,6 +278,7 @@ fn plugin_conflict(
     host: &HostRoot,
     device_plugin_dir: &Path,
     node: &Result<Option<Node>, ApiError>,
+    locks: &[(String, Holder)],
 ) -> Check {
     const ID: &str = "dra-plugin-conflict";
     const TITLE: &str = "no device plugin serves the DRA plugin's GPUs";
@@ -268,9 +291,19 @@ fn plugin_conflict(
             wire::RESOURCE_GPU_MEM
         ));
     }
+    for (uuid, holder) in locks {
+        if holder.path == path_name(ServingPath::DevicePlugin) {
+            conflicts.push(format!(
+                "GPU {uuid} is served by {holder} (its lock is held; the DRA plugin offers it \
+                 only once the device plugin stops and its pods are gone)"
+            ));
+        }
+    }
     if let Ok(Some(n)) = node {
+        // Allocatable, not capacity: kubelet keeps a stopped plugin's capacity for a while,
+        // but its devices are unhealthy (allocatable 0) at once.
         for resource in [wire::RESOURCE_GPU_MEM, "nvidia.com/gpu"] {
-            if let Some(count) = cluster::capacity(n, resource).filter(|c| c != "0") {
+            if let Some(count) = cluster::allocatable(n, resource).filter(|c| c != "0") {
                 conflicts.push(format!("the node advertises {resource}: {count}"));
             }
         }
@@ -292,6 +325,83 @@ fn plugin_conflict(
     )
 }
 
+/// Memory units a fix may suggest, coarsest first (MiB).
+const CANDIDATE_UNITS_MIB: &[u32] = &[
+    16384, 8192, 4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1,
+];
+
+/// `dra-memory-unit`: every GPU holds at least [`wire::DRA_MIN_UNITS_PER_GPU`] units of
+/// `unit`, so its slice device is valid (`min + step <= value`). A GPU that does not is left
+/// out of the slice by the plugin (the others serve): a warning; a failure when none holds
+/// enough. The fix names a unit that fits every GPU.
+pub fn memory_unit(unit: MemoryUnit, devices: Option<&[GpuDevice]>) -> Check {
+    const ID: &str = "dra-memory-unit";
+    const TITLE: &str = "every GPU holds at least two memory units (DRA)";
+    let Some(devices) = devices.filter(|d| !d.is_empty()) else {
+        return Check::new(
+            ID,
+            TITLE,
+            Status::Skip,
+            format!("unit {unit}; no GPU inventory to size it against (see gpu-access)"),
+        );
+    };
+    let units = |d: &GpuDevice, u: MemoryUnit| u.units_of_bytes(d.memory_bytes).units();
+    let small: Vec<&GpuDevice> = devices
+        .iter()
+        .filter(|d| units(d, unit) < wire::DRA_MIN_UNITS_PER_GPU)
+        .collect();
+    if small.is_empty() {
+        let fewest = devices.iter().map(|d| units(d, unit)).min().unwrap_or(0);
+        return Check::new(
+            ID,
+            TITLE,
+            Status::Ok,
+            format!(
+                "unit {unit}: each of {} GPU(s) holds {fewest} units or more",
+                devices.len()
+            ),
+        );
+    }
+    let mut lines: Vec<String> = small
+        .iter()
+        .map(|d| {
+            format!(
+                "GPU {} ({}, {} MiB) holds {} unit(s) of {unit}: the API server refuses a device of \
+                 fewer than {} (min + step <= value); it is left out of the slice",
+                d.index,
+                d.uuid,
+                d.memory_bytes >> 20,
+                units(d, unit),
+                wire::DRA_MIN_UNITS_PER_GPU
+            )
+        })
+        .collect();
+    let fits = CANDIDATE_UNITS_MIB
+        .iter()
+        .filter_map(|m| MemoryUnit::from_mib(*m))
+        .filter(|u| u.mib() < unit.mib())
+        .find(|u| {
+            devices
+                .iter()
+                .all(|d| units(d, *u) >= wire::DRA_MIN_UNITS_PER_GPU)
+        });
+    let hint = match fits {
+        Some(u) => format!(
+            "use --memory-unit {u} (devicePlugin.memoryUnit in the chart; the webhook takes the same \
+             unit): every GPU then holds at least {} units",
+            wire::DRA_MIN_UNITS_PER_GPU
+        ),
+        None => "use a finer --memory-unit, e.g. MiB".to_string(),
+    };
+    let status = if small.len() == devices.len() {
+        lines.push("no GPU is left to publish".to_string());
+        Status::Fail
+    } else {
+        Status::Warn
+    };
+    Check::new(ID, TITLE, status, lines.join("\n")).hint(hint)
+}
+
 // ---------------------------------------------------------------- control plane
 
 /// The control-plane checks, in order: `dra-api`, `dra-consumable-capacity`,
@@ -303,6 +413,7 @@ pub async fn control_plane_checks(api: &ApiState, args: &DraArgs) -> Vec<Check> 
     let titles = [
         ("dra-api", API_TITLE),
         ("dra-consumable-capacity", CC_TITLE),
+        ("dra-device-taints", TAINTS_TITLE),
         ("dra-device-class", CLASS_TITLE),
     ];
     let client = match api {
@@ -322,7 +433,9 @@ pub async fn control_plane_checks(api: &ApiState, args: &DraArgs) -> Vec<Check> 
     let up = served.status == Status::Ok;
     let mut out = vec![served];
     if up {
-        out.push(consumable_capacity(client, &args.driver_name, minor).await);
+        let probe = dry_run_probe(client, &args.driver_name).await;
+        out.push(consumable_capacity(&probe, minor));
+        out.push(device_taints(&probe, minor));
         out.push(device_class(client, &args.driver_name).await);
     } else {
         for &(id, title) in &titles[1..] {
@@ -409,8 +522,9 @@ async fn api_served(client: &kube::Client, minor: Option<u32>) -> Check {
     }
 }
 
-/// The probe slice of `dra-consumable-capacity`: one device with `allowMultipleAllocations`
-/// and a capacity with a request policy, as the plugin publishes.
+/// The probe slice of `dra-consumable-capacity` and `dra-device-taints`: one device with
+/// `allowMultipleAllocations`, a capacity with a request policy and a taint, as the plugin
+/// publishes an unhealthy GPU.
 fn probe_slice(driver: &str) -> ResourceSlice {
     let gib = |n: u64| Quantity(format!("{n}Gi"));
     ResourceSlice {
@@ -444,6 +558,12 @@ fn probe_slice(driver: &str) -> ResourceSlice {
                         }),
                     },
                 )])),
+                taints: Some(vec![DeviceTaint {
+                    key: wire::DRA_TAINT_UNHEALTHY.to_string(),
+                    value: Some("doctor-probe".to_string()),
+                    effect: "NoSchedule".to_string(),
+                    time_added: None,
+                }]),
                 ..Device::default()
             }]),
             ..ResourceSliceSpec::default()
@@ -451,17 +571,91 @@ fn probe_slice(driver: &str) -> ResourceSlice {
     }
 }
 
-/// `dra-consumable-capacity`.
-async fn consumable_capacity(client: &kube::Client, driver: &str, minor: Option<u32>) -> Check {
-    const ID: &str = "dra-consumable-capacity";
-    const TITLE: &str = "consumable capacity (DRAConsumableCapacity) enabled";
+/// The API server's answer to a dry-run create of [`probe_slice`]: what it keeps of the
+/// fields its feature gates drop. Nothing is stored.
+async fn dry_run_probe(client: &kube::Client, driver: &str) -> Result<ResourceSlice, ApiError> {
     let api: Api<ResourceSlice> = Api::all(client.clone());
     let params = PostParams {
         dry_run: true,
         ..PostParams::default()
     };
-    let probe = probe_slice(driver);
-    match timed(api.create(&params, &probe)).await {
+    timed(api.create(&params, &probe_slice(driver))).await
+}
+
+const TAINTS_TITLE: &str = "device taints (DRADeviceTaints) enabled";
+
+/// The check a failed probe comes to, for `id`: it could not tell.
+fn probe_failed(id: &'static str, title: &'static str, e: &ApiError) -> Check {
+    if status_code(e) == Some(403) {
+        return Check::new(
+            id,
+            title,
+            Status::Warn,
+            format!("could not tell: a dry-run create of a ResourceSlice was refused: {e}"),
+        )
+        .hint(
+            "run doctor with an identity that may create resourceslices (a dry run stores nothing), \
+             e.g. a cluster admin's kubeconfig",
+        );
+    }
+    Check::new(
+        id,
+        title,
+        Status::Warn,
+        format!("could not tell: a dry-run create of a ResourceSlice failed: {e}"),
+    )
+    .hint("run again; the dry run needs the API server to answer POST resourceslices?dryRun=All")
+}
+
+/// `dra-device-taints`: the dry-run slice kept its device's taint. Without the gate (off by
+/// default on Kubernetes 1.34 and 1.35) the API server drops the taints the plugin puts on an
+/// unhealthy GPU, and the GPU keeps receiving claims: a warning (the path works otherwise).
+fn device_taints(probe: &Result<ResourceSlice, ApiError>, minor: Option<u32>) -> Check {
+    const ID: &str = "dra-device-taints";
+    let answer = match probe {
+        Ok(a) => a,
+        Err(e) => return probe_failed(ID, TAINTS_TITLE, e),
+    };
+    let kept = answer
+        .spec
+        .devices
+        .as_ref()
+        .and_then(|d| d.first())
+        .and_then(|d| d.taints.as_ref())
+        .is_some_and(|t| !t.is_empty());
+    if kept {
+        return Check::new(
+            ID,
+            TAINTS_TITLE,
+            Status::Ok,
+            "a dry-run ResourceSlice keeps its device's taint: an unhealthy GPU gets no new claim",
+        );
+    }
+    let version = minor
+        .map(|m| format!("Kubernetes 1.{m}: "))
+        .unwrap_or_default();
+    Check::new(
+        ID,
+        TAINTS_TITLE,
+        Status::Warn,
+        format!(
+            "{version}the API server dropped the taints of a dry-run ResourceSlice: the \
+             DRADeviceTaints feature gate is off, and a GPU the DRA plugin marks unhealthy \
+             ({}) keeps receiving claims",
+            wire::DRA_TAINT_UNHEALTHY
+        ),
+    )
+    .hint(
+        "enable --feature-gates=DRADeviceTaints=true on kube-apiserver, kube-scheduler and \
+         kube-controller-manager (on by default from Kubernetes 1.36; off on 1.34 and 1.35)",
+    )
+}
+
+/// `dra-consumable-capacity`.
+fn consumable_capacity(probe: &Result<ResourceSlice, ApiError>, minor: Option<u32>) -> Check {
+    const ID: &str = "dra-consumable-capacity";
+    const TITLE: &str = "consumable capacity (DRAConsumableCapacity) enabled";
+    match probe {
         Ok(answer) => {
             let device = answer
                 .spec
@@ -496,23 +690,7 @@ async fn consumable_capacity(client: &kube::Client, driver: &str, minor: Option<
                 )
             }
         }
-        Err(e) if status_code(&e) == Some(403) => Check::new(
-            ID,
-            TITLE,
-            Status::Warn,
-            format!("could not tell: a dry-run create of a ResourceSlice was refused: {e}"),
-        )
-        .hint(
-            "run doctor with an identity that may create resourceslices (a dry run stores nothing), \
-             e.g. a cluster admin's kubeconfig",
-        ),
-        Err(e) => Check::new(
-            ID,
-            TITLE,
-            Status::Warn,
-            format!("could not tell: a dry-run create of a ResourceSlice failed: {e}"),
-        )
-        .hint("run again; the dry run needs the API server to answer POST resourceslices?dryRun=All"),
+        Err(e) => probe_failed(ID, TITLE, e),
     }
 }
 

@@ -13,7 +13,8 @@
 //! `--rdma`, the RDMA stack ([`rdma`]); with `--dra`, what the DRA path needs on the node and in
 //! the API server ([`dra`]); on a node, which mechanism enforces each GPU's memory shares and
 //! what the driver's per-cgroup limits need ([`enforcement`]).
-//! `extender` and `device-plugin` run [`preflight`] before they start. Doctor only reads: it
+//! `extender` and `device-plugin` run [`preflight`] before they start, `dra-plugin`
+//! [`preflight_dra`] (the `--dra` node checks instead of the device plugin's). Doctor only reads: it
 //! changes nothing on the host or in the cluster, and every probe has a short deadline (the
 //! MPS probe runs the control program as a client; it never starts or stops the daemon).
 
@@ -37,7 +38,7 @@ use std::process::ExitCode;
 
 use crate::config::{Config, FlagOverrides, GpuBackendKind};
 use crate::core::MemoryUnit;
-use cluster::{ApiState, DEVICE_PLUGIN_PERMISSIONS, EXTENDER_PERMISSIONS};
+use cluster::{ApiState, DEVICE_PLUGIN_PERMISSIONS, DRA_PLUGIN_PERMISSIONS, EXTENDER_PERMISSIONS};
 use host::HostRoot;
 use report::{Check, Report, Status};
 
@@ -225,6 +226,15 @@ pub struct Options {
 }
 
 impl Options {
+    /// The preflight of `dra-plugin`: the DRA node's checks with the plugin's directories
+    /// and driver (`[dra]`), not the device plugin's.
+    pub fn preflight_dra(dra: &crate::config::DraConfig) -> Options {
+        Options {
+            dra: Some(dra::DraArgs::of_plugin(dra)),
+            ..Options::preflight(Role::Node)
+        }
+    }
+
     /// The preflight of `role`.
     pub fn preflight(role: Role) -> Options {
         Options {
@@ -255,6 +265,9 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
     };
     let (probe, api) = tokio::join!(probe_gpus, cluster::connect(config, opts.no_cluster));
     let mut checks: Vec<Check> = Vec::new();
+    // With --dra the node is a DRA node: its checks replace the device plugin's (its kubelet
+    // socket, the ListAndWatch limit, the gpushare=true label, its RBAC).
+    let dra_node = opts.dra.is_some();
     if let Some(probe) = &probe {
         let fake = config.gpu.backend == GpuBackendKind::Fake;
         checks.push(gpus::driver_version(&host, probe));
@@ -272,45 +285,67 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
                 .contains(&crate::config::DeviceListStrategy::Envvar);
             checks.push(host::nvidia_envvar(&host, envvar));
         }
-        if strategies.any_cdi() {
+        if strategies.any_cdi() && !dra_node {
             checks.push(cdi::specs(&host, node_cfg, probe.devices(), opts.preflight));
             if !opts.preflight {
                 checks.push(cdi::runtime(&host, node_cfg));
             }
         }
-        checks.push(host::device_plugin_dir(&host, &dp.device_plugin_dir));
-        checks.push(host::kubelet_socket(
-            &host,
-            &dp.device_plugin_dir,
-            !opts.preflight,
-        ));
-        checks.push(gpus::memory_unit(node_cfg.memory_unit, probe.devices()));
+        if dra_node {
+            checks.push(dra::memory_unit(node_cfg.memory_unit, probe.devices()));
+        } else {
+            checks.push(host::device_plugin_dir(&host, &dp.device_plugin_dir));
+            checks.push(host::kubelet_socket(
+                &host,
+                &dp.device_plugin_dir,
+                !opts.preflight,
+            ));
+            checks.push(gpus::memory_unit(node_cfg.memory_unit, probe.devices()));
+        }
         checks.extend(mps::checks(&host, node_cfg, opts.preflight).await);
         checks.push(enforcement::check(&host, config, probe, opts.dra.is_some()).await);
     }
     checks.push(cluster::api_server(&api, config, opts.preflight));
     if role.node() {
         let name = cluster::node_name(config, &host);
+        // Who holds this node's GPU locks now (the node roles' one path per GPU).
+        let locks = name
+            .as_ref()
+            .map(|(n, _)| {
+                crate::node::gpu_locks::GpuLocks::new(&host.path(node_cfg.gpu_lock_dir()), n)
+                    .holders()
+            })
+            .unwrap_or_default();
         let node = match (&api, &name) {
             (ApiState::Up { .. }, Some((n, _))) => cluster::get_node(&api, n).await,
             _ => Err(cluster::ApiError::NotAsked),
         };
-        if !opts.preflight {
-            checks.push(cluster::node_label(&api, name.as_ref(), &node));
+        if !dra_node {
+            if !opts.preflight {
+                checks.push(cluster::node_label(&api, name.as_ref(), &node));
+            }
+            checks.push(plugin_conflict(&host, dp, opts.preflight, &node, &locks));
         }
-        checks.push(plugin_conflict(&host, dp, opts.preflight, &node));
         if let Some(d) = &opts.dra {
-            checks.extend(dra::node_checks(&host, d, &dp.device_plugin_dir, &node));
+            checks.extend(dra::node_checks(
+                &host,
+                d,
+                &dp.device_plugin_dir,
+                &node,
+                &locks,
+            ));
         }
     }
     let mut sets: Vec<(&str, &[cluster::Permission])> = Vec::new();
     if role.control_plane() {
         sets.push(("extender", EXTENDER_PERMISSIONS));
     }
-    if role.node() {
+    if role.node() && dra_node {
+        sets.push(("DRA plugin", DRA_PLUGIN_PERMISSIONS));
+    } else if role.node() {
         sets.push(("device plugin", DEVICE_PLUGIN_PERMISSIONS));
     }
-    checks.push(cluster::rbac(&api, &sets, config.extender.leader_elect).await);
+    checks.push(cluster::rbac(&api, &sets, config).await);
     if role.control_plane() {
         checks.push(host::open_files(config.http.max_connections));
     }
@@ -369,10 +404,19 @@ fn plugin_conflict(
     dp: &crate::config::DevicePluginConfig,
     preflight: bool,
     node: &Result<Option<k8s_openapi::api::core::v1::Node>, cluster::ApiError>,
+    locks: &[(String, crate::node::gpu_locks::Holder)],
 ) -> Check {
     const ID: &str = "plugin-conflict";
     const TITLE: &str = "no other device plugin on these GPUs";
     let (mut conflicts, notes) = host::plugin_conflicts(host, &dp.device_plugin_dir, preflight);
+    for (uuid, holder) in locks {
+        if holder.path == "dra" {
+            conflicts.push(format!(
+                "GPU {uuid} is served by {holder} (its lock is held; the device plugin offers \
+                 it only once the DRA plugin stops, its slice is removed and its claims are gone)"
+            ));
+        }
+    }
     if let Ok(Some(n)) = node
         && let Some(count) = cluster::capacity(n, "nvidia.com/gpu").filter(|c| c != "0")
     {
@@ -403,7 +447,16 @@ fn plugin_conflict(
 /// preflight waits for it ([`crate::k8s::reachable`], `cluster.api_wait_secs`), then checks
 /// again, so a short control-plane outage never turns into CrashLoopBackOff.
 pub async fn preflight(role: Role, config: &Config) -> anyhow::Result<()> {
-    let opts = Options::preflight(role);
+    preflight_with(Options::preflight(role), config).await
+}
+
+/// The preflight `dra-plugin` runs before it starts ([`Options::preflight_dra`]), as
+/// [`preflight`] runs it.
+pub async fn preflight_dra(config: &Config) -> anyhow::Result<()> {
+    preflight_with(Options::preflight_dra(&config.dra), config).await
+}
+
+async fn preflight_with(opts: Options, config: &Config) -> anyhow::Result<()> {
     let mut report = diagnose(&opts, config).await;
     let mut waited = None;
     if report.ids_with(Status::Fail) == [cluster::API_SERVER] {

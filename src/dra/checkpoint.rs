@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::claims::{ClaimShare, DeviceShare};
+use super::claims::{ClaimError, ClaimShare, DeviceShare};
 
 /// The format version this build writes and reads.
 pub const VERSION: u32 = 1;
@@ -174,21 +174,47 @@ impl Checkpoint {
 
     /// What the prepared claims, except `except` (the claim being prepared again), hold on
     /// each device (by device name), in the device's unit: bytes of a GPU's memory, shares of
-    /// a device of another kind.
-    pub fn held(&self, except: Option<&str>) -> BTreeMap<String, u64> {
+    /// a device of another kind. Sums that do not fit in 64 bits are an error, never a wrap.
+    pub fn held(&self, except: Option<&str>) -> Result<BTreeMap<String, u64>, HeldOverflow> {
         let mut out: BTreeMap<String, u64> = BTreeMap::new();
+        let mut add = |device: &str, amount: u64| {
+            let held = out.entry(device.to_string()).or_default();
+            *held = held.checked_add(amount).ok_or_else(|| HeldOverflow {
+                device: device.to_string(),
+            })?;
+            Ok(())
+        };
         for (uid, c) in &self.claims {
             if Some(uid.as_str()) == except {
                 continue;
             }
             for s in &c.shares {
-                *out.entry(s.share.device.clone()).or_default() += s.share.memory_bytes;
+                add(&s.share.device, s.share.memory_bytes)?;
             }
             for d in &c.devices {
-                *out.entry(d.share.device.clone()).or_default() += u64::from(d.share.shares);
+                add(&d.share.device, u64::from(d.share.shares))?;
             }
         }
-        out
+        Ok(out)
+    }
+}
+
+/// What the prepared claims hold on a device does not fit in 64 bits (a record no admission
+/// would have let in: the checkpoint was written by hand, or by a build without the check).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("what the prepared claims hold on device {device} does not fit in 64 bits")]
+pub struct HeldOverflow {
+    /// The device.
+    pub device: String,
+}
+
+impl HeldOverflow {
+    /// The error of claim `claim` (`namespace/name`) refused because of it.
+    pub fn for_claim(self, claim: &str) -> ClaimError {
+        ClaimError::Overflow {
+            claim: claim.to_string(),
+            device: self.device,
+        }
     }
 }
 
@@ -246,8 +272,25 @@ mod tests {
         let mut cp = Checkpoint::new();
         cp.claims.insert("u-1".into(), prepared("gpu-a", 2 << 30));
         cp.claims.insert("u-2".into(), prepared("gpu-a", 3 << 30));
-        assert_eq!(cp.held(None)["gpu-a"], 5 << 30);
-        assert_eq!(cp.held(Some("u-2"))["gpu-a"], 2 << 30);
+        assert_eq!(cp.held(None).expect("fits")["gpu-a"], 5 << 30);
+        assert_eq!(cp.held(Some("u-2")).expect("fits")["gpu-a"], 2 << 30);
+    }
+
+    #[test]
+    fn held_memory_that_does_not_fit_in_64_bits_is_an_error_not_a_wrap() {
+        let mut cp = Checkpoint::new();
+        cp.claims
+            .insert("u-1".into(), prepared("gpu-a", i64::MAX as u64));
+        cp.claims
+            .insert("u-2".into(), prepared("gpu-a", i64::MAX as u64));
+        cp.claims.insert("u-3".into(), prepared("gpu-a", 2));
+        assert_eq!(
+            cp.held(None),
+            Err(HeldOverflow {
+                device: "gpu-a".into()
+            })
+        );
+        assert_eq!(cp.held(Some("u-3")).expect("fits")["gpu-a"], u64::MAX - 1);
     }
 
     #[test]

@@ -123,6 +123,17 @@ pub enum ClaimError {
         #[source]
         source: QuantityError,
     },
+    /// What the claim (with what is prepared already) consumes of a device does not fit in 64
+    /// bits: refused, never wrapped around.
+    #[error(
+        "claim {claim}: device {device}: the consumption does not fit in 64 bits (over-consumed)"
+    )]
+    Overflow {
+        /// `namespace/name`.
+        claim: String,
+        /// The device.
+        device: String,
+    },
     /// The claim (with what is prepared already) consumes more of a device than it has:
     /// memory of a GPU (bytes), shares of a device of another kind.
     #[error(
@@ -171,18 +182,22 @@ pub fn read_claim(
             return Err(not_here());
         }
         if let Some(other) = others.get(&r.device) {
-            let shares = match r
+            let consumed = r
                 .consumed_capacity
                 .as_ref()
-                .and_then(|c| c.get(DRA_CAPACITY_SHARES))
-            {
+                .and_then(|c| c.get(DRA_CAPACITY_SHARES));
+            let shares = match consumed {
+                // An exclusive device is allocated whole, whatever a result claims to consume
+                // of it (upstream's allocator records no consumption on such a device).
+                _ if other.shares <= 1 => other.shares,
+                // At least one share: the policy's minimum, as upstream rounds a request up.
                 Some(q) => parse_whole_quantity(&q.0)
                     .map_err(|source| ClaimError::BadQuantity {
                         claim: id.clone(),
                         device: r.device.clone(),
                         source,
                     })
-                    .map(|n| u32::try_from(n).unwrap_or(u32::MAX))?,
+                    .map(|n| u32::try_from(n).unwrap_or(u32::MAX).max(1))?,
                 None => other.shares,
             };
             out.devices.push(DeviceShare {
@@ -201,11 +216,15 @@ pub fn read_claim(
             .as_ref()
             .and_then(|c| c.get(DRA_CAPACITY_MEMORY))
         {
-            Some(q) => parse_whole_quantity(&q.0).map_err(|source| ClaimError::BadQuantity {
-                claim: id.clone(),
-                device: r.device.clone(),
-                source,
-            })?,
+            Some(q) => {
+                let consumed =
+                    parse_whole_quantity(&q.0).map_err(|source| ClaimError::BadQuantity {
+                        claim: id.clone(),
+                        device: r.device.clone(),
+                        source,
+                    })?;
+                as_allocated(consumed, unit)
+            }
             None => dev.memory_bytes,
         };
         out.gpus.push(ClaimShare {
@@ -227,6 +246,20 @@ pub fn read_claim(
     Ok(out)
 }
 
+/// A consumed memory of `consumed` bytes as upstream's allocator would have allocated it from
+/// the slice's request policy (`validRange` with `min` and `step` of one unit): rounded up to
+/// whole units, at least one. So a sub-unit or zero consumption is one unit, never a limit of
+/// 0 (`ALIYUN_COM_GPU_MEM_CONTAINER=0` would hand out no memory, or all of it, depending on
+/// the program).
+pub fn as_allocated(consumed: u64, unit: MemoryUnit) -> u64 {
+    let step = unit.to_bytes(GpuMem::new(1)).max(1);
+    consumed
+        .max(1)
+        .div_ceil(step)
+        .checked_mul(step)
+        .unwrap_or(u64::MAX / step * step)
+}
+
 /// Checks that what claim `claim` holds fits next to `held` (what other prepared claims
 /// already hold on each device, in the device's unit: bytes of a GPU's memory, shares of a
 /// device of another kind): no device ends above its capacity.
@@ -237,12 +270,23 @@ pub fn admit(
     devices: &BTreeMap<String, NodeDevice>,
     others: &BTreeMap<String, KindDeviceRef>,
 ) -> Result<(), ClaimError> {
+    let overflow = |device: &str| ClaimError::Overflow {
+        claim: claim.to_string(),
+        device: device.to_string(),
+    };
     let mut wants: BTreeMap<&str, u64> = BTreeMap::new();
-    for s in &mine.gpus {
-        *wants.entry(s.device.as_str()).or_default() += s.memory_bytes;
-    }
-    for s in &mine.devices {
-        *wants.entry(s.device.as_str()).or_default() += u64::from(s.shares);
+    let amounts = mine
+        .gpus
+        .iter()
+        .map(|s| (s.device.as_str(), s.memory_bytes))
+        .chain(
+            mine.devices
+                .iter()
+                .map(|s| (s.device.as_str(), u64::from(s.shares))),
+        );
+    for (device, amount) in amounts {
+        let want = wants.entry(device).or_default();
+        *want = want.checked_add(amount).ok_or_else(|| overflow(device))?;
     }
     for (device, amount) in wants {
         let (capacity, what) = match (devices.get(device), others.get(device)) {
@@ -254,7 +298,8 @@ pub fn admit(
             .get(device)
             .copied()
             .unwrap_or(0)
-            .saturating_add(amount);
+            .checked_add(amount)
+            .ok_or_else(|| overflow(device))?;
         if wanted > capacity {
             return Err(ClaimError::OverConsumption {
                 claim: claim.to_string(),
@@ -475,6 +520,42 @@ mod tests {
                 capacity: 8 * GIB,
                 what: "bytes",
             })
+        );
+    }
+
+    /// An exclusive device (one share, published without `allowMultipleAllocations`) is
+    /// allocated whole, as upstream's allocator does: a result claiming to consume none of it
+    /// still holds it, so a second claim on it is refused. A shared device's zero is one share.
+    #[test]
+    fn a_consumption_on_an_exclusive_device_holds_the_whole_device() {
+        let c = claim(json!([
+            { "request": "fuse", "driver": "gpushare.io", "pool": "node-a", "device": "fuse-fuse",
+              "shareID": "s-1", "consumedCapacity": { "shares": "0" } },
+            { "request": "nic", "driver": "gpushare.io", "pool": "node-a", "device": "rdma-mlx5-0",
+              "shareID": "s-2", "consumedCapacity": { "shares": "0" } },
+        ]));
+        let got = read_in(&c, MemoryUnit::GIB).expect("reads");
+        assert_eq!(got.devices[0].shares, 1, "the exclusive device, whole");
+        assert_eq!(
+            got.devices[1].shares, 1,
+            "a shared device's zero is one share"
+        );
+        let held = BTreeMap::from([("fuse-fuse".to_string(), 1)]);
+        assert!(matches!(
+            admit("ns/c", &got, &held, &devices(), &others()),
+            Err(ClaimError::OverConsumption { .. })
+        ));
+    }
+
+    #[test]
+    fn consumed_memory_is_rounded_up_to_whole_units_at_least_one() {
+        assert_eq!(as_allocated(0, MemoryUnit::GIB), GIB);
+        assert_eq!(as_allocated(1, MemoryUnit::GIB), GIB);
+        assert_eq!(as_allocated(GIB, MemoryUnit::GIB), GIB);
+        assert_eq!(as_allocated(GIB + 1, MemoryUnit::GIB), 2 * GIB);
+        assert_eq!(
+            as_allocated(u64::MAX, MemoryUnit::GIB),
+            u64::MAX / GIB * GIB
         );
     }
 

@@ -29,6 +29,7 @@
 pub mod checkpoint;
 pub mod claims;
 pub mod kinds;
+pub mod metrics;
 // Unix sockets only (the kubelet plugin API is served on them); the Windows kubectl plugin
 // build leaves it out.
 #[cfg(unix)]

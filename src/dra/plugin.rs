@@ -6,7 +6,7 @@
 //!   answers type `DRAPlugin`, the driver name, the service socket
 //!   `<plugin_dir>/dra.sock` and the services listed in [`SERVICES`];
 //!   `NotifyRegistrationStatus` is kept ([`RunningPlugin::registration`]).
-//! - `NodePrepareResources` (one call at a time: the checkpoint is locked for the call): a
+//! - `NodePrepareResources` (each claim on its own): a
 //!   claim already in the checkpoint is answered from it (idempotent); else the claim is read
 //!   from the API, its results for this driver checked against the served devices and what
 //!   prepared claims hold ([`super::claims`]), handed to the [`Preparer`] (which writes what
@@ -21,14 +21,26 @@
 //! - `NodeWatchResources` streams the complete device list with `HEALTHY`/`UNHEALTHY` on every
 //!   change of [`Served`].
 //!
+//! - A socket removed under the running plugin is served again (kubelet's plugin watcher then
+//!   registers it again); until kubelet has, the plugin counts as not registered.
+//! - The checkpoint is settled against the API and the preparer's files once after a start
+//!   ([`RunningPlugin::reconcile`]).
+//!
+//! Locks: one per claim (held across that claim's API read, so a claim is never prepared and
+//! unprepared at once) and the checkpoint's (held only for local work: checks, the preparer's
+//! writes, the save). No lock is held across an API call, and every claim read has a
+//! deadline ([`CLAIM_READ_TIMEOUT`]): prepare and unprepare of unrelated claims never wait
+//! for each other.
+//!
 //! What it does not do: decide the container edits or write CDI specs (the [`Preparer`]), build
 //! or publish ResourceSlices ([`super::slices`]), watch GPUs, re-register after a kubelet
 //! restart (kubelet's plugin watcher finds the socket again), or rolling-update sockets.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -44,6 +56,7 @@ use super::checkpoint::{
 };
 use super::claims::{ClaimDevices, ClaimError, KindDeviceRef, NodeDevice, admit, read_claim};
 use super::kinds::KindDevice;
+use super::metrics::DraMetrics;
 use super::slices::{SliceGpu, device_name, published_memory};
 use crate::core::MemoryUnit;
 use crate::kubelet_api::dra::{health_v1, health_v1alpha1, v1, v1beta1};
@@ -53,6 +66,9 @@ use crate::kubelet_api::pluginregistration::registration_server::{
 use crate::kubelet_api::pluginregistration::{
     DRA_PLUGIN_TYPE, InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
+use crate::node::api::{ApiCallError, bounded_for};
+use crate::node::monitor::NodeMonitor;
+use crate::node::mps::MpsNotServing;
 use crate::shutdown::Shutdown;
 
 /// The services `GetInfo` lists, newest first.
@@ -107,6 +123,9 @@ pub struct Served {
     /// Device name -> a note on a healthy device: containers whose GPU memory limit is not in
     /// force (driver enforcement's readback), the message of its health.
     pub notes: BTreeMap<String, String>,
+    /// GPUs of the node not offered on the DRA path now (left out of the slice), by device
+    /// name -> why.
+    pub held_back: BTreeMap<String, String>,
 }
 
 impl Served {
@@ -175,6 +194,43 @@ pub trait Preparer: Send + Sync + 'static {
     /// the checkpoint was lost): undo whatever is found under the uid.
     fn unprepare(&self, claim_uid: &str, claim: Option<&PreparedClaim>)
     -> Result<(), PrepareError>;
+    /// Whether what was prepared for recorded claim `claim` is where this preparer writes it
+    /// now (else it is written again before the claim is answered). By default: its spec
+    /// file, if any, exists.
+    fn is_current(&self, claim_uid: &str, claim: &PreparedClaim) -> bool {
+        let _ = claim_uid;
+        claim.cdi_spec.as_ref().is_none_or(|f| f.exists())
+    }
+    /// The uids of the claims this preparer finds written (a restart undoes those the
+    /// checkpoint does not record). By default none.
+    fn written(&self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+/// What the plugin is given beside its preparer: its metrics, and the node monitor whose MPS
+/// refusal it answers.
+#[derive(Clone, Debug, Default)]
+pub struct PluginHooks {
+    /// The kubelet side's metrics.
+    pub metrics: Option<DraMetrics>,
+    /// The node's monitor: with MPS, prepare is refused while the daemon does not serve.
+    pub node: Option<Arc<NodeMonitor>>,
+}
+
+/// What one [`RunningPlugin::reconcile`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reconciled {
+    /// Recorded claims the API no longer holds on this node, undone and forgotten (uids).
+    pub forgotten: Vec<String>,
+    /// Claims the preparer had written and the checkpoint did not record, undone (uids).
+    pub orphans: Vec<String>,
+}
+
+/// Whether `claim` is allocated with a result of `driver` in pool `pool` (this node).
+fn allocated_here(claim: &ResourceClaim, driver: &str, pool: &str) -> bool {
+    crate::k8s::project::claim_results(claim)
+        .is_some_and(|rs| rs.iter().any(|r| r.driver == driver && r.pool == pool))
 }
 
 /// Why one claim was not prepared (its error in the answer to kubelet).
@@ -187,7 +243,19 @@ pub enum ClaimFailure {
         claim: String,
         /// Why.
         #[source]
-        source: kube::Error,
+        source: ApiCallError,
+    },
+    /// With MPS, the daemon does not serve: nothing is prepared (kubelet retries).
+    #[error(transparent)]
+    Mps(MpsNotServing),
+    /// The claim holds a GPU this node does not offer on the DRA path now (another path
+    /// serves it, or that path's pods still hold memory on it).
+    #[error("claim {claim}: {why}")]
+    HeldBack {
+        /// `namespace/name`.
+        claim: String,
+        /// Why the GPU is held back.
+        why: String,
     },
     /// The claim in the API is another one than kubelet named.
     #[error("ResourceClaim {claim} has uid {found}, not {wanted}")]
@@ -247,8 +315,15 @@ struct Core {
     client: Client,
     served: watch::Receiver<Served>,
     preparer: Arc<dyn Preparer>,
+    /// The prepared claims. Held for the checks against them, the preparer's local writes and
+    /// the save; never across an API call.
     checkpoint: Mutex<Checkpoint>,
+    /// One lock per claim uid, held for that claim's whole prepare or unprepare (its API read
+    /// included): a claim is never prepared and unprepared at once, and no other claim waits
+    /// on it.
+    claim_locks: std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>,
     registration: watch::Sender<Option<RegistrationStatus>>,
+    hooks: PluginHooks,
 }
 
 /// One claim as kubelet names it.
@@ -258,67 +333,219 @@ struct ClaimRef {
     name: String,
 }
 
+/// How long the read of one claim may take before its prepare fails (kubelet retries; its own
+/// deadline for the whole call is 45 s).
+pub const CLAIM_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why unprepare of one claim failed (its error in the answer to kubelet, which retries).
+#[derive(Debug, thiserror::Error)]
+enum UnprepareFailure {
+    /// The preparer could not undo.
+    #[error("unpreparing claim {claim}: {source}")]
+    Undo {
+        /// `namespace/name`, or the uid when unknown.
+        claim: String,
+        /// Why.
+        source: PrepareError,
+    },
+    /// Undone, but the checkpoint could not record it: kept as prepared until a retry records it.
+    #[error("unpreparing claim {claim}: undone, but not recorded (kubelet retries): {source}")]
+    NotRecorded {
+        /// `namespace/name`.
+        claim: String,
+        /// Why.
+        #[source]
+        source: CheckpointError,
+    },
+}
+
 impl Core {
-    /// Prepares each claim; the answer per claim uid: the shares with their CDI ids, or why not.
+    /// The lock of claim `uid`'s prepare and unprepare.
+    fn claim_lock(&self, uid: &str) -> Arc<Mutex<()>> {
+        let mut locks = self.claim_locks.lock().unwrap_or_else(|p| p.into_inner());
+        locks.entry(uid.to_string()).or_default().clone()
+    }
+
+    /// Forgets the locks nobody holds.
+    fn prune_claim_locks(&self) {
+        let mut locks = self.claim_locks.lock().unwrap_or_else(|p| p.into_inner());
+        locks.retain(|_, lock| Arc::strong_count(lock) > 1);
+    }
+
+    fn count_prepare(&self, outcome: &str) {
+        if let Some(m) = &self.hooks.metrics {
+            m.prepare(outcome);
+        }
+    }
+
+    fn count_unprepare(&self, outcome: &str) {
+        if let Some(m) = &self.hooks.metrics {
+            m.unprepare(outcome);
+        }
+    }
+
+    fn prepared_now(&self, cp: &Checkpoint) {
+        if let Some(m) = &self.hooks.metrics {
+            m.prepared_claims
+                .set(i64::try_from(cp.claims.len()).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Prepares each claim, each on its own (one claim's slow read holds up no other); the
+    /// answer per claim uid: the shares with their CDI ids, or why not.
     async fn prepare(
         &self,
         claims: Vec<ClaimRef>,
     ) -> BTreeMap<String, Result<PreparedClaim, ClaimFailure>> {
-        let mut cp = self.checkpoint.lock().await;
-        let mut out = BTreeMap::new();
-        let mut fresh = Vec::new();
-        let mut restored = false;
-        for c in claims {
-            if let Some(p) = cp.claims.get(&c.uid) {
-                let answer = match self.restore(&c.uid, p) {
-                    Ok(None) => Ok(p.clone()),
-                    Ok(Some(again)) => {
-                        cp.claims.insert(c.uid.clone(), again.clone());
-                        restored = true;
-                        Ok(again)
-                    }
-                    Err(e) => Err(e),
-                };
-                out.insert(c.uid, answer);
-                continue;
-            }
-            match self.prepare_one(&c, &cp).await {
-                Ok(p) => {
-                    out.insert(c.uid.clone(), Ok(p.clone()));
-                    cp.claims.insert(c.uid.clone(), p);
-                    fresh.push(c.uid);
-                }
-                Err(e) => {
-                    out.insert(c.uid, Err(e));
-                }
-            }
+        let started = std::time::Instant::now();
+        if let Some(Err(refused)) = self.hooks.node.as_ref().map(|n| n.check_mps()) {
+            tracing::error!("NodePrepareResources refused: {refused}");
+            return claims
+                .into_iter()
+                .map(|c| {
+                    self.count_prepare("mps_not_serving");
+                    (c.uid, Err(ClaimFailure::Mps(refused.clone())))
+                })
+                .collect();
         }
-        if !fresh.is_empty()
-            && let Err(e) = cp.save(&self.config.checkpoint)
-        {
-            // Not recorded means not prepared: undo, and tell kubelet (it retries).
-            let e = Arc::new(e);
-            for uid in fresh {
-                if let Some(p) = cp.claims.remove(&uid) {
-                    let _ = self.preparer.unprepare(&uid, Some(&p));
-                }
-                out.insert(uid, Err(ClaimFailure::Checkpoint(e.clone())));
-            }
-        } else if restored
-            && fresh.is_empty()
-            && let Err(e) = cp.save(&self.config.checkpoint)
-        {
-            // The claims stay recorded either way; only their CDI ids may be stale on disk.
-            tracing::warn!(error = %e, "the DRA checkpoint could not be saved after a CDI spec was restored");
+        let answers = futures::future::join_all(claims.into_iter().map(|c| async move {
+            let answer = self.prepare_claim(&c).await;
+            (c.uid, answer)
+        }))
+        .await;
+        self.prune_claim_locks();
+        if let Some(m) = &self.hooks.metrics {
+            m.prepare_seconds.observe(started.elapsed().as_secs_f64());
         }
-        out
+        answers.into_iter().collect()
     }
 
-    /// A recorded claim whose CDI spec file is gone (a reboot cleared the CDI directory but
-    /// not the state directory, or someone deleted it): the spec written again from the
-    /// recorded shares before the answer. `None` when the spec is there (or none was written).
+    /// Prepares one claim under its own lock: answered from the checkpoint when recorded;
+    /// else read from the API (no other lock held), then checked, prepared, recorded and
+    /// saved under the checkpoint's lock.
+    async fn prepare_claim(&self, c: &ClaimRef) -> Result<PreparedClaim, ClaimFailure> {
+        let lock = self.claim_lock(&c.uid);
+        let _claim = lock.lock().await;
+        {
+            let mut cp = self.checkpoint.lock().await;
+            if let Some(p) = cp.claims.get(&c.uid).cloned() {
+                let answer = self.answer_recorded(&mut cp, &c.uid, p);
+                self.count_prepare(if answer.is_ok() {
+                    "repeated"
+                } else {
+                    "refused"
+                });
+                return answer;
+            }
+        }
+        let id = format!("{}/{}", c.namespace, c.name);
+        let api = Api::<ResourceClaim>::namespaced(self.client.clone(), &c.namespace);
+        let claim = match bounded_for(CLAIM_READ_TIMEOUT, api.get(&c.name)).await {
+            Ok(claim) => claim,
+            Err(source) => {
+                self.count_prepare("read_failed");
+                return Err(ClaimFailure::Read { claim: id, source });
+            }
+        };
+        let mut cp = self.checkpoint.lock().await;
+        let answer = self.prepare_read(&id, c, &claim, &mut cp);
+        self.count_prepare(match &answer {
+            Ok(_) => "prepared",
+            Err(ClaimFailure::Checkpoint(_)) => "not_recorded",
+            Err(_) => "refused",
+        });
+        self.prepared_now(&cp);
+        answer
+    }
+
+    /// Checks claim `c` as read (`claim`) against the served devices and what `cp` holds,
+    /// prepares it, records it and saves the checkpoint; not saved means not prepared (undone).
+    fn prepare_read(
+        &self,
+        id: &str,
+        c: &ClaimRef,
+        claim: &ResourceClaim,
+        cp: &mut Checkpoint,
+    ) -> Result<PreparedClaim, ClaimFailure> {
+        let found = claim.metadata.uid.clone().unwrap_or_default();
+        if found != c.uid {
+            return Err(ClaimFailure::Uid {
+                claim: id.to_string(),
+                wanted: c.uid.clone(),
+                found,
+            });
+        }
+        let served = self.served.borrow().clone();
+        let held = read_claim(
+            claim,
+            &self.config.driver,
+            &self.config.node,
+            &served.devices,
+            &served.others,
+            self.config.unit,
+        )?;
+        if let Some(why) = held
+            .gpus
+            .iter()
+            .find_map(|s| served.held_back.get(&s.device))
+        {
+            return Err(ClaimFailure::HeldBack {
+                claim: id.to_string(),
+                why: why.clone(),
+            });
+        }
+        let others_hold = cp.held(Some(&c.uid)).map_err(|e| e.for_claim(id))?;
+        admit(id, &held, &others_hold, &served.devices, &served.others)?;
+        let prepared =
+            self.preparer
+                .prepare(&c.uid, &held)
+                .map_err(|source| ClaimFailure::Prepare {
+                    claim: id.to_string(),
+                    source,
+                })?;
+        let record = match record(id, &c.namespace, &c.name, held, prepared) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = self.preparer.unprepare(&c.uid, None);
+                return Err(e);
+            }
+        };
+        cp.claims.insert(c.uid.clone(), record.clone());
+        if let Err(e) = cp.save(&self.config.checkpoint) {
+            // Not recorded means not prepared: undo, and tell kubelet (it retries).
+            cp.claims.remove(&c.uid);
+            let _ = self.preparer.unprepare(&c.uid, Some(&record));
+            return Err(ClaimFailure::Checkpoint(Arc::new(e)));
+        }
+        Ok(record)
+    }
+
+    /// The answer for a recorded claim: the record, after writing what the preparer no longer
+    /// finds where it writes now (a CDI spec gone, or left in another CDI directory) again
+    /// from the recorded shares.
+    fn answer_recorded(
+        &self,
+        cp: &mut Checkpoint,
+        uid: &str,
+        p: PreparedClaim,
+    ) -> Result<PreparedClaim, ClaimFailure> {
+        let Some(again) = self.restore(uid, &p)? else {
+            return Ok(p);
+        };
+        cp.claims.insert(uid.to_string(), again.clone());
+        if let Err(e) = cp.save(&self.config.checkpoint) {
+            // The claim stays recorded either way; only its spec's path is stale on disk, and
+            // a stale path is written again the same way after a restart.
+            tracing::warn!(error = %e, "the DRA checkpoint could not be saved after a CDI spec was written again");
+        }
+        Ok(again)
+    }
+
+    /// A recorded claim whose CDI spec is not where the preparer writes now (the CDI directory
+    /// was cleared while the state directory was not, or `--cdi-dir` changed): the spec written
+    /// again from the recorded shares, the old one removed. `None` when it is current.
     fn restore(&self, uid: &str, p: &PreparedClaim) -> Result<Option<PreparedClaim>, ClaimFailure> {
-        if p.cdi_spec.as_ref().is_none_or(|f| f.exists()) {
+        if self.preparer.is_current(uid, p) {
             return Ok(None);
         }
         let id = format!("{}/{}", p.namespace, p.name);
@@ -326,7 +553,7 @@ impl Core {
             gpus: p.shares.iter().map(|s| s.share.clone()).collect(),
             devices: p.devices.iter().map(|d| d.share.clone()).collect(),
         };
-        tracing::info!(claim = %id, "the CDI spec of a prepared claim is gone: writing it again");
+        tracing::info!(claim = %id, spec = ?p.cdi_spec, "the CDI spec of a prepared claim is not where it is written now: writing it again");
         let again = self
             .preparer
             .prepare(uid, &held)
@@ -334,80 +561,132 @@ impl Core {
                 claim: id.clone(),
                 source,
             })?;
-        record(&id, &p.namespace, &p.name, held, again).map(Some)
+        let again = record(&id, &p.namespace, &p.name, held, again)?;
+        if let Some(old) = &p.cdi_spec
+            && again.cdi_spec.as_ref() != Some(old)
+            && let Err(e) = crate::gpu::cdi::remove_spec_file(old)
+        {
+            tracing::warn!(error = %e, "could not remove the claim's CDI spec from where it was written before");
+        }
+        Ok(Some(again))
     }
 
-    async fn prepare_one(
-        &self,
-        c: &ClaimRef,
-        cp: &Checkpoint,
-    ) -> Result<PreparedClaim, ClaimFailure> {
-        let id = format!("{}/{}", c.namespace, c.name);
-        let claim = Api::<ResourceClaim>::namespaced(self.client.clone(), &c.namespace)
-            .get(&c.name)
-            .await
-            .map_err(|source| ClaimFailure::Read {
-                claim: id.clone(),
+    /// Unprepares each claim, each on its own; the error per claim uid (empty when done).
+    async fn unprepare(&self, uids: Vec<String>) -> BTreeMap<String, String> {
+        let answers = futures::future::join_all(uids.into_iter().map(|uid| async move {
+            let answer = self.unprepare_claim(&uid).await;
+            self.count_unprepare(if answer.is_ok() {
+                "unprepared"
+            } else {
+                "failed"
+            });
+            let error = answer.err().map(|e| e.to_string()).unwrap_or_default();
+            (uid, error)
+        }))
+        .await;
+        self.prune_claim_locks();
+        answers.into_iter().collect()
+    }
+
+    /// Undoes one claim from its record (or by its uid alone when none) and records that it
+    /// is gone; a record that cannot be saved stays, and the claim's answer is an error.
+    async fn unprepare_claim(&self, uid: &str) -> Result<(), UnprepareFailure> {
+        let lock = self.claim_lock(uid);
+        let _claim = lock.lock().await;
+        let mut cp = self.checkpoint.lock().await;
+        let recorded = cp.claims.get(uid).cloned();
+        let claim = recorded.as_ref().map_or_else(
+            || uid.to_string(),
+            |p| format!("{}/{}", p.namespace, p.name),
+        );
+        self.preparer
+            .unprepare(uid, recorded.as_ref())
+            .map_err(|source| UnprepareFailure::Undo {
+                claim: claim.clone(),
                 source,
             })?;
-        let found = claim.metadata.uid.clone().unwrap_or_default();
-        if found != c.uid {
-            return Err(ClaimFailure::Uid {
-                claim: id,
-                wanted: c.uid.clone(),
-                found,
-            });
+        let Some(recorded) = recorded else {
+            return Ok(());
+        };
+        cp.claims.remove(uid);
+        let saved = cp.save(&self.config.checkpoint);
+        if let Err(source) = saved {
+            // Still prepared as far as the file knows: keep the record, so that kubelet's
+            // retry undoes it again (idempotently) and saves.
+            cp.claims.insert(uid.to_string(), recorded);
+            return Err(UnprepareFailure::NotRecorded { claim, source });
         }
-        let served = self.served.borrow().clone();
-        let held = read_claim(
-            &claim,
-            &self.config.driver,
-            &self.config.node,
-            &served.devices,
-            &served.others,
-            self.config.unit,
-        )?;
-        admit(
-            &id,
-            &held,
-            &cp.held(Some(&c.uid)),
-            &served.devices,
-            &served.others,
-        )?;
-        let prepared =
-            self.preparer
-                .prepare(&c.uid, &held)
-                .map_err(|source| ClaimFailure::Prepare {
-                    claim: id.clone(),
-                    source,
-                })?;
-        record(&id, &c.namespace, &c.name, held, prepared)
+        self.prepared_now(&cp);
+        Ok(())
     }
 
-    /// Unprepares each claim; the error per claim uid (empty when done).
-    async fn unprepare(&self, uids: Vec<String>) -> BTreeMap<String, String> {
-        let mut cp = self.checkpoint.lock().await;
-        let mut out = BTreeMap::new();
-        let mut changed = false;
-        for uid in uids {
-            let recorded = cp.claims.get(&uid);
-            let error = match self.preparer.unprepare(&uid, recorded) {
-                Ok(()) => {
-                    changed |= cp.claims.remove(&uid).is_some();
-                    String::new()
+    /// Settles the checkpoint against the API and the preparer's files once, after a
+    /// restart: a recorded claim the API no longer has (gone, another uid, no longer allocated
+    /// on this node) is undone and forgotten; what the preparer wrote for a uid the checkpoint
+    /// does not record is undone. A claim whose read has no definite answer is kept.
+    async fn reconcile(&self) -> Reconciled {
+        let recorded: Vec<(String, String, String)> = {
+            let cp = self.checkpoint.lock().await;
+            cp.claims
+                .iter()
+                .map(|(uid, p)| (uid.clone(), p.namespace.clone(), p.name.clone()))
+                .collect()
+        };
+        let mut done = Reconciled::default();
+        for (uid, namespace, name) in recorded {
+            let lock = self.claim_lock(&uid);
+            let _claim = lock.lock().await;
+            let api = Api::<ResourceClaim>::namespaced(self.client.clone(), &namespace);
+            let stale = match bounded_for(CLAIM_READ_TIMEOUT, api.get_opt(&name)).await {
+                Ok(None) => true,
+                Ok(Some(claim)) => {
+                    claim.metadata.uid.as_deref() != Some(uid.as_str())
+                        || !allocated_here(&claim, &self.config.driver, &self.config.node)
                 }
-                Err(e) => match recorded {
-                    Some(p) => format!("unpreparing claim {}/{}: {e}", p.namespace, p.name),
-                    None => format!("unpreparing claim {uid}: {e}"),
-                },
+                Err(e) => {
+                    tracing::info!(claim = %format!("{namespace}/{name}"), error = %e, "cannot check a recorded claim against the API: kept");
+                    false
+                }
             };
-            out.insert(uid, error);
+            if !stale {
+                continue;
+            }
+            let mut cp = self.checkpoint.lock().await;
+            let Some(p) = cp.claims.remove(&uid) else {
+                continue;
+            };
+            let undone = self.preparer.unprepare(&uid, Some(&p));
+            let saved = cp.save(&self.config.checkpoint);
+            match (undone, saved) {
+                (Ok(()), Ok(())) => {
+                    tracing::info!(claim = %format!("{namespace}/{name}"), "a recorded claim the API no longer holds on this node: unprepared");
+                    done.forgotten.push(uid.clone());
+                }
+                (undone, saved) => {
+                    tracing::warn!(claim = %format!("{namespace}/{name}"), undo = ?undone.err(), save = ?saved.err(), "a stale recorded claim could not be forgotten (kept)");
+                    cp.claims.insert(uid.clone(), p);
+                }
+            }
+            self.prepared_now(&cp);
         }
-        if changed && let Err(e) = cp.save(&self.config.checkpoint) {
-            // The claims are undone; a stale record is undone again (idempotently) later.
-            tracing::warn!(error = %e, "the DRA checkpoint could not be saved after unprepare");
+        let cp = self.checkpoint.lock().await;
+        for uid in self.preparer.written() {
+            if cp.claims.contains_key(&uid) {
+                continue;
+            }
+            match self.preparer.unprepare(&uid, None) {
+                Ok(()) => {
+                    tracing::info!(claim_uid = %uid, "removed what was written for a claim the checkpoint does not record");
+                    done.orphans.push(uid);
+                }
+                Err(e) => {
+                    tracing::warn!(claim_uid = %uid, error = %e, "cannot remove what was written for an unrecorded claim")
+                }
+            }
         }
-        out
+        drop(cp);
+        self.prune_claim_locks();
+        done
     }
 
     fn health(&self) -> Vec<(String, bool, String)> {
@@ -415,6 +694,7 @@ impl Core {
         served
             .devices
             .keys()
+            .filter(|d| !served.held_back.contains_key(*d))
             .chain(served.others.keys())
             .map(|d| match served.unhealthy.get(d) {
                 Some(why) => (d.clone(), false, why.clone()),
@@ -681,6 +961,7 @@ dra_health_service!(health_v1alpha1);
 /// removes them).
 pub struct RunningPlugin {
     registration: watch::Receiver<Option<RegistrationStatus>>,
+    core: Arc<Core>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -696,6 +977,24 @@ impl RunningPlugin {
     /// What kubelet said in `NotifyRegistrationStatus`, as it changes (`None` until it spoke).
     pub fn registration(&self) -> watch::Receiver<Option<RegistrationStatus>> {
         self.registration.clone()
+    }
+
+    /// Settles the checkpoint against the API and the preparer's files (what a start runs
+    /// once in the background): see [`Reconciled`].
+    pub async fn reconcile(&self) -> Reconciled {
+        self.core.reconcile().await
+    }
+
+    /// The uids of the claims recorded as prepared now.
+    pub async fn recorded(&self) -> Vec<String> {
+        self.core
+            .checkpoint
+            .lock()
+            .await
+            .claims
+            .keys()
+            .cloned()
+            .collect()
     }
 }
 
@@ -725,6 +1024,26 @@ pub fn start(
     preparer: Arc<dyn Preparer>,
     shutdown: Shutdown,
 ) -> Result<RunningPlugin, StartError> {
+    start_with(
+        config,
+        client,
+        served,
+        preparer,
+        PluginHooks::default(),
+        shutdown,
+    )
+}
+
+/// [`start`] with the plugin's metrics and the node's monitor. A start settles the checkpoint
+/// against the API and the preparer's files in the background ([`RunningPlugin::reconcile`]).
+pub fn start_with(
+    config: PluginConfig,
+    client: Client,
+    served: watch::Receiver<Served>,
+    preparer: Arc<dyn Preparer>,
+    hooks: PluginHooks,
+    shutdown: Shutdown,
+) -> Result<RunningPlugin, StartError> {
     let checkpoint = Checkpoint::load(&config.checkpoint)?;
     let service_listener = listen(&config.service_socket())?;
     let registration_listener = listen(&config.registration_socket())?;
@@ -735,48 +1054,169 @@ pub fn start(
         served,
         preparer,
         checkpoint: Mutex::new(checkpoint),
+        claim_locks: std::sync::Mutex::default(),
         registration,
+        hooks,
     });
-    let svc = Service(core);
-    let services = Server::builder()
-        .add_service(v1::dra_plugin_server::DraPluginServer::new(svc.clone()))
-        .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(
-            svc.clone(),
-        ))
-        .add_service(
-            health_v1::dra_resource_health_server::DraResourceHealthServer::new(svc.clone()),
-        )
-        .add_service(
-            health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(svc.clone()),
-        );
-    let stop = shutdown.clone();
-    let t1 = tokio::spawn(async move {
-        if let Err(e) = services
-            .serve_with_incoming_shutdown(
-                crate::kubelet_api::unix_server::incoming(service_listener),
-                stop.wait(),
-            )
-            .await
-        {
-            tracing::warn!(error = %e, "DRA plugin gRPC server ended with an error");
-        }
-    });
-    let t2 = tokio::spawn(async move {
-        if let Err(e) = Server::builder()
-            .add_service(RegistrationServer::new(svc))
-            .serve_with_incoming_shutdown(
-                crate::kubelet_api::unix_server::incoming(registration_listener),
-                shutdown.wait(),
-            )
-            .await
-        {
-            tracing::warn!(error = %e, "DRA registration gRPC server ended with an error");
-        }
-    });
+    if let Some(m) = &core.hooks.metrics
+        && let Ok(cp) = core.checkpoint.try_lock()
+    {
+        m.prepared_claims
+            .set(i64::try_from(cp.claims.len()).unwrap_or(i64::MAX));
+    }
+    let settle = {
+        let core = core.clone();
+        tokio::spawn(async move {
+            let done = core.reconcile().await;
+            if done != Reconciled::default() {
+                tracing::info!(?done, "the DRA checkpoint settled against the API");
+            }
+        })
+    };
+    let svc = Service(core.clone());
+    let serving = tokio::spawn(serve_sockets(
+        svc,
+        [
+            (config_socket(&core, Socket::Service), service_listener),
+            (
+                config_socket(&core, Socket::Registration),
+                registration_listener,
+            ),
+        ],
+        shutdown,
+    ));
     Ok(RunningPlugin {
         registration: registration_rx,
-        tasks: vec![t1, t2],
+        core,
+        tasks: vec![serving, settle],
     })
+}
+
+/// How often the plugin checks that its sockets are still there.
+const SOCKET_CHECK: Duration = Duration::from_millis(500);
+
+/// The two sockets of the plugin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Socket {
+    /// `<plugin_dir>/dra.sock`: the DRA and health services.
+    Service,
+    /// `<registry_dir>/<driver>-reg.sock`: kubelet's registration.
+    Registration,
+}
+
+fn config_socket(core: &Core, which: Socket) -> (Socket, PathBuf) {
+    let path = match which {
+        Socket::Service => core.config.service_socket(),
+        Socket::Registration => core.config.registration_socket(),
+    };
+    (which, path)
+}
+
+/// The inode of the socket file at `path`, when there is one.
+fn socket_inode(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let m = std::fs::symlink_metadata(path).ok()?;
+    m.file_type().is_socket().then(|| m.ino())
+}
+
+/// Serves `which` on `listener` until `stop`.
+fn serve_socket(
+    svc: Service,
+    which: Socket,
+    listener: UnixListener,
+    stop: Shutdown,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let incoming = crate::kubelet_api::unix_server::incoming(listener);
+        let served =
+            match which {
+                Socket::Service => Server::builder()
+                    .add_service(v1::dra_plugin_server::DraPluginServer::new(svc.clone()))
+                    .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(
+                        svc.clone(),
+                    ))
+                    .add_service(
+                        health_v1::dra_resource_health_server::DraResourceHealthServer::new(
+                            svc.clone(),
+                        ),
+                    )
+                    .add_service(
+                        health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
+                            svc,
+                        ),
+                    )
+                    .serve_with_incoming_shutdown(incoming, stop.wait())
+                    .await,
+                Socket::Registration => {
+                    Server::builder()
+                        .add_service(RegistrationServer::new(svc))
+                        .serve_with_incoming_shutdown(incoming, stop.wait())
+                        .await
+                }
+            };
+        if let Err(e) = served {
+            tracing::warn!(error = %e, socket = ?which, "DRA plugin gRPC server ended with an error");
+        }
+    })
+}
+
+/// Serves both sockets until `stop`, and serves a socket again when its file is removed
+/// under the plugin (a clean-up, a kubelet that wiped its registry): kubelet's plugin watcher
+/// finds a new registration socket and registers the plugin again. Until it has, the plugin
+/// counts as not registered (its readiness follows). A socket file replaced by another
+/// process is left to it (a second plugin on the node; logged).
+async fn serve_sockets(
+    svc: Service,
+    listeners: [((Socket, PathBuf), UnixListener); 2],
+    stop: Shutdown,
+) {
+    let mut served: Vec<(Socket, PathBuf, Option<u64>, JoinHandle<()>)> = listeners
+        .into_iter()
+        .map(|((which, path), listener)| {
+            let inode = socket_inode(&path);
+            let task = serve_socket(svc.clone(), which, listener, stop.clone());
+            (which, path, inode, task)
+        })
+        .collect();
+    let stop_fut = stop.clone().wait();
+    tokio::pin!(stop_fut);
+    loop {
+        tokio::select! {
+            _ = &mut stop_fut => break,
+            _ = tokio::time::sleep(SOCKET_CHECK) => {}
+        }
+        for (which, path, inode, task) in served.iter_mut() {
+            let now = socket_inode(path);
+            if now.is_some() && now == *inode {
+                continue;
+            }
+            if now.is_some() {
+                if inode.is_some() {
+                    tracing::warn!(socket = %path.display(), "the plugin's socket was replaced by another process: leaving it");
+                    *inode = None;
+                }
+                continue;
+            }
+            tracing::warn!(socket = %path.display(), "the plugin's socket is gone: serving it again");
+            if *which == Socket::Registration {
+                // kubelet deregistered the plugin when the socket went away.
+                svc.0.registration.send_replace(None);
+            }
+            match listen(path) {
+                Ok(listener) => {
+                    task.abort();
+                    *inode = socket_inode(path);
+                    *task = serve_socket(svc.clone(), *which, listener, stop.clone());
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot serve the plugin's socket again (retrying)")
+                }
+            }
+        }
+    }
+    for (_, _, _, task) in served {
+        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+    }
 }
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ use crate::core::GpuMem;
 use crate::devices::handover::HandOverError;
 use crate::gpu::cdi::{
     CdiMount, ContainerEditsSpec, DeviceNodeEdit, DeviceSpecEdit, Registry, TransientSpec,
-    remove_spec, write_spec,
+    remove_spec, remove_spec_file, transient_spec_file, transient_spec_ids, write_spec,
 };
 use crate::node::contract::{self, ContainerEdits, NodeTraits, Target};
 use crate::node::enforcement::{Enforcer, Mechanism};
@@ -281,15 +281,36 @@ impl Preparer for CdiPreparer {
         })
     }
 
-    /// Removes the claim's spec by its deterministic name, recorded or not (a lost checkpoint
-    /// leaks nothing).
+    /// Removes the claim's spec where the record says it was written (another CDI directory
+    /// when `--cdi-dir` changed since) and by its deterministic name here, recorded or not (a
+    /// lost checkpoint leaks nothing).
     fn unprepare(
         &self,
         claim_uid: &str,
-        _claim: Option<&PreparedClaim>,
+        claim: Option<&PreparedClaim>,
     ) -> Result<(), PrepareError> {
+        if let Some(old) = claim.and_then(|c| c.cdi_spec.as_ref()) {
+            remove_spec_file(old).map_err(CdiPrepareError::from)?;
+        }
         remove_spec(&self.cdi_dir, &self.kind, claim_uid).map_err(CdiPrepareError::from)?;
         Ok(())
+    }
+
+    /// The record's spec is the one this preparer writes (in the CDI directory served now)
+    /// and it exists.
+    fn is_current(&self, claim_uid: &str, claim: &PreparedClaim) -> bool {
+        let Some(recorded) = &claim.cdi_spec else {
+            return true;
+        };
+        let here = transient_spec_file(&self.kind, claim_uid)
+            .map(|name| self.cdi_dir.join(name))
+            .ok();
+        here.as_ref() == Some(recorded) && recorded.exists()
+    }
+
+    /// The claims whose spec is in the CDI directory.
+    fn written(&self) -> Vec<String> {
+        transient_spec_ids(&self.cdi_dir, &self.kind)
     }
 }
 

@@ -6,7 +6,8 @@
 //! whose content differs (with the listed `resourceVersion`, so a concurrent writer means a
 //! 409, not a lost update) and deletes the rest. It is idempotent: a pass whose answer was lost
 //! is settled by the next pass, which lists what actually landed; nothing is rolled back. A
-//! pass is retried on transient errors (the one retry loop, `k8s::retry`). What it does not
+//! pass is retried on transient errors (the one retry loop, `k8s::retry`); every request has the
+//! node side's request timeout. What it does not
 //! do: build the slices ([`super::slices`]), decide when to publish, or touch slices of other
 //! nodes or drivers.
 
@@ -15,6 +16,7 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 
 use crate::k8s::retry::retry_attempts;
+use crate::node::api::{ApiCallError, bounded};
 
 /// How many times a failing pass is tried.
 const ATTEMPTS: u32 = 4;
@@ -36,7 +38,7 @@ pub async fn sync_slices(
     node: &str,
     driver: &str,
     desired: &[ResourceSlice],
-) -> Result<Published, kube::Error> {
+) -> Result<Published, ApiCallError> {
     retry_attempts(ATTEMPTS, || pass(client, node, driver, desired)).await
 }
 
@@ -45,11 +47,10 @@ async fn pass(
     node: &str,
     driver: &str,
     desired: &[ResourceSlice],
-) -> Result<Published, kube::Error> {
+) -> Result<Published, ApiCallError> {
     let api: Api<ResourceSlice> = Api::all(client.clone());
     let fields = format!("spec.nodeName={node},spec.driver={driver}");
-    let listed: Vec<ResourceSlice> = api
-        .list(&ListParams::default().fields(&fields))
+    let listed: Vec<ResourceSlice> = bounded(api.list(&ListParams::default().fields(&fields)))
         .await?
         .items
         .into_iter()
@@ -62,7 +63,7 @@ async fn pass(
             .iter()
             .find(|s| s.metadata.name.as_deref() == Some(&name))
         {
-            None => match api.create(&PostParams::default(), want).await {
+            None => match bounded(api.create(&PostParams::default(), want)).await {
                 Ok(_) => out.created += 1,
                 // A 409 (made by a pass whose answer was lost) is transient: the pass is tried
                 // again and its list sees the slice.
@@ -72,7 +73,7 @@ async fn pass(
             Some(have) => {
                 let mut next = want.clone();
                 next.metadata.resource_version = have.metadata.resource_version.clone();
-                api.replace(&name, &PostParams::default(), &next).await?;
+                bounded(api.replace(&name, &PostParams::default(), &next)).await?;
                 out.updated += 1;
             }
         }
@@ -85,9 +86,9 @@ async fn pass(
         {
             continue;
         }
-        match api.delete(&name, &DeleteParams::default()).await {
+        match bounded(api.delete(&name, &DeleteParams::default())).await {
             Ok(_) => out.deleted += 1,
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(ApiCallError::Kube(kube::Error::Api(e))) if e.code == 404 => {}
             Err(e) => return Err(e),
         }
     }

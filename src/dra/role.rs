@@ -1,17 +1,19 @@
 //! `gpushare dra-plugin`: the DRA kubelet plugin role. It serves the node agent's GPUs on the
-//! DRA path: offers them on [`ServingPath::Dra`] (a GPU the device plugin serves is refused;
-//! MIG-excluded GPUs never reach the agent), starts the plugin's gRPC side ([`super::plugin`])
+//! DRA path: opens the path's gate ([`crate::node::path_gate`]: a GPU another path serves, or
+//! whose memory the extender path's pods still hold, is left out of the slice until it is
+//! free; MIG-excluded GPUs never reach the agent), starts the plugin's gRPC side ([`super::plugin`])
 //! with the CDI [`super::prepare::CdiPreparer`], and keeps the node's ResourceSlice published
 //! ([`super::publish`]) on every change: a GPU's health (the agent's health view: taint and
 //! `NodeWatchResources`) and the memory allocated on each GPU (a watch of the ResourceClaims
-//! allocated on this node's pool), which orders the devices by `--gpu-policy`. It serves
-//! The node agent's other device kinds (`[devices]`: RDMA HCAs, generic devices) are
-//! published in the same slice after the GPUs ([`super::kinds`]) and handed over by the same
-//! preparer. It serves
-//! `/healthz`, `/readyz` (ready once kubelet accepted the registration) and `/metrics` on
-//! `dra.admin_address`. Stopping withdraws the GPUs, stops serving and removes the sockets; the
-//! slices stay (a restarted plugin takes them over; kubelet removes a plugin's slices when it
-//! is gone for good).
+//! allocated on this node's pool), which orders the devices by `--gpu-policy`, and what the
+//! gate offers. The node agent's other device kinds (`[devices]`: RDMA HCAs, generic devices)
+//! are published in the same slice after the GPUs ([`super::kinds`]) and handed over by the
+//! same preparer. It serves `/healthz`, `/readyz` (ready once kubelet accepted the
+//! registration and, with MPS, while the daemon serves) and `/metrics` (its own and the
+//! node's, [`super::metrics`], [`crate::node::monitor`]) on `dra.admin_address`. The fatal
+//! Xids are kept beside the checkpoint ([`FATAL_XIDS_FILE`]). Stopping closes the gate (the GPU
+//! locks let go), stops serving and removes the sockets; the slices stay (a restarted plugin
+//! takes them over; kubelet removes a plugin's slices when it is gone for good).
 //!
 //! What it does not do: build the node agent (`cli` has [`crate::node::run_role`] do it, as
 //! for the device plugin), decide the container edits (the node contract, through the
@@ -32,7 +34,8 @@ use tokio::task::JoinHandle;
 
 use super::claims::allocated_per_device;
 use super::kinds::{KindDevice, kind_devices};
-use super::plugin::{PluginConfig, RunningPlugin, Served};
+use super::metrics::DraMetrics;
+use super::plugin::{PluginConfig, PluginHooks, Reconciled, RunningPlugin, Served};
 use super::prepare::CdiPreparer;
 use super::slices::{Pool, SliceGpu, device_name};
 use crate::admin::AdminState;
@@ -40,14 +43,22 @@ use crate::config::{Config, DraConfig, FlagOverrides};
 use crate::core::{GpuPolicy, MemoryUnit};
 use crate::node::enforcement::report::{ContainerMemory, LimitState};
 use crate::node::health::HealthView;
+use crate::node::monitor::{NodeMetrics, NodeMonitor, NodeRole};
+use crate::node::path_gate::{GateSettings, Offer, PathGate};
 use crate::node::paths::ServingPath;
 use crate::node::{NodeAgent, NodeAgentHandle, NodeArgs, PreparedAgent};
 use crate::shutdown::Shutdown;
 
 /// The checkpoint's file name in the state directory (`dra.state_dir`).
 pub const CHECKPOINT_FILE: &str = "checkpoint.json";
+/// The record of fatal Xids in the state directory, beside the checkpoint.
+pub const FATAL_XIDS_FILE: &str = "fatal-xids.json";
 /// The wait before a failed slice publication is tried again.
 const REPUBLISH_AFTER: Duration = Duration::from_secs(2);
+/// The wait before a publication the API server refused for certain (a 4xx: an invalid slice,
+/// a forbidden write) is tried again: the same slices would be refused the same way, so only
+/// a change (of health, of use) or a slow retry can help.
+const REPUBLISH_REFUSED_AFTER: Duration = Duration::from_secs(60);
 
 /// Flags of `gpushare dra-plugin`: the node agent's ([`NodeArgs`], three of them worded for
 /// the DRA path) and the DRA side's (each overrides its `[dra]`, `[node]`, `[gpu]`,
@@ -143,10 +154,24 @@ struct Role {
     facts: GpuFacts,
     served: watch::Sender<Served>,
     generation: watch::Sender<i64>,
+    events: crate::node::publish::NodeEvents,
+    metrics: DraMetrics,
 }
 
 impl Role {
-    /// The GPUs as the slice shows them now.
+    /// What the plugin serves now: every GPU (those held back named so), the other kinds.
+    fn served_now(&self, gpus: &[SliceGpu], offer: &Offer) -> Served {
+        let mut served = Served::from_gpus(gpus, self.unit).with_kinds(&self.facts.others);
+        for g in gpus {
+            if let Some(why) = offer.held_back.get(&g.index) {
+                served.held_back.insert(device_name(g), why.clone());
+            }
+        }
+        served
+    }
+
+    /// The GPUs as the slice shows them now (all of them, held back ones included; the slice
+    /// leaves those out).
     fn slice_gpus(&self, view: &HealthView, allocated: &BTreeMap<String, u64>) -> Vec<SliceGpu> {
         self.facts
             .gpus
@@ -168,11 +193,14 @@ impl Role {
 pub struct DraPluginHandle {
     role: Arc<Role>,
     agent: Arc<NodeAgent>,
+    gate: Option<PathGate>,
     plugin: Option<RunningPlugin>,
     stop: crate::shutdown::Trigger,
     tasks: Vec<JoinHandle<()>>,
     admin_addr: Option<std::net::SocketAddr>,
     admin: Arc<AdminState>,
+    metrics: DraMetrics,
+    node: Arc<NodeMonitor>,
     sockets: [PathBuf; 2],
     own_agent: Option<NodeAgentHandle>,
 }
@@ -202,9 +230,34 @@ impl DraPluginHandle {
         self.admin_addr
     }
 
-    /// Whether `/readyz` answers ready (kubelet accepted the registration).
+    /// Whether `/readyz` answers ready (kubelet accepted the registration and, with MPS, the
+    /// daemon serves).
     pub fn is_ready(&self) -> bool {
         self.admin.is_ready()
+    }
+
+    /// The metrics of the kubelet side.
+    pub fn metrics(&self) -> &DraMetrics {
+        &self.metrics
+    }
+
+    /// The node metrics (health, the memory-unit refusal, MPS).
+    pub fn node_metrics(&self) -> &NodeMetrics {
+        self.node.metrics()
+    }
+
+    /// The metrics in the Prometheus text format.
+    pub fn render_metrics(&self) -> String {
+        self.admin.render_metrics()
+    }
+
+    /// Settles the checkpoint against the API and the CDI directory now (a start does it once
+    /// in the background).
+    pub async fn reconcile(&self) -> Reconciled {
+        match &self.plugin {
+            Some(p) => p.reconcile().await,
+            None => Reconciled::default(),
+        }
     }
 
     /// The devices served now (names, health) as the plugin checks claims against them.
@@ -222,6 +275,12 @@ impl DraPluginHandle {
         &self.agent
     }
 
+    /// What the path's gate offers now, and every change after (the slice publishes the GPUs
+    /// offered).
+    pub fn offer(&self) -> Option<watch::Receiver<Offer>> {
+        self.gate.as_ref().map(PathGate::offer)
+    }
+
     /// Stops serving, removes the sockets, gives the GPUs back to the agent (and stops the
     /// agent when [`start`] built it). The slices stay.
     pub async fn stop(mut self) {
@@ -232,6 +291,9 @@ impl DraPluginHandle {
         drop(self.plugin.take());
         for s in &self.sockets {
             let _ = std::fs::remove_file(s);
+        }
+        if let Some(gate) = self.gate.take() {
+            gate.close().await;
         }
         self.agent.withdraw(ServingPath::Dra);
         if let Some(agent) = self.own_agent.take() {
@@ -250,6 +312,7 @@ pub async fn start(
 ) -> anyhow::Result<DraPluginHandle> {
     let (mut handle, agent) = crate::node::serve_on_own_agent(
         config,
+        crate::node::NodeWrites::ReadOnly,
         client,
         backend,
         shutdown,
@@ -268,7 +331,9 @@ pub fn admit(config: &Config, prepared: PreparedAgent) -> anyhow::Result<Prepare
         .enforcement()
         .admit(ServingPath::Dra)
         .map_err(crate::failure::config)?;
-    Ok(prepared.with_devices(&config.devices))
+    Ok(prepared
+        .with_devices(&config.devices)
+        .with_fatal_xid_record(config.dra.state_dir().join(FATAL_XIDS_FILE)))
 }
 
 /// Serves the agent's GPUs on the DRA path (see the module docs). Returns once the sockets are
@@ -279,53 +344,86 @@ pub async fn serve(
     shutdown: Shutdown,
 ) -> anyhow::Result<DraPluginHandle> {
     let dra = config.dra.clone();
-    let all: Vec<u32> = agent.gpus().iter().map(|g| g.index).collect();
-    let gpus = agent.offer(ServingPath::Dra, all)?;
-    let result = serve_offered(config, dra, agent.clone(), gpus, shutdown).await;
-    if result.is_err() {
-        agent.withdraw(ServingPath::Dra);
+    let gate = agent
+        .open_path(
+            ServingPath::Dra,
+            GateSettings {
+                dra_driver: dra.driver_name.clone(),
+            },
+            shutdown.clone(),
+        )
+        .await;
+    let gpus = agent.gpus().to_vec();
+    match serve_gated(config, dra, agent.clone(), gpus, &gate, shutdown).await {
+        Ok(mut handle) => {
+            handle.gate = Some(gate);
+            Ok(handle)
+        }
+        Err(e) => {
+            gate.close().await;
+            agent.withdraw(ServingPath::Dra);
+            Err(e)
+        }
     }
-    result
 }
 
-async fn serve_offered(
+async fn serve_gated(
     config: &Config,
     dra: DraConfig,
     agent: Arc<NodeAgent>,
     gpus: Vec<crate::node::gpus::ServedGpu>,
+    gate: &PathGate,
     shutdown: Shutdown,
 ) -> anyhow::Result<DraPluginHandle> {
     let inventory = crate::gpu::inventory_off_runtime(agent.backend()).await?;
     let unit = agent.unit();
-    let facts = GpuFacts {
-        gpus: gpus
-            .iter()
-            .map(|g| {
-                let found = inventory.devices.iter().find(|d| d.uuid == g.uuid);
-                SliceGpu {
-                    index: g.index,
-                    uuid: g.uuid.clone(),
-                    product_name: found.map(|d| d.name.clone()).unwrap_or_default(),
-                    memory_bytes: found.map_or(unit.to_bytes(g.units), |d| d.memory_bytes),
-                    place: found.filter(|d| !d.pci_bus_id.is_empty()).and_then(|d| {
-                        crate::pcie::PciLocation::of_bus_id(
-                            &config.devices.sysfs_root,
-                            &d.pci_bus_id,
-                        )
+    let (slice_gpus, too_small): (Vec<SliceGpu>, Vec<SliceGpu>) = gpus
+        .iter()
+        .map(|g| {
+            let found = inventory.devices.iter().find(|d| d.uuid == g.uuid);
+            SliceGpu {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                product_name: found.map(|d| d.name.clone()).unwrap_or_default(),
+                memory_bytes: found.map_or(unit.to_bytes(g.units), |d| d.memory_bytes),
+                place: found.filter(|d| !d.pci_bus_id.is_empty()).and_then(|d| {
+                    crate::pcie::PciLocation::of_bus_id(&config.devices.sysfs_root, &d.pci_bus_id)
                         .ok()
-                    }),
-                    unhealthy: None,
-                    allocated_bytes: 0,
-                }
-            })
-            .collect(),
+                }),
+                unhealthy: None,
+                allocated_bytes: 0,
+            }
+        })
+        .partition(|g| super::slices::holds_enough_units(g.memory_bytes, unit));
+    for g in &too_small {
+        let message = format!(
+            "GPU {} ({}) holds {} MiB, fewer than {} units of {unit}: the API server would refuse \
+             the node's slice (min + step <= value), so it is not published; pick a finer \
+             --memory-unit (gpushare doctor --dra names one that fits)",
+            g.index,
+            g.uuid,
+            g.memory_bytes >> 20,
+            crate::core::wire::DRA_MIN_UNITS_PER_GPU
+        );
+        tracing::error!("{message}");
+        agent
+            .events()
+            .warn("Publish", "GpuShareGpuTooSmall", &message)
+            .await;
+    }
+    let facts = GpuFacts {
+        gpus: slice_gpus,
         driver_version: (!inventory.driver_version.is_empty())
             .then(|| inventory.driver_version.clone()),
         others: kind_devices(agent.device_kinds()),
     };
     let mut health = agent.health();
     let view = health.borrow_and_update().clone();
+    let mut offer = gate.offer();
+    let offered = offer.borrow_and_update().clone();
     let (served, served_rx) = watch::channel(Served::default());
+    let admin = AdminState::new();
+    let metrics = DraMetrics::new(&admin);
     let role = Arc::new(Role {
         node: agent.node_name().to_string(),
         unit,
@@ -334,11 +432,11 @@ async fn serve_offered(
         served,
         generation: watch::Sender::new(0),
         dra: dra.clone(),
+        events: agent.events().clone(),
+        metrics: metrics.clone(),
     });
-    role.served.send_replace(
-        Served::from_gpus(&role.slice_gpus(&view, &BTreeMap::new()), unit)
-            .with_kinds(&role.facts.others),
-    );
+    role.served
+        .send_replace(role.served_now(&role.slice_gpus(&view, &BTreeMap::new()), &offered));
 
     let (stop_trigger, stop) = shutdown.child();
     let plugin_dir = dra.plugin_dir();
@@ -363,11 +461,17 @@ async fn serve_offered(
     )
     .with_kinds(agent.device_kinds().clone())
     .with_enforcement(agent.enforcement().clone());
-    let plugin = match super::plugin::start(
+    let node = NodeMonitor::new(agent.clone(), admin.clone(), NodeRole::DraPlugin);
+    let hooks = PluginHooks {
+        metrics: Some(metrics.clone()),
+        node: Some(node.clone()),
+    };
+    let plugin = match super::plugin::start_with(
         plugin_config,
         role.client.clone(),
         served_rx,
         Arc::new(preparer),
+        hooks,
         stop.clone(),
     ) {
         Ok(p) => p,
@@ -376,12 +480,12 @@ async fn serve_offered(
             return Err(e.into());
         }
     };
-    let admin = AdminState::new();
-    let mut tasks = Vec::new();
+    let mut tasks = vec![node.follow(stop.clone())];
     agent.enforcement().status().register(&admin);
     let mut registration = plugin.registration();
     {
-        let admin = admin.clone();
+        let node = node.clone();
+        let metrics = metrics.clone();
         let stop = stop.clone();
         tasks.push(tokio::spawn(async move {
             let stop_fut = stop.wait();
@@ -391,7 +495,8 @@ async fn serve_offered(
                     .borrow_and_update()
                     .as_ref()
                     .is_some_and(|s| s.plugin_registered);
-                admin.set_ready(ok);
+                metrics.registered.set(i64::from(ok));
+                node.set_role_ready(ok);
                 tokio::select! {
                     _ = &mut stop_fut => return,
                     r = registration.changed() => if r.is_err() { return },
@@ -409,13 +514,14 @@ async fn serve_offered(
         role.clone(),
         health,
         allocated_rx,
+        offer,
         agent.enforcement().status().watch(),
         stop.clone(),
     )));
     let admin_addr = match crate::admin::serve(
         &dra.admin_address,
         admin.clone(),
-        "not registered with kubelet",
+        "not registered with kubelet, or (with --mps) the MPS control daemon does not answer",
         crate::http_server::Limits::from_config(&config.http),
         stop.clone(),
     )
@@ -433,11 +539,14 @@ async fn serve_offered(
     Ok(DraPluginHandle {
         role,
         agent,
+        gate: None,
         plugin: Some(plugin),
         stop: stop_trigger,
         tasks,
         admin_addr,
         admin,
+        metrics,
+        node,
         sockets,
         own_agent: None,
     })
@@ -534,12 +643,14 @@ fn limit_notes(served: &Served, rows: &[ContainerMemory]) -> BTreeMap<String, St
 }
 
 /// Publishes the slice on every change of health or use (and the served devices with it);
-/// a publication that fails is tried again after [`REPUBLISH_AFTER`]. The served devices carry
-/// the enforcement readback's notes (`limits`) into the health messages.
+/// a publication that fails is tried again after [`REPUBLISH_AFTER`]. The slice publishes the
+/// GPUs the path's gate offers (`offer`); the served devices carry the enforcement readback's
+/// notes (`limits`) into the health messages.
 async fn publish_loop(
     role: Arc<Role>,
     mut health: watch::Receiver<Arc<HealthView>>,
     mut allocated: watch::Receiver<BTreeMap<String, u64>>,
+    mut offer: watch::Receiver<Offer>,
     mut limits: watch::Receiver<Arc<Vec<ContainerMemory>>>,
     stop: Shutdown,
 ) {
@@ -547,6 +658,8 @@ async fn publish_loop(
     tokio::pin!(stop_fut);
     let mut pool = Pool::new();
     let mut pending = None;
+    let mut retry_after = REPUBLISH_AFTER;
+    let mut last_refusal: Option<String> = None;
     let others: Vec<_> = role
         .facts
         .others
@@ -556,10 +669,14 @@ async fn publish_loop(
     loop {
         let view = health.borrow_and_update().clone();
         let used = allocated.borrow_and_update().clone();
-        let gpus = role.slice_gpus(&view, &used);
+        let offered = offer.borrow_and_update().clone();
+        let all = role.slice_gpus(&view, &used);
         let rows = limits.borrow_and_update().clone();
+        role.metrics
+            .gpus_held_back
+            .set(i64::try_from(offered.held_back.len()).unwrap_or(i64::MAX));
         role.served.send_if_modified(|s| {
-            let mut next = Served::from_gpus(&gpus, role.unit).with_kinds(&role.facts.others);
+            let mut next = role.served_now(&all, &offered);
             next.notes = limit_notes(&next, &rows);
             if *s == next {
                 false
@@ -568,6 +685,11 @@ async fn publish_loop(
                 true
             }
         });
+        // The slice publishes the GPUs the gate offers only.
+        let gpus: Vec<SliceGpu> = all
+            .into_iter()
+            .filter(|g| offered.is_offered(g.index))
+            .collect();
         if let Some(slices) = pool.update(
             &role.node,
             &role.dra.driver_name,
@@ -592,15 +714,34 @@ async fn publish_loop(
                     tracing::debug!(generation, ?done, "ResourceSlice published");
                     role.generation.send_replace(*generation);
                     pending = None;
+                    last_refusal = None;
+                }
+                Err(crate::node::api::ApiCallError::Kube(ref e))
+                    if crate::k8s::write::refused_for_certain(e) =>
+                {
+                    let message = format!(
+                        "the API server refused the ResourceSlices of node {} (pool generation \
+                         {generation}): {e}",
+                        role.node
+                    );
+                    if last_refusal.as_deref() != Some(message.as_str()) {
+                        tracing::error!("{message}");
+                        role.events
+                            .warn("Publish", "GpuShareSliceRefused", &message)
+                            .await;
+                        last_refusal = Some(message);
+                    }
+                    retry_after = REPUBLISH_REFUSED_AFTER;
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot publish the ResourceSlice (retrying)")
+                    tracing::warn!(error = %e, "cannot publish the ResourceSlice (retrying)");
+                    retry_after = REPUBLISH_AFTER;
                 }
             }
         }
         let retry = async {
             if pending.is_some() {
-                tokio::time::sleep(REPUBLISH_AFTER).await;
+                tokio::time::sleep(retry_after).await;
             } else {
                 std::future::pending::<()>().await;
             }
@@ -609,6 +750,7 @@ async fn publish_loop(
             _ = &mut stop_fut => return,
             r = health.changed() => if r.is_err() { return },
             r = allocated.changed() => if r.is_err() { return },
+            r = offer.changed() => if r.is_err() { return },
             r = limits.changed() => if r.is_err() { return },
             _ = retry => {}
         }

@@ -21,7 +21,8 @@
 //! publications see the same order.
 //!
 //! [`Pool`] keeps the published devices and moves the pool generation on every change; slices
-//! hold at most [`MAX_DEVICES_PER_SLICE`] devices each. What it does not do: talk to the API
+//! hold at most [`MAX_DEVICES_PER_SLICE`] devices each, [`MAX_DEVICES_PER_SLICE_WITH_TAINTS`]
+//! while any device of the pool has a taint (the API server's limits). What it does not do: talk to the API
 //! server, read sysfs, or decide which GPUs are served (MIG-excluded GPUs and GPUs of the
 //! device plugin never reach it).
 
@@ -43,6 +44,9 @@ use crate::pcie::PciLocation;
 
 /// The API's limit on devices in one ResourceSlice.
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// The API's limit on devices in one ResourceSlice once any of them has a taint (or consumes
+/// counters): a slice over it is refused whole.
+pub const MAX_DEVICES_PER_SLICE_WITH_TAINTS: usize = 64;
 
 /// One GPU the node serves on the DRA path.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,26 +68,15 @@ pub struct SliceGpu {
 }
 
 /// The stable device name of a GPU: its UUID in lower case when that is a DNS label
-/// (`gpu-8e4c1c2e-…`), else `gpu-<index>`.
+/// (`gpu-8e4c1c2e-…`), else `gpu-<index>` ([`crate::core::resource_name::gpu_device_name`]).
 pub fn device_name(gpu: &SliceGpu) -> String {
-    let lower = gpu.uuid.to_ascii_lowercase();
-    let label = !lower.is_empty()
-        && lower.len() <= 63
-        && lower.starts_with("gpu-")
-        && lower
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !lower.ends_with('-');
-    if label {
-        lower
-    } else {
-        format!("gpu-{}", gpu.index)
-    }
+    crate::core::resource_name::gpu_device_name(&gpu.uuid, gpu.index)
 }
 
 /// The slices of one node's pool, at `generation`: the GPUs ordered by `policy`, then
 /// `others` (the other kinds' devices, [`super::kinds::KindDevice::to_device`]) as given,
-/// split into slices of at most [`MAX_DEVICES_PER_SLICE`], named `<node>-<driver>-<n>`.
+/// split into slices of at most [`MAX_DEVICES_PER_SLICE`] ([`MAX_DEVICES_PER_SLICE_WITH_TAINTS`]
+/// when any device has a taint), named `<node>-<driver>-<n>`.
 #[allow(clippy::too_many_arguments)]
 pub fn build_slices(
     node: &str,
@@ -95,18 +88,24 @@ pub fn build_slices(
     others: &[Device],
     generation: i64,
 ) -> Vec<ResourceSlice> {
+    // A GPU of fewer than two units would make the whole slice invalid: never published (the
+    // role names it in an Event).
     let devices = ordered(gpus, policy, unit)
         .into_iter()
+        .filter(|g| holds_enough_units(g.memory_bytes, unit))
         .map(|g| device(g, unit, driver_version))
         .chain(others.iter().cloned())
         .collect::<Vec<_>>();
+    // One limit for the whole pool, so a device going unhealthy moves the split at most once.
+    let per_slice = if devices.iter().any(|d| d.taints.is_some()) {
+        MAX_DEVICES_PER_SLICE_WITH_TAINTS
+    } else {
+        MAX_DEVICES_PER_SLICE
+    };
     let chunks: Vec<Vec<Device>> = if devices.is_empty() {
         vec![Vec::new()]
     } else {
-        devices
-            .chunks(MAX_DEVICES_PER_SLICE)
-            .map(<[Device]>::to_vec)
-            .collect()
+        devices.chunks(per_slice).map(<[Device]>::to_vec).collect()
     };
     let count = chunks.len() as i64;
     let base = format!("{node}-{}", driver.replace(['.', '/', '_'], "-"));
@@ -149,6 +148,13 @@ pub fn ordered(gpus: &[SliceGpu], policy: GpuPolicy, unit: MemoryUnit) -> Vec<&S
         by_free.then(a.index.cmp(&b.index))
     });
     out
+}
+
+/// Whether a GPU of `memory_bytes` holds enough whole units of `unit` to be published
+/// ([`crate::core::wire::DRA_MIN_UNITS_PER_GPU`]: a device of fewer is invalid, and with it
+/// the whole slice).
+pub fn holds_enough_units(memory_bytes: u64, unit: MemoryUnit) -> bool {
+    unit.units_of_bytes(memory_bytes).units() >= crate::core::wire::DRA_MIN_UNITS_PER_GPU
 }
 
 /// The GPU's memory as the slice publishes it: whole units, in bytes.
@@ -531,7 +537,7 @@ mod tests {
 
     #[test]
     fn more_than_128_gpus_split_into_counted_slices() {
-        let gpus: Vec<SliceGpu> = (0..130).map(|i| gpu(i, 1, 0)).collect();
+        let gpus: Vec<SliceGpu> = (0..130).map(|i| gpu(i, 2, 0)).collect();
         let slices = build_slices(
             "n",
             "gpushare.io",
@@ -559,6 +565,48 @@ mod tests {
             empty.len(),
             1,
             "an empty pool is published as one empty slice"
+        );
+    }
+
+    /// Upstream's validation: 128 devices per slice, 64 once any device of the slice has a
+    /// taint (or consumes counters); a slice over it is refused (422) whole.
+    #[test]
+    fn a_pool_with_a_tainted_device_splits_at_64() {
+        let mut gpus: Vec<SliceGpu> = (0..100).map(|i| gpu(i, 2, 0)).collect();
+        let build = |gpus: &[SliceGpu]| {
+            build_slices(
+                "n",
+                "gpushare.io",
+                None,
+                MemoryUnit::GIB,
+                GpuPolicy::Spread,
+                gpus,
+                &[],
+                1,
+            )
+        };
+        assert_eq!(build(&gpus).len(), 1, "100 untainted devices fit one slice");
+        gpus[37].unhealthy = Some("xid-79".into());
+        let slices = build(&gpus);
+        assert_eq!(names(&slices).len(), 100);
+        for s in &slices {
+            let devices = s.spec.devices.clone().unwrap_or_default();
+            let tainted = devices.iter().any(|d| d.taints.is_some());
+            let limit = if tainted {
+                MAX_DEVICES_PER_SLICE_WITH_TAINTS
+            } else {
+                MAX_DEVICES_PER_SLICE
+            };
+            assert!(
+                devices.len() <= limit,
+                "{} devices, tainted {tainted}",
+                devices.len()
+            );
+        }
+        assert!(
+            slices
+                .iter()
+                .all(|s| s.spec.pool.resource_slice_count == slices.len() as i64)
         );
     }
 

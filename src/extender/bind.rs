@@ -19,7 +19,10 @@
 //!
 //! A retried bind of a pod whose owner is still at work attaches to that owner's outcome
 //! instead of answering "already holds GPU"; a retried bind of a pod already bound to the
-//! same node answers success. Reservations are atomic in the ledger, so binds to one node
+//! same node answers success. A bind of a pod whose own reservation an earlier bind left
+//! (found on the pod: another process's, or this one's before a restart) to the reserved
+//! node takes it over: the same GPU, this bind its owner, an earlier Binding that lands
+//! first answered 409 and settled by reading the pod. Reservations are atomic in the ledger, so binds to one node
 //! run concurrently without over-committing; filters never wait for a bind. The annotation
 //! patch writes a clean slate: our annotations that the bind does not set (left by another
 //! pod this one was copied from) are removed.
@@ -557,6 +560,14 @@ async fn settle(job: &Job, deadline: Instant, tx: &watch::Sender<Outcome>) {
             emit_event(state, &job.pod, REASON_BOUND, &msg, Severity::Normal);
             tx.send_replace(Outcome::Bound(msg));
             None
+        }
+        Attempt::Refused { why, .. } if job.reservation.taken_over.is_some() => {
+            // Our tries were refused, but the earlier bind whose reservation this one took
+            // over may still land: unknown, settled by reading the pod as any unknown outcome,
+            // its window counted from when this process began counting the reservation.
+            state.metrics().bind_unknown.inc();
+            tx.send_replace(Outcome::Unknown(why));
+            job.reservation.taken_over
         }
         Attempt::Refused { why, .. } => {
             forget_reservation(job);

@@ -226,6 +226,9 @@ pub(crate) struct Reservation {
     pub device_total: GpuMem,
     /// Identifies this reservation to its owner's [`Cache::confirm`] and [`Cache::release`].
     pub token: u64,
+    /// `Some` when the bind took over the pod's own reservation found on it (an earlier
+    /// bind's, whose Binding may still be in flight): since when this process counts it.
+    pub taken_over: Option<Instant>,
 }
 
 /// Read-only view of one pod on a node.
@@ -582,8 +585,37 @@ impl Cache {
         policy: GpuPolicy,
     ) -> Result<Reservation, ReserveError> {
         let mut pods = write(&self.pods);
-        if let Some(rec) = pods.get(uid) {
-            // A reservation found on the pod included: until it is settled, no second one.
+        if let Some(rec) = pods.get_mut(uid) {
+            // The pod's own reservation, found on it (an earlier bind of another process, or
+            // of an earlier life of this one), on this node: this bind takes it over, on the
+            // same GPU. Its owner settles it from now on, knowing an earlier Binding may
+            // still land.
+            if let Hold::Found { since, .. } = rec.hold
+                && *rec.node == *node
+            {
+                let device_total = read(&self.nodes)
+                    .get(node)
+                    .and_then(|slot| {
+                        read(&slot.entry)
+                            .ledger
+                            .gpus()
+                            .get(rec.gpu as usize)
+                            .map(|g| g.total)
+                    })
+                    .unwrap_or_default();
+                let token = self.tick();
+                rec.hold = Hold::Reserved {
+                    token,
+                    bound: false,
+                };
+                return Ok(Reservation {
+                    gpu: rec.gpu,
+                    device_total,
+                    token,
+                    taken_over: Some(since),
+                });
+            }
+            // Held elsewhere (or by a live bind): until it is settled, no second one.
             return Err(ReserveError::AlreadyPlaced {
                 namespace: namespace.to_string(),
                 name: name.to_string(),
@@ -637,6 +669,7 @@ impl Cache {
             gpu,
             device_total,
             token,
+            taken_over: None,
         })
     }
 
@@ -736,6 +769,17 @@ impl Cache {
                 *since = now;
             }
         }
+    }
+
+    /// The node and GPU of the pod's own reservation, while it is unbound and one is held
+    /// for it (a live bind's, or one found on it): what its filter passes.
+    pub(crate) fn own_reservation(&self, uid: &str) -> Option<(String, u32)> {
+        read(&self.pods).get(uid).and_then(|r| match r.hold {
+            Hold::Found { .. } | Hold::Reserved { bound: false, .. } => {
+                Some((r.node.to_string(), r.gpu))
+            }
+            _ => None,
+        })
     }
 
     /// Where the pod `uid` is counted.
@@ -921,17 +965,44 @@ mod tests {
         f
     }
 
+    /// A bind of the pod to the node its own found reservation holds takes it over: the same
+    /// GPU, counted once, owned by that bind from now on.
+    #[tokio::test(start_paused = true)]
+    async fn a_bind_to_the_reserved_node_takes_the_pods_own_reservation_over() {
+        let c = Cache::new();
+        c.apply_node("a", gpus(&[16, 16]));
+        c.observe_pod(found("p", "a", 1, 10, "r1"));
+        assert_eq!(c.own_reservation("p"), Some(("a".to_string(), 1)));
+        let r = c
+            .reserve("p", "ns", "p", "a", GpuMem::new(10), GpuPolicy::Binpack)
+            .expect("taken over");
+        assert_eq!(r.gpu, 1, "the same GPU");
+        assert!(r.taken_over.is_some());
+        assert_eq!(r.device_total, GpuMem::new(16));
+        assert_eq!(used(&c, "a"), [0, 10], "counted once");
+        assert!(c.holds("p", r.token));
+        assert!(
+            c.found_due(Duration::ZERO).is_empty(),
+            "no longer a found one"
+        );
+        // A watch event still showing the old reservation changes nothing.
+        c.observe_pod(found("p", "a", 1, 10, "r1"));
+        assert!(c.holds("p", r.token));
+        c.confirm("p", r.token);
+        assert_eq!(c.own_reservation("p"), None, "bound: no longer held for it");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_reservation_found_on_a_pod_counts_until_bound_deleted_or_expired() {
         let c = Cache::new();
         c.apply_node("a", gpus(&[16]));
         assert!(c.observe_pod(found("p", "a", 0, 10, "r1")));
         assert_eq!(used(&c, "a"), [10]);
-        // No second reservation of the pod while it counts, and the GPU is taken.
-        assert!(
-            c.reserve("p", "ns", "p", "a", GpuMem::new(10), GpuPolicy::Binpack)
-                .is_err()
-        );
+        // No second reservation of the pod elsewhere while it counts, and the GPU is taken.
+        assert!(matches!(
+            c.reserve("p", "ns", "p", "b", GpuMem::new(10), GpuPolicy::Binpack),
+            Err(ReserveError::AlreadyPlaced { .. })
+        ));
         assert!(
             c.reserve("q", "ns", "q", "a", GpuMem::new(10), GpuPolicy::Binpack)
                 .is_err()

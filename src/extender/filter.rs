@@ -1,6 +1,8 @@
 //! The filter verb: which candidate nodes have ONE healthy GPU with room for the pod.
 //!
-//! Pure in-memory work on the ledger (read locks only, no API call). Rejection reasons keep
+//! Pure in-memory work on the ledger (read locks only, no API call). A pod that holds a
+//! reservation of its own (an earlier bind's, found on it after a failover) passes the
+//! reserved node only: its memory is counted there already. Rejection reasons keep
 //! upstream wording; a node whose largest healthy GPU is smaller than the request goes to
 //! `FailedAndUnresolvableNodes`, since preemption cannot help there.
 
@@ -15,6 +17,13 @@ use crate::core::{GpuMem, NoFit};
 /// The rejection reason for nodes that offer no shared GPUs (upstream wording).
 pub(crate) fn not_for_gpu_share(node: &str) -> String {
     format!("The node {node} is not for GPU share, need skip")
+}
+
+/// The rejection reason for nodes other than the one a pod's own reservation holds.
+pub(crate) fn reserved_elsewhere(node: &str, gpu: u32) -> String {
+    format!(
+        "The pod holds a reservation on node {node} GPU {gpu} from an earlier bind; it binds there"
+    )
 }
 
 /// The pod's request, or why it cannot be read (a 400 answer).
@@ -35,10 +44,32 @@ pub fn filter(state: &ExtenderState, args: ExtenderArgs) -> Result<FilterResult,
     let fits = state.cache().map_slots(names.iter().copied(), |slot| {
         slot.map_or(Fit::NotForGpuShare, |s| s.fit(request))
     });
+    // The pod's own reservation is its own: its memory is counted on the reserved node
+    // already, so that node passes, and no other can take the pod while it holds.
+    let own = args
+        .pod
+        .metadata
+        .uid
+        .as_deref()
+        .and_then(|uid| state.cache().own_reservation(uid));
     for (i, (name, fit)) in names.iter().zip(fits).enumerate() {
         if request.is_zero() {
             // kube-scheduler only sends gpu-mem pods; be lenient with the others.
             passing.push(i);
+            continue;
+        }
+        if let Some((node, gpu)) = &own {
+            if *name == node.as_str() {
+                passing.push(i);
+            } else {
+                failed.insert(name.to_string(), reserved_elsewhere(node, *gpu));
+                metrics
+                    .rejections
+                    .get_or_create(&super::metrics::ReasonLabels {
+                        reason: "reserved_elsewhere",
+                    })
+                    .inc();
+            }
             continue;
         }
         let reason_label = match fit {

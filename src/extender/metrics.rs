@@ -40,7 +40,7 @@ pub struct ErrorLabels {
 /// Labels of the rejection counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
-    /// not_for_gpu_share | insufficient_in_one_device | larger_than_any_gpu.
+    /// not_for_gpu_share | insufficient_in_one_device | larger_than_any_gpu | reserved_elsewhere.
     pub reason: &'static str,
 }
 

@@ -13,9 +13,9 @@
 //! (guarded by the pod's resourceVersion and the exact value, so a newer bind's reservation
 //! is never touched).
 //!
-//! This module does not bind or finish binds (kube-scheduler retries the pod; a retry is
-//! refused while the reservation counts) and does not settle reservations that an owner task
-//! of this process holds (`bind` does).
+//! This module does not bind or finish binds (kube-scheduler retries the pod: its filter
+//! passes the reserved node and its bind there takes the reservation over, `bind`) and does
+//! not settle reservations that an owner task of this process holds (`bind` does).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -533,9 +533,63 @@ pub fn remove_spec(dir: &Path, kind: &str, id: &str) -> Result<(), WriteError> {
     }
 }
 
+/// Removes the transient spec file at `path` (one recorded by a writer, in whatever directory
+/// it was written to); a file already gone is no error.
+pub fn remove_spec_file(path: &Path) -> Result<(), WriteError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(WriteError::Io {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// The ids of the transient specs of `kind` present in `dir` (`<vendor>_<class>_<id>.json`),
+/// sorted; none when `dir` cannot be read. Temporary files of a write in progress are not ids.
+pub fn transient_spec_ids(dir: &Path, kind: &str) -> Vec<String> {
+    let prefix = format!("{}_", kind.replace('/', "_"));
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut ids: Vec<String> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let id = name
+                .strip_prefix(&prefix)?
+                .strip_suffix(".json")?
+                .to_string();
+            transient_spec_file(kind, &id).ok().filter(|n| *n == name)?;
+            Some(id)
+        })
+        .collect();
+    ids.sort();
+    ids
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transient_spec_ids_lists_the_specs_of_one_kind() {
+        let dir = tempfile::tempdir().expect("dir");
+        let spec = TransientSpec::new("gpushare.io/gpu");
+        write_spec(dir.path(), "uid-1", &spec).expect("written");
+        write_spec(dir.path(), "uid-2", &spec).expect("written");
+        write_spec(dir.path(), "x", &TransientSpec::new("nvidia.com/gpu")).expect("written");
+        std::fs::write(dir.path().join(".gpushare.io_gpu_uid-3.json.tmp"), b"{}").expect("tmp");
+        assert_eq!(
+            transient_spec_ids(dir.path(), "gpushare.io/gpu"),
+            ["uid-1", "uid-2"]
+        );
+        remove_spec_file(&dir.path().join("gpushare.io_gpu_uid-1.json")).expect("removed");
+        remove_spec_file(&dir.path().join("gpushare.io_gpu_uid-1.json")).expect("gone is fine");
+        assert_eq!(transient_spec_ids(dir.path(), "gpushare.io/gpu"), ["uid-2"]);
+        assert!(transient_spec_ids(&dir.path().join("none"), "gpushare.io/gpu").is_empty());
+    }
 
     const YAML: &str = "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ncontainerEdits:\n  env: [NVIDIA_VISIBLE_DEVICES=void]\n  hooks:\n  - hookName: createContainer\n    path: /usr/bin/nvidia-cdi-hook\ndevices:\n- name: \"0\"\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\n- name: GPU-abc\n  containerEdits:\n    deviceNodes: [{path: /dev/nvidia0}]\n- name: all\n";
 

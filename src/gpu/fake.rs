@@ -5,7 +5,10 @@
 //! Spec grammar (comma-separated items, each one of):
 //! - `<n>x<size>` — `n` GPUs of `size` (`2x16GiB`);
 //! - `<size>` — one GPU (`16GiB,24GiB`);
-//! - `<uuid>=<size>` — one GPU with that UUID (`GPU-aaa=16GiB,GPU-bbb=24GiB`).
+//! - `<uuid>=<size>` — one GPU with that UUID (`GPU-aaa=16GiB,GPU-bbb=24GiB`);
+//! - a one-GPU item followed by `@<PCI bus id>` — that GPU at that place on the PCI bus
+//!   (`GPU-aaa=80GiB@0000:19:00.0`, `80GiB@0000:3b:00.0`), so its PCIe root and NUMA node are
+//!   read from sysfs as a real GPU's (pairing with the HCAs of a recorded tree).
 //!
 //! Sizes are `<integer>GiB` or `<integer>MiB` (`16276MiB`). GPUs without a UUID get a
 //! deterministic one from their index (`GPU-fake-0000-0000-0000-000000000000`, …).
@@ -132,10 +135,28 @@ pub(crate) fn parse_spec(spec: &str) -> Result<Vec<GpuDevice>, Error> {
         ));
     }
     let mut gpus: Vec<(Option<String>, u64)> = Vec::new();
+    let mut buses: Vec<(usize, String)> = Vec::new();
     for item in spec.split(',') {
         let item = item.trim();
         if item.is_empty() {
             return Err(Error::Fake(format!("`{spec}`: empty item between commas")));
+        }
+        let (item, bus) = match item.split_once('@') {
+            Some((gpu, bus)) => (gpu.trim(), Some(parse_bus(bus.trim(), item)?)),
+            None => (item, None),
+        };
+        if let Some(bus) = bus {
+            if split_count(item).is_some() {
+                return Err(Error::Fake(format!(
+                    "`{item}@{bus}`: a PCI bus id places one GPU, not a count of them"
+                )));
+            }
+            if buses.iter().any(|(_, b)| b.eq_ignore_ascii_case(&bus)) {
+                return Err(Error::Fake(format!(
+                    "`{spec}`: PCI bus id {bus} appears twice"
+                )));
+            }
+            buses.push((gpus.len(), bus));
         }
         if let Some((uuid, size)) = item.split_once('=') {
             let uuid = uuid.trim();
@@ -182,11 +203,36 @@ pub(crate) fn parse_spec(spec: &str) -> Result<Vec<GpuDevice>, Error> {
             uuid,
             name: FAKE_GPU_NAME.to_string(),
             minor: Some(index),
-            pci_bus_id: format!("00000000:{:02X}:00.0", (index + 1) % 256),
+            pci_bus_id: buses
+                .iter()
+                .find(|(at, _)| *at == i)
+                .map(|(_, bus)| bus.clone())
+                .unwrap_or_else(|| format!("00000000:{:02X}:00.0", (index + 1) % 256)),
             memory_bytes,
         });
     }
     Ok(devices)
+}
+
+/// A PCI bus id (`0000:19:00.0`, `00000000:3B:00.0`: domain, bus, device and function in
+/// hexadecimal), as given.
+fn parse_bus(bus: &str, item: &str) -> Result<String, Error> {
+    let bad = || {
+        Error::Fake(format!(
+            "`{item}`: `{bus}` is not a PCI bus id (write e.g. `0000:19:00.0`)"
+        ))
+    };
+    let (domain_bus, dev_fn) = bus.rsplit_once(':').ok_or_else(bad)?;
+    let (domain, b) = domain_bus.rsplit_once(':').ok_or_else(bad)?;
+    let (dev, func) = dev_fn.split_once('.').ok_or_else(bad)?;
+    let hex = |s: &str, max: usize| {
+        !s.is_empty() && s.len() <= max && s.chars().all(|c| c.is_ascii_hexdigit())
+    };
+    if hex(domain, 8) && hex(b, 2) && hex(dev, 2) && hex(func, 1) {
+        Ok(bus.to_string())
+    } else {
+        Err(bad())
+    }
 }
 
 /// `2x16GiB` -> (`2`, `16GiB`); `16GiB` -> None.
@@ -277,6 +323,28 @@ mod tests {
         assert_eq!(devices[1].uuid, "GPU-bbb");
         assert_eq!(devices[1].memory_bytes, 24 * GIB);
         assert_eq!(devices[1].index, 1);
+    }
+
+    /// A GPU's place on the PCI bus (`@<bus id>`), so a fake node can pair its GPUs with the
+    /// HCAs of a recorded sysfs tree; without it each GPU gets a bus of its own.
+    #[test]
+    fn a_bus_id_places_a_gpu() {
+        let devices =
+            parse_spec("GPU-a=80GiB@0000:19:00.0,80GiB@00000000:3B:00.0,2x16GiB").expect("valid");
+        assert_eq!(devices[0].uuid, "GPU-a");
+        assert_eq!(devices[0].pci_bus_id, "0000:19:00.0");
+        assert_eq!(devices[0].memory_bytes, 80 * GIB);
+        assert_eq!(devices[1].pci_bus_id, "00000000:3B:00.0");
+        assert_eq!(devices[2].pci_bus_id, "00000000:03:00.0");
+        for (spec, needle) in [
+            ("16GiB@", "bus id"),
+            ("16GiB@zz:00.0", "bus id"),
+            ("2x16GiB@0000:19:00.0", "one GPU"),
+            ("16GiB@0000:19:00.0,16GiB@0000:19:00.0", "twice"),
+        ] {
+            let err = parse_spec(spec).expect_err(spec).to_string();
+            assert!(err.contains(needle), "{spec:?}: {err}");
+        }
     }
 
     #[test]

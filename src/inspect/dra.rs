@@ -1,5 +1,5 @@
 //! DRA allocations in the inspect report: the GPUs a node publishes in its ResourceSlices
-//! (driver `gpushare.io`) and the ResourceClaims allocated on them, added to the same per-GPU
+//! (of our driver: `gpushare.io` unless `dra.driver_name` / `--driver-name` says otherwise) and the ResourceClaims allocated on them, added to the same per-GPU
 //! table as the annotation ledger.
 //!
 //! A device is mapped to its GPU index through the slice's `index` attribute; its size is the
@@ -32,12 +32,24 @@ use crate::k8s::project::claim_results;
 pub const STATE_DRA_CLAIM: &str = "dra-claim";
 
 /// What the API holds on the DRA path.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct DraCluster {
     /// ResourceSlices (every driver; only ours are read).
     pub slices: Vec<ResourceSlice>,
     /// ResourceClaims (only allocations of our driver are read).
     pub claims: Vec<ResourceClaim>,
+    /// Our DRA driver's name (`dra.driver_name`, the chart's `dra.driverName`).
+    pub driver: String,
+}
+
+impl Default for DraCluster {
+    fn default() -> Self {
+        DraCluster {
+            slices: Vec::new(),
+            claims: Vec::new(),
+            driver: DRA_DRIVER_NAME.to_string(),
+        }
+    }
 }
 
 /// One published GPU: index and memory in bytes.
@@ -47,6 +59,12 @@ struct Device {
 }
 
 impl DraCluster {
+    /// The same objects, read as those of driver `driver`.
+    pub fn with_driver(mut self, driver: &str) -> DraCluster {
+        self.driver = driver.to_string();
+        self
+    }
+
     /// Reads the ResourceSlices and ResourceClaims of a fixture (the YAML forms of
     /// [`super::report::cluster_from_yaml`]); other kinds are ignored.
     pub fn from_yaml(text: &str) -> anyhow::Result<DraCluster> {
@@ -66,7 +84,7 @@ impl DraCluster {
         let mut out = BTreeMap::new();
         for slice in &self.slices {
             let s = &slice.spec;
-            if s.driver != DRA_DRIVER_NAME || s.node_name.as_deref() != Some(node) {
+            if s.driver != self.driver || s.node_name.as_deref() != Some(node) {
                 continue;
             }
             for d in s.devices.iter().flatten() {
@@ -110,7 +128,7 @@ impl DraCluster {
             let results = claim_results(claim);
             let holder = holder(claim);
             for r in results.into_iter().flatten() {
-                if r.driver != DRA_DRIVER_NAME || r.pool != report.name {
+                if r.driver != self.driver || r.pool != report.name {
                     continue;
                 }
                 let Some((resource, _)) = devices.get(&r.device) else {
@@ -155,7 +173,7 @@ impl DraCluster {
         let mut unit = None;
         for slice in &self.slices {
             let s = &slice.spec;
-            if s.driver != DRA_DRIVER_NAME || s.node_name.as_deref() != Some(node) {
+            if s.driver != self.driver || s.node_name.as_deref() != Some(node) {
                 continue;
             }
             for d in s.devices.iter().flatten() {
@@ -251,7 +269,7 @@ impl OtherPath for DraCluster {
                 ),
             };
             for r in results {
-                if r.driver != DRA_DRIVER_NAME || r.pool != report.name {
+                if r.driver != self.driver || r.pool != report.name {
                     continue;
                 }
                 let Some(device) = devices.get(&r.device) else {

@@ -106,6 +106,10 @@ pub struct Args {
     /// the URL's host (e.g. through `kubectl port-forward`).
     #[arg(long, value_name = "NAME")]
     pub extender_server_name: Option<String>,
+    /// The DRA driver whose ResourceSlices and claims are read (the chart's dra.driverName)
+    /// [config: dra.driver_name; default gpushare.io]
+    #[arg(long, value_name = "NAME")]
+    pub driver_name: Option<String>,
 }
 
 /// How `--from-extender` reaches an https:// extender.
@@ -154,7 +158,9 @@ impl ExtenderTls {
 
 impl Args {
     /// The flags as configuration overrides (none: `--kubeconfig` is a global flag).
-    pub(crate) fn overrides(&self, _flags: &mut FlagOverrides) {}
+    pub(crate) fn overrides(&self, flags: &mut FlagOverrides) {
+        flags.set("dra.driver_name", self.driver_name.clone());
+    }
 }
 
 /// Renders `report` in the chosen format.
@@ -250,7 +256,7 @@ async fn from_api(args: &Args, config: &Config) -> anyhow::Result<Report> {
     let listed = list_cluster(client.clone(), args.node.as_deref()).await;
     match listed {
         Ok((nodes, pods)) => {
-            let dra = list_dra(client).await?;
+            let dra = list_dra(client).await?.with_driver(&config.dra.driver_name);
             Ok(Report::from_cluster_with_dra(
                 &nodes,
                 &pods,
@@ -262,6 +268,7 @@ async fn from_api(args: &Args, config: &Config) -> anyhow::Result<Report> {
             let api_answered = e.chain().any(|c| {
                 c.downcast_ref::<ApiCall>()
                     .is_some_and(|call| matches!(call.error, kube::Error::Api(_)))
+                    || c.downcast_ref::<NodeNotFound>().is_some()
             });
             if api_answered {
                 return Err(e);
@@ -273,6 +280,11 @@ async fn from_api(args: &Args, config: &Config) -> anyhow::Result<Report> {
         }
     }
 }
+
+/// The node named on the command line is not in the API (the API answered: no such node).
+#[derive(Debug, thiserror::Error)]
+#[error("node {0:?} not found (kubectl get nodes lists them)")]
+struct NodeNotFound(String);
 
 /// A failed read of the API, said in words ([`crate::k8s::describe`]).
 #[derive(Debug, thiserror::Error)]
@@ -301,7 +313,7 @@ async fn list_cluster(
             .map_err(|error| ApiCall::new("reading the node", error))?
         {
             Some(node) => vec![node],
-            None => return Err(anyhow!("node {name:?} not found")),
+            None => return Err(NodeNotFound(name.to_string()).into()),
         },
         None => {
             nodes_api
@@ -341,7 +353,11 @@ async fn list_dra(client: kube::Client) -> anyhow::Result<dra::DraCluster> {
         Err(e) if not_served(&e) => Vec::new(),
         Err(error) => return Err(ApiCall::new("listing ResourceClaims", error).into()),
     };
-    Ok(dra::DraCluster { slices, claims })
+    Ok(dra::DraCluster {
+        slices,
+        claims,
+        ..dra::DraCluster::default()
+    })
 }
 
 /// The URL of the extender's inspect endpoint for `base` (and `node`).

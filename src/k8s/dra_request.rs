@@ -1,11 +1,12 @@
 //! The DRA request of a gpu-mem pod (the webhook's DRA rewrite): a pod that asks `aliyun.com/gpu-mem: N` in its containers
 //! becomes a pod with one ResourceClaim, made from a ResourceClaimTemplate.
 //!
-//! The template holds one request per GPU container (named after the container) of the
-//! DeviceClass `gpu-mem.gpushare.io` with `capacity.requests.memory = N × unit` in bytes, and,
-//! when there are several, a `matchAttribute` constraint on `<driver>/uuid`: every container of
-//! the pod lands on one GPU, as on the extender path. Each container is bound to its own
-//! request (`resources.claims[{name, request}]`), so it gets its own share and its own limit.
+//! The template holds one request per app container and native sidecar (named after the
+//! container) of the DeviceClass `gpu-mem.gpushare.io` with `capacity.requests.memory = N ×
+//! unit` in bytes, and, when there are several, a `matchAttribute` constraint on
+//! `<driver>/uuid`: every container of the pod lands on one GPU, as on the extender path. Each
+//! such container is bound to its own request (`resources.claims[{name, request}]`), so it
+//! gets its own share and its own limit; a plain init container shares one (below).
 //! The `aliyun.com/gpu-mem` limits and requests are removed (a DRA node does not advertise
 //! them) and recorded in the annotation `gpushare.io/dra-gpu-mem`. The template's name is
 //! derived from its content (`gpushare-gpu-mem-<hash>`), so pods of the same shape share one.
@@ -18,8 +19,11 @@
 //! request, so the HCA is the one under the GPU's PCIe root; the annotation records them under
 //! `devices`. A pod asking for such devices without GPU memory is left alone.
 //!
-//! Pods that already name claims, and pods without GPU memory, are left alone (`None`). Init
-//! containers (native sidecars included) are rewritten like app containers. What it does not
+//! Init containers count as on the extender path and in kube-scheduler: a native sidecar has a
+//! request of its own beside the app containers'; a plain init container runs before them, so
+//! it adds nothing to the claim and is bound to a request not in use while it runs (see
+//! [`SharePlan`]). Pods that already name claims, and pods without GPU memory, are left alone
+//! (`None`). What it does not
 //! do: create the template or talk to the API (the webhook does), decide whether a namespace
 //! or a cluster uses the DRA path, or translate `aliyun.com/gpu-count`.
 
@@ -150,19 +154,11 @@ pub fn rewrite_with_kinds(
         .all_containers()
         .map(|c| (c.name.clone(), c.mem))
         .collect();
-    // Requests in spec order: init containers first, then app containers.
     let spec = pod.spec.clone().unwrap_or_default();
-    let order: Vec<String> = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .chain(spec.containers.iter())
-        .map(|c| c.name.clone())
-        .filter(|n| wanted.contains_key(n))
-        .collect();
+    let plan = SharePlan::of(&request);
     let devices = kind_asks(&spec, kinds)?;
-    let mut template_spec = claim_spec(&order, &wanted, unit, driver, class);
-    add_kinds(&mut template_spec, &devices, &wanted);
+    let mut template_spec = claim_spec(&plan.requests, unit, driver, class);
+    add_kinds(&mut template_spec, &devices, &plan.binding);
     let name = template_name(&template_spec)?;
     let template = ResourceClaimTemplate {
         metadata: ObjectMeta {
@@ -193,7 +189,7 @@ pub fn rewrite_with_kinds(
         "value": serde_json::to_value(&out_spec.resource_claims)?,
     }));
     for (i, c) in out_spec.containers.iter_mut().enumerate() {
-        if bind(c, &wanted, &devices, kinds) {
+        if bind(c, &plan.binding, &devices, kinds) {
             patch.push(json!({
                 "op": "add", "path": format!("/spec/containers/{i}/resources"),
                 "value": serde_json::to_value(&c.resources)?,
@@ -201,7 +197,7 @@ pub fn rewrite_with_kinds(
         }
     }
     for (i, c) in out_spec.init_containers.iter_mut().flatten().enumerate() {
-        if bind(c, &wanted, &devices, kinds) {
+        if bind(c, &plan.binding, &devices, kinds) {
             patch.push(json!({
                 "op": "add", "path": format!("/spec/initContainers/{i}/resources"),
                 "value": serde_json::to_value(&c.resources)?,
@@ -238,6 +234,81 @@ pub fn rewrite_with_kinds(
         pod: out,
         patch,
     }))
+}
+
+/// The GPU requests of a pod's claim and the request each GPU container is bound to, so that
+/// the claim asks what the extender path and kube-scheduler count for the pod
+/// ([`crate::core::request::PodGpuRequest::total`]): the app containers and the native
+/// sidecars run side by side, so each has a request of its own (its own limit); a plain init
+/// container runs alone with the sidecars declared before it, so it adds nothing: it is bound
+/// to the largest request not in use while it runs (an app container's, or a sidecar's
+/// declared after it). When some init container needs more than any such request, every GPU
+/// container of the pod shares one request of the pod's total (each container's limit is
+/// then the pod's total, as for a one-container pod).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct SharePlan {
+    /// The requests (named after the container that owns them), in spec order.
+    requests: Vec<(String, GpuMem)>,
+    /// Container -> the request it is bound to.
+    binding: BTreeMap<String, String>,
+}
+
+impl SharePlan {
+    fn of(request: &crate::core::request::PodGpuRequest) -> SharePlan {
+        let mut requests: Vec<(String, GpuMem)> = Vec::new();
+        let mut binding = BTreeMap::new();
+        // Own requests: the sidecars (in spec order among the init containers), then the app
+        // containers.
+        for c in request.init_containers.iter().filter(|c| c.restartable) {
+            requests.push((c.name.clone(), c.mem));
+            binding.insert(c.name.clone(), c.name.clone());
+        }
+        for c in &request.containers {
+            requests.push((c.name.clone(), c.mem));
+            binding.insert(c.name.clone(), c.name.clone());
+        }
+        let mut fits = true;
+        for (i, c) in request.init_containers.iter().enumerate() {
+            if c.restartable {
+                continue;
+            }
+            // Free while it runs: the app containers' requests and those of the sidecars
+            // declared after it (not started yet).
+            let later: Vec<&str> = request.init_containers[i + 1..]
+                .iter()
+                .filter(|x| x.restartable)
+                .map(|x| x.name.as_str())
+                .collect();
+            let free = requests
+                .iter()
+                .filter(|(n, _)| {
+                    request.containers.iter().any(|a| a.name == *n) || later.contains(&n.as_str())
+                })
+                .max_by_key(|(_, m)| *m);
+            match free {
+                Some((n, m)) if *m >= c.mem => {
+                    binding.insert(c.name.clone(), n.clone());
+                }
+                _ => fits = false,
+            }
+        }
+        if fits {
+            return SharePlan { requests, binding };
+        }
+        // One request of the pod's total, shared by every GPU container.
+        let first = request
+            .all_containers()
+            .next()
+            .map(|c| c.name.clone())
+            .unwrap_or_default();
+        SharePlan {
+            requests: vec![(first.clone(), request.total())],
+            binding: request
+                .all_containers()
+                .map(|c| (c.name.clone(), first.clone()))
+                .collect(),
+        }
+    }
 }
 
 /// One container's ask for devices of one kind.
@@ -307,7 +378,7 @@ fn kind_asks<'a>(
 
 /// Adds a request per kind ask to `spec`, with the alignment constraint to the container's
 /// GPU request.
-fn add_kinds(spec: &mut ResourceClaimSpec, asks: &[KindAsk<'_>], gpus: &BTreeMap<String, GpuMem>) {
+fn add_kinds(spec: &mut ResourceClaimSpec, asks: &[KindAsk<'_>], gpus: &BTreeMap<String, String>) {
     let Some(devices) = spec.devices.as_mut() else {
         return;
     };
@@ -325,13 +396,13 @@ fn add_kinds(spec: &mut ResourceClaimSpec, asks: &[KindAsk<'_>], gpus: &BTreeMap
                 first_available: None,
             });
         if let Some(attribute) = &a.kind.align
-            && gpus.contains_key(&a.container)
+            && let Some(gpu_request) = gpus.get(&a.container)
         {
             devices
                 .constraints
                 .get_or_insert_with(Vec::new)
                 .push(DeviceConstraint {
-                    requests: Some(vec![a.container.clone(), a.request.clone()]),
+                    requests: Some(vec![gpu_request.clone(), a.request.clone()]),
                     match_attribute: Some(attribute.clone()),
                     distinct_attribute: None,
                 });
@@ -339,12 +410,12 @@ fn add_kinds(spec: &mut ResourceClaimSpec, asks: &[KindAsk<'_>], gpus: &BTreeMap
     }
 }
 
-/// Binds `c` to its own request when it asks GPU memory, and to its kinds' requests; drops
-/// the extended resources moved into the claim from every container (a zero limit too: a DRA
-/// node does not advertise them). Whether it changed.
+/// Binds `c` to its GPU request when it asks GPU memory ([`SharePlan`]), and to its kinds'
+/// requests; drops the extended resources moved into the claim from every container (a zero
+/// limit too: a DRA node does not advertise them). Whether it changed.
 fn bind(
     c: &mut Container,
-    wanted: &BTreeMap<String, GpuMem>,
+    binding: &BTreeMap<String, String>,
     asks: &[KindAsk<'_>],
     kinds: &[KindRequest],
 ) -> bool {
@@ -363,8 +434,8 @@ fn bind(
         }
     }
     let mut requests: Vec<String> = Vec::new();
-    if wanted.contains_key(&c.name) {
-        requests.push(c.name.clone());
+    if let Some(request) = binding.get(&c.name) {
+        requests.push(request.clone());
     }
     requests.extend(
         asks.iter()
@@ -386,16 +457,16 @@ fn bind(
 }
 
 fn claim_spec(
-    order: &[String],
-    wanted: &BTreeMap<String, GpuMem>,
+    gpu_requests: &[(String, GpuMem)],
     unit: MemoryUnit,
     driver: &str,
     class: &str,
 ) -> ResourceClaimSpec {
-    let requests = order
+    let order: Vec<String> = gpu_requests.iter().map(|(n, _)| n.clone()).collect();
+    let requests = gpu_requests
         .iter()
-        .map(|name| {
-            let bytes = unit.to_bytes(wanted.get(name).copied().unwrap_or_default());
+        .map(|(name, mem)| {
+            let bytes = unit.to_bytes(*mem);
             DeviceRequest {
                 name: name.clone(),
                 exactly: Some(ExactDeviceRequest {
@@ -414,7 +485,7 @@ fn claim_spec(
         .collect();
     let constraints = (order.len() > 1).then(|| {
         vec![DeviceConstraint {
-            requests: Some(order.to_vec()),
+            requests: Some(order.clone()),
             match_attribute: Some(format!("{driver}/{DRA_ATTR_UUID}")),
             distinct_attribute: None,
         }]
@@ -798,6 +869,77 @@ mod tests {
         assert_eq!(back, r.template);
         let patched = apply(serde_json::to_value(&p).expect("json"), &r.patch);
         assert_eq!(patched, serde_json::to_value(&r.pod).expect("json"));
+    }
+
+    /// A plain init container adds nothing: it is bound to the largest request free while it
+    /// runs (an app container's); when none is large enough, every GPU container shares one
+    /// request of the pod's total.
+    #[test]
+    fn a_plain_init_container_shares_a_request_and_adds_nothing() {
+        let shaped = |init: &str, app: &[(&str, &str)]| {
+            let apps: Vec<Value> = app
+                .iter()
+                .map(|(n, m)| {
+                    json!({ "name": n, "image": "x",
+                    "resources": { "limits": { RESOURCE_GPU_MEM: m } } })
+                })
+                .collect();
+            let p = pod(json!({
+                "metadata": { "name": "p" },
+                "spec": {
+                    "initContainers": [
+                        { "name": "prep", "image": "x", "resources": { "limits": { RESOURCE_GPU_MEM: init } } },
+                        { "name": "log", "image": "x", "restartPolicy": "Always",
+                          "resources": { "limits": { RESOURCE_GPU_MEM: "2" } } },
+                    ],
+                    "containers": apps,
+                },
+            }));
+            let r = rw(&p).expect("rewritten");
+            let requests: Vec<(String, String)> = r
+                .template
+                .spec
+                .and_then(|s| s.spec)
+                .and_then(|s| s.devices)
+                .and_then(|d| d.requests)
+                .expect("requests")
+                .into_iter()
+                .map(|q| {
+                    let mem = q
+                        .exactly
+                        .and_then(|e| e.capacity)
+                        .and_then(|c| c.requests)
+                        .expect("mem")["memory"]
+                        .0
+                        .clone();
+                    (q.name, mem)
+                })
+                .collect();
+            let spec = r.pod.spec.expect("spec");
+            let bound: BTreeMap<String, String> = spec
+                .init_containers
+                .into_iter()
+                .flatten()
+                .chain(spec.containers)
+                .filter_map(|c| {
+                    let request = c.resources?.claims?.first()?.request.clone()?;
+                    Some((c.name, request))
+                })
+                .collect();
+            (requests, bound)
+        };
+        let g = |n: u64| (n << 30).to_string();
+        let (requests, bound) = shaped("10", &[("main", "10")]);
+        assert_eq!(requests, [("log".into(), g(2)), ("main".into(), g(10))]);
+        assert_eq!(bound["prep"], "main");
+        assert_eq!(bound["log"], "log");
+        let (requests, bound) = shaped("12", &[("a", "4"), ("b", "4")]);
+        assert_eq!(
+            requests,
+            [("prep".into(), g(12))],
+            "one request of the pod's total"
+        );
+        assert!(bound.values().all(|r| r == "prep"), "{bound:?}");
     }
 
     proptest! {

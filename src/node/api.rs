@@ -52,9 +52,18 @@ impl Transient for ApiCallError {
 pub(crate) async fn bounded<T>(
     request: impl Future<Output = Result<T, kube::Error>>,
 ) -> Result<T, ApiCallError> {
-    match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
+    bounded_for(REQUEST_TIMEOUT, request).await
+}
+
+/// Runs one API request, giving up after `timeout` (a read whose caller has a deadline of
+/// its own, such as a claim read inside kubelet's call).
+pub(crate) async fn bounded_for<T>(
+    timeout: Duration,
+    request: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, ApiCallError> {
+    match tokio::time::timeout(timeout, request).await {
         Ok(result) => result.map_err(ApiCallError::Kube),
-        Err(_) => Err(ApiCallError::TimedOut(REQUEST_TIMEOUT)),
+        Err(_) => Err(ApiCallError::TimedOut(timeout)),
     }
 }
 

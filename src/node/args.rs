@@ -115,6 +115,10 @@ pub struct NodeArgs {
     /// /proc as the container runtime sees it, passed to the hook [default: /proc]
     #[arg(long, value_name = "DIR")]
     pub runtime_proc_root: Option<PathBuf>,
+    /// Host directory of the GPU lock files (one path per GPU across the node's roles)
+    /// [default: /var/run/gpushare/gpus]
+    #[arg(long, value_name = "DIR")]
+    pub gpu_lock_dir: Option<PathBuf>,
     /// GPU access.
     #[command(flatten)]
     pub gpu: crate::gpu::GpuArgs,
@@ -165,6 +169,7 @@ impl NodeArgs {
             self.mps_pinned_mem_limit_mib,
         );
         flags.set(&node("mps_check_interval_ms"), self.mps_check_interval_ms);
+        flags.set(&node("gpu_lock_dir"), path(&self.gpu_lock_dir));
         flags.set(
             &node("mps_restart_backoff_max_secs"),
             self.mps_restart_backoff_max_secs,

@@ -7,8 +7,8 @@
 //! the GPUs.
 //!
 //! Rules: application XIDs (13, 31, 43, 45, 68, 109: a program's own fault) are ignored; fatal
-//! XIDs (48 double-bit ECC, 79 fallen off the bus, 95 uncontained ECC) keep the GPU down until
-//! the plugin restarts; any other XID marks the GPU down until `recovery` passes without a new
+//! XIDs (48 double-bit ECC, 79 fallen off the bus, 95 uncontained ECC) keep the GPU down for
+//! good (across restarts when the agent keeps a record of them, [`super::fatal_xids`]); any other XID marks the GPU down until `recovery` passes without a new
 //! error. A lost GPU stays down until the inventory lists it again. An XID without a UUID
 //! (NVML could not name the device) applies to every GPU (as upstream); an XID the kernel
 //! attributed to an address that is none of ours ([`HealthEvent::Unattributed`]: NVSwitch /
@@ -266,6 +266,21 @@ impl HealthTracker {
             });
         }
         changes
+    }
+
+    /// The GPUs down for good, with the fatal Xid that took each down.
+    pub fn fatal_xids(&self) -> BTreeMap<String, u64> {
+        self.gpus
+            .iter()
+            .filter_map(|(u, s)| match s {
+                State::Down {
+                    until: None,
+                    cause: Cause::Xid(xid),
+                    ..
+                } => Some((u.clone(), *xid)),
+                _ => None,
+            })
+            .collect()
     }
 
     /// When the next GPU may recover.

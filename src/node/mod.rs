@@ -6,13 +6,18 @@
 //! What it holds:
 //! - the served GPUs ([`gpus`]) and the memory unit they are counted in, decided against the
 //!   unit the node last published ([`unit_change`]);
-//! - which path offers each GPU ([`paths`]): a GPU is offered on one path at a time;
+//! - which path offers each GPU: one path at a time, in this process ([`paths`]) and across
+//!   the node's processes ([`gpu_locks`]: a lock file per GPU), checked at start and
+//!   continuously by each role's gate ([`path_gate`]), which also waits until the other
+//!   path's pods or claims hold no memory on a GPU;
 //! - health: the Xid tracker and its task ([`health`]), published as a watchable per-GPU
 //!   [`health::HealthView`], with the node's device annotations and `GpuUnhealthy` Events;
+//!   fatal Xids kept across restarts where the role gives a record ([`fatal_xids`]);
 //! - with MPS, the daemon's supervisor ([`mps`]), given the node's Event sink and reporting to
 //!   [`mps::MpsStatus`], whose state the roles follow for their readiness;
 //! - node publishing ([`publish`]): `aliyun.com/gpu-count`, `gpushare.io/devices`,
-//!   `gpushare.io/memory-unit`, `gpushare.io/excluded-gpus`, Warning Events;
+//!   `gpushare.io/memory-unit`, `gpushare.io/excluded-gpus` (on the device-plugin path only:
+//!   [`NodeWrites`]), Warning Events;
 //! - the device kinds beside the GPUs ([`kinds`]): RDMA HCAs and generic devices, each one
 //!   extended resource, with the GPUs' PCI places (read with [`PreparedAgent::with_devices`]);
 //! - the container contract ([`contract`]): (GPU, units, strategy) → envs, mounts, device
@@ -21,9 +26,12 @@
 //!   (the driver's per-cgroup limits through a CDI hook, MPS, none), and the readback of every
 //!   served container's limit.
 //!
+//! - what every role serves of it ([`monitor`]): the node metrics under the role's names,
+//!   the readiness that follows the MPS daemon, and the refusal while the daemon is down.
+//!
 //! It does not speak any kubelet protocol (registration, ListAndWatch, Allocate, DRA gRPC:
-//! those are the roles'), match pods to containers, or serve metrics of its own (the roles
-//! turn what it publishes into theirs).
+//! those are the roles'), match pods to containers, or serve HTTP (the roles' admin servers
+//! serve its metrics).
 //!
 //! Start-up is two steps so a role can refuse what it cannot serve before anything is
 //! published: [`NodeAgent::prepare`] reads the node, the GPUs and decides the unit;
@@ -36,15 +44,20 @@ pub mod api;
 mod args;
 pub mod contract;
 pub mod enforcement;
+pub mod fatal_xids;
+pub mod gpu_locks;
 pub mod gpus;
 pub mod health;
 pub mod kinds;
+pub mod monitor;
 pub mod mps;
+pub mod path_gate;
 pub mod paths;
 pub mod publish;
 mod unit_change;
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -68,12 +81,12 @@ use mps::{MpsSettings, MpsStatus, Supervisor};
 use paths::{Assignments, PathConflict, ServingPath};
 use publish::{NodeEvents, NodeFacts};
 
-/// The settings without which no node role can start (the node name), checked before the
-/// preflight so the message names the missing setting.
-pub fn check_required(config: &Config) -> anyhow::Result<()> {
+/// The settings without which node role `role` (`device-plugin`, `dra-plugin`) cannot start
+/// (the node name), checked before the preflight so the message names the missing setting.
+pub fn check_required(config: &Config, role: &str) -> anyhow::Result<()> {
     anyhow::ensure!(
         !config.node.node_name.trim().is_empty(),
-        "device-plugin: the node name is required: pass --node-name or set NODE_NAME \
+        "{role}: the node name is required: pass --node-name or set NODE_NAME \
          (in a DaemonSet: env NODE_NAME from fieldRef spec.nodeName)"
     );
     Ok(())
@@ -102,6 +115,20 @@ pub async fn connect(
     Ok((client, backend))
 }
 
+/// What the node agent writes on its Node object, by the path its role serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeWrites {
+    /// The device-plugin path: `aliyun.com/gpu-count` in the status and the annotations
+    /// `gpushare.io/devices`, `gpushare.io/memory-unit` and `gpushare.io/excluded-gpus` (what
+    /// the extender and inspect read), the unit decided against the one the node recorded
+    /// ([`unit_change`], which lists the node's pods when it changes).
+    Published,
+    /// The DRA path: none of that. The ResourceSlices carry the GPUs, their unit and their
+    /// health, and allocations are in bytes; the Node is read (its uid names it in Events) and
+    /// carries only the path's own annotation ([`path_gate`]) and the enforcement readback's.
+    ReadOnly,
+}
+
 /// Starts a node role on an agent of its own: [`NodeAgent::prepare`], then `admit` (the role
 /// reads what more it serves and refuses what it cannot, before anything is published), then
 /// [`PreparedAgent::start`], then `serve` on the agent. The agent is stopped when `serve`
@@ -110,6 +137,7 @@ pub async fn connect(
 /// tests, `gpushare demo`) call it directly.
 pub async fn serve_on_own_agent<H, Fut>(
     config: &Config,
+    writes: NodeWrites,
     client: kube::Client,
     backend: Arc<dyn GpuBackend>,
     shutdown: Shutdown,
@@ -119,7 +147,7 @@ pub async fn serve_on_own_agent<H, Fut>(
 where
     Fut: Future<Output = anyhow::Result<H>>,
 {
-    let prepared = admit(NodeAgent::prepare(&config.node, client, backend).await?)?;
+    let prepared = admit(NodeAgent::prepare(&config.node, writes, client, backend).await?)?;
     let agent = prepared.start(shutdown.clone()).await?;
     match serve(agent.agent().clone(), shutdown).await {
         Ok(handle) => Ok((handle, agent)),
@@ -136,6 +164,7 @@ where
 pub async fn run_role<Fut>(
     config: &Config,
     role: &str,
+    writes: NodeWrites,
     admit: impl FnOnce(PreparedAgent) -> anyhow::Result<PreparedAgent>,
     run: impl FnOnce(Arc<NodeAgent>, Shutdown) -> Fut,
 ) -> anyhow::Result<ExitCode>
@@ -145,7 +174,8 @@ where
     let (trigger, _) = crate::shutdown::channel();
     let shutdown = crate::shutdown::on_signals(trigger);
     let (client, backend) = connect(config, role).await?;
-    let (code, agent) = serve_on_own_agent(config, client, backend, shutdown, admit, run).await?;
+    let (code, agent) =
+        serve_on_own_agent(config, writes, client, backend, shutdown, admit, run).await?;
     agent.stop().await;
     Ok(code)
 }
@@ -218,10 +248,17 @@ pub struct NodeAgent {
     backend: Arc<dyn GpuBackend>,
     gpus: Vec<ServedGpu>,
     paths: Mutex<Assignments>,
+    /// The GPU lock directory ([`gpu_locks`]); a private one with the fake backend and no
+    /// `gpu_lock_dir` (fake GPUs are shared by no other process).
+    lock_dir: PathBuf,
+    _private_locks: Option<tempfile::TempDir>,
+    /// GPUs the device-plugin path holds back (published unhealthy for the extender).
+    withheld: Mutex<std::collections::BTreeSet<String>>,
     health: watch::Sender<Arc<HealthView>>,
     mps: Option<Arc<MpsStatus>>,
     unit_refused: Option<String>,
     kinds: kinds::DeviceKinds,
+    writes: NodeWrites,
     enforcement: Arc<enforcement::Enforcer>,
 }
 
@@ -246,7 +283,9 @@ pub struct PreparedAgent {
     inventory: Inventory,
     unit_refused: Option<String>,
     kinds: kinds::DeviceKinds,
+    writes: NodeWrites,
     enforcement: Arc<enforcement::Enforcer>,
+    fatal_xids: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for PreparedAgent {
@@ -261,10 +300,11 @@ impl std::fmt::Debug for PreparedAgent {
 
 impl NodeAgent {
     /// Reads the GPUs (at least one must be offered) and the node (it must exist), and
-    /// decides the memory unit: the configured one, unless pods placed under the unit the
-    /// node published still run.
+    /// decides the memory unit: the configured one, unless (with [`NodeWrites::Published`])
+    /// pods placed under the unit the node published still run.
     pub async fn prepare(
         config: &NodeConfig,
+        writes: NodeWrites,
         client: kube::Client,
         backend: Arc<dyn GpuBackend>,
     ) -> Result<PreparedAgent, AgentError> {
@@ -290,14 +330,20 @@ impl NodeAgent {
             });
         }
         let facts = publish::read_node(&client, &node).await?;
-        let unit = unit_change::decide(
-            &client,
-            &node,
-            facts.memory_unit.as_deref(),
-            config.memory_unit,
-        )
-        .await?;
-        config.memory_unit = unit.unit;
+        let unit_refused = match writes {
+            NodeWrites::Published => {
+                let unit = unit_change::decide(
+                    &client,
+                    &node,
+                    facts.memory_unit.as_deref(),
+                    config.memory_unit,
+                )
+                .await?;
+                config.memory_unit = unit.unit;
+                unit.refused
+            }
+            NodeWrites::ReadOnly => None,
+        };
         let enforcement = Arc::new(
             enforcement::Enforcer::prepare_off_runtime(&config, &backend, &inventory).await,
         );
@@ -308,9 +354,11 @@ impl NodeAgent {
             client,
             backend,
             inventory,
-            unit_refused: unit.refused,
+            unit_refused,
             kinds: kinds::DeviceKinds::default(),
+            writes,
             enforcement,
+            fatal_xids: None,
         })
     }
 
@@ -411,6 +459,53 @@ impl NodeAgent {
             .collect())
     }
 
+    /// Takes back GPU `index` from `path` (its lock was not taken).
+    pub fn withdraw_one(&self, path: ServingPath, index: u32) {
+        self.paths
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .withdraw_one(path, index);
+    }
+
+    /// The locks of this node's GPUs ([`gpu_locks`]).
+    pub fn gpu_locks(&self) -> gpu_locks::GpuLocks {
+        gpu_locks::GpuLocks::new(&self.lock_dir, &self.node)
+    }
+
+    /// Publishes `gpushare.io/devices` as health and the device-plugin path's offer say: a GPU
+    /// is healthy for the extender when its health is, and the device plugin offers it.
+    pub async fn publish_device_annotations(&self) {
+        if self.writes != NodeWrites::Published {
+            return;
+        }
+        let view = self.health.borrow().clone();
+        let withheld = self
+            .withheld
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let annotations = publish::device_annotations(&self.gpus, self.config.memory_unit, |u| {
+            view.is_healthy(u) && !withheld.contains(u)
+        });
+        if let Err(e) = publish::publish_devices(&self.client, &self.node, &annotations).await {
+            tracing::warn!(error = %e, "could not publish GPU health on the node");
+        }
+    }
+
+    /// The GPUs (UUIDs) the device-plugin path holds back now; republishes the device
+    /// annotations when that changes.
+    pub(crate) async fn set_withheld(&self, uuids: std::collections::BTreeSet<String>) {
+        let changed = {
+            let mut have = self.withheld.lock().unwrap_or_else(|p| p.into_inner());
+            let changed = *have != uuids;
+            *have = uuids;
+            changed
+        };
+        if changed {
+            self.publish_device_annotations().await;
+        }
+    }
+
     /// Takes back every GPU `path` offers (its role stopped).
     pub fn withdraw(&self, path: ServingPath) {
         self.paths
@@ -433,6 +528,13 @@ impl PreparedAgent {
     /// place of each GPU found, for the agent to hold beside its GPUs.
     pub fn with_devices(mut self, config: &crate::config::devices::DevicesConfig) -> Self {
         self.kinds = kinds::discover(config, &self.inventory.devices);
+        self
+    }
+
+    /// Keeps the fatal Xids in `path` ([`fatal_xids`]): a GPU one took down stays down across
+    /// restarts until the node reboots or the GPU leaves.
+    pub fn with_fatal_xid_record(mut self, path: PathBuf) -> Self {
+        self.fatal_xids = Some(path);
         self
     }
 
@@ -466,23 +568,53 @@ impl PreparedAgent {
             inventory,
             unit_refused,
             kinds,
+            writes,
             enforcement,
+            fatal_xids,
         } = self;
         let unit = config.memory_unit;
         let gpus = gpus::served_gpus(&inventory, unit);
-        publish::publish_gpu_count(&client, &node, gpus.len()).await?;
-        publish::publish_devices(
-            &client,
-            &node,
-            &publish::device_annotations(&gpus, unit, |_| true),
-        )
-        .await?;
-        publish::publish_devices(
-            &client,
-            &node,
-            &publish::excluded_annotation(&inventory.excluded),
-        )
-        .await?;
+        let mut tracker = HealthTracker::new(
+            gpus.iter().map(|g| g.uuid.clone()),
+            Duration::from_secs(config.health_recovery_secs),
+        );
+        let record = fatal_xids.map(|path| {
+            let present: Vec<String> = gpus.iter().map(|g| g.uuid.clone()).collect();
+            let record = fatal_xids::FatalXids::load(&path, &fatal_xids::boot_id(), &present);
+            for (uuid, xid) in &record.gpus {
+                tracing::warn!(
+                    uuid,
+                    xid,
+                    "GPU down since a fatal Xid before this start (recorded)"
+                );
+                tracker.apply(
+                    &crate::gpu::HealthEvent::Xid {
+                        uuid: Some(uuid.clone()),
+                        xid: *xid,
+                    },
+                    tokio::time::Instant::now(),
+                );
+            }
+            if let Err(e) = record.save(&path) {
+                tracing::warn!(error = %e, "cannot write the fatal Xid record");
+            }
+            (path, record)
+        });
+        if writes == NodeWrites::Published {
+            publish::publish_gpu_count(&client, &node, gpus.len()).await?;
+            publish::publish_devices(
+                &client,
+                &node,
+                &publish::device_annotations(&gpus, unit, |u| tracker.is_healthy(u)),
+            )
+            .await?;
+            publish::publish_devices(
+                &client,
+                &node,
+                &publish::excluded_annotation(&inventory.excluded),
+            )
+            .await?;
+        }
         let events = NodeEvents::new(
             Events::new(client.clone(), DEVICE_PLUGIN_COMPONENT, &node),
             &node,
@@ -494,11 +626,15 @@ impl PreparedAgent {
                 .warn("Start", "GpuShareMemoryUnitChangeRefused", refused)
                 .await;
         }
-        let tracker = HealthTracker::new(
-            gpus.iter().map(|g| g.uuid.clone()),
-            Duration::from_secs(config.health_recovery_secs),
-        );
         let health = watch::Sender::new(Arc::new(HealthView::of(&tracker, 0)));
+        let (lock_dir, private_locks) = match (&config.gpu_lock_dir, inventory.backend) {
+            (dir, _) if !dir.as_os_str().is_empty() => (dir.clone(), None),
+            (_, "fake") => match tempfile::Builder::new().prefix("gpushare-gpus").tempdir() {
+                Ok(d) => (d.path().to_path_buf(), Some(d)),
+                Err(_) => (PathBuf::from(crate::config::DEFAULT_GPU_LOCK_DIR), None),
+            },
+            _ => (PathBuf::from(crate::config::DEFAULT_GPU_LOCK_DIR), None),
+        };
         let mps = config.mps.then(|| {
             let mut control = crate::gpu::mps::MpsControl::new(
                 &config.mps_control,
@@ -519,10 +655,14 @@ impl PreparedAgent {
             backend: backend.clone(),
             gpus,
             paths: Mutex::default(),
+            lock_dir,
+            _private_locks: private_locks,
+            withheld: Mutex::default(),
             health,
             mps,
             unit_refused,
             kinds,
+            writes,
             enforcement,
             config,
         });
@@ -559,6 +699,7 @@ impl PreparedAgent {
                 Ok(rx) => tasks.push(tokio::spawn(health_task(
                     agent.clone(),
                     tracker,
+                    record,
                     rx,
                     stop.clone(),
                 ))),
@@ -603,6 +744,7 @@ impl NodeAgentHandle {
 async fn health_task(
     agent: Arc<NodeAgent>,
     mut tracker: HealthTracker,
+    mut record: Option<(PathBuf, fatal_xids::FatalXids)>,
     mut events: tokio::sync::mpsc::Receiver<crate::gpu::HealthEvent>,
     stop: Shutdown,
 ) {
@@ -644,14 +786,18 @@ async fn health_task(
         if changes.is_empty() {
             continue;
         }
+        if let Some((path, kept)) = record.as_mut() {
+            let fatal = tracker.fatal_xids();
+            if fatal != kept.gpus {
+                kept.gpus = fatal;
+                if let Err(e) = kept.save(path) {
+                    tracing::warn!(error = %e, "cannot record a fatal Xid: a restart would forget it");
+                }
+            }
+        }
         let view = Arc::new(HealthView::of(&tracker, unattributed));
         agent.health.send_replace(view.clone());
-        let annotations = publish::device_annotations(&agent.gpus, agent.config.memory_unit, |u| {
-            view.is_healthy(u)
-        });
-        if let Err(e) = publish::publish_devices(&agent.client, &agent.node, &annotations).await {
-            tracing::warn!(error = %e, "could not publish GPU health on the node");
-        }
+        agent.publish_device_annotations().await;
         for change in changes {
             let index = agent
                 .gpu_by_uuid(&change.uuid)

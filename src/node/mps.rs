@@ -77,6 +77,20 @@ impl MpsStatus {
         self.state.subscribe()
     }
 
+    /// The refusal every node role answers while the daemon does not serve (the device
+    /// plugin's Allocate, the DRA plugin's prepare): a container started now would run without
+    /// its memory limit, or not reach the daemon at all.
+    pub fn check_serving(&self) -> Result<(), MpsNotServing> {
+        if self.serving() {
+            return Ok(());
+        }
+        Err(MpsNotServing {
+            pipe_dir: self.control.pipe_dir.clone(),
+            why: self.why(),
+            log_dir: self.control.log_dir.clone(),
+        })
+    }
+
     fn set(&self, serving: bool, why: String) {
         *self.why.lock().unwrap_or_else(|p| p.into_inner()) = why;
         self.state.send_if_modified(|s| {
@@ -94,6 +108,24 @@ impl MpsStatus {
         });
         n
     }
+}
+
+/// The MPS control daemon does not serve: no GPU is handed out without its memory limit.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "MPS mode: the CUDA MPS control daemon on {} is not serving ({why}), so no GPU is handed \
+     out without its memory limit. gpushare restarts the daemon on its own; if this persists, \
+     run `gpushare doctor --mps` on the node and read the daemon's log in {}",
+    pipe_dir.display(),
+    log_dir.display()
+)]
+pub struct MpsNotServing {
+    /// The daemon's pipe directory.
+    pub pipe_dir: std::path::PathBuf,
+    /// Why it does not serve.
+    pub why: String,
+    /// The daemon's log directory.
+    pub log_dir: std::path::PathBuf,
 }
 
 /// How the supervisor runs the daemon (from `[node]`).

@@ -3,10 +3,12 @@
 //! DRA allocator). A GPU is offered on ONE path at a time: on both, its memory would be counted
 //! twice, because the extender's ledger and the DRA allocator do not see each other.
 //!
-//! Pure bookkeeping: [`Assignments::offer`] refuses a GPU another path holds, and
-//! [`Assignments::withdraw`] frees a path's GPUs when its role stops. It does not publish
-//! anything and does not decide which path a GPU should have (the roles ask; first come,
-//! first served).
+//! Pure bookkeeping inside one process: [`Assignments::offer`] refuses a GPU another path
+//! holds, and [`Assignments::withdraw`] frees a path's GPUs when its role stops. Across
+//! processes (the roles run as separate DaemonSets) the GPU lock files ([`super::gpu_locks`])
+//! do the same, and the gate of each path ([`super::path_gate`]) checks both, and what the
+//! other path's pods still hold, before a GPU is offered. It does not publish anything and
+//! does not decide which path a GPU should have (the roles ask; first come, first served).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -90,6 +92,13 @@ impl Assignments {
             self.paths.insert(index, path);
         }
         Ok(())
+    }
+
+    /// Frees GPU `index` when `path` offers it.
+    pub fn withdraw_one(&mut self, path: ServingPath, index: u32) {
+        if self.paths.get(&index) == Some(&path) {
+            self.paths.remove(&index);
+        }
     }
 
     /// Frees every GPU `path` offers (its role stopped).

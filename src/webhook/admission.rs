@@ -206,7 +206,8 @@ pub(crate) fn asks_for_gpu_mem(pod: &Pod) -> bool {
 }
 
 /// `POST /mutate`: on Pod CREATE, a gpu-mem pod whose `spec.schedulerName` is empty or
-/// `default-scheduler` gets `scheduler_name`; everything else is admitted unchanged.
+/// `default-scheduler` gets `scheduler_name`; everything else is admitted unchanged, and so is
+/// every pod when `scheduler_name` is empty (no scheduler to send them to).
 pub fn mutate(body: &[u8], scheduler_name: &str) -> Result<(String, Verdict), ReviewError> {
     let review = parse_review(body)?;
     let pod = match pod_of(&review)? {
@@ -214,7 +215,7 @@ pub fn mutate(body: &[u8], scheduler_name: &str) -> Result<(String, Verdict), Re
         Ok(None) => return Ok((review.uid, Verdict::allow())),
         Ok(Some(pod)) => pod,
     };
-    if !asks_for_gpu_mem(&pod) {
+    if !asks_for_gpu_mem(&pod) || scheduler_name.is_empty() {
         return Ok((review.uid, Verdict::allow()));
     }
     let current = pod.spec.as_ref().and_then(|s| s.scheduler_name.as_deref());

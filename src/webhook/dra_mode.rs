@@ -24,7 +24,7 @@ use serde_json::Value;
 use super::admission::{self, ReviewError, Verdict};
 use crate::config::GpuMemPath;
 use crate::core::MemoryUnit;
-use crate::core::wire::{DRA_DEVICE_CLASS, DRA_DRIVER_NAME};
+use crate::core::wire::DRA_DEVICE_CLASS;
 use crate::k8s::dra_request::{self, RewriteError};
 use crate::k8s::retry::{is_transient, retry_attempts};
 
@@ -34,12 +34,14 @@ pub const NAMESPACE_LABEL_GPU_MEM_PATH: &str = "gpushare.io/gpu-mem-path";
 /// Tries of one API call on the admission path (the API server's own timeout bounds them).
 const ATTEMPTS: u32 = 3;
 
-/// What the DRA mode needs: the API (namespaces, templates), the cluster-wide path, the unit.
+/// What the DRA mode needs: the API (namespaces, templates), the cluster-wide path, the unit
+/// and the driver.
 #[derive(Clone)]
 pub struct DraMode {
     client: kube::Client,
     default_path: GpuMemPath,
     unit: MemoryUnit,
+    driver: String,
     kinds: Vec<dra_request::KindRequest>,
 }
 
@@ -48,6 +50,7 @@ impl std::fmt::Debug for DraMode {
         f.debug_struct("DraMode")
             .field("default_path", &self.default_path)
             .field("unit", &self.unit)
+            .field("driver", &self.driver)
             .field("kinds", &self.kinds)
             .finish_non_exhaustive()
     }
@@ -92,13 +95,21 @@ pub enum DraModeError {
 }
 
 impl DraMode {
-    /// The mode over `client`, with `default_path` for namespaces without the label and the
-    /// memory unit `unit` (`node.memory_unit`: what one `aliyun.com/gpu-mem` is in bytes).
-    pub fn new(client: kube::Client, default_path: GpuMemPath, unit: MemoryUnit) -> DraMode {
+    /// The mode over `client`, with `default_path` for namespaces without the label, the
+    /// memory unit `unit` (`node.memory_unit`: what one `aliyun.com/gpu-mem` is in bytes, the
+    /// DRA plugins' unit) and the DRA driver `driver` (`dra.driver_name`: the plugins' driver,
+    /// whose `<driver>/uuid` keeps a pod's requests on one GPU).
+    pub fn new(
+        client: kube::Client,
+        default_path: GpuMemPath,
+        unit: MemoryUnit,
+        driver: &str,
+    ) -> DraMode {
         DraMode {
             client,
             default_path,
             unit,
+            driver: driver.to_string(),
             kinds: Vec::new(),
         }
     }
@@ -213,7 +224,7 @@ impl DraMode {
             pod,
             namespace,
             self.unit,
-            DRA_DRIVER_NAME,
+            &self.driver,
             DRA_DEVICE_CLASS,
             &self.kinds,
         ) {

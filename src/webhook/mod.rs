@@ -41,8 +41,9 @@ pub struct Args {
     /// HTTPS port [config: webhook.port; default 9443]
     #[arg(long, value_name = "PORT")]
     pub port: Option<u16>,
-    /// The scheduler gpu-mem pods are sent to [config: webhook.scheduler_name; default
-    /// gpushare-scheduler]
+    /// The scheduler gpu-mem pods are sent to; empty: pods keep their scheduler (the default
+    /// kube-scheduler calls the extender, and only the DRA path changes pods) [config:
+    /// webhook.scheduler_name; default gpushare-scheduler]
     #[arg(long, value_name = "NAME")]
     pub scheduler_name: Option<String>,
     /// Largest aliyun.com/gpu-mem one pod may ask for, in units [config: webhook.max_gpu_mem;
@@ -86,6 +87,14 @@ pub struct Args {
     /// [config: webhook.gpu_mem_path; default extender]
     #[arg(long, value_name = "PATH")]
     pub gpu_mem_path: Option<crate::config::GpuMemPath>,
+    /// Size of one unit of aliyun.com/gpu-mem on the DRA path, as the DRA plugins count it:
+    /// GiB, MiB or e.g. 256MiB [config: node.memory_unit; default GiB]
+    #[arg(long, value_name = "UNIT")]
+    pub memory_unit: Option<crate::core::MemoryUnit>,
+    /// The DRA driver of the claims' devices, as the DRA plugins publish them (their
+    /// <driver>/uuid keeps a pod on one GPU) [config: dra.driver_name; default gpushare.io]
+    #[arg(long, value_name = "NAME")]
+    pub driver_name: Option<String>,
 }
 
 impl Args {
@@ -104,6 +113,8 @@ impl Args {
             service_name,
             webhook_config,
             gpu_mem_path,
+            memory_unit,
+            driver_name,
         } = self;
         let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
         flags.set("webhook.bind_address", bind_address.map(|a| a.to_string()));
@@ -118,6 +129,8 @@ impl Args {
         flags.set("webhook.service_name", service_name.clone());
         flags.set("webhook.webhook_config", webhook_config.clone());
         flags.set("webhook.gpu_mem_path", *gpu_mem_path);
+        flags.set("node.memory_unit", *memory_unit);
+        flags.set("dra.driver_name", driver_name.clone());
     }
 }
 
@@ -248,8 +261,13 @@ pub async fn start(
     // webhook.gpu_mem_path); without it, every pod takes the extender path.
     let dra = match (&client, w.gpu_mem_path) {
         (Some(c), path) => Some(
-            dra_mode::DraMode::new(c.clone(), path, config.node.memory_unit)
-                .with_kinds(crate::k8s::dra_request::kind_requests(&config.devices)),
+            dra_mode::DraMode::new(
+                c.clone(),
+                path,
+                config.node.memory_unit,
+                &config.dra.driver_name,
+            )
+            .with_kinds(crate::k8s::dra_request::kind_requests(&config.devices)),
         ),
         (None, crate::config::GpuMemPath::Extender) => None,
         (None, crate::config::GpuMemPath::Dra) => {
@@ -294,6 +312,18 @@ pub async fn start(
     })
 }
 
+/// The webhook's API client. kube's own quiet retry of 429 / 503 / 504 is off: on an
+/// admission's path the webhook retries a read itself, a bounded number of times within the
+/// admission's deadline, and a storm of such answers is not multiplied into a long hang.
+pub async fn api_client(config: &Config) -> anyhow::Result<kube::Client> {
+    crate::k8s::client(&crate::k8s::ClientOptions {
+        kubeconfig: Some(config.cluster.kubeconfig.as_str()),
+        without_kube_retry: true,
+        ..Default::default()
+    })
+    .await
+}
+
 /// Runs `gpushare webhook` until SIGTERM/SIGINT.
 pub async fn run(_args: Args, config: Config) -> anyhow::Result<ExitCode> {
     // The API serves --self-signed and the DRA mode (namespace labels, claim templates).
@@ -301,11 +331,7 @@ pub async fn run(_args: Args, config: Config) -> anyhow::Result<ExitCode> {
     // build a client still serves, without reading namespace labels.
     let needed =
         config.webhook.self_signed || config.webhook.gpu_mem_path == crate::config::GpuMemPath::Dra;
-    let built = crate::k8s::client(&crate::k8s::ClientOptions {
-        kubeconfig: Some(config.cluster.kubeconfig.as_str()),
-        ..Default::default()
-    })
-    .await;
+    let built = api_client(&config).await;
     let client = match built {
         Ok(c) => Some(c),
         Err(e) if !needed => {

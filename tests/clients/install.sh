@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the clients written by others that the tests drive, each pinned:
-#   - tests/clients/requirements.txt (grpcio, grpcio-tools, helm-python-sdk) into $VENV (.venv);
+#   - tests/clients/requirements.txt (grpcio, grpcio-tools, helm-python-sdk, kubernetes-validate)
+#     into $VENV (.venv);
 #   - tests/clients/requirements-checkov.txt (checkov) into .venv-checkov (a venv of its own);
 #   - promtool (Debian package `prometheus`) is not installed here: only reported when missing.
 # A venv whose installed versions already equal the pins is left alone (nothing is fetched,

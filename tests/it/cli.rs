@@ -10,6 +10,8 @@ fn every_subcommand_has_help() {
     for sub in [
         "extender",
         "device-plugin",
+        "dra-plugin",
+        "webhook",
         "inspect",
         "doctor",
         "demo",
@@ -25,6 +27,36 @@ fn every_subcommand_has_help() {
             stdout(&out).contains("Usage: gpushare"),
             "{sub}: {}",
             stdout(&out)
+        );
+    }
+}
+
+/// The top-level help and the crate name every role; each node role names itself, not the
+/// other one, in the errors of its start-up.
+#[test]
+fn help_names_every_role_and_each_node_role_names_itself() {
+    let out = run(&["--help"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let help = stdout(&out);
+    let about = help.lines().next().unwrap_or_default().to_string();
+    for role in [
+        "extender",
+        "device plugin",
+        "DRA",
+        "webhook",
+        "inspect",
+        "doctor",
+    ] {
+        assert!(about.contains(role), "{role} in the first line: {about}");
+    }
+    assert!(!help.contains("four roles"), "{help}");
+    for role in ["device-plugin", "dra-plugin"] {
+        let out = run_with_env(&[role, "--skip-doctor"], &[("NODE_NAME", "")]);
+        assert_eq!(out.status.code(), Some(78), "{role}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.starts_with(&format!("gpushare: {role}: the node name is required")),
+            "{role}: {err}"
         );
     }
 }

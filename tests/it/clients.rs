@@ -15,6 +15,7 @@ use gpushare_sandbox::apiserver::ApiServer;
 use serde_json::Value;
 
 use crate::support::clients;
+use crate::support::dra_node;
 use crate::support::socket_dir::short_tempdir;
 
 const NODE: &str = "gpu-node-1";
@@ -316,4 +317,37 @@ async fn promtool_accepts_the_device_plugin_metrics() {
     plugin.stop().await;
     kubelet.stop().await;
     api.shutdown().await;
+}
+
+/// The DRA plugin's page: its kubelet side (a claim prepared) and the node metrics, promtool
+/// clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promtool_accepts_the_dra_plugin_metrics() {
+    use gpushare_sandbox::dra_allocator::DraAllocator;
+    let node = dra_node::node(|cfg| cfg.dra.admin_address = "127.0.0.1:0".to_string()).await;
+    let plugin = node.start().await;
+    let kubelet = node.kubelet();
+    kubelet
+        .wait_registered(wire::DRA_DRIVER_NAME)
+        .await
+        .expect("registers");
+    dra_node::submit(&node.api, "p", 2, 1);
+    let pass = DraAllocator::new(node.api.admin_client())
+        .reconcile()
+        .await
+        .expect("a pass");
+    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    kubelet.prepare_pod("default", "p").await.expect("prepared");
+    let addr = plugin.admin_addr().expect("admin server");
+    let text = check_scrape(addr, "DRA plugin").await;
+    for sample in [
+        "gpushare_dra_plugin_registered 1\n",
+        "gpushare_dra_plugin_prepares_total{outcome=\"prepared\"} 1\n",
+        "gpushare_dra_plugin_prepared_claims 1\n",
+        "gpushare_dra_plugin_unhealthy_gpus 0\n",
+        "# TYPE gpushare_dra_plugin_prepare_seconds histogram",
+    ] {
+        assert!(text.contains(sample), "{sample} missing from\n{text}");
+    }
+    plugin.stop().await;
 }

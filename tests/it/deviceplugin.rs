@@ -438,7 +438,7 @@ async fn health_fatal_stays_down_application_ignored_transient_recovers() {
         .expect("GPU 0 recovers");
     // The fatal one did not recover in the meantime.
     assert_eq!(healthy_per_gpu(&devices, &gpu1), Some(false));
-    assert_eq!(c.plugin().metrics().unhealthy_gpus.get(), 1);
+    assert_eq!(c.plugin().node_metrics().unhealthy_gpus.get(), 1);
     c.stop().await;
 }
 

@@ -336,10 +336,11 @@ fn every_doctor_check_has_a_row() {
         "-o",
         "json",
     ];
-    let extra: [&[&str]; 3] = [
+    let extra: [&[&str]; 4] = [
         &[],
         &["--mps", "--device-list-strategy", "cdi-cri"],
         &["--rdma"],
+        &["--dra"],
     ];
     for more in extra {
         let args: Vec<&str> = base.iter().chain(more).copied().collect();

@@ -627,8 +627,10 @@ fn role_rules_except(except: &[&str]) -> Vec<Value> {
         (
             "coordination.k8s.io",
             "leases",
-            &["get", "create", "update"],
+            &["get", "create", "update", "list", "watch"],
         ),
+        ("resource.k8s.io", "resourceslices", &["list"]),
+        ("resource.k8s.io", "resourceclaims", &["list"]),
     ];
     all.iter()
         .flat_map(|(group, resource, verbs)| verbs.iter().map(move |v| (group, resource, v)))
@@ -712,7 +714,7 @@ async fn api_checks_against_the_sandbox_cluster() {
     assert_eq!(rbac["status"], "fail", "{rbac:#}");
     let detail = rbac["detail"].as_str().unwrap_or("");
     assert!(detail.contains("denied: pods/binding create"), "{detail}");
-    assert!(detail.contains("extender: 15 of 16 allowed"), "{detail}");
+    assert!(detail.contains("extender: 17 of 18 allowed"), "{detail}");
     // The device plugin does not create bindings: the node role's review passes.
     let report = json_of(&run_async(cluster_args_as(&kubeconfig, root.path(), "node")).await);
     assert_eq!(status(&report, "rbac"), "ok", "{report:#}");

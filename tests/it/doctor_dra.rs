@@ -10,7 +10,7 @@ use gpushare::config::Config;
 use gpushare::doctor::dra::DraArgs;
 use gpushare::doctor::report::{Check, Status};
 use gpushare::doctor::{Options, Role, diagnose};
-use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
+use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction, FeatureGate};
 use serde_json::Value;
 
 use crate::support::source_tree::assert_generated;
@@ -53,6 +53,10 @@ fn sound_root() -> tempfile::TempDir {
 }
 
 fn node_doctor(root: &Path, extra: &[&str]) -> std::process::Output {
+    node_doctor_with_gpus(root, "2x16GiB", extra)
+}
+
+fn node_doctor_with_gpus(root: &Path, gpus: &str, extra: &[&str]) -> std::process::Output {
     let mut args = vec![
         "doctor",
         "--role",
@@ -62,7 +66,7 @@ fn node_doctor(root: &Path, extra: &[&str]) -> std::process::Output {
         "--gpu-backend",
         "fake",
         "--fake-gpus",
-        "2x16GiB",
+        gpus,
         "--root",
         root.to_str().expect("utf-8"),
     ];
@@ -129,6 +133,18 @@ fn a_sound_dra_node_passes_with_a_golden_report() {
     );
     // The DRA path hands GPUs over through CDI: nvidia need not be the default runtime.
     assert!(!text.contains("] container-runtime "), "{text}");
+    // A DRA node is not a device-plugin node: none of the device plugin's checks (its kubelet
+    // socket, the ListAndWatch limit, its label) runs; the DRA unit check does.
+    for id in [
+        "device-plugin-dir",
+        "kubelet-socket",
+        "memory-unit",
+        "node-label",
+        "plugin-conflict",
+    ] {
+        assert!(!text.contains(&format!("] {id} ")), "{id}: {text}");
+    }
+    assert_eq!(status_of(&rep, "dra-memory-unit"), "ok");
     // Without --dra, no DRA check runs.
     let plain = run(&[
         "doctor",
@@ -146,6 +162,35 @@ fn a_sound_dra_node_passes_with_a_golden_report() {
     ]);
     assert!(!stdout(&plain).contains("\"dra-"), "{}", stdout(&plain));
     assert_eq!(status_of(&report(&plain), "container-runtime"), "fail");
+}
+
+/// A GPU of fewer than two units cannot be published (the API server refuses `min + step >
+/// value`): a warning naming it and a unit that fits every GPU; a failure when no GPU fits.
+#[test]
+fn a_gpu_too_small_for_the_unit_is_named_with_a_unit_that_fits() {
+    let r = sound_root();
+    let rep = report(&node_doctor_with_gpus(
+        r.path(),
+        "16GiB,15GiB",
+        &["--memory-unit", "8GiB", "-o", "json"],
+    ));
+    assert_eq!(status_of(&rep, "dra-memory-unit"), "warn");
+    let text = text_of(&rep, "dra-memory-unit");
+    assert!(
+        text.contains(
+            "GPU 1 (GPU-fake-0000-0000-0000-000000000001, 15360 MiB) holds 1 unit(s) of 8GiB"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("GPU 0"), "{text}");
+    assert!(text.contains("--memory-unit 4GiB"), "{text}");
+    let rep = report(&node_doctor_with_gpus(
+        r.path(),
+        "16GiB",
+        &["--memory-unit", "16GiB", "-o", "json"],
+    ));
+    assert_eq!(status_of(&rep, "dra-memory-unit"), "fail");
+    assert!(text_of(&rep, "dra-memory-unit").contains("--memory-unit 8GiB"));
 }
 
 #[test]
@@ -329,8 +374,15 @@ async fn the_control_plane_checks_read_the_api_and_store_nothing() {
     let ids: Vec<&str> = c.iter().map(|c| c.id).collect();
     assert_eq!(
         ids,
-        ["dra-api", "dra-consumable-capacity", "dra-device-class"]
+        [
+            "dra-api",
+            "dra-consumable-capacity",
+            "dra-device-taints",
+            "dra-device-class"
+        ]
     );
+    let taints = by_id(&c, "dra-device-taints");
+    assert_eq!(taints.status, Status::Ok, "{taints:?}");
     assert_eq!(by_id(&c, "dra-api").status, Status::Ok, "{c:?}");
     let cc = by_id(&c, "dra-consumable-capacity");
     assert_eq!(cc.status, Status::Ok, "{cc:?}");
@@ -386,6 +438,27 @@ async fn the_control_plane_checks_read_the_api_and_store_nothing() {
         class
             .detail
             .contains("no selector names the driver \"gpushare.io\"")
+    );
+    api.shutdown().await;
+}
+
+/// On Kubernetes 1.34 and 1.35 `DRADeviceTaints` is off by default: the API server drops the
+/// taints of the slices, and an unhealthy GPU keeps receiving claims. The same dry-run slice
+/// tells, and the check names the gate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gate_off_api_server_warns_that_unhealthy_gpus_keep_receiving_claims() {
+    let api = ApiServer::start().await.expect("sandbox");
+    api.set_feature_gate(FeatureGate::DRADeviceTaints, false);
+    let empty = tempfile::tempdir().expect("root");
+    let c = dra_checks(&api, Role::ControlPlane, empty.path()).await;
+    assert_eq!(by_id(&c, "dra-consumable-capacity").status, Status::Ok);
+    let t = by_id(&c, "dra-device-taints");
+    assert_eq!(t.status, Status::Warn, "{t:?}");
+    assert!(t.detail.contains("dropped the taints"), "{}", t.detail);
+    assert!(t.hint.contains("DRADeviceTaints=true"), "{}", t.hint);
+    assert!(
+        api.list_objects("resourceslices", None).is_empty(),
+        "a dry run stores nothing"
     );
     api.shutdown().await;
 }
@@ -462,4 +535,121 @@ async fn a_node_the_device_plugin_serves_conflicts() {
     // Node role: no control-plane DRA check.
     assert!(c.iter().all(|c| c.id != "dra-api"));
     api.shutdown().await;
+}
+
+/// `gpushare dra-plugin` runs `dra-plugin-conflict` in its preflight: with NVIDIA's device
+/// plugin socket in kubelet's device-plugin directory it refuses to start, naming the check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dra_plugin_preflight_runs_dra_plugin_conflict() {
+    let api = ApiServer::start().await.expect("sandbox");
+    api.seed_yaml("apiVersion: v1\nkind: Node\nmetadata: { name: gpu-node-1 }\n")
+        .expect("node");
+    let dir = crate::support::socket_dir::short_tempdir();
+    let dp_dir = dir.path().join("device-plugins");
+    std::fs::create_dir_all(&dp_dir).expect("mkdir");
+    let _nvidia = std::os::unix::net::UnixListener::bind(dp_dir.join("nvidia-gpu.sock"))
+        .expect("NVIDIA's plugin socket");
+    let _kubelet = std::os::unix::net::UnixListener::bind(dp_dir.join("kubelet.sock"))
+        .expect("kubelet's socket");
+    let path = |p: &str| dir.path().join(p).display().to_string();
+    let kubeconfig = api.admin_kubeconfig_path().display().to_string();
+    let mut child = std::process::Command::new(crate::support::bin())
+        .args([
+            "--kubeconfig",
+            &kubeconfig,
+            "dra-plugin",
+            "--node-name",
+            "gpu-node-1",
+            "--gpu-backend",
+            "fake",
+            "--fake-gpus",
+            "1x16GiB",
+            "--registry-dir",
+            &path("registry"),
+            "--plugin-dir",
+            &path("plugin"),
+            "--state-dir",
+            &path("state"),
+            "--cdi-dir",
+            &path("cdi"),
+            "--admin-address",
+            "",
+        ])
+        .env("GPUSHARE_DEVICE_PLUGIN__DEVICE_PLUGIN_DIR", &dp_dir)
+        .env("GPUSHARE_CLUSTER__API_WAIT_SECS", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waits") {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            break None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    if status.is_none() {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().expect("output");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(1),
+        "the DRA plugin started beside NVIDIA's device plugin: {err}"
+    );
+    assert!(err.contains("dra-plugin-conflict"), "{err}");
+    assert!(err.contains("nvidia-gpu.sock"), "{err}");
+    api.shutdown().await;
+}
+
+/// The GPU locks the node roles hold are named by both conflict checks: a GPU the device
+/// plugin holds fails `dra-plugin-conflict`, one the DRA plugin holds warns in
+/// `plugin-conflict`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_locks_held_by_the_other_path_are_named_by_the_conflict_checks() {
+    use gpushare::node::gpu_locks::GpuLocks;
+    use gpushare::node::paths::ServingPath;
+    let r = sound_root();
+    let locks = GpuLocks::new(&r.path().join("var/run/gpushare/gpus"), "gpu-node-1");
+    let dp = locks
+        .try_take("GPU-aaaa", ServingPath::DevicePlugin)
+        .expect("taken");
+    let rep = report(&node_doctor(r.path(), &["-o", "json"]));
+    assert_eq!(status_of(&rep, "dra-plugin-conflict"), "fail");
+    let conflict = text_of(&rep, "dra-plugin-conflict");
+    assert!(
+        conflict.contains("GPU GPU-aaaa is served by the device plugin"),
+        "{conflict}"
+    );
+    drop(dp);
+    let rep = report(&node_doctor(r.path(), &["-o", "json"]));
+    assert_eq!(status_of(&rep, "dra-plugin-conflict"), "ok");
+
+    let _dra = locks.try_take("GPU-bbbb", ServingPath::Dra).expect("taken");
+    let out = run(&[
+        "doctor",
+        "--role",
+        "node",
+        "--no-cluster",
+        "--root",
+        r.path().to_str().expect("utf-8"),
+        "--gpu-backend",
+        "fake",
+        "--fake-gpus",
+        "1x16GiB",
+        "-o",
+        "json",
+    ]);
+    let rep = report(&out);
+    assert_eq!(status_of(&rep, "plugin-conflict"), "warn");
+    assert!(
+        text_of(&rep, "plugin-conflict")
+            .contains("GPU GPU-bbbb is served by the DRA kubelet plugin"),
+        "{}",
+        text_of(&rep, "plugin-conflict")
+    );
 }

@@ -244,7 +244,6 @@ async fn hcas_and_generic_devices_follow_the_gpus_with_the_standard_pcie_attribu
 }
 
 #[tokio::test]
-#[ignore = "product bug: the per-kind DeviceClass selector reads the `resource` attribute GPU devices lack; upstream's allocator (and now the sandbox's) stops with a CEL runtime error, see sandbox_allocator::product_bug_the_kind_classes_select_without_an_error_on_gpu_devices"]
 async fn one_claim_gets_gpu_memory_and_the_hca_under_the_same_root_and_prepare_hands_over_both() {
     let dev = short_tempdir();
     fake_dev(dev.path());
@@ -377,7 +376,6 @@ async fn one_claim_gets_gpu_memory_and_the_hca_under_the_same_root_and_prepare_h
 /// Python grpcio with the upstream protos: the answer names the GPU share and the HCA with
 /// their CDI ids.
 #[tokio::test]
-#[ignore = "product bug: the per-kind DeviceClass selector reads the `resource` attribute GPU devices lack; upstream's allocator (and now the sandbox's) stops with a CEL runtime error, see sandbox_allocator::product_bug_the_kind_classes_select_without_an_error_on_gpu_devices"]
 async fn grpcio_gets_the_gpu_share_and_the_hca_of_one_claim() {
     let Some(python) = clients::python_with(&["grpc", "grpc_tools"]) else {
         return;
@@ -431,7 +429,6 @@ async fn grpcio_gets_the_gpu_share_and_the_hca_of_one_claim() {
 /// in its limits), rewritten as the webhook's DRA mode does with `[devices]` (the node's own
 /// configuration): one claim whose HCA is the one under the GPU's root.
 #[tokio::test]
-#[ignore = "product bug: the per-kind DeviceClass selector reads the `resource` attribute GPU devices lack; upstream's allocator (and now the sandbox's) stops with a CEL runtime error, see sandbox_allocator::product_bug_the_kind_classes_select_without_an_error_on_gpu_devices"]
 async fn a_pod_written_with_limits_gets_its_gpu_and_the_hca_under_its_root() {
     let dev = short_tempdir();
     fake_dev(dev.path());

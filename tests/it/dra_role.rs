@@ -8,140 +8,225 @@
 //! state on disk) is written again on the next prepare; a checkpoint lost while the spec
 //! stayed leaks no spec on unprepare.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 
-use gpushare::config::Config;
-use gpushare::core::MemoryUnit;
-use gpushare::core::wire::{DRA_DEVICE_CLASS, DRA_DRIVER_NAME, DRA_TAINT_UNHEALTHY};
+use gpushare::core::wire::{DRA_DRIVER_NAME, DRA_TAINT_UNHEALTHY};
 use gpushare::dra::role::{self, DraPluginHandle};
 use gpushare::gpu::HealthEvent;
-use gpushare::gpu::fake::{FakeBackend, FakeHealth, fake_uuid};
-use gpushare::k8s::dra_request::rewrite;
-use gpushare::shutdown::Shutdown;
-use gpushare_sandbox::apiserver::ApiServer;
+use gpushare::gpu::fake::fake_uuid;
 use gpushare_sandbox::dra_allocator::DraAllocator;
-use gpushare_sandbox::dra_kubelet::{ClaimOutcome, DraKubelet};
-use k8s_openapi::api::core::v1::Pod;
+use gpushare_sandbox::dra_kubelet::ClaimOutcome;
 use serde_json::{Value, json};
 
 use crate::support::clients;
 use crate::support::dra;
-use crate::support::socket_dir::short_tempdir;
+use crate::support::dra_node::{NODE, Node, node, node_with, pod_uid, spec_file, submit};
+use crate::support::role_process::RoleProcess;
 use crate::support::wait::wait_until;
 
-const NODE: &str = "node-a";
-
-struct Node {
-    api: ApiServer,
-    dir: tempfile::TempDir,
-    config: Config,
-    backend: Arc<FakeBackend>,
-    health: FakeHealth,
+/// The DRA path needs nothing of the device plugin's on the Node object: the slices carry the
+/// GPUs (with their unit) and the webhook is told the unit. The role reads its Node (the uid of
+/// its Events), lists only its own node's pods (the gate: pods the extender placed on a GPU) and
+/// writes on the Node only its path's annotation `gpushare.io/dra-gpus`: never the device
+/// plugin's `gpushare.io/devices` or `aliyun.com/gpu-count`.
+#[tokio::test]
+async fn the_role_writes_only_its_path_annotation_on_its_node() {
+    let node = node(|_| {}).await;
+    // The node once served the device-plugin path in another unit: nothing of it matters here.
+    node.api
+        .delete_object("nodes", None, NODE)
+        .expect("the plain node goes");
+    node.api
+        .create_object(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": { "name": NODE, "annotations": { "gpushare.io/memory-unit": "MiB" } },
+        }))
+        .expect("the node, annotated by the device-plugin path in MiB");
+    let plugin = node.start().await;
+    dra::published(&plugin).await;
+    let stored = node.api.get_object("nodes", None, NODE).expect("the node");
+    let requests = node.api.requests();
+    let pod_lists: Vec<String> = requests
+        .iter()
+        .filter(|r| r.path.ends_with("/pods") && r.method == http::Method::GET)
+        .map(|r| r.query.clone())
+        .collect();
+    assert!(
+        pod_lists
+            .iter()
+            .all(|q| q.contains("spec.nodeName%3Dnode-a") || q.contains("spec.nodeName=node-a")),
+        "only its own node's pods: {pod_lists:?}"
+    );
+    let writes: Vec<String> = requests
+        .iter()
+        .filter(|r| r.path.contains("/nodes") && r.method != http::Method::GET)
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert!(
+        writes.iter().all(|w| w == "PATCH /api/v1/nodes/node-a"),
+        "only its own Node, no status: {writes:?}"
+    );
+    let annotations: Vec<&String> = stored["metadata"]["annotations"]
+        .as_object()
+        .map(|a| a.keys().collect())
+        .unwrap_or_default();
+    assert_eq!(
+        annotations,
+        ["gpushare.io/dra-gpus", "gpushare.io/memory-unit"],
+        "its path's annotation beside what was there: {stored}"
+    );
+    assert!(
+        stored["metadata"]["annotations"]
+            .get("gpushare.io/devices")
+            .is_none(),
+        "{stored}"
+    );
+    assert!(
+        stored["status"]["capacity"]
+            .get("aliyun.com/gpu-count")
+            .is_none(),
+        "{stored}"
+    );
+    assert!(
+        node.slice_devices()[0]["capacity"]["memory"]["requestPolicy"]["validRange"]["step"]
+            == "1073741824",
+        "the configured unit (GiB) serves, whatever the node recorded: {:?}",
+        node.slice_devices()
+    );
+    plugin.stop().await;
 }
 
-impl Node {
-    async fn start(&self) -> DraPluginHandle {
-        let backend: Arc<dyn gpushare::gpu::GpuBackend> = self.backend.clone();
-        role::start(
-            &self.config,
-            self.api.admin_client(),
-            backend,
-            Shutdown::never(),
-        )
-        .await
-        .expect("the DRA plugin starts")
+/// A GPU of fewer than two units (`min + step <= value` fails: here a 15 GiB GPU with an 8 GiB
+/// unit) would make the API server refuse the node's whole slice; it is left out by name, and
+/// the other GPU serves.
+#[tokio::test]
+async fn a_gpu_too_small_for_the_unit_is_left_out_by_name_and_the_others_serve() {
+    let node = node_with("16GiB,15GiB", |c| {
+        c.node.memory_unit = "8GiB".parse().expect("a unit")
+    })
+    .await;
+    let plugin = node.start().await;
+    dra::published(&plugin).await;
+    let devices = node.slice_devices();
+    let uuids: Vec<&str> = devices
+        .iter()
+        .filter_map(|d| d["attributes"]["uuid"]["string"].as_str())
+        .collect();
+    assert_eq!(uuids, [fake_uuid(0).as_str()], "{devices:?}");
+    for d in &devices {
+        let capacity = &d["capacity"]["memory"];
+        let value: u64 = capacity["value"]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .expect("bytes");
+        let range = &capacity["requestPolicy"]["validRange"];
+        let min: u64 = range["min"]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .expect("min");
+        let step: u64 = range["step"]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .expect("step");
+        assert!(
+            min + step <= value,
+            "upstream's rule min + step <= value: {d}"
+        );
     }
-
-    fn kubelet(&self) -> DraKubelet {
-        DraKubelet::start(&self.config.dra.registry_dir, NODE, self.api.admin_client())
-            .expect("the DRA kubelet starts")
-    }
-
-    fn cdi_dir(&self) -> PathBuf {
-        self.dir.path().join("cdi")
-    }
-
-    fn slice_devices(&self) -> Vec<Value> {
-        dra::slice_devices(&self.api, NODE)
-    }
+    let events = node.api.list_objects("events.events.k8s.io", None);
+    assert!(
+        events.iter().any(|e| e["reason"] == "GpuShareGpuTooSmall"
+            && e["note"]
+                .as_str()
+                .is_some_and(|n| n.contains(&fake_uuid(1)) && n.contains("8GiB"))),
+        "a Warning Event names the GPU left out and the unit: {events:?}"
+    );
+    plugin.stop().await;
 }
 
-async fn node(tweak: impl FnOnce(&mut Config)) -> Node {
-    let api = ApiServer::start().await.expect("starts");
-    api.seed_yaml(&format!(
-        "apiVersion: v1\nkind: Node\nmetadata:\n  name: {NODE}\n"
-    ))
-    .expect("the node");
-    api.create_object(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-        "metadata": { "name": DRA_DEVICE_CLASS },
-        "spec": { "selectors": [{ "cel": { "expression": gpushare::core::wire::dra_gpu_class_selector(DRA_DRIVER_NAME) } }] },
-    }))
-    .expect("the class");
-    let dir = short_tempdir();
-    let mut config = Config::default();
-    config.node.node_name = NODE.into();
-    config.dra.registry_dir = dir.path().join("registry");
-    config.dra.plugin_dir = dir.path().join("plugin");
-    config.dra.state_dir = dir.path().join("state");
-    config.dra.cdi_dir = dir.path().join("cdi");
-    config.dra.admin_address = String::new();
-    config.doctor.skip = true;
-    tweak(&mut config);
-    let backend = FakeBackend::from_spec("2x16GiB").expect("fake GPUs");
-    let health = backend.health();
-    Node {
-        api,
-        dir,
-        config,
-        backend: Arc::new(backend),
-        health,
+/// `gpushare dra-plugin` as the binary, with its preflight: the DRA node's checks (its own
+/// directories, CDI, its RBAC), not the device plugin's (kubelet's device-plugin directory
+/// does not exist here, as it is not mounted into the DRA plugin's pod).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_runs_the_dra_preflight_and_serves() {
+    let node = node(|_| {}).await;
+    let kubelet = node.kubelet();
+    for dir in ["plugin", "state", "cdi"] {
+        std::fs::create_dir_all(node.dir.path().join(dir)).expect("a directory");
     }
-}
-
-/// Rewrites a `main` + `side` gpu-mem pod, stores its template and the pod.
-fn submit(api: &ApiServer, name: &str, main: u64, side: u64) {
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": { "name": name, "namespace": "default" },
-        "spec": { "containers": [
-            { "name": "main", "image": "x", "resources": { "limits": { "aliyun.com/gpu-mem": main.to_string() } } },
-            { "name": "side", "image": "x", "resources": { "limits": { "aliyun.com/gpu-mem": side.to_string() } } },
-        ] },
-    }))
-    .expect("a pod");
-    let r = rewrite(
-        &pod,
-        "default",
-        MemoryUnit::GIB,
-        DRA_DRIVER_NAME,
-        DRA_DEVICE_CLASS,
+    let path = |p: &Path| p.display().to_string();
+    let args: Vec<String> = [
+        "dra-plugin".to_string(),
+        format!("--node-name={NODE}"),
+        "--gpu-backend=fake".into(),
+        "--fake-gpus=2x16GiB".into(),
+        format!("--registry-dir={}", path(&node.config.dra.registry_dir)),
+        format!("--plugin-dir={}", path(&node.config.dra.plugin_dir)),
+        format!("--state-dir={}", path(&node.config.dra.state_dir)),
+        format!("--cdi-dir={}", path(&node.config.dra.cdi_dir)),
+        "--admin-address=".into(),
+        format!("--kubeconfig={}", path(&node.api.admin_kubeconfig_path())),
+    ]
+    .into();
+    let mut role = RoleProcess::start("dra-plugin", None, &args, &[]);
+    role.wait_for(
+        "its registration with kubelet",
+        std::time::Duration::from_secs(30),
+        || {
+            kubelet
+                .plugins()
+                .iter()
+                .any(|p| p.driver == DRA_DRIVER_NAME && p.registered)
+        },
     )
-    .expect("rewrites")
-    .expect("rewritten");
-    let template = r.template.metadata.name.clone().expect("named");
-    if api
-        .get_object("resourceclaimtemplates", Some("default"), &template)
-        .is_none()
-    {
-        api.create_object(serde_json::to_value(&r.template).expect("json"))
-            .expect("the template");
+    .await;
+    let log = role.log();
+    assert!(
+        log.contains("] dra-registry-dir "),
+        "the DRA checks ran: {log}"
+    );
+    assert!(
+        log.contains("DRA plugin: 12 of 12 allowed"),
+        "its own RBAC: {log}"
+    );
+    for id in ["device-plugin-dir", "kubelet-socket", "plugin-conflict "] {
+        assert!(!log.contains(&format!("] {id}")), "{id}: {log}");
     }
-    let mut value = serde_json::to_value(&r.pod).expect("json");
-    value["apiVersion"] = json!("v1");
-    value["kind"] = json!("Pod");
-    api.create_object(value).expect("the pod");
 }
 
-fn pod_uid(api: &ApiServer, name: &str) -> String {
-    api.get_object("pods", Some("default"), name).expect("pod")["metadata"]["uid"]
-        .as_str()
-        .expect("uid")
-        .to_string()
-}
-
-fn spec_file(dir: &Path, claim_uid: &str) -> PathBuf {
-    dir.join(format!("gpushare.io_gpu_{claim_uid}.json"))
+/// A publication the API server refuses for certain (422: the slice is invalid) is not a
+/// transient failure: it is said once, as an error and a Warning Event on the node with the
+/// API server's message, not retried every two seconds in silence.
+#[tokio::test]
+async fn a_refused_publication_is_named_in_an_event() {
+    let node = node(|_| {}).await;
+    node.api.inject(
+        gpushare_sandbox::apiserver::Fault::new(
+            Some(http::Method::POST),
+            "/resourceslices",
+            gpushare_sandbox::apiserver::FaultAction::Status(422),
+        )
+        .times(1000),
+    );
+    let plugin = node.start().await;
+    wait_until("a Warning Event naming the refused slice", || {
+        node.api
+            .list_objects("events.events.k8s.io", None)
+            .iter()
+            .any(|e| e["reason"] == "GpuShareSliceRefused" && e["type"] == "Warning")
+    })
+    .await;
+    let posts = node
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.method == http::Method::POST && r.path.ends_with("/resourceslices"))
+        .count();
+    assert!(
+        posts <= 4,
+        "a certain refusal is not retried at once: {posts} creates"
+    );
+    plugin.stop().await;
 }
 
 #[tokio::test]

@@ -10,132 +10,25 @@
 //! it stops, as under SIGSTOP, while time goes on). Waits are on conditions, never sleeps.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use gpushare::config::Config;
-use gpushare::extender::leader::{AdjustableClock, Clock};
+use gpushare::extender::leader::AdjustableClock;
 use gpushare::extender::{ExtenderState, StartOptions};
 use gpushare::shutdown::Shutdown;
 use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction, Hold};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{mpsc, oneshot};
 
 use crate::support::extender_cluster::{
     bind_via, binding_args, extender_config, sandbox, start_named, wait_http_ok,
 };
 use crate::support::extender_http::http;
+use crate::support::isolated_extender::Isolated;
 use crate::support::ledger_truth::{assert_not_overcommitted, converge, truth};
 use crate::support::objects::pending_pod;
 use crate::support::wait::{DEADLINE, poll, wait_until};
 
 const UNITS: u64 = 8;
-
-enum Control {
-    Pause {
-        paused: oneshot::Sender<()>,
-        resume: std::sync::mpsc::Receiver<()>,
-    },
-    Kill,
-    /// Stop as on SIGTERM: drain, then release the lease.
-    Stop(oneshot::Sender<()>),
-}
-
-/// An extender in a runtime and thread of its own, so that it can be killed or paused.
-struct Isolated {
-    addr: SocketAddr,
-    state: Arc<ExtenderState>,
-    control: mpsc::UnboundedSender<Control>,
-}
-
-/// Resumes a paused [`Isolated`] replica.
-struct Paused(std::sync::mpsc::Sender<()>);
-
-impl Paused {
-    fn resume(self) {
-        let _ = self.0.send(());
-    }
-}
-
-impl Isolated {
-    async fn start(
-        api: &ApiServer,
-        config: &Config,
-        identity: &str,
-        clock: Option<Arc<dyn Clock>>,
-    ) -> Isolated {
-        let (started_tx, started) = oneshot::channel();
-        let (control, mut commands) = mpsc::unbounded_channel();
-        let (api, config) = (api.clone(), config.clone());
-        let options = StartOptions {
-            clock,
-            identity: Some(identity.to_string()),
-            ..Default::default()
-        };
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            rt.block_on(async move {
-                // The client too lives in this runtime: its connections stop with it.
-                let handle = gpushare::extender::start_with(
-                    &config,
-                    api.admin_client(),
-                    Shutdown::never(),
-                    options,
-                )
-                .await
-                .expect("extender starts");
-                let _ = started_tx.send((handle.addr, handle.state()));
-                while let Some(command) = commands.recv().await {
-                    match command {
-                        Control::Pause { paused, resume } => {
-                            let _ = paused.send(());
-                            // Blocks the runtime's only thread: nothing of this replica runs.
-                            let _ = resume.recv();
-                        }
-                        Control::Kill => break,
-                        Control::Stop(stopped) => {
-                            handle.stop().await;
-                            let _ = stopped.send(());
-                            return;
-                        }
-                    }
-                }
-                // Killed: no stop, no drain, no lease release.
-                std::mem::forget(handle);
-            });
-            rt.shutdown_background();
-        });
-        let (addr, state) = started.await.expect("the isolated extender started");
-        Isolated {
-            addr,
-            state,
-            control,
-        }
-    }
-
-    async fn pause(&self) -> Paused {
-        let (paused, is_paused) = oneshot::channel();
-        let (resume_tx, resume) = std::sync::mpsc::channel();
-        let _ = self.control.send(Control::Pause { paused, resume });
-        is_paused.await.expect("the replica paused");
-        Paused(resume_tx)
-    }
-
-    fn kill(&self) {
-        let _ = self.control.send(Control::Kill);
-    }
-
-    /// Stops the replica as SIGTERM does (drain, lease released); resolves once it stopped.
-    async fn stop(&self) {
-        let (stopped, done) = oneshot::channel();
-        let _ = self.control.send(Control::Stop(stopped));
-        let _ = done.await;
-    }
-}
 
 /// Waits until `state` serves as a synced leader.
 async fn wait_leading(state: &ExtenderState, what: &str) {
@@ -729,5 +622,92 @@ async fn a_standby_that_lost_the_answer_does_not_claim_the_bind_did_not_happen()
     paused.resume();
     assert_not_overcommitted(&api, UNITS);
     a.kill();
+    b.stop().await;
+}
+
+/// A pod's own durable reservation is its own: the leader is killed with the pod's Binding
+/// lost in flight (held at the API server, never applied while the test looks); the new leader
+/// passes the reserved node in the pod's filter (its memory is counted there already) and
+/// fails the others, and its bind there takes the reservation over (the same GPU) and binds
+/// the pod, without waiting out `bind_settle_ms`. When the old Binding is let through
+/// afterwards it lands on a bound pod: 409, nothing doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pods_own_reservation_left_by_a_killed_leader_is_taken_over_by_its_retried_bind() {
+    // Two nodes of one 8-unit GPU: the victim (6) fits either, but its reservation is node-0's.
+    let api = sandbox(2, 1, UNITS).await;
+    let mut config = extender_config(true);
+    // Far longer than the test: a retry that had to wait the window out would fail it.
+    config.extender.bind_settle_ms = 3_600_000;
+    let a = Isolated::start(&api, &config, "replica-a", None).await;
+    wait_leading(&a.state, "replica-a").await;
+    let b = start_named(&api, &config, "replica-b").await;
+    wait_http_ok(&format!("http://{}/readyz", b.addr)).await;
+    api.create_object(pending_pod("victim", 6)).expect("seed");
+    let hold = Hold::new();
+    api.inject(Fault::new(
+        Some(http::Method::POST),
+        "/namespaces/default/pods/victim/binding",
+        FaultAction::Hold(hold.clone()),
+    ));
+    let first = {
+        let api = api.clone();
+        let addr = a.addr;
+        tokio::spawn(async move { bind_via(&api, addr, "victim", "node-0").await })
+    };
+    hold.wait_reached(1).await;
+    a.kill();
+    let _ = first.await;
+    wait_leading(&b.state(), "replica-b").await;
+    let reserved = api
+        .get_object("pods", Some("default"), "victim")
+        .expect("victim")["metadata"]["annotations"]["gpushare.io/reservation"]
+        .clone();
+    assert!(
+        reserved.is_string(),
+        "the killed leader's reservation is on the pod"
+    );
+
+    // The retried filter: the reserved node passes, the other does not.
+    let pod = api
+        .get_object("pods", Some("default"), "victim")
+        .expect("victim");
+    let (status, body) = post(
+        b.addr,
+        "filter",
+        &json!({ "Pod": pod, "NodeNames": ["node-0", "node-1"] }),
+    )
+    .await
+    .expect("filter answers");
+    assert_eq!(status, 200);
+    let filtered: Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(filtered["NodeNames"], json!(["node-0"]), "{filtered}");
+    assert!(
+        filtered["FailedNodes"]["node-1"]
+            .as_str()
+            .is_some_and(|r| r.contains("holds a reservation on node node-0")),
+        "{filtered}"
+    );
+
+    // The retried bind there takes the reservation over and binds.
+    assert_eq!(bind_via(&api, b.addr, "victim", "node-0").await, Some(200));
+    assert_eq!(node_of(&api, "victim").as_deref(), Some("node-0"));
+    let annotations = &api
+        .get_object("pods", Some("default"), "victim")
+        .expect("victim")["metadata"]["annotations"];
+    assert_eq!(annotations["ALIYUN_COM_GPU_MEM_IDX"], "0", "the same GPU");
+
+    // The old Binding, let through now, finds the pod bound.
+    hold.release();
+    wait_until("the old Binding answered", || {
+        api.requests()
+            .iter()
+            .filter(|r| r.path.ends_with("/pods/victim/binding"))
+            .count()
+            >= 2
+    })
+    .await;
+    assert_eq!(node_of(&api, "victim").as_deref(), Some("node-0"));
+    assert_not_overcommitted(&api, UNITS);
+    converge(&api, b.addr).await;
     b.stop().await;
 }

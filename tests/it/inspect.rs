@@ -117,6 +117,26 @@ fn golden_heterogeneous_gpus() {
 
 /// DRA allocations (slices and claims) in the same table as the annotation ledger; HCAs and
 /// generic devices on the DRA path in the table of other devices.
+/// The DRA objects of another driver name (`dra.driverName`, `--driver-name`) are read when
+/// inspect is told that name, and only then.
+#[test]
+fn another_dra_driver_is_read_when_named() {
+    let text = std::fs::read_to_string(fixture("inspect/dra.yaml"))
+        .expect("fixture readable")
+        .replace("gpushare.io", "gpu.example.com");
+    let (nodes, pods) = cluster_from_yaml(&text).expect("fixture parses");
+    let dra = DraCluster::from_yaml(&text).expect("DRA objects parse");
+    let default = Report::from_cluster_with_dra(&nodes, &pods, &dra, None);
+    assert_eq!(default.nodes.len(), 1, "the default driver's objects only");
+    let named =
+        Report::from_cluster_with_dra(&nodes, &pods, &dra.with_driver("gpu.example.com"), None);
+    let node2 = &named.nodes[1];
+    assert_eq!(
+        (node2.name.as_str(), node2.total, node2.used),
+        ("node-2", 32, 11)
+    );
+}
+
 #[test]
 fn golden_dra_allocations_beside_the_annotation_ledger() {
     let text = std::fs::read_to_string(fixture("inspect/dra.yaml")).expect("fixture readable");
@@ -308,6 +328,30 @@ fn an_unreachable_api_server_is_one_line_and_exit_1() {
     }
 }
 
+#[test]
+fn a_node_the_api_does_not_have_is_named_not_an_unreachable_server() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let server = runtime
+        .block_on(gpushare_sandbox::apiserver::ApiServer::start())
+        .expect("sandbox API server starts");
+    let kubeconfig = server
+        .admin_kubeconfig_path()
+        .to_string_lossy()
+        .into_owned();
+    let out = run(&["inspect", "no-such-node", "--kubeconfig", &kubeconfig]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert_eq!(
+        err.trim_end(),
+        "gpushare inspect: node \"no-such-node\" not found (kubectl get nodes lists them)",
+        "the API answered: nothing about reaching it"
+    );
+    runtime.block_on(server.shutdown());
+}
 /// Seeds the sandbox API server with every item of a fixture `List`.
 fn seed_fixture(server: &gpushare_sandbox::apiserver::ApiServer, fixture_name: &str) {
     let text = std::fs::read_to_string(fixture(&format!("inspect/{fixture_name}.yaml")))

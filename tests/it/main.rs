@@ -1,6 +1,7 @@
 //! The one integration-test binary. Each module is a topic; `support` holds the shared
 //! harness (binary runner, fixtures).
 
+mod chart_modes;
 mod cli;
 mod client_auth;
 mod clients;
@@ -18,6 +19,7 @@ mod doctor_managed;
 mod doctor_migration;
 mod doctor_rdma;
 mod dra;
+mod dra_faults;
 mod dra_kinds;
 mod dra_plugin;
 mod dra_role;
@@ -32,7 +34,9 @@ mod hostile;
 mod inspect;
 mod logs;
 mod mps;
+mod one_path;
 mod packaging;
+mod pod_shapes;
 mod rdma;
 mod realdata;
 mod sandbox_admission;
@@ -45,6 +49,8 @@ mod sandbox_rbac;
 mod sandbox_validation;
 mod settle;
 mod soak;
+mod soak_dra;
+mod soak_ha;
 mod startup;
 mod support;
 mod verb_errors;

@@ -11,8 +11,14 @@ use gpushare::core::wire;
 use gpushare::gpu::fake::fake_uuid;
 use serde_json::Value;
 
+use gpushare_sandbox::dra_allocator::DraAllocator;
+use gpushare_sandbox::dra_kubelet::ClaimOutcome;
+
 use crate::support::deviceplugin_cluster::{Cluster, cluster, env};
+use crate::support::dra_node;
+use crate::support::extender_http;
 use crate::support::mps::FakeMps;
+use crate::support::wait::wait_until;
 use crate::support::{run, stderr, stdout};
 
 /// `/readyz` of the plugin's admin server: its status code (a blocking call: the tests run on
@@ -160,7 +166,7 @@ async fn restarts_a_crashed_daemon_sets_its_defaults_again_and_reports_it() {
     let first = fake.pid().expect("a daemon");
     fake.kill();
     c.wait_for("the daemon restarted", |c| {
-        c.plugin().metrics().mps_daemon_restarts.get() == 1
+        c.plugin().node_metrics().mps_daemon_restarts.get() == 1
     })
     .await;
     assert_eq!(fake.starts(), 2, "{:?}", fake.commands());
@@ -239,6 +245,90 @@ async fn while_the_daemon_is_down_allocate_refuses_and_the_plugin_is_not_ready()
     assert_eq!(env(&resp, wire::ENV_MPS_PINNED_MEM_LIMIT), "0=2048M");
     c.stop().await;
     assert!(!fake.answers());
+}
+
+/// The DRA plugin follows the same node agent's daemon as the device plugin: not ready and
+/// refusing every prepare while the daemon is down (nothing written, the claim's error names
+/// the daemon), the node metrics on its own `/metrics`, and serving again once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dra_plugin_refuses_prepare_and_is_not_ready_while_the_daemon_is_down() {
+    let fake = FakeMps::new();
+    let node = dra_node::node(|cfg| {
+        fake.configure(cfg);
+        cfg.dra.admin_address = "127.0.0.1:0".to_string();
+    })
+    .await;
+    let plugin = node.start().await;
+    let addr = plugin.admin_addr().expect("the admin server runs");
+    let kubelet = node.kubelet();
+    kubelet
+        .wait_registered(wire::DRA_DRIVER_NAME)
+        .await
+        .expect("registers");
+    wait_until("ready", || plugin.is_ready()).await;
+    let (_, text) = extender_http::get(addr, "/metrics").await;
+    for line in [
+        "gpushare_dra_plugin_mps_daemon_up 1\n",
+        "gpushare_dra_plugin_unhealthy_gpus 0\n",
+        "gpushare_dra_plugin_memory_unit_change_refused 0\n",
+    ] {
+        assert!(text.contains(line), "{line} missing from\n{text}");
+    }
+    fake.refuse_starts(true);
+    fake.kill();
+    wait_until("not ready", || !plugin.is_ready()).await;
+    let (status, _) = extender_http::get(addr, "/readyz").await;
+    assert_eq!(status, 503);
+    let (_, text) = extender_http::get(addr, "/metrics").await;
+    assert!(
+        text.contains("gpushare_dra_plugin_mps_daemon_up 0\n"),
+        "{text}"
+    );
+
+    dra_node::submit(&node.api, "p", 2, 1);
+    let pass = DraAllocator::new(node.api.admin_client())
+        .reconcile()
+        .await
+        .expect("a pass");
+    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    let claims = kubelet.prepare_pod("default", "p").await.expect("answers");
+    let ClaimOutcome::Failed(why) = &claims[0].outcome else {
+        panic!("prepared while the daemon is down: {claims:?}");
+    };
+    assert!(why.contains("MPS control daemon"), "{why}");
+    assert!(why.contains("gpushare doctor --mps"), "{why}");
+    assert!(
+        !dra_node::spec_file(&node.cdi_dir(), &claims[0].uid).exists(),
+        "nothing written"
+    );
+    c_wait_events(&node).await;
+
+    fake.refuse_starts(false);
+    wait_until("ready again", || plugin.is_ready()).await;
+    let claims = kubelet.prepare_pod("default", "p").await.expect("answers");
+    assert!(
+        matches!(claims[0].outcome, ClaimOutcome::Prepared(_)),
+        "{claims:?}"
+    );
+    let spec = std::fs::read_to_string(dra_node::spec_file(&node.cdi_dir(), &claims[0].uid))
+        .expect("the spec");
+    assert!(
+        spec.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M"),
+        "{spec}"
+    );
+    plugin.stop().await;
+    assert!(!fake.answers());
+}
+
+/// Waits for the node's `GpuShareMpsDaemonStartFailed` Event raised by the DRA plugin's agent.
+async fn c_wait_events(node: &dra_node::Node) {
+    wait_until("a GpuShareMpsDaemonStartFailed Event", || {
+        node.api
+            .list_objects("events.events.k8s.io", Some("default"))
+            .iter()
+            .any(|e| e["reason"] == "GpuShareMpsDaemonStartFailed")
+    })
+    .await;
 }
 
 // ---------------------------------------------------------------- doctor --mps

@@ -935,6 +935,8 @@ async fn plugin_over_xml(
     };
     config.node.node_name = "mig-node".to_string();
     config.device_plugin.state_dir = dir.join("state");
+    // A real backend's GPUs: a lock directory of this test's own (not the host's).
+    config.node.gpu_lock_dir = dir.join("locks");
     config.device_plugin.device_plugin_dir = kubelet.device_plugin_dir();
     config.device_plugin.pod_resources_socket = kubelet.pod_resources_socket();
     config.device_plugin.admin_address = String::new();
@@ -1095,8 +1097,8 @@ async fn the_device_plugin_counts_an_unattributed_xid_and_marks_no_gpu() {
             .all(|x| x.health == wire::HEALTHY),
         "the unattributed Xid marked GPU 0"
     );
-    assert_eq!(plugin.metrics().unattributed_xids.get(), 1);
-    assert_eq!(plugin.metrics().unhealthy_gpus.get(), 1);
+    assert_eq!(plugin.node_metrics().unattributed_xids.get(), 1);
+    assert_eq!(plugin.node_metrics().unhealthy_gpus.get(), 1);
     plugin.stop().await;
     kubelet.stop().await;
     api.shutdown().await;

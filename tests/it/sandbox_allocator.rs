@@ -1902,8 +1902,7 @@ fn upstreams_allocator_cases_hold() {
 /// over a node as the DRA plugin publishes it (`dra::slices::build_slices`: the GPUs, then an
 /// HCA): a claim asking GPU memory and the HCA must be allocated.
 #[test]
-#[ignore = "product bug: the per-kind DeviceClass selector (core::wire::dra_kind_class_selector, the chart's <name>.<domain> classes) reads device.attributes[driver].resource, which GPU devices lack: upstream's allocator stops with `CEL runtime error: no such key: resource`, so every claim with an RDMA or generic request fails"]
-fn product_bug_the_kind_classes_select_without_an_error_on_gpu_devices() {
+fn the_kind_classes_select_without_an_error_on_gpu_devices() {
     use gpushare::core::wire::{
         DRA_DEVICE_CLASS, DRA_DRIVER_NAME, dra_gpu_class_selector, dra_kind_class_name,
         dra_kind_class_selector,

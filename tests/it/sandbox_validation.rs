@@ -5,8 +5,9 @@
 //! through kube-rs as a client would; the gates' defaults are checked per version (1.34 to
 //! 1.37) and per gate.
 //!
-//! The `product_bug_*` tests run what the gpushare DRA plugin publishes against these rules;
-//! they fail today and are `#[ignore]`d with the bug (see each one).
+//! The last tests run what the gpushare DRA plugin publishes against these rules: a tainted
+//! pool split to fit, a GPU too small for the unit left out rather than invalidating the
+//! slice.
 
 use gpushare::core::{GpuPolicy, MemoryUnit};
 use gpushare::dra::slices::{SliceGpu, build_slices};
@@ -810,8 +811,7 @@ async fn publish(server: &ApiServer, slices: &[ResourceSlice]) -> Vec<Answer> {
 /// The DRA plugin splits a pool into slices of 128 devices (`dra::slices::MAX_DEVICES_PER_SLICE`);
 /// once a device is tainted (an unhealthy GPU), upstream allows 64.
 #[tokio::test]
-#[ignore = "product bug: dra::slices::build_slices splits at 128 devices, upstream allows 64 once a device has taints (an unhealthy GPU): the slice is refused with 422"]
-async fn product_bug_a_tainted_pool_of_more_than_64_devices_is_split_to_fit() {
+async fn a_tainted_pool_of_more_than_64_devices_is_split_to_fit() {
     let server = ApiServer::start().await.expect("starts");
     let gpus: Vec<SliceGpu> = (0..65).map(|i| slice_gpu(i, 16, i == 0)).collect();
     let slices = build_slices(
@@ -834,8 +834,7 @@ async fn product_bug_a_tainted_pool_of_more_than_64_devices_is_split_to_fit() {
 /// A GPU of one memory unit (or less) is published with `min + step > value`, which upstream
 /// refuses for the whole slice: every GPU of the node is lost.
 #[tokio::test]
-#[ignore = "product bug: dra::slices publishes a GPU of one memory unit or less with min + step > value (--memory-unit 16GiB on 16 GiB GPUs): upstream refuses the node's whole slice"]
-async fn product_bug_a_gpu_too_small_for_the_unit_does_not_invalidate_the_slice() {
+async fn a_gpu_too_small_for_the_unit_does_not_invalidate_the_slice() {
     let server = ApiServer::start().await.expect("starts");
     let unit = MemoryUnit::from_mib(16 * 1024).expect("16GiB");
     let gpus = [slice_gpu(0, 16, false), slice_gpu(1, 32, false)];
@@ -854,4 +853,19 @@ async fn product_bug_a_gpu_too_small_for_the_unit_does_not_invalidate_the_slice(
             panic!("a published slice is refused: {message}");
         }
     }
+    let stored: Vec<String> = server
+        .list_objects("resourceslices", None)
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .filter_map(|d| {
+            d["attributes"]["index"]["int"]
+                .as_i64()
+                .map(|i| i.to_string())
+        })
+        .collect();
+    assert_eq!(
+        stored,
+        ["1"],
+        "the 32 GiB GPU serves, the 16 GiB one is left out"
+    );
 }

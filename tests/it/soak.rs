@@ -26,6 +26,7 @@ use serde_json::{Value, json};
 
 use crate::support::extender_http::http;
 use crate::support::objects::{gpu_node, pending_pod};
+use crate::support::soak::{Rng, env_num};
 use crate::support::wait::poll;
 
 const GPUS_PER_NODE: u64 = 4;
@@ -34,31 +35,6 @@ const WORKERS: usize = 32;
 /// Live pods per worker before it deletes its oldest: keeps the cluster near full.
 const LIVE_PER_WORKER: usize = 20;
 const BIND_TIMEOUT_MS: u64 = 1000;
-
-fn env_num(key: &str, default: u64) -> u64 {
-    std::env::var(key)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// xorshift64*: deterministic per seed, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 #[derive(Default)]
 struct Counts {

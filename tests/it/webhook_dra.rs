@@ -73,10 +73,13 @@ async fn cluster_with(
     c.webhook.port = 0;
     c.webhook.self_signed = true;
     c.webhook.gpu_mem_path = default_path;
+    c.cluster.kubeconfig = api.admin_kubeconfig_path().display().to_string();
     tweak(&mut c);
+    // The client `gpushare webhook` builds for itself.
+    let client = webhook::api_client(&c).await.expect("the webhook's client");
     let hook = webhook::start(
         &c,
-        Some(api.admin_client()),
+        Some(client),
         webhook::DEFAULT_REFRESH,
         Shutdown::never(),
     )
@@ -360,4 +363,100 @@ async fn an_hca_in_the_limits_moves_into_the_claim_aligned_with_the_gpu() {
         .and_then(|r| r.limits)
         .expect("limits");
     assert!(limits.contains_key("gpushare.io/rdma"));
+}
+
+/// The unit and the driver the webhook is given (`--memory-unit`, `--driver-name`: the chart's
+/// `devicePlugin.memoryUnit` and `dra.driverName`) are the ones its claims are written in: a
+/// container asking 4096 units of MiB asks 4 GiB, and the pod's requests are kept on one GPU
+/// by `<driver>/uuid`, the attribute that driver's slices publish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_claim_is_written_in_the_unit_and_driver_the_webhook_is_given() {
+    let (api, hook) = cluster_with(GpuMemPath::Dra, |c| {
+        c.node.memory_unit = MemoryUnit::MIB;
+        c.dra.driver_name = "example.com".into();
+    })
+    .await;
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "mib" },
+        "spec": { "containers": [
+            { "name": "main", "image": "cuda", "resources": { "limits": { "aliyun.com/gpu-mem": "4096" } } },
+            { "name": "side", "image": "cuda", "resources": { "limits": { "aliyun.com/gpu-mem": "1024" } } },
+        ] },
+    }))
+    .expect("a pod");
+    create(&api, "plain-ns", &pod).await;
+    let t = templates(&api, "plain-ns");
+    assert_eq!(t.len(), 1, "{t:?}");
+    let devices = &t[0]["spec"]["spec"]["devices"];
+    assert_eq!(
+        devices["requests"][0]["exactly"]["capacity"]["requests"]["memory"],
+        (4 * GIB).to_string(),
+        "4096 MiB units are 4 GiB"
+    );
+    assert_eq!(
+        devices["requests"][1]["exactly"]["capacity"]["requests"]["memory"],
+        GIB.to_string()
+    );
+    assert_eq!(
+        devices["constraints"][0]["matchAttribute"], "example.com/uuid",
+        "the attribute the driver's slices publish"
+    );
+    hook.stop().await;
+}
+
+/// With no scheduler to send pods to (`--scheduler-name ""`: scheduler.mode=extender, where the
+/// default kube-scheduler calls the extender), the webhook rewrites the DRA path's pods and
+/// leaves every other pod's scheduler as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_scheduler_to_route_to_only_the_dra_path_changes_pods() {
+    let (api, hook) = cluster_with(GpuMemPath::Extender, |c| {
+        c.webhook.scheduler_name = String::new();
+    })
+    .await;
+    let dra = create(&api, "dra-ns", &two_container_pod("a")).await;
+    assert_eq!(claims(&dra), [DRA_POD_CLAIM]);
+    let ext = create(&api, "ext-ns", &two_container_pod("b")).await;
+    assert!(claims(&ext).is_empty());
+    assert_eq!(scheduler(&ext), None, "kept for the default kube-scheduler");
+    let plain = create(&api, "plain-ns", &two_container_pod("c")).await;
+    assert_eq!(scheduler(&plain), None);
+    assert!(claims(&plain).is_empty());
+    hook.stop().await;
+}
+
+/// A 503 / 429 / 504 storm on the namespace read: the webhook (with the client `gpushare
+/// webhook` builds) reads the namespace a bounded number of times per admission and answers,
+/// instead of multiplying its own retries by the client's quiet ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_of_503_429_504_on_the_namespace_read_is_bounded() {
+    for code in [503u16, 429, 504] {
+        let (api, hook) = cluster(GpuMemPath::Extender).await;
+        api.inject(
+            Fault::new(
+                Some(http::Method::GET),
+                "/api/v1/namespaces/dra-ns",
+                FaultAction::Status(code),
+            )
+            .times(1000),
+        );
+        let pods: Api<Pod> = Api::namespaced(api.admin_client(), "dra-ns");
+        let refused = pods
+            .create(&PostParams::default(), &two_container_pod("p"))
+            .await
+            .expect_err("the path of the namespace is unknown: refused");
+        assert!(
+            refused.to_string().contains("cannot read namespace dra-ns"),
+            "{code}: {refused}"
+        );
+        let reads = api
+            .requests()
+            .into_iter()
+            .filter(|r| r.method == http::Method::GET && r.path.contains("/namespaces/dra-ns"))
+            .count();
+        assert!(
+            (1..=3).contains(&reads),
+            "{code}: {reads} namespace reads for one admission"
+        );
+        hook.stop().await;
+    }
 }

@@ -104,6 +104,20 @@ pub fn unique_dns_label(parts: &[&str], taken: &mut Vec<String>) -> String {
     name
 }
 
+/// The stable DRA device name of a GPU (the one both node roles agree on): its UUID in lower
+/// case when that is a DNS label (`gpu-8e4c1c2e-…`), else `gpu-<index>`.
+pub fn gpu_device_name(uuid: &str, index: u32) -> String {
+    let lower = uuid.to_ascii_lowercase();
+    let label = !lower.is_empty()
+        && lower.len() <= 63
+        && lower.starts_with("gpu-")
+        && lower
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !lower.ends_with('-');
+    if label { lower } else { format!("gpu-{index}") }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -92,6 +92,12 @@ pub const NODE_ANN_DEVICES: &str = "gpushare.io/devices";
 /// Node annotation (ours): GPUs the device plugin saw but does not offer, and why, as JSON
 /// `[{"index":0,"uuid":"GPU-…","reason":"MIG mode is enabled: …"}]`; `[]` when none.
 pub const NODE_ANN_EXCLUDED_GPUS: &str = "gpushare.io/excluded-gpus";
+/// Node annotation (ours): the GPUs the device plugin offers and those it holds back (another
+/// path serves them, or that path's pods still hold memory on them), as JSON
+/// `{"offered":[0,1],"heldBack":{"2":"…"}}`; removed when the device plugin stops.
+pub const NODE_ANN_DEVICE_PLUGIN_GPUS: &str = "gpushare.io/device-plugin-gpus";
+/// Node annotation (ours): the same for the DRA kubelet plugin.
+pub const NODE_ANN_DRA_GPUS: &str = "gpushare.io/dra-gpus";
 /// Node annotation (ours): the unit the device plugin counts in (`GiB`, `MiB`, `256MiB`).
 pub const NODE_ANN_MEMORY_UNIT: &str = "gpushare.io/memory-unit";
 /// Node annotation (ours): under driver enforcement, each served container's GPU memory limit
@@ -115,6 +121,11 @@ pub const DRA_DRIVER_NAME: &str = "gpushare.io";
 pub const DRA_DEVICE_CLASS: &str = "gpu-mem.gpushare.io";
 /// The consumable capacity of each published GPU, in bytes.
 pub const DRA_CAPACITY_MEMORY: &str = "memory";
+/// The fewest whole memory units a GPU must hold to be published on the DRA path: its
+/// [`DRA_CAPACITY_MEMORY`] has a `requestPolicy.validRange` of `min` and `step` one unit, and
+/// the API server refuses a device whose `min + step` exceeds its value (and with it the
+/// node's whole slice). A GPU of fewer units is left out of the slice, by name.
+pub const DRA_MIN_UNITS_PER_GPU: u64 = 2;
 /// Device attribute: the GPU's UUID (`matchAttribute` keeps a pod's requests on one GPU).
 pub const DRA_ATTR_UUID: &str = "uuid";
 /// Device attribute: the GPU's enumeration index.
@@ -148,17 +159,26 @@ pub const DRA_ATTR_PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
 
 /// The CEL selector of the GPU DeviceClass ([`DRA_DEVICE_CLASS`]) of driver `driver`: its
 /// devices whose [`DRA_ATTR_TYPE`] is [`DRA_TYPE_GPU`].
+///
+/// Every attribute it reads is guarded by `has()`: upstream's allocator turns a CEL runtime
+/// error (`no such key`) of a class selector into an allocation error for the whole claim, so
+/// a selector must evaluate to a boolean on every device of the driver's pools, whatever its
+/// kind. (CEL's `&&` is commutative on errors, so a false `device.driver` test alone guards
+/// nothing against another device of the same driver.)
 pub fn dra_gpu_class_selector(driver: &str) -> String {
+    let attrs = format!("device.attributes[\"{driver}\"]");
     format!(
-        "device.driver == \"{driver}\" && device.attributes[\"{driver}\"].{DRA_ATTR_TYPE} == \"{DRA_TYPE_GPU}\""
+        "device.driver == \"{driver}\" && has({attrs}.{DRA_ATTR_TYPE}) && {attrs}.{DRA_ATTR_TYPE} == \"{DRA_TYPE_GPU}\""
     )
 }
 
 /// The CEL selector of the DeviceClass of the device kind served as `resource`: the
-/// devices of driver `driver` whose [`DRA_ATTR_RESOURCE`] is `resource`.
+/// devices of driver `driver` whose [`DRA_ATTR_RESOURCE`] is `resource` (the GPUs have none:
+/// guarded by `has()`, as [`dra_gpu_class_selector`] says why).
 pub fn dra_kind_class_selector(driver: &str, resource: &str) -> String {
+    let attrs = format!("device.attributes[\"{driver}\"]");
     format!(
-        "device.driver == \"{driver}\" && device.attributes[\"{driver}\"].{DRA_ATTR_RESOURCE} == \"{resource}\""
+        "device.driver == \"{driver}\" && has({attrs}.{DRA_ATTR_RESOURCE}) && {attrs}.{DRA_ATTR_RESOURCE} == \"{resource}\""
     )
 }
 

@@ -46,8 +46,8 @@ use crate::kubelet::{WAIT_DEADLINE, dial_unix};
 
 /// How often the registry directory is scanned.
 const SCAN_PERIOD: Duration = Duration::from_millis(20);
-/// How long one call to a plugin may take.
-const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one call to a plugin may take (kubelet's own deadline for a DRA call).
+const CALL_TIMEOUT: Duration = Duration::from_secs(45);
 
 /// What the kubelet knows about one plugin that announced itself.
 #[derive(Clone, Debug, PartialEq)]
@@ -260,7 +260,9 @@ impl DraKubelet {
             .ok_or_else(|| anyhow!("{driver} is not registered"))
     }
 
-    /// The claims recorded as prepared for the pod with this uid.
+    /// The claims recorded for the pod with this uid: prepared, or tried (each outcome says;
+    /// a claim whose call got no answer is `Missing`), as kubelet's claim info cache keeps
+    /// them until the pod is done and they are unprepared.
     pub fn prepared(&self, pod_uid: &str) -> Option<Vec<PreparedClaim>> {
         self.inner
             .state()
@@ -321,103 +323,138 @@ impl DraKubelet {
                 ));
             }
         }
+        // As kubelet's claim info cache: the claims are recorded before the plugins are
+        // called, so that a pod that ends without a successful prepare (a lost answer, a
+        // plugin killed mid-call) still has its claims unprepared.
+        let planned: Vec<PreparedClaim> = by_driver
+            .iter()
+            .flat_map(|(driver, claims)| {
+                claims
+                    .iter()
+                    .map(move |(namespace, uid, name)| PreparedClaim {
+                        namespace: namespace.clone(),
+                        name: name.clone(),
+                        uid: uid.clone(),
+                        driver: driver.clone(),
+                        service: String::new(),
+                        outcome: ClaimOutcome::Missing,
+                    })
+            })
+            .collect();
+        self.inner
+            .state()
+            .prepared
+            .entry(uid.clone())
+            .or_insert_with(|| (format!("{namespace}/{name}"), planned));
         let mut out = Vec::new();
         for (driver, claims) in by_driver {
-            let (channel, versions) = self.channel(&driver)?;
-            if versions.iter().any(|v| v == v1::SERVICE) {
-                let mut client = v1::dra_plugin_client::DraPluginClient::new(channel);
-                let request = v1::NodePrepareResourcesRequest {
-                    claims: claims
-                        .iter()
-                        .map(|(namespace, uid, name)| v1::Claim {
-                            namespace: namespace.clone(),
-                            uid: uid.clone(),
-                            name: name.clone(),
-                        })
-                        .collect(),
-                };
-                let answer =
-                    tokio::time::timeout(CALL_TIMEOUT, client.node_prepare_resources(request))
-                        .await
-                        .map_err(|_| anyhow!("NodePrepareResources on {driver} timed out"))?
-                        .with_context(|| format!("NodePrepareResources on {driver}"))?
-                        .into_inner();
-                for (namespace, uid, name) in claims {
-                    let outcome = match answer.claims.get(&uid) {
-                        None => ClaimOutcome::Missing,
-                        Some(r) if !r.error.is_empty() => ClaimOutcome::Failed(r.error.clone()),
-                        Some(r) => ClaimOutcome::Prepared(
-                            r.devices
-                                .iter()
-                                .map(|d| PreparedDevice {
-                                    request_names: d.request_names.clone(),
-                                    pool: d.pool_name.clone(),
-                                    device: d.device_name.clone(),
-                                    cdi_device_ids: d.cdi_device_ids.clone(),
-                                    share_id: d.share_id.clone(),
-                                })
-                                .collect(),
-                        ),
-                    };
-                    out.push(PreparedClaim {
-                        namespace,
-                        name,
-                        uid,
-                        driver: driver.clone(),
-                        service: v1::SERVICE.into(),
-                        outcome,
-                    });
-                }
-            } else {
-                let mut client = v1beta1::dra_plugin_client::DraPluginClient::new(channel);
-                let request = v1beta1::NodePrepareResourcesRequest {
-                    claims: claims
-                        .iter()
-                        .map(|(namespace, uid, name)| v1beta1::Claim {
-                            namespace: namespace.clone(),
-                            uid: uid.clone(),
-                            name: name.clone(),
-                        })
-                        .collect(),
-                };
-                let answer =
-                    tokio::time::timeout(CALL_TIMEOUT, client.node_prepare_resources(request))
-                        .await
-                        .map_err(|_| anyhow!("NodePrepareResources on {driver} timed out"))?
-                        .with_context(|| format!("NodePrepareResources (v1beta1) on {driver}"))?
-                        .into_inner();
-                for (namespace, uid, name) in claims {
-                    let outcome = match answer.claims.get(&uid) {
-                        None => ClaimOutcome::Missing,
-                        Some(r) if !r.error.is_empty() => ClaimOutcome::Failed(r.error.clone()),
-                        Some(r) => ClaimOutcome::Prepared(
-                            r.devices
-                                .iter()
-                                .map(|d| PreparedDevice {
-                                    request_names: d.request_names.clone(),
-                                    pool: d.pool_name.clone(),
-                                    device: d.device_name.clone(),
-                                    cdi_device_ids: d.cdi_device_ids.clone(),
-                                    share_id: None,
-                                })
-                                .collect(),
-                        ),
-                    };
-                    out.push(PreparedClaim {
-                        namespace,
-                        name,
-                        uid,
-                        driver: driver.clone(),
-                        service: v1beta1::SERVICE.into(),
-                        outcome,
-                    });
-                }
-            }
+            out.extend(self.prepare_claims(&driver, &claims).await?);
         }
         self.inner
             .state()
             .prepared
             .insert(uid, (format!("{namespace}/{name}"), out.clone()));
+        Ok(out)
+    }
+
+    /// One `NodePrepareResources` call to `driver` for `claims` (`(namespace, uid, name)`),
+    /// as kubelet makes it, recording nothing: what the plugin answered for each claim.
+    pub async fn prepare_claims(
+        &self,
+        driver: &str,
+        claims: &[(String, String, String)],
+    ) -> anyhow::Result<Vec<PreparedClaim>> {
+        let driver = driver.to_string();
+        let claims = claims.to_vec();
+        let mut out = Vec::new();
+        let (channel, versions) = self.channel(&driver)?;
+        if versions.iter().any(|v| v == v1::SERVICE) {
+            let mut client = v1::dra_plugin_client::DraPluginClient::new(channel);
+            let request = v1::NodePrepareResourcesRequest {
+                claims: claims
+                    .iter()
+                    .map(|(namespace, uid, name)| v1::Claim {
+                        namespace: namespace.clone(),
+                        uid: uid.clone(),
+                        name: name.clone(),
+                    })
+                    .collect(),
+            };
+            let answer = tokio::time::timeout(CALL_TIMEOUT, client.node_prepare_resources(request))
+                .await
+                .map_err(|_| anyhow!("NodePrepareResources on {driver} timed out"))?
+                .with_context(|| format!("NodePrepareResources on {driver}"))?
+                .into_inner();
+            for (namespace, uid, name) in claims {
+                let outcome = match answer.claims.get(&uid) {
+                    None => ClaimOutcome::Missing,
+                    Some(r) if !r.error.is_empty() => ClaimOutcome::Failed(r.error.clone()),
+                    Some(r) => ClaimOutcome::Prepared(
+                        r.devices
+                            .iter()
+                            .map(|d| PreparedDevice {
+                                request_names: d.request_names.clone(),
+                                pool: d.pool_name.clone(),
+                                device: d.device_name.clone(),
+                                cdi_device_ids: d.cdi_device_ids.clone(),
+                                share_id: d.share_id.clone(),
+                            })
+                            .collect(),
+                    ),
+                };
+                out.push(PreparedClaim {
+                    namespace,
+                    name,
+                    uid,
+                    driver: driver.clone(),
+                    service: v1::SERVICE.into(),
+                    outcome,
+                });
+            }
+        } else {
+            let mut client = v1beta1::dra_plugin_client::DraPluginClient::new(channel);
+            let request = v1beta1::NodePrepareResourcesRequest {
+                claims: claims
+                    .iter()
+                    .map(|(namespace, uid, name)| v1beta1::Claim {
+                        namespace: namespace.clone(),
+                        uid: uid.clone(),
+                        name: name.clone(),
+                    })
+                    .collect(),
+            };
+            let answer = tokio::time::timeout(CALL_TIMEOUT, client.node_prepare_resources(request))
+                .await
+                .map_err(|_| anyhow!("NodePrepareResources on {driver} timed out"))?
+                .with_context(|| format!("NodePrepareResources (v1beta1) on {driver}"))?
+                .into_inner();
+            for (namespace, uid, name) in claims {
+                let outcome = match answer.claims.get(&uid) {
+                    None => ClaimOutcome::Missing,
+                    Some(r) if !r.error.is_empty() => ClaimOutcome::Failed(r.error.clone()),
+                    Some(r) => ClaimOutcome::Prepared(
+                        r.devices
+                            .iter()
+                            .map(|d| PreparedDevice {
+                                request_names: d.request_names.clone(),
+                                pool: d.pool_name.clone(),
+                                device: d.device_name.clone(),
+                                cdi_device_ids: d.cdi_device_ids.clone(),
+                                share_id: None,
+                            })
+                            .collect(),
+                    ),
+                };
+                out.push(PreparedClaim {
+                    namespace,
+                    name,
+                    uid,
+                    driver: driver.clone(),
+                    service: v1beta1::SERVICE.into(),
+                    outcome,
+                });
+            }
+        }
         Ok(out)
     }
 
@@ -437,50 +474,11 @@ impl DraKubelet {
         }
         let mut errors = Vec::new();
         for (driver, claims) in by_driver {
-            let (channel, versions) = self.channel(&driver)?;
-            let answers: HashMap<String, String> = if versions.iter().any(|v| v == v1::SERVICE) {
-                let mut client = v1::dra_plugin_client::DraPluginClient::new(channel);
-                let request = v1::NodeUnprepareResourcesRequest {
-                    claims: claims
-                        .iter()
-                        .map(|c| v1::Claim {
-                            namespace: c.namespace.clone(),
-                            uid: c.uid.clone(),
-                            name: c.name.clone(),
-                        })
-                        .collect(),
-                };
-                tokio::time::timeout(CALL_TIMEOUT, client.node_unprepare_resources(request))
-                    .await
-                    .map_err(|_| anyhow!("NodeUnprepareResources on {driver} timed out"))?
-                    .with_context(|| format!("NodeUnprepareResources on {driver}"))?
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|(k, v)| (k, v.error))
-                    .collect()
-            } else {
-                let mut client = v1beta1::dra_plugin_client::DraPluginClient::new(channel);
-                let request = v1beta1::NodeUnprepareResourcesRequest {
-                    claims: claims
-                        .iter()
-                        .map(|c| v1beta1::Claim {
-                            namespace: c.namespace.clone(),
-                            uid: c.uid.clone(),
-                            name: c.name.clone(),
-                        })
-                        .collect(),
-                };
-                tokio::time::timeout(CALL_TIMEOUT, client.node_unprepare_resources(request))
-                    .await
-                    .map_err(|_| anyhow!("NodeUnprepareResources on {driver} timed out"))?
-                    .with_context(|| format!("NodeUnprepareResources (v1beta1) on {driver}"))?
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|(k, v)| (k, v.error))
-                    .collect()
-            };
+            let refs: Vec<(String, String, String)> = claims
+                .iter()
+                .map(|c| (c.namespace.clone(), c.uid.clone(), c.name.clone()))
+                .collect();
+            let answers = self.unprepare_claims(&driver, &refs).await?;
             for c in claims {
                 match answers.get(&c.uid) {
                     Some(e) if e.is_empty() => {}
@@ -493,6 +491,60 @@ impl DraKubelet {
             self.inner.state().prepared.remove(pod_uid);
         }
         Ok(errors)
+    }
+
+    /// One `NodeUnprepareResources` call to `driver` for `claims` (`(namespace, uid, name)`),
+    /// recording nothing: each claim's error by uid, empty when done.
+    pub async fn unprepare_claims(
+        &self,
+        driver: &str,
+        claims: &[(String, String, String)],
+    ) -> anyhow::Result<HashMap<String, String>> {
+        let (channel, versions) = self.channel(driver)?;
+        let answers: HashMap<String, String> = if versions.iter().any(|v| v == v1::SERVICE) {
+            let mut client = v1::dra_plugin_client::DraPluginClient::new(channel);
+            let request = v1::NodeUnprepareResourcesRequest {
+                claims: claims
+                    .iter()
+                    .map(|(namespace, uid, name)| v1::Claim {
+                        namespace: namespace.clone(),
+                        uid: uid.clone(),
+                        name: name.clone(),
+                    })
+                    .collect(),
+            };
+            tokio::time::timeout(CALL_TIMEOUT, client.node_unprepare_resources(request))
+                .await
+                .map_err(|_| anyhow!("NodeUnprepareResources on {driver} timed out"))?
+                .with_context(|| format!("NodeUnprepareResources on {driver}"))?
+                .into_inner()
+                .claims
+                .into_iter()
+                .map(|(k, v)| (k, v.error))
+                .collect()
+        } else {
+            let mut client = v1beta1::dra_plugin_client::DraPluginClient::new(channel);
+            let request = v1beta1::NodeUnprepareResourcesRequest {
+                claims: claims
+                    .iter()
+                    .map(|(namespace, uid, name)| v1beta1::Claim {
+                        namespace: namespace.clone(),
+                        uid: uid.clone(),
+                        name: name.clone(),
+                    })
+                    .collect(),
+            };
+            tokio::time::timeout(CALL_TIMEOUT, client.node_unprepare_resources(request))
+                .await
+                .map_err(|_| anyhow!("NodeUnprepareResources on {driver} timed out"))?
+                .with_context(|| format!("NodeUnprepareResources (v1beta1) on {driver}"))?
+                .into_inner()
+                .claims
+                .into_iter()
+                .map(|(k, v)| (k, v.error))
+                .collect()
+        };
+        Ok(answers)
     }
 
     /// One pass over the pods of this node: prepares those not prepared yet whose claims are
@@ -515,16 +567,36 @@ impl DraKubelet {
                 continue;
             }
             live.insert(uid.clone());
-            if self.inner.state().prepared.contains_key(&uid) {
+            let done = self
+                .inner
+                .state()
+                .prepared
+                .get(&uid)
+                .is_some_and(|(_, claims)| {
+                    claims
+                        .iter()
+                        .all(|c| matches!(c.outcome, ClaimOutcome::Prepared(_)))
+                });
+            if done {
                 continue;
             }
-            // Claims not allocated (or not created) yet: a later pass.
-            if self.prepare(pod).await.is_ok() {
-                report.prepared.push(format!(
-                    "{}/{}",
-                    pod.metadata.namespace.as_deref().unwrap_or_default(),
-                    pod.metadata.name.as_deref().unwrap_or_default()
-                ));
+            // Claims not allocated (or not created) yet, or a claim the plugin did not prepare
+            // (its error): a later pass tries again, as kubelet does before it starts the pod.
+            match self.prepare(pod).await {
+                Ok(claims)
+                    if claims
+                        .iter()
+                        .all(|c| matches!(c.outcome, ClaimOutcome::Prepared(_))) =>
+                {
+                    report.prepared.push(format!(
+                        "{}/{}",
+                        pod.metadata.namespace.as_deref().unwrap_or_default(),
+                        pod.metadata.name.as_deref().unwrap_or_default()
+                    ));
+                }
+                // Recorded: tried again on the next pass while the pod lives, unprepared when
+                // it is done.
+                Ok(_) | Err(_) => {}
             }
         }
         let gone: Vec<String> = self

@@ -352,6 +352,15 @@ fn the_policy_allows_only_the_device_plugins_own_writes() {
             }}}),
             Verdict::Allowed,
         ),
+        (
+            "the GPUs it offers and holds back, on its own Node, and their removal",
+            plugin_node(own, None, "gpu-a"),
+            node_a.clone(),
+            json!({ "metadata": { "annotations": {
+                wire::NODE_ANN_DEVICE_PLUGIN_GPUS: r#"{"offered":[0],"heldBack":{"1":"…"}}"#,
+            }}}),
+            Verdict::Allowed,
+        ),
         // --- another node's objects
         (
             "a pod bound to another node",
@@ -678,5 +687,53 @@ fn the_dra_policy_keeps_each_plugin_to_its_own_nodes_slices() {
     ];
     for (what, req, old, new, want) in cases {
         assert_eq!(policy.admit(&req, old, new), want, "{what}");
+    }
+}
+
+/// The DRA plugin's writes on Nodes: its own Node, and there only the DRA path's annotations
+/// (`gpushare.io/dra-gpus`; with enforcement `gpushare.io/container-gpu-memory`), never a
+/// label, a spec, another annotation, an owner or finalizer.
+#[test]
+fn the_dra_policy_keeps_each_plugin_to_its_own_nodes_annotations_of_the_dra_path() {
+    let Some((policy, _)) = rendered_named(
+        "{ dra: { enabled: true, admissionPolicy: { enabled: true } } }",
+        "gpushare-dra-plugin-node",
+    ) else {
+        return;
+    };
+    let mine = node("node-a");
+    let theirs = node("node-b");
+    let patched = |n: &Json, patch: Json| merge_patch(n, &patch);
+    let gate = json!({ "metadata": { "annotations": { wire::NODE_ANN_DRA_GPUS: "{\"offered\":[0,1],\"heldBack\":{}}" } } });
+    let use_ =
+        json!({ "metadata": { "annotations": { "gpushare.io/container-gpu-memory": "{}" } } });
+    let gone = json!({ "metadata": { "annotations": { wire::NODE_ANN_DRA_GPUS: null } } });
+    let devices = json!({ "metadata": { "annotations": { "gpushare.io/devices": "[]" } } });
+    let label = json!({ "metadata": { "labels": { "gpushare": null } } });
+    let taint = json!({ "spec": { "taints": [{ "key": "x", "effect": "NoSchedule" }] } });
+    let finalizer = json!({ "metadata": { "finalizers": ["x"] } });
+    let node_req =
+        |user: &str, token: Option<&str>, name: &str| request(user, token, "nodes", None, name);
+    let with_gate = patched(&mine, gate.clone());
+    let cases: Vec<(&str, Json, Json, Json, Verdict)> = vec![
+        ("its path's annotation", node_req(DRA_PLUGIN, Some("node-a"), "node-a"), mine.clone(), with_gate.clone(), Verdict::Allowed),
+        ("the containers' use", node_req(DRA_PLUGIN, Some("node-a"), "node-a"), mine.clone(), patched(&mine, use_), Verdict::Allowed),
+        ("the annotation removed at stop", node_req(DRA_PLUGIN, Some("node-a"), "node-a"), with_gate.clone(), patched(&with_gate, gone), Verdict::Allowed),
+        ("another node", node_req(DRA_PLUGIN, Some("node-a"), "node-b"), theirs.clone(), patched(&theirs, gate.clone()),
+            Verdict::Denied("the DRA plugin may change only its own Node".into())),
+        ("the device plugin's annotation", node_req(DRA_PLUGIN, Some("node-a"), "node-a"), mine.clone(), patched(&mine, devices),
+            Verdict::Denied("the DRA plugin may change only the annotations of the DRA path".into())),
+        ("a label", node_req(DRA_PLUGIN, Some("node-a"), "node-a"), mine.clone(), patched(&mine, label),
+            Verdict::Denied("the DRA plugin may not change labels".into())),
+        ("a taint", node_req(DRA_PLUGIN, Some("node-a"), "node-a"), mine.clone(), patched(&mine, taint),
+            Verdict::Denied("the DRA plugin may not change a spec".into())),
+        ("a finalizer", node_req(DRA_PLUGIN, Some("node-a"), "node-a"), mine.clone(), patched(&mine, finalizer),
+            Verdict::Denied("the DRA plugin may not change metadata.finalizers".into())),
+        ("a token without a node", node_req(DRA_PLUGIN, None, "node-a"), mine.clone(), with_gate.clone(),
+            Verdict::Denied("the DRA plugin's token names no node (claim authentication.kubernetes.io/node-name): use a pod-bound token (Kubernetes 1.30+)".into())),
+        ("another user", node_req("system:serviceaccount:kube-system:other", None, "node-b"), theirs.clone(), patched(&theirs, json!({ "metadata": { "labels": { "x": "y" } } })), Verdict::NotMatched),
+    ];
+    for (what, req, old, new, want) in cases {
+        assert_eq!(policy.admit(&req, &old, &new), want, "{what}");
     }
 }

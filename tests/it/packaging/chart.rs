@@ -19,7 +19,7 @@ use gpushare::core::wire;
 use crate::support::assert_cli_accepts;
 use crate::support::helm_chart::{
     CHART, NAMESPACE, RELEASE, all_documents, assert_lint_clean, assert_scheduler_config,
-    check_typed, default_extender_url, default_values, helm, merged, render_chart,
+    check_typed, default_extender_url, default_values, helm, merged, render_chart, strings,
 };
 use crate::support::source_tree::{read, repo_path, yaml_documents};
 
@@ -427,7 +427,10 @@ fn rbac_grants_exactly_what_each_role_uses() {
         grants(&cm_role["rules"]),
         triples(&[("", "configmaps", &["get", "list", "watch"])])
     );
-    // Leases: a Role in the release namespace, get/update limited to the extender's Lease.
+    // Leases: a Role in the release namespace; everything but create limited to the
+    // extender's Lease. The election's watch lists and watches with the field selector
+    // metadata.name=<lease>, which the API server authorizes as a request for that name: a
+    // resourceNames rule covers it only when it names list and watch.
     let lease_role = find(&docs, "Role", "gpushare-schd-extender-lease");
     assert_eq!(lease_role["metadata"]["namespace"], NAMESPACE);
     assert_eq!(
@@ -435,12 +438,17 @@ fn rbac_grants_exactly_what_each_role_uses() {
         triples(&[(
             "coordination.k8s.io",
             "leases",
-            &["create", "get", "update"]
+            &["create", "get", "list", "update", "watch"]
         )])
     );
     assert_eq!(
         lease_role["rules"][1]["resourceNames"][0],
         "gpushare-schd-extender"
+    );
+    assert_eq!(
+        strings(&lease_role["rules"][1]["verbs"]),
+        ["get", "update", "list", "watch"],
+        "{lease_role:?}"
     );
     // Without leader election there is no Lease access at all.
     let Some(single) = all_documents(merged(
@@ -463,6 +471,8 @@ fn rbac_grants_exactly_what_each_role_uses() {
             ("", "nodes", &["get", "list", "watch", "patch"]),
             ("", "nodes/status", &["patch"]),
             ("events.k8s.io", "events", &["create", "patch"]),
+            ("resource.k8s.io", "resourceslices", &["list"]),
+            ("resource.k8s.io", "resourceclaims", &["list"]),
         ])
     );
     // Every binding points at its role and the right ServiceAccount.

@@ -347,10 +347,11 @@ fn the_webhook_ships_two_replicas_both_configurations_and_least_privilege_rbac()
             assert_eq!(rule["resourceNames"], json!(["gpushare-webhook-tls"]));
         }
     }
-    // Cluster-wide: its two configurations, reading namespaces (the gpu-mem-path label) and
-    // making the DRA path's claim templates; nothing else.
+    // Cluster-wide: its two configurations and reading namespaces (the gpu-mem-path label);
+    // with dra.enabled also the DRA path's claim templates (packaging::dra_chart); nothing
+    // else.
     let cr = find(&objects, "ClusterRole", "gpushare-webhook");
-    assert_eq!(cr["rules"].as_array().map(Vec::len), Some(3));
+    assert_eq!(cr["rules"].as_array().map(Vec::len), Some(2));
     assert_eq!(cr["rules"][0]["resourceNames"], json!(["gpushare-webhook"]));
     assert_eq!(
         cr["rules"][0]["resources"],
@@ -360,13 +361,7 @@ fn the_webhook_ships_two_replicas_both_configurations_and_least_privilege_rbac()
         ])
     );
     assert_eq!(cr["rules"][1]["resources"], json!(["namespaces"]));
-    assert_eq!(cr["rules"][1]["verbs"], json!(["get", "list", "watch"]));
-    assert_eq!(cr["rules"][2]["apiGroups"], json!(["resource.k8s.io"]));
-    assert_eq!(
-        cr["rules"][2]["resources"],
-        json!(["resourceclaimtemplates"])
-    );
-    assert_eq!(cr["rules"][2]["verbs"], json!(["get", "create"]));
+    assert_eq!(cr["rules"][1]["verbs"], json!(["get"]));
 }
 
 #[test]

@@ -269,11 +269,14 @@ fn the_notes_of_the_dra_path_say_how_a_node_moves() {
     assert!(!off.notes.contains("DRA path"), "{}", off.notes);
     let on = render(json!({"dra": {"enabled": true}})).expect("renders");
     for what in [
-        "gpushare.io/gpu-mem-path=dra (the device plugin keeps off them)",
+        "gpushare.io/gpu-mem-path=dra (the device plugin keeps",
         "kubectl label node <node> gpushare.io/gpu-mem-path=dra --overwrite",
-        "exec daemonset/gpushare-dra-plugin -- gpushare doctor --role node --dra",
+        "kubectl label namespace <namespace> gpushare.io/gpu-mem-path=dra",
+        "exec daemonset/gpushare-dra-plugin -- gpushare doctor --role node --dra --driver-name=gpushare.io",
         "gpushare doctor --role control-plane --dra",
         "DeviceClass gpu-mem.gpushare.io (driver gpushare.io)",
+        "DRAConsumableCapacity",
+        "DRADeviceTaints",
     ] {
         assert!(
             on.notes.contains(what),

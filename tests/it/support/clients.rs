@@ -2,8 +2,8 @@
 //! helm-python-sdk, promtool, kubectl), deterministically.
 //!
 //! Where each comes from (`.ci/run` installs them):
-//! - Python with `grpcio`, `grpcio-tools` and `helm-python-sdk`: `$GPUSHARE_TEST_PYTHON`, else
-//!   `<repo>/.venv/bin/python3`.
+//! - Python with `grpcio`, `grpcio-tools`, `helm-python-sdk` and `kubernetes-validate`:
+//!   `$GPUSHARE_TEST_PYTHON`, else `<repo>/.venv/bin/python3`.
 //! - promtool (Debian package `prometheus`): `$GPUSHARE_TEST_PROMTOOL`, else `promtool` on PATH.
 //! - systemd-analyze (Debian package `systemd`): on PATH.
 //! - kubectl: `$GPUSHARE_TEST_KUBECTL` (one binary), else every `kubectl` / `kubectl.1.*` on
@@ -228,4 +228,31 @@ pub fn helm_chart(request: &serde_json::Value) -> Option<serde_json::Value> {
         String::from_utf8_lossy(&out.stderr)
     );
     Some(serde_json::from_slice(&out.stdout).expect("helm_chart.py answers JSON"))
+}
+
+/// One request to kubernetes-validate (`tests/clients/kube_validate.py`): see that script for
+/// the request and answer. `None` when the package is missing (skipped; CI fails).
+pub fn kube_validate(request: &serde_json::Value) -> Option<serde_json::Value> {
+    use std::io::Write;
+    let python = python_with(&["kubernetes_validate"])?;
+    let mut child = Command::new(python)
+        .arg(repo_root().join("tests/clients/kube_validate.py"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(request.to_string().as_bytes())
+        .expect("request written");
+    let out = child.wait_with_output().expect("kube_validate.py finishes");
+    assert!(
+        out.status.success(),
+        "kube_validate.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(serde_json::from_slice(&out.stdout).expect("kube_validate.py answers JSON"))
 }

@@ -243,3 +243,81 @@ pub(crate) fn assert_lint_clean(report: &serde_json::Value, what: &str) {
         "helm lint --strict with {what}: {findings:?}"
     );
 }
+
+/// One object of a render: the template file it came from (`templates/managed/…`) and the
+/// object.
+#[derive(Clone, Debug)]
+pub(crate) struct Rendered {
+    /// The template's path in the chart (`gpushare/templates/dra-plugin.yaml`).
+    pub template: String,
+    /// The object.
+    pub object: Value,
+}
+
+/// What `helm install` would create and print: every object with its template, and
+/// NOTES.txt.
+#[derive(Clone, Debug)]
+pub(crate) struct Installed {
+    /// Every rendered object, in template order.
+    pub objects: Vec<Rendered>,
+    /// NOTES.txt as rendered.
+    pub notes: String,
+}
+
+impl Installed {
+    /// The object of `kind` named `name`, if rendered.
+    pub(crate) fn find(&self, kind: &str, name: &str) -> Option<&Value> {
+        self.objects
+            .iter()
+            .map(|r| &r.object)
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+    }
+
+    /// The objects of `kind`.
+    pub(crate) fn of_kind(&self, kind: &str) -> Vec<&Value> {
+        self.objects
+            .iter()
+            .map(|r| &r.object)
+            .filter(|o| o["kind"] == kind)
+            .collect()
+    }
+}
+
+/// The chart rendered as `helm install` does with the user values `values` (merged over the
+/// chart's by Helm itself, so `null` deletes a default), in `namespace`: the objects and the
+/// notes, or Helm's error (a template's `fail`, the schema's refusal). `None` without the
+/// engine (skipped; CI fails).
+pub(crate) fn install(
+    values: &serde_json::Value,
+    namespace: &str,
+) -> Option<Result<Installed, String>> {
+    let answer = clients::helm_chart(&serde_json::json!({
+        "chart": repo_path(CHART),
+        "release": RELEASE,
+        "namespace": namespace,
+        "renders": [values],
+        "full_paths": true,
+        "notes": true,
+    }))?;
+    let render = &answer["renders"][0];
+    if let Some(e) = render.get("error") {
+        return Some(Err(e.as_str().unwrap_or_default().to_string()));
+    }
+    let manifests: BTreeMap<String, String> =
+        serde_json::from_value(render["manifests"].clone()).expect("manifests by path");
+    let objects = manifests
+        .iter()
+        .flat_map(|(path, text)| {
+            yaml_documents(path, text)
+                .into_iter()
+                .map(|object| Rendered {
+                    template: path.clone(),
+                    object,
+                })
+        })
+        .collect();
+    Some(Ok(Installed {
+        objects,
+        notes: render["notes"].as_str().unwrap_or_default().to_string(),
+    }))
+}

@@ -170,6 +170,8 @@ pub struct Fault {
     pub action: FaultAction,
     /// How many matching requests it applies to.
     pub times: usize,
+    /// How many matching requests go through untouched before it applies.
+    pub skip: usize,
 }
 
 impl Fault {
@@ -185,7 +187,16 @@ impl Fault {
             path_contains: path_contains.into(),
             action,
             times: 1,
+            skip: 0,
         }
+    }
+
+    /// Lets the first `n` matching requests through untouched (the fault applies to later
+    /// ones): e.g. a kubelet's read of a claim passes and the plugin's read right after it
+    /// does not.
+    pub fn after(mut self, n: usize) -> Fault {
+        self.skip = n;
+        self
     }
 
     /// Applies the fault to `n` matching requests.
@@ -372,6 +383,10 @@ impl Shared {
             !matches!(f.action, FaultAction::CutWatch) && f.matches(method, path_and_query)
         })?;
         let fault = &mut controls.faults[index];
+        if fault.skip > 0 {
+            fault.skip -= 1;
+            return None;
+        }
         let action = fault.action.clone();
         fault.times = fault.times.saturating_sub(1);
         if fault.times == 0 {

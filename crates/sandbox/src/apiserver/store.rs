@@ -755,10 +755,7 @@ impl Store {
                 .unwrap_or(1);
             set_meta(&mut next, "generation", json!(generation + 1));
         }
-        let write = Write::Update {
-            old: current,
-            part,
-        };
+        let write = Write::Update { old: current, part };
         resource_strategy::prepare(def.id, &mut next, write, &self.cluster);
         validation_resource::validate(def, &next, Some(current), part, &self.cluster)?;
         set_meta(&mut next, "resourceVersion", json!(current_rv));

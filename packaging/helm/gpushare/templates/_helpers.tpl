@@ -108,6 +108,20 @@ context and renders nothing when no kind is enabled.
 {{- end }}
 {{- end }}
 
+{{/* The GPU lock files both node roles take before offering a GPU (one path per GPU across
+the device plugin and the DRA plugin): the same host directory in both DaemonSets. */}}
+{{- define "gpushare.gpuLocks.volumeMount" -}}
+- name: gpu-locks
+  mountPath: /var/run/gpushare/gpus
+{{- end }}
+
+{{- define "gpushare.gpuLocks.volume" -}}
+- name: gpu-locks
+  hostPath:
+    path: /var/run/gpushare/gpus
+    type: DirectoryOrCreate
+{{- end }}
+
 {{- define "gpushare.devices.volumeMount" -}}
 {{- if trim (include "gpushare.devices.resources" .) }}
 # the host's /dev: /dev/infiniband and the generic devices' nodes (read, never opened)

@@ -18,7 +18,13 @@ in every mode).
 {{- if and $dp.fakeGpus (ne $dp.gpuBackend "fake") -}}
 {{- fail (printf "devicePlugin.fakeGpus is read only with devicePlugin.gpuBackend=fake (it is %s): set gpuBackend: fake, or drop fakeGpus" $dp.gpuBackend) -}}
 {{- end -}}
-{{- if and (eq .Values.scheduler.mode "dedicated") .Values.webhook.tls.existingSecret (not .Values.webhook.tls.injectCaFrom) -}}
+{{- if and (include "gpushare.webhook.enabled" .) .Values.webhook.tls.existingSecret (not .Values.webhook.tls.injectCaFrom) -}}
 {{- fail "webhook.tls.existingSecret needs webhook.tls.injectCaFrom (<namespace>/<certificate>): with a Secret of your own nobody else writes the webhook configurations' caBundle, and the API server could not call the webhook" -}}
+{{- end -}}
+{{- if and .Values.dra.enabled (not .Values.dra.nodeSelector) -}}
+{{- fail "dra.enabled needs dra.nodeSelector (default gpushare.io/gpu-mem-path: dra): without it the DRA plugin would run on every node, beside the device plugin on the same GPUs (label the DRA nodes and select them)" -}}
+{{- end -}}
+{{- if and (eq .Values.webhook.gpuMemPath "dra") (not .Values.dra.enabled) -}}
+{{- fail "webhook.gpuMemPath=dra needs dra.enabled=true: the pods would be rewritten into claims of a DeviceClass and a driver that are not installed" -}}
 {{- end -}}
 {{- end }}

@@ -32,6 +32,23 @@ suffix (v1.30.4-eks-a737599 -> v1.30.4), the images registry.k8s.io publishes. *
 {{- end -}}
 {{- end -}}
 
+{{/* Whether gpushare webhook is deployed ("true" or ""): the dedicated mode's router of
+gpu-mem pods, and the DRA path's rewrite of gpu-mem pods into claims in either mode. */}}
+{{- define "gpushare.webhook.enabled" -}}
+{{- if or (eq .Values.scheduler.mode "dedicated") .Values.dra.enabled -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The scheduler the webhook sends gpu-mem pods to: the dedicated scheduler, or none in
+extender mode (the default kube-scheduler calls the extender; only the DRA path's pods are
+changed). */}}
+{{- define "gpushare.webhook.schedulerName" -}}
+{{- if eq .Values.scheduler.mode "dedicated" -}}
+{{- .Values.scheduler.name -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The one priority class of the managed components. */}}
 {{- define "gpushare.managed.priorityClassName" -}}
 {{- if .Values.priorityClass.create -}}

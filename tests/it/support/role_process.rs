@@ -1,0 +1,122 @@
+//! A role started as the built binary, as a container starts it: its arguments and an
+//! environment of exactly the variables given (nothing inherited but `PATH`), stdout and
+//! stderr into one log file (no pipe to fill), stopped (SIGKILL) when dropped. A role that
+//! exits while a test waits on it fails the test with its status and its log: a container
+//! that would crash-loop.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+/// A running role.
+pub(crate) struct RoleProcess {
+    name: String,
+    child: Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl std::fmt::Debug for RoleProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RoleProcess")
+            .field("name", &self.name)
+            .field("pid", &self.child.id())
+            .finish()
+    }
+}
+
+impl RoleProcess {
+    /// Starts `program` (the gpushare binary unless given) with `args` and `env`; `name` says
+    /// which role it is in failures.
+    pub(crate) fn start(
+        name: &str,
+        program: Option<&std::path::Path>,
+        args: &[String],
+        env: &[(String, String)],
+    ) -> RoleProcess {
+        let dir = tempfile::tempdir().expect("a log directory");
+        let log = dir.path().join(format!("{}.log", name.replace('/', "_")));
+        let file = std::fs::File::create(&log).expect("the log file");
+        let err = file.try_clone().expect("the log file again");
+        let bin = program.map_or_else(super::bin, std::path::Path::to_path_buf);
+        let mut cmd = Command::new(&bin);
+        cmd.args(args)
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(err);
+        if let Some(path) = std::env::var_os("PATH") {
+            cmd.env("PATH", path);
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("{name}: cannot start {}: {e}", bin.display()));
+        RoleProcess {
+            name: name.to_string(),
+            child,
+            log,
+            _dir: dir,
+        }
+    }
+
+    /// The role's name as given.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// What it printed so far (stdout and stderr, interleaved as written).
+    pub(crate) fn log(&self) -> String {
+        String::from_utf8_lossy(&std::fs::read(&self.log).unwrap_or_default()).into_owned()
+    }
+
+    /// Its exit status, when it has exited.
+    pub(crate) fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Fails the test when the role has exited: a container that would crash-loop, with its
+    /// status and log.
+    pub(crate) fn assert_running(&mut self) {
+        if let Some(status) = self.exited() {
+            panic!(
+                "{} exited ({status}) — its container would crash-loop; its log:\n{}",
+                self.name,
+                self.log()
+            );
+        }
+    }
+
+    /// Polls `cond` until it holds, failing the test when the role exits first (with its
+    /// log) or after `limit` (naming `what` and the log so far).
+    pub(crate) async fn wait_for(
+        &mut self,
+        what: &str,
+        limit: Duration,
+        mut cond: impl FnMut() -> bool,
+    ) {
+        let end = tokio::time::Instant::now() + limit;
+        loop {
+            if cond() {
+                return;
+            }
+            self.assert_running();
+            assert!(
+                tokio::time::Instant::now() < end,
+                "timed out after {limit:?} waiting for {what} of {}; its log:\n{}",
+                self.name,
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+impl Drop for RoleProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
