@@ -1449,7 +1449,8 @@ async fn device_plugin_figures(
                 .context("temporary folder")?;
             let kubelet = Kubelet::start(dir.path()).await?;
             let started = Instant::now();
-            let mut child = spawn_device_plugin(&api, &kubelet, node, &dir.path().join("state"), true)?;
+            let mut child =
+                spawn_device_plugin(&api, &kubelet, node, &dir.path().join("state"), true)?;
             kubelet
                 .wait_registered(RESOURCE_GPU_MEM)
                 .await

@@ -365,9 +365,13 @@ where
     crate::gpu::check_config(&config.gpu).map_err(failure::config)?;
     let early = early().await?;
     node_role.preflight(config).await?;
-    crate::node::run_role(config, role, node_role.writes(), admit, |agent, shutdown| {
-        run(early, agent, shutdown)
-    })
+    crate::node::run_role(
+        config,
+        role,
+        node_role.writes(),
+        admit,
+        |agent, shutdown| run(early, agent, shutdown),
+    )
     .await
 }
 

@@ -475,7 +475,9 @@ impl Plugin {
                     let base = self.grant(m.gpu_index, visible_uuid, m.pod_total, units);
                     let response = self.hand_over(Some(m.gpu_index), base).await?;
                     let response = self.enforce(m.gpu_index, units, response).await?;
-                    if !repeat && let Err(e) = self.record(&m, seq, &creq.devices_ids, deadline).await {
+                    if !repeat
+                        && let Err(e) = self.record(&m, seq, &creq.devices_ids, deadline).await
+                    {
                         self.metrics.allocation(if e.unknown {
                             "patch_unknown"
                         } else {

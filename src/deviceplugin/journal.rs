@@ -206,11 +206,17 @@ mod tests {
         let (left, bad) = again.load();
         assert!(bad.is_empty(), "{bad:?}");
         assert_eq!(
-            left.iter().map(|w| (w.uid.as_str(), w.generation)).collect::<Vec<_>>(),
+            left.iter()
+                .map(|w| (w.uid.as_str(), w.generation))
+                .collect::<Vec<_>>(),
             [("u-2", 2), ("u-1", 3)]
         );
         again.clear("u-1", 1).unwrap();
-        assert_eq!(again.load().0.len(), 2, "an older write does not clear a newer record");
+        assert_eq!(
+            again.load().0.len(),
+            2,
+            "an older write does not clear a newer record"
+        );
         again.clear("u-1", 3).unwrap();
         again.clear("u-9", 1).unwrap();
         assert_eq!(again.load().0, vec![write("u-2", 2)]);

@@ -254,16 +254,18 @@ async fn run_pod(plugin: Arc<Plugin>, uid: String) {
         match land(&plugin, &write).await {
             Landed::Stopped => return,
             Landed::Gone => {
-                tracing::debug!(pod = format!("{}/{}", write.namespace, write.name), "the pod is gone; its answers are not written");
+                tracing::debug!(
+                    pod = format!("{}/{}", write.namespace, write.name),
+                    "the pod is gone; its answers are not written"
+                );
                 if plugin.writeback.finish(&uid, write.generation) {
                     return;
                 }
             }
             Landed::Written => {
-                plugin.records().mark_pod_recorded(
-                    &uid,
-                    write.answered.iter().map(|a| a.container.as_str()),
-                );
+                plugin
+                    .records()
+                    .mark_pod_recorded(&uid, write.answered.iter().map(|a| a.container.as_str()));
                 if plugin.writeback.finish(&uid, write.generation) {
                     return;
                 }
@@ -273,7 +275,10 @@ async fn run_pod(plugin: Arc<Plugin>, uid: String) {
 }
 
 /// The JSON patch of `annotations` onto pod `uid` only (its first operation tests the UID).
-fn guarded_patch(uid: &str, annotations: &std::collections::BTreeMap<String, String>) -> serde_json::Value {
+fn guarded_patch(
+    uid: &str,
+    annotations: &std::collections::BTreeMap<String, String>,
+) -> serde_json::Value {
     let escape = |k: &str| k.replace('~', "~0").replace('/', "~1");
     let mut ops = vec![json!({ "op": "test", "path": "/metadata/uid", "value": uid })];
     ops.extend(annotations.iter().map(|(k, v)| {
@@ -359,10 +364,11 @@ async fn land(plugin: &Arc<Plugin>, write: &PendingWrite) -> Landed {
                         REFUSED_RETRY.as_secs()
                     );
                     tracing::error!("{msg}");
-                    plugin
-                        .agent
-                        .events()
-                        .warn_soon("Allocate", "GpuShareAllocationNotWritten", msg);
+                    plugin.agent.events().warn_soon(
+                        "Allocate",
+                        "GpuShareAllocationNotWritten",
+                        msg,
+                    );
                 }
                 refusals += 1;
                 pause = REFUSED_RETRY;
@@ -402,8 +408,14 @@ mod tests {
     #[test]
     fn the_patch_tests_the_uid_first_and_escapes_keys() {
         let ann = std::collections::BTreeMap::from([
-            ("gpushare.io/allocated-containers".to_string(), "a,b".to_string()),
-            ("ALIYUN_COM_GPU_MEM_ASSIGNED".to_string(), "true".to_string()),
+            (
+                "gpushare.io/allocated-containers".to_string(),
+                "a,b".to_string(),
+            ),
+            (
+                "ALIYUN_COM_GPU_MEM_ASSIGNED".to_string(),
+                "true".to_string(),
+            ),
         ]);
         let patch = guarded_patch("u-1", &ann);
         assert_eq!(

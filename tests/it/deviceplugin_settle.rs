@@ -385,7 +385,8 @@ async fn containers_start_while_the_api_server_is_down_and_assigned_lands_after(
     c.bound_pod("first", &[("main", 4)], Some(0), 1);
     c.bound_pod("second", &[("main", 4)], Some(1), 2);
     watched(&c, &["first", "second"]).await;
-    c.api.inject(Fault::new(None, "/", FaultAction::DropConnection).times(usize::MAX));
+    c.api
+        .inject(Fault::new(None, "/", FaultAction::DropConnection).times(usize::MAX));
     let (_, first) = c
         .kubelet
         .allocate_container(RESOURCE, "default", "first", "main", 4)
@@ -417,8 +418,7 @@ async fn containers_start_while_the_api_server_is_down_and_assigned_lands_after(
 /// that pod's writes meanwhile): the restarted plugin finishes the write, and the next
 /// Allocate of the same size matches the other pod, not the answered one again.
 #[tokio::test]
-async fn a_restart_between_an_answer_and_its_write_finishes_the_write_and_matches_no_second_pod()
-{
+async fn a_restart_between_an_answer_and_its_write_finishes_the_write_and_matches_no_second_pod() {
     let mut c = cluster("2x16GiB", |_| {}).await;
     c.bound_pod("answered", &[("main", 4)], Some(0), 1);
     c.bound_pod("next", &[("main", 4)], Some(1), 2);
@@ -452,7 +452,11 @@ async fn a_restart_between_an_answer_and_its_write_finishes_the_write_and_matche
         .allocate_container(RESOURCE, "default", "next", "main", 4)
         .await
         .expect("answered");
-    assert_eq!(gpu_of(&next), "1", "the answered pod is not matched a second time");
+    assert_eq!(
+        gpu_of(&next),
+        "1",
+        "the answered pod is not matched a second time"
+    );
     c.api.clear_faults();
     c.wait_for("ASSIGNED=true on both pods", |c| {
         ["answered", "next"]
