@@ -1403,6 +1403,17 @@ fn spawn_device_plugin(
     command.spawn().context("starting gpushare device-plugin")
 }
 
+/// Where the device plugin's state directory goes: tmpfs (`/dev/shm`), as
+/// `/var/run/gpushare` is on a node; `/tmp` where there is none.
+fn tmpfs() -> &'static std::path::Path {
+    let shm = std::path::Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm
+    } else {
+        std::path::Path::new("/tmp")
+    }
+}
+
 /// How many times registration is timed (each a fresh process and kubelet); the median is
 /// the figure.
 const REGISTRATIONS: usize = 7;
@@ -1449,8 +1460,11 @@ async fn device_plugin_figures(
                 .context("temporary folder")?;
             let kubelet = Kubelet::start(dir.path()).await?;
             let started = Instant::now();
-            let mut child =
-                spawn_device_plugin(&api, &kubelet, node, &dir.path().join("state"), true)?;
+            let state = tempfile::Builder::new()
+                .prefix("gpushare-bench-dp-state")
+                .tempdir_in(tmpfs())
+                .context("temporary folder")?;
+            let mut child = spawn_device_plugin(&api, &kubelet, node, state.path(), true)?;
             kubelet
                 .wait_registered(RESOURCE_GPU_MEM)
                 .await
@@ -1483,8 +1497,13 @@ async fn device_plugin_figures(
         .prefix("gpushare-bench-dp")
         .tempdir()
         .context("temporary folder")?;
+    // The plugin's state directory on tmpfs, as its default under /var/run is on a node.
+    let state = tempfile::Builder::new()
+        .prefix("gpushare-bench-dp-state")
+        .tempdir_in(tmpfs())
+        .context("temporary folder")?;
     let kubelet = Kubelet::start(dir.path()).await?;
-    let mut child = spawn_device_plugin(&api, &kubelet, node, &dir.path().join("state"), false)?;
+    let mut child = spawn_device_plugin(&api, &kubelet, node, state.path(), false)?;
     let pid = child.id().context("the device plugin exited at once")?;
     let status_path = format!("/proc/{pid}/status");
     kubelet
