@@ -67,7 +67,7 @@ struct State {
 /// The background writer of Allocate's answers.
 #[derive(Debug)]
 pub(crate) struct Writeback {
-    journal: Result<Journal, String>,
+    journal: Result<Journal, JournalError>,
     state: Mutex<State>,
     /// How many pods have writes not landed yet.
     pending_tx: watch::Sender<usize>,
@@ -87,7 +87,7 @@ impl Writeback {
     /// A writer over the journal in `dir`; without a usable directory it accepts nothing (the
     /// reason is kept for the log).
     pub fn open(dir: &std::path::Path) -> Writeback {
-        let journal = Journal::open(dir).map_err(|e| e.to_string());
+        let journal = Journal::open(dir);
         if let Err(e) = &journal {
             tracing::warn!(
                 error = %e,
@@ -146,7 +146,7 @@ impl Writeback {
         let journal = self
             .journal
             .as_ref()
-            .map_err(|e| NotAccepted::NoJournal(e.clone()))?;
+            .map_err(|e| NotAccepted::NoJournal(e.to_string()))?;
         let spawn = {
             let mut state = self.state();
             let generation = state.next_generation + 1;
