@@ -104,8 +104,8 @@ test-gpu-limiter: ## the CUDA memory limiter on a real GPU: driver API routes, n
 fresh-clone: ## a fresh `git clone` of HEAD walked through `make test` (install step, SKIPPED lines) by tests/it/packaging/fresh_clone.rs
 	$(CARGO) test $(CI_FLAGS) --test it -- --ignored --nocapture fresh_clone_
 
-layers: ## the house rules: roles never import each other, core links nothing outside, no sandbox without `demo`, typed errors, tests share through support only
-	$(CARGO) test $(CI_FLAGS) --test layers
+layers: ## the house rules (tools/house, syn only: builds in seconds): roles never import each other, the infrastructure ordered, no import cycle among the files of src/, core links nothing outside, no sandbox without `demo`, typed errors, tests share through support only, the front door in step with the subcommands
+	$(CARGO) test $(CI_FLAGS) -p gpushare-house
 
 lint: ## cargo fmt --check and clippy with warnings denied
 	$(CARGO) fmt --all -- --check

@@ -1,7 +1,7 @@
 //! `cargo bench --bench dra`: the DRA kubelet plugin's figures, in ONE process.
 //!
 //! With `--bench`: 110 pods with `aliyun.com/gpu-mem` rewritten onto the DRA path
-//! (`gpushare::k8s::dra_request`), allocated by the sandbox allocator over a node's slices (8 GPUs ×
+//! (`gpushare::webhook::dra_rewrite`), allocated by the sandbox allocator over a node's slices (8 GPUs ×
 //! 16 GiB, `gpushare::dra::slices`), then, as kubelet calls it, `NodePrepareResources` for each
 //! pod's claim over the plugin's unix socket (`gpushare::dra::plugin`, with the role's
 //! preparer, `gpushare::dra::prepare::CdiPreparer`: one CDI spec per claim), then the same
@@ -27,11 +27,11 @@ use gpushare::dra::plugin::{PluginConfig, Served, start};
 use gpushare::dra::prepare::CdiPreparer;
 use gpushare::dra::publish::sync_slices;
 use gpushare::dra::slices::{Pool, SliceGpu};
-use gpushare::k8s::dra_request::rewrite;
 use gpushare::kubelet_api::dra::v1;
 use gpushare::node::contract::NodeTraits;
 use gpushare::node::gpus::ServedGpu;
 use gpushare::shutdown::Shutdown;
+use gpushare::webhook::dra_rewrite::rewrite;
 use gpushare_sandbox::apiserver::ApiServer;
 use gpushare_sandbox::dra_allocator::DraAllocator;
 use gpushare_sandbox::kubelet::dial_unix;

@@ -66,7 +66,7 @@ impl GlobalArgs {
     }
 }
 
-/// GPU memory sharing for Kubernetes: extender, device plugin, DRA plugin, webhook, inspect, doctor.
+/// GPU memory sharing: extender, device plugin, DRA plugin, webhook, inspect, doctor, CDI hook.
 ///
 /// A drop-in successor of Aliyun's gpushare: pods ask for `aliyun.com/gpu-mem` (GiB by
 /// default), the extender picks one GPU with room, the device plugin hands it to the

@@ -564,7 +564,7 @@ pub struct NodeConfig {
     pub mps_check_interval_ms: u64,
     /// The longest wait between two restarts of a daemon that keeps failing, in seconds.
     pub mps_restart_backoff_max_secs: u64,
-    /// auto | driver | mps | none: what holds a container to its share of GPU memory.
+    /// auto | driver | limiter | mps | none: what holds a container to its share of GPU memory.
     pub enforcement: enforcement::Enforcement,
     /// The gpushare program the container runtime runs as the CDI hook that sets a container's
     /// limit (driver enforcement); the same path on the host and in the node agent's view.
@@ -578,6 +578,16 @@ pub struct NodeConfig {
     pub enforcement_cdi_dir: PathBuf,
     /// How often every served container's limit is read back, in seconds.
     pub enforcement_check_secs: u64,
+    /// The CUDA memory limiter the node agent installs into `limiter_dir` at start (the
+    /// image's copy, or where a host install put it); empty: install nothing, use what
+    /// `limiter_dir` holds.
+    pub limiter_library: PathBuf,
+    /// Host directory holding the installed limiter and the preload list mounted into
+    /// containers (the same path on the host and in the node agent's view).
+    pub limiter_dir: PathBuf,
+    /// Host directory (a tmpfs) of each served container's limits file and state directory
+    /// (the same path on the host and in the node agent's view).
+    pub limiter_run_dir: PathBuf,
     /// The host's cgroup v2 root as the node agent sees it.
     pub cgroup_root: PathBuf,
     /// The cgroup v2 root as the container runtime (and so the hook) sees it.
@@ -630,6 +640,9 @@ impl Default for NodeConfig {
             enforcement_state_dir: PathBuf::from("/var/run/gpushare/limits"),
             enforcement_cdi_dir: PathBuf::from("/var/run/cdi"),
             enforcement_check_secs: 30,
+            limiter_library: PathBuf::from(DEFAULT_LIMITER_LIBRARY),
+            limiter_dir: PathBuf::from(DEFAULT_LIMITER_DIR),
+            limiter_run_dir: PathBuf::from(DEFAULT_LIMITER_RUN_DIR),
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             runtime_cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             runtime_proc_root: PathBuf::from("/proc"),
@@ -637,6 +650,13 @@ impl Default for NodeConfig {
         }
     }
 }
+
+/// Where the image (and a host install) keeps the CUDA memory limiter the node agent installs.
+pub const DEFAULT_LIMITER_LIBRARY: &str = "/usr/local/lib/gpushare/libgpushare_limiter.so";
+/// Where the node agent installs the limiter and its preload list on the host.
+pub const DEFAULT_LIMITER_DIR: &str = "/var/lib/gpushare/limiter";
+/// Where each served container's limits file and state directory go on the host (tmpfs).
+pub const DEFAULT_LIMITER_RUN_DIR: &str = "/run/gpushare/limiter";
 
 /// The `[node]` keys that `[device_plugin]` held before; `device_plugin.<key>` (in the file
 /// and as `GPUSHARE_DEVICE_PLUGIN__<KEY>`) still sets `node.<key>`, and doctor names it.
@@ -1271,6 +1291,8 @@ impl Config {
             ("node.enforcement_hook", &d.enforcement_hook),
             ("node.enforcement_state_dir", &d.enforcement_state_dir),
             ("node.enforcement_cdi_dir", &d.enforcement_cdi_dir),
+            ("node.limiter_dir", &d.limiter_dir),
+            ("node.limiter_run_dir", &d.limiter_run_dir),
             ("node.cgroup_root", &d.cgroup_root),
             ("node.runtime_cgroup_root", &d.runtime_cgroup_root),
             ("node.runtime_proc_root", &d.runtime_proc_root),
@@ -1281,6 +1303,15 @@ impl Config {
                     format!("{}: must be an absolute path", path.display()),
                 ));
             }
+        }
+        if !d.limiter_library.as_os_str().is_empty() && !d.limiter_library.is_absolute() {
+            return Err(invalid(
+                "node.limiter_library",
+                format!(
+                    "{}: must be an absolute path (or empty: install nothing)",
+                    d.limiter_library.display()
+                ),
+            ));
         }
         if d.mps && d.mps_control.trim().is_empty() {
             return Err(invalid(

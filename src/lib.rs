@@ -11,37 +11,41 @@
 //!                 kube-scheduler                          kubectl inspect gpushare
 //!                      │ filter / prioritize / bind              │ (inspect)
 //!                      ▼                                         ▼
-//!   ┌────────────────────────────────┐  watch pods+nodes  ┌─────────────┐
-//!   │ extender  (HTTP, per-GPU ledger)│◄──────────────────►│ API server  │
-//!   └────────────────────────────────┘  patch annotations └─────────────┘
-//!                                       + Binding                ▲
-//!                                                                │ watch own pods, patch
-//!   kubelet ──Register/ListAndWatch/Allocate (gRPC, UDS)──► device-plugin ──► node agent
-//!                                     (GPUs, unit, health, MPS, contract) ──► GPU backend
-//!                                                          (nvml | nvidia-smi | fake)
+//!   ┌────────────────────────────────┐  watch pods+nodes  ┌─────────────┐  admission
+//!   │ extender  (HTTP, per-GPU ledger)│◄──────────────────►│ API server  │◄──────── webhook
+//!   └────────────────────────────────┘  patch annotations └─────────────┘  (managed clusters)
+//!                                       + Binding            ▲        ▲
+//!                                                            │        │ ResourceSlices,
+//!                                       watch own pods, patch│        │ claims
+//!   kubelet ──Register/ListAndWatch/Allocate (gRPC, UDS)──► device-plugin ─┐
+//!   kubelet ──NodePrepareResources (DRA gRPC, UDS)────────► dra-plugin ────┤
+//!                                                                          ▼
+//!                      node agent (GPUs, unit, health, MPS, contract, enforcement)
+//!                                                          ──► GPU backend (nvml | nvidia-smi | fake)
+//!   container runtime ──createRuntime──► cdi-hook (GPU memory limit on the container's cgroup)
 //!   doctor: checks every box above before the roles start, and on demand.
 //!
 //!   DRA path: webhook ──gpu-mem pod → ResourceClaim──► API server ◄── kube-scheduler (DRA)
-//!   kubelet ──NodePrepareResources (gRPC, UDS)──► dra-plugin ──► node agent, CDI spec
 //! ```
 //!
-//! Layout (docs/development.md has the map and the rules, and
-//! `tests/layers.rs` enforces them):
+//! Layout (docs/development.md has the map and the rules, and `make layers` — the
+//! `gpushare-house` crate in `tools/house` — enforces them):
 //! - crates of their own: [`core`] (`gpushare-core`, pure: units, wire names, annotation
 //!   codec, what a pod holds, ledger, placement), [`kubelet_api`] (`gpushare-kubelet-api`,
 //!   generated gRPC code) and `gpushare-sandbox` (a throwaway cluster for tests and
 //!   `gpushare demo`, linked only with the `demo` feature);
-//! - infrastructure every role may use: [`buildinfo`], [`config`], [`telemetry`],
-//!   [`shutdown`], [`failure`] (exit statuses, error text), [`admin`], [`exposition`],
-//!   [`http_server`], [`outbound`] (the one HTTP client), [`k8s`], [`cgroup`] (a process's
-//!   cgroup v2 leaf and what the tree offers), [`gpu`], [`node`] (the GPU
-//!   node agent the node roles share), and the device kinds beside the GPU: [`pcie`]
+//! - infrastructure every role may use: [`buildinfo`], [`shutdown`], [`fd_limit`] (the
+//!   open-file limit), [`config`], [`telemetry`], [`exposition`], [`tls`] (certificates from
+//!   files, re-read on change), [`failure`] (exit statuses, error text), [`outbound`] (the one
+//!   HTTP client), [`http_server`], [`admin`], [`k8s`], [`cgroup`] (a process's cgroup v2 leaf
+//!   and what the tree offers), [`gpu`], the device kinds beside the GPU: [`pcie`]
 //!   (topology), [`rdma`] (HCAs), [`devices`] (configuration, generic devices, the hand-over
-//!   to a container);
-//! - the roles, which never import each other: [`extender`], [`deviceplugin`], [`inspect`],
-//!   [`doctor`], [`webhook`] (admission webhook: managed clusters and the DRA rewrite),
-//!   [`cdi_hook`] (the CDI hook the container runtime runs to set a container's GPU memory
-//!   limit), [`dra`] (the DRA kubelet plugin, `dra-plugin`);
+//!   to a container), and [`node`] (the GPU node agent the node roles share);
+//! - the roles, one subcommand each, which never import each other: [`extender`]
+//!   (`extender`), [`deviceplugin`] (`device-plugin`), [`dra`] (`dra-plugin`, and the DRA
+//!   path's pure pieces), [`inspect`] (`inspect`), [`doctor`] (`doctor`), [`webhook`]
+//!   (`webhook`, the admission webhook of managed clusters and the DRA rewrite), [`cdi_hook`] (`cdi-hook`, the CDI
+//!   hook the container runtime runs to set a container's GPU memory limit);
 //! - the composers: [`cli`] (the only dispatch to the roles, and the preflight) and `demo`.
 
 pub use gpushare_core as core;

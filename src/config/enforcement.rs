@@ -12,13 +12,18 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "kebab-case")]
 pub enum Enforcement {
-    /// The strongest mechanism each GPU supports: driver, else mps where MPS is on, else none;
-    /// the node agent logs which it chose and why.
+    /// The strongest mechanism each GPU supports: driver, else limiter where the node has the
+    /// limiter library, else mps where MPS is on, else none; the node agent logs which it
+    /// chose and why.
     #[default]
     Auto,
     /// The driver's per-cgroup memory limits (R615+, cgroup v2, no MIG), set on each
     /// container's own cgroup by a CDI hook at creation; refuses to start without them.
     Driver,
+    /// The CUDA memory limiter: a library the node agent installs on the host and preloads
+    /// into every container (`/etc/ld.so.preload`, read-only mounts); refuses to start
+    /// without the library.
+    Limiter,
     /// The MPS control daemon's per-client pinned memory limit (`[node] mps = true`).
     Mps,
     /// No enforcement: the share is what the scheduler counts, nothing stops a container using
@@ -27,11 +32,12 @@ pub enum Enforcement {
 }
 
 impl Enforcement {
-    /// The configuration spelling (`auto`, `driver`, `mps`, `none`).
+    /// The configuration spelling (`auto`, `driver`, `limiter`, `mps`, `none`).
     pub fn as_str(self) -> &'static str {
         match self {
             Enforcement::Auto => "auto",
             Enforcement::Driver => "driver",
+            Enforcement::Limiter => "limiter",
             Enforcement::Mps => "mps",
             Enforcement::None => "none",
         }

@@ -39,7 +39,7 @@ fn submit(api: &ApiServer, name: &str, units: u64) -> anyhow::Result<()> {
         "spec": { "containers": [{ "name": "main", "image": "nvidia/cuda:12.4.1-base-ubuntu22.04",
             "resources": { "limits": { "aliyun.com/gpu-mem": units.to_string() } } }] },
     }))?;
-    let r = crate::k8s::dra_request::rewrite(
+    let r = crate::webhook::dra_rewrite::rewrite(
         &pod,
         NAMESPACE,
         MemoryUnit::GIB,

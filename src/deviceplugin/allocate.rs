@@ -36,7 +36,8 @@
 //! Under driver enforcement ([`crate::node::enforcement`]) each GPU answer also names the limit
 //! device `gpushare.io/memory-limit=<uuid>_<bytes>` (its spec, carrying the hook that sets the
 //! container's limit, written first: a spec that cannot be written fails the call) and carries
-//! NVIDIA's `NVIDIA_GPU_MEMORY_REQUEST/LIMIT`.
+//! NVIDIA's `NVIDIA_GPU_MEMORY_REQUEST/LIMIT`. Under the CUDA memory limiter each answer gets
+//! the limiter's mounts instead ([`super::limiter`]).
 //!
 //! No match: on a one-GPU node the upstream fallback (that GPU, no patch); otherwise the
 //! upstream failure envs or, with `--allocate-failure error`, a gRPC error that names the pods
@@ -191,16 +192,24 @@ impl Plugin {
         &self,
         gpu_index: u32,
         units: GpuMem,
+        pod: Option<&Match>,
+        device_ids: &[String],
         mut response: ContainerAllocateResponse,
     ) -> Result<ContainerAllocateResponse, Status> {
         let enforcer = self.agent.enforcement().clone();
         let Some(gpu) = self.gpu_by_index(gpu_index) else {
             return Ok(response);
         };
-        if enforcer.mechanism(ServingPath::DevicePlugin) != Mechanism::Driver {
-            return Ok(response);
-        }
         let bytes = self.agent.unit().to_bytes(units);
+        match enforcer.mechanism(ServingPath::DevicePlugin) {
+            Mechanism::Driver => {}
+            Mechanism::Limiter => {
+                return self
+                    .limiter_mounts(gpu, bytes, pod, device_ids, response)
+                    .await;
+            }
+            Mechanism::Mps | Mechanism::None => return Ok(response),
+        }
         let (uuid, writer) = (gpu.uuid.clone(), enforcer.clone());
         let written = tokio::task::spawn_blocking(move || writer.device_plugin_limit(&uuid, bytes))
             .await
@@ -474,7 +483,9 @@ impl Plugin {
                     self.refuse_held_back(m.gpu_index)?;
                     let base = self.grant(m.gpu_index, visible_uuid, m.pod_total, units);
                     let response = self.hand_over(Some(m.gpu_index), base).await?;
-                    let response = self.enforce(m.gpu_index, units, response).await?;
+                    let response = self
+                        .enforce(m.gpu_index, units, Some(&m), &creq.devices_ids, response)
+                        .await?;
                     if !repeat
                         && let Err(e) = self.record(&m, seq, &creq.devices_ids, deadline).await
                     {
@@ -515,7 +526,10 @@ impl Plugin {
                     self.metrics.allocation("single_gpu_fallback");
                     let base = self.grant(gpu.index, true, units, units);
                     let response = self.hand_over(Some(gpu.index), base).await?;
-                    responses.push(self.enforce(gpu.index, units, response).await?);
+                    responses.push(
+                        self.enforce(gpu.index, units, None, &creq.devices_ids, response)
+                            .await?,
+                    );
                 }
                 Choice::Unmatched(rejected) => {
                     self.metrics.allocation("no_candidate");

@@ -22,10 +22,6 @@ pub(crate) async fn serve(_plugin: Arc<Plugin>, _stop: Shutdown) -> anyhow::Resu
 /// Nothing to reconcile without the PodResources socket.
 pub(crate) async fn run(_plugin: Arc<Plugin>, _stop: Shutdown) {}
 
-/// What the reconciler has reported: nothing, without one.
-#[derive(Debug, Default)]
-pub(crate) struct Reported;
-
 /// Always an error: no PodResources socket to ask.
 pub(crate) async fn list_assignments(
     _socket: &std::path::Path,

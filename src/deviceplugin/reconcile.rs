@@ -34,7 +34,7 @@
 //! The records are planned under their mutex (no await); the PATCHes run after, each under
 //! its pod's lock, with a request timeout.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,6 +46,7 @@ use tonic::transport::{Endpoint, Uri};
 use super::Plugin;
 use super::matching::PodSnapshot;
 use super::records::{PodId, Records};
+use super::reported::{Holder, Reported};
 use crate::core::wire::{
     ANN_ASSIGNED, ANN_ASSUME_TIME, ANN_DEVICE_MEM, ANN_GPU_INDEX, POD_ANN_ALLOCATED_CONTAINERS,
     RESOURCE_GPU_MEM, parse_fake_device_id,
@@ -63,9 +64,6 @@ const PERIOD: Duration = Duration::from_secs(30);
 const FOLLOW_UP: Duration = Duration::from_millis(200);
 /// How long after an Allocate the reconciler keeps looking for it.
 const FOLLOW_UP_FOR: Duration = Duration::from_secs(10);
-
-/// (namespace, pod, container) kubelet recorded for a device ID.
-type Holder = (String, String, String);
 
 /// Reads kubelet's device assignments of `aliyun.com/gpu-mem`: device ID → holder.
 pub(crate) async fn list_assignments(
@@ -156,13 +154,6 @@ struct Desired {
     swap_gpu: Option<u32>,
     add: BTreeSet<String>,
     remove: BTreeSet<String>,
-}
-
-/// What the reconciler has reported already (each mismatch and split once).
-#[derive(Debug, Default)]
-pub(crate) struct Reported {
-    holders: HashSet<Holder>,
-    splits: HashSet<String>,
 }
 
 /// One pass's decisions, taken without an await.

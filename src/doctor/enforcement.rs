@@ -4,7 +4,11 @@
 //! version (R615+) and its calls, cgroup v2 at the cgroup root and the backend it gives (the
 //! kernel's `dmem` controller, else the driver's `misc` accounting), the hook the container
 //! runtime runs (`node.enforcement_hook`), the state directory, and — on the device-plugin
-//! path — a CDI strategy to hand the hook over (the `envvar` strategy cannot).
+//! path — a CDI strategy to hand the hook over (the `envvar` strategy cannot). For the CUDA
+//! memory limiter: the library installed on the host (`node.limiter_dir`, or the one the node
+//! agent installs at start from `node.limiter_library`), its architecture and glibc floor (the
+//! newest glibc the containers' programs need; the node cannot see their images), the
+//! per-container directory (`node.limiter_run_dir`, a tmpfs).
 //!
 //! The same decision as the node agent's ([`crate::node::enforcement::decide`]), over the
 //! files under `--root`: asked-for `driver` that cannot work fails (the role refuses to start
@@ -21,6 +25,7 @@ use super::report::{Check, Status};
 use crate::config::enforcement::Enforcement;
 use crate::config::{Config, NodeConfig};
 use crate::gpu::limits::{LimitError, MemoryLimits};
+use crate::node::enforcement::limiter::{self, LimiterSupport};
 use crate::node::enforcement::{Mechanism, Support, decide, probe};
 use crate::node::paths::ServingPath;
 
@@ -35,6 +40,11 @@ fn under_root(host: &HostRoot, node: &NodeConfig) -> NodeConfig {
     n.cgroup_root = host.path(&node.cgroup_root);
     n.enforcement_hook = host.path(&node.enforcement_hook);
     n.enforcement_state_dir = host.path(&node.enforcement_state_dir);
+    n.limiter_dir = host.path(&node.limiter_dir);
+    n.limiter_run_dir = host.path(&node.limiter_run_dir);
+    if !node.limiter_library.as_os_str().is_empty() {
+        n.limiter_library = host.path(&node.limiter_library);
+    }
     n
 }
 
@@ -88,15 +98,25 @@ pub async fn check(host: &HostRoot, config: &Config, gpus: &Probe, dra: bool) ->
             ..Support::default()
         }
     };
+    let wants_limiter = matches!(node.enforcement, Enforcement::Auto | Enforcement::Limiter);
+    let limiter = if wants_limiter {
+        let (node, inventory) = (node.clone(), inventory.clone());
+        tokio::task::spawn_blocking(move || limiter::probe(&node, &inventory, false))
+            .await
+            .unwrap_or_else(|e| LimiterSupport::not_asked(format!("the probe did not finish: {e}")))
+    } else {
+        LimiterSupport::not_asked(format!("enforcement = {}", node.enforcement))
+    };
     let mut paths = vec![ServingPath::DevicePlugin];
     if dra {
         paths.push(ServingPath::Dra);
     }
     let mut lines = Vec::new();
+    let mut used_limiter = false;
     let mut status = Status::Ok;
     let mut hints: Vec<String> = Vec::new();
     for path in paths {
-        match decide(&node, &support, path) {
+        match decide(&node, &support, &limiter, path) {
             Ok(d) => {
                 let backend = match (d.mechanism, support.backend) {
                     (Mechanism::Driver, Some(b)) => format!(" ({b} backend)"),
@@ -109,6 +129,9 @@ pub async fn check(host: &HostRoot, config: &Config, gpus: &Probe, dra: bool) ->
                     ));
                 }
                 lines.push(format!("  why: {}", d.why));
+                if d.mechanism == Mechanism::Limiter {
+                    used_limiter = true;
+                }
                 // The driver's limits are there, but the envvar strategy cannot hand the hook
                 // over: the one fallback that a flag fixes.
                 if d.mechanism != Mechanism::Driver
@@ -131,17 +154,35 @@ pub async fn check(host: &HostRoot, config: &Config, gpus: &Probe, dra: bool) ->
                 status = Status::Fail;
                 lines.push(refused.to_string());
                 hints.push(format!(
-                    "the {} role refuses to start with enforcement = driver until each reason \
+                    "the {} role refuses to start with enforcement = {} until each reason \
                      above is fixed, or choose --enforcement auto",
                     match path {
                         ServingPath::DevicePlugin => "device-plugin",
                         ServingPath::Dra => "dra-plugin",
-                    }
+                    },
+                    node.enforcement,
                 ));
             }
         }
     }
     lines.extend(support.notes.iter().cloned());
+    if used_limiter && let Some(lib) = &limiter.library {
+        lines.push(format!(
+            "limiter: {} ({}, {} KiB), needs glibc {} or newer in the containers' images \
+             (statically linked and musl programs are not limited: the node cannot see images)",
+            lib.path.display(),
+            lib.arch,
+            lib.bytes / 1024,
+            lib.glibc_floor.as_deref().unwrap_or("(no version named)")
+        ));
+        lines.push(format!(
+            "limiter: each container's limits and ledgers in {}",
+            node.limiter_run_dir.display()
+        ));
+    }
+    if wants_limiter {
+        lines.extend(limiter.notes.iter().map(|n| format!("limiter: {n}")));
+    }
     if wants_driver && support.ok() {
         lines.push(
             "the container runtime must apply CDI devices, hooks included (see the cdi-runtime \

@@ -19,8 +19,8 @@
 //! - [`role`]: the `gpushare dra-plugin` role: the node agent's GPUs offered on the DRA path,
 //!   the plugin served, the slice republished on every change of health or use;
 //!
-//! The rewrite of an `aliyun.com/gpu-mem` pod into one claim (what the webhook's DRA mode
-//! does) is infrastructure, [`crate::k8s::dra_request`], since the webhook role uses it.
+//! The rewrite of an `aliyun.com/gpu-mem` pod into one claim is the webhook's policy (its DRA
+//! mode, `webhook::dra_rewrite`); this role serves the claims it makes.
 //!
 //! What is not here: the webhook's DRA mode (the webhook role). [`plugin`],
 //! [`publish`] and [`role`] perform network I/O (serving kubelet, reading claims, writing

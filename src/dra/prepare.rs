@@ -23,7 +23,11 @@
 //!
 //! Under driver enforcement ([`crate::node::enforcement`], [`CdiPreparer::with_enforcement`])
 //! each GPU share's device also carries the `createRuntime` hook that sets the share as the
-//! container's limit on that GPU, and NVIDIA's `NVIDIA_GPU_MEMORY_REQUEST/LIMIT` (MiB).
+//! container's limit on that GPU, and NVIDIA's `NVIDIA_GPU_MEMORY_REQUEST/LIMIT` (MiB). Under
+//! the CUDA memory limiter each GPU share's device carries the limiter's mounts (the preload
+//! list, the library, the share's own limits file and state directory, written on the host
+//! first: [`crate::node::enforcement::limiter::Limiter::dra_share`]); unprepare removes the
+//! claim's files with its spec.
 //!
 //! What it does not do: check the claim against the served GPUs or other claims (the plugin
 //! did, [`super::claims::admit`]), record anything (the checkpoint is the plugin's), or
@@ -70,6 +74,18 @@ pub enum CdiPrepareError {
     /// The spec could not be written or removed.
     #[error(transparent)]
     Write(#[from] crate::gpu::cdi::WriteError),
+    /// The limiter's files of a share could not be written.
+    #[error("GPU {uuid}: cannot write the share's limiter files: {source}")]
+    Limiter {
+        /// The GPU.
+        uuid: String,
+        /// Why.
+        #[source]
+        source: crate::node::enforcement::limiter::containers::CreateError,
+    },
+    /// The limiter's files of the claim could not be removed.
+    #[error("cannot remove the claim's limiter files: {0}")]
+    LimiterCleanup(#[source] std::io::Error),
 }
 
 /// A claim's CDI spec and the CDI ids of what it holds.
@@ -135,7 +151,7 @@ impl CdiPreparer {
     }
 
     /// The spec of claim `claim_uid` and the CDI ids of each GPU share and of each device of
-    /// another kind.
+    /// another kind. Under the limiter, writes each share's limiter files on the host.
     pub fn spec(
         &self,
         claim_uid: &str,
@@ -181,6 +197,20 @@ impl CdiPreparer {
                         .extend(crate::node::enforcement::limit_envs(share.memory_bytes));
                     e.hook_edit(&gpu.uuid, share.memory_bytes)
                 });
+            if let Some(e) = self
+                .enforcement
+                .as_ref()
+                .filter(|e| e.mechanism(ServingPath::Dra) == Mechanism::Limiter)
+            {
+                let mounts = e
+                    .limiter()
+                    .dra_share(claim_uid, i, &share.request, &gpu.uuid, share.memory_bytes)
+                    .map_err(|source| CdiPrepareError::Limiter {
+                        uuid: gpu.uuid.clone(),
+                        source,
+                    })?;
+                edits.mounts.extend(mounts);
+            }
             let mut container_edits = container_edits(&edits);
             container_edits.hooks.extend(hook);
             spec.devices.push(DeviceSpecEdit {
@@ -293,6 +323,12 @@ impl Preparer for CdiPreparer {
             remove_spec_file(old).map_err(CdiPrepareError::from)?;
         }
         remove_spec(&self.cdi_dir, &self.kind, claim_uid).map_err(CdiPrepareError::from)?;
+        if let Some(e) = &self.enforcement {
+            // Whatever the mechanism now: files of an earlier start go too.
+            e.limiter()
+                .release_claim(claim_uid)
+                .map_err(CdiPrepareError::LimiterCleanup)?;
+        }
         Ok(())
     }
 

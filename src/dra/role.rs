@@ -452,6 +452,7 @@ async fn serve_gated(
         plugin_config.registration_socket(),
         plugin_config.service_socket(),
     ];
+    reconcile_limiter(&agent, &plugin_config.checkpoint).await;
     let preparer = CdiPreparer::new(
         agent.config().clone(),
         agent.traits(),
@@ -754,5 +755,29 @@ async fn publish_loop(
             r = limits.changed() => if r.is_err() { return },
             _ = retry => {}
         }
+    }
+}
+
+/// Before the plugin serves: the CUDA memory limiter's files of claims the checkpoint does not
+/// hold (unprepared while no plugin ran) are removed.
+async fn reconcile_limiter(agent: &Arc<NodeAgent>, checkpoint: &std::path::Path) {
+    let (agent, checkpoint) = (agent.clone(), checkpoint.to_path_buf());
+    let done = tokio::task::spawn_blocking(move || {
+        let prepared = super::checkpoint::Checkpoint::load(&checkpoint).ok()?;
+        let keep = prepared.claims.keys().cloned().collect();
+        Some(agent.enforcement().limiter().release_claims_except(&keep))
+    })
+    .await;
+    match done {
+        Ok(Some(Ok(n))) if n > 0 => {
+            tracing::info!(
+                shares = n,
+                "removed the limiter files of claims no longer prepared"
+            )
+        }
+        Ok(Some(Err(e))) => {
+            tracing::warn!(error = %e, "could not remove the limiter files of claims no longer prepared")
+        }
+        _ => {}
     }
 }

@@ -27,22 +27,23 @@
 //! patch writes a clean slate: our annotations that the bind does not set (left by another
 //! pod this one was copied from) are removed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http::StatusCode;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+pub use super::bind_error::{BindError, CallError};
+pub use super::bind_owners::BindOwners;
+use super::bind_owners::{Outcome, Ticket};
 use super::cache::{Reservation, ReserveError};
 use super::filter::pod_request;
 use super::leader::{Fenced, Ticket as Admission};
 use super::metrics::SettleLabels;
 use super::state::ExtenderState;
-use super::verb_error::{PodRequestError, VerbError};
 use super::wire::BindingArgs;
 use crate::core::wire::POD_ANN_RESERVATION;
 use crate::core::{BindReservation, GpuMem, PodGpuAnnotations};
@@ -54,175 +55,6 @@ use crate::k8s::write::{bind_pod, now_ns, patch_pod_annotation_changes, refused_
 pub(crate) const REASON_BOUND: &str = "GpuShareBound";
 /// Event reason of a failed bind.
 pub(crate) const REASON_FAILED: &str = "GpuShareBindFailed";
-
-/// Why an API call of bind gave up.
-#[derive(Debug, thiserror::Error)]
-pub enum CallError {
-    /// The API answered with an error (or the connection failed).
-    #[error("{0}")]
-    Kube(kube::Error),
-    /// The pod's state rules the bind out for certain (deleted, replaced, bound elsewhere).
-    #[error("{0}")]
-    Definitive(String),
-    /// The bind's time budget ran out.
-    #[error("timed out (extender.bind_timeout_ms)")]
-    Timeout,
-}
-
-impl CallError {
-    fn is_not_found(&self) -> bool {
-        matches!(self, CallError::Kube(kube::Error::Api(s)) if s.code == 404)
-    }
-    fn describe(&self, what: &str) -> String {
-        format!("{what}: {self}")
-    }
-}
-
-/// Why a bind failed or has no outcome yet. Every kind is answered with HTTP 500 and
-/// `{"Error": "<Display>"}` (upstream's contract; kube-scheduler re-queues the pod); the
-/// kind is the `kind` label of `gpushare_extender_errors_total{verb="bind"}`.
-#[derive(Debug, thiserror::Error)]
-pub enum BindError {
-    /// Reading the pod failed or ran out of time.
-    #[error("getting pod {namespace}/{name}: {source}")]
-    GetPod {
-        /// Namespace.
-        namespace: String,
-        /// Name.
-        name: String,
-        /// What the API said.
-        source: CallError,
-    },
-    /// The pod does not exist.
-    #[error("pod {namespace}/{name} not found")]
-    PodNotFound {
-        /// Namespace.
-        namespace: String,
-        /// Name.
-        name: String,
-    },
-    /// The pod was replaced by another of the same name (upstream wording).
-    #[error(
-        "The pod {name} in ns {namespace}'s uid is {uid}, and it's not equal with expected {expected}"
-    )]
-    UidMismatch {
-        /// Namespace.
-        namespace: String,
-        /// Name.
-        name: String,
-        /// The UID the API holds.
-        uid: String,
-        /// The UID the scheduler sent.
-        expected: String,
-    },
-    /// The pod is bound to another node already.
-    #[error("pod {namespace}/{name} is already bound to node {node}")]
-    AlreadyBound {
-        /// Namespace.
-        namespace: String,
-        /// Name.
-        name: String,
-        /// The node it is bound to.
-        node: String,
-    },
-    /// The pod's GPU request cannot be read.
-    #[error("pod {namespace}/{name}: {source}")]
-    PodRequest {
-        /// Namespace.
-        namespace: String,
-        /// Name.
-        name: String,
-        /// Why.
-        source: PodRequestError,
-    },
-    /// The pod asks for no GPU memory.
-    #[error("pod {namespace}/{name} requests no {resource}", resource = crate::core::wire::RESOURCE_GPU_MEM)]
-    NoRequest {
-        /// Namespace.
-        namespace: String,
-        /// Name.
-        name: String,
-    },
-    /// The node offers no shared GPUs.
-    #[error("the node {0} is not for GPU share")]
-    NotForGpuShare(String),
-    /// No GPU of the node has room.
-    #[error("The node {node} can't place the pod {name} in ns {namespace}: {reason}")]
-    NoFit {
-        /// Namespace.
-        namespace: String,
-        /// Name.
-        name: String,
-        /// Node.
-        node: String,
-        /// Why no GPU fits.
-        reason: String,
-    },
-    /// The ledger refused the reservation (the pod holds memory already, the node vanished).
-    #[error("{0}")]
-    Reserve(ReserveError),
-    /// The owner of the reservation found that the pod is certainly not bound by us.
-    #[error("{0}")]
-    Refused(String),
-    /// The owner's first round ended with the outcome unknown; it keeps settling it.
-    #[error("{0}")]
-    Unknown(String),
-    /// The request's budget ran out before the owner's first outcome.
-    #[error(
-        "binding pod {namespace}/{name} to node {node}: timed out (extender.bind_timeout_ms); \
-         the outcome is unknown and the extender settles it by reading the API"
-    )]
-    TimedOut {
-        /// Namespace.
-        namespace: String,
-        /// Name.
-        name: String,
-        /// Node.
-        node: String,
-    },
-    /// A retried bind found an earlier bind of the pod still settling an unknown outcome.
-    #[error(
-        "an earlier bind of pod {namespace}/{name} to node {node} has an unknown outcome; \
-         the extender is settling it by reading the API"
-    )]
-    EarlierUnknown {
-        /// Namespace.
-        namespace: String,
-        /// Name.
-        name: String,
-        /// The node the earlier bind chose.
-        node: String,
-    },
-}
-
-impl VerbError for BindError {
-    fn status(&self) -> StatusCode {
-        StatusCode::INTERNAL_SERVER_ERROR
-    }
-    fn label(&self) -> &'static str {
-        match self {
-            BindError::GetPod { .. } => "api_error",
-            BindError::PodNotFound { .. } => "pod_not_found",
-            BindError::UidMismatch { .. } => "uid_mismatch",
-            BindError::AlreadyBound { .. } => "already_bound",
-            BindError::PodRequest { .. } => "bad_pod_request",
-            BindError::NoRequest { .. } => "no_gpu_request",
-            BindError::NotForGpuShare(_) => "not_for_gpu_share",
-            BindError::NoFit { .. } => "no_fit",
-            BindError::Reserve(_) => "reserve_refused",
-            BindError::Refused(_) => "refused",
-            BindError::Unknown(_)
-            | BindError::TimedOut { .. }
-            | BindError::EarlierUnknown { .. } => "unknown_outcome",
-        }
-    }
-}
-
-impl Transient for CallError {
-    fn is_transient(&self) -> bool {
-        matches!(self, CallError::Kube(k) if k.is_transient())
-    }
-}
 
 /// Whether a failed call may nevertheless have reached the API server and been applied:
 /// everything but an answer that refuses it (a 500 may still be committed).
@@ -253,66 +85,6 @@ where
         RetryError::Failed(e) => e,
         RetryError::DeadlineExceeded => CallError::Timeout,
     })
-}
-
-/// What the owner of a bind has found out so far.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Outcome {
-    /// Still trying.
-    Running,
-    /// Bound to the node (the message for the scheduler).
-    Bound(String),
-    /// Certainly not bound by us; the reservation is released.
-    Failed(String),
-    /// The budget ran out with the outcome unknown; the owner keeps settling it.
-    Unknown(String),
-}
-
-impl Outcome {
-    fn is_final(&self) -> bool {
-        matches!(self, Outcome::Bound(_) | Outcome::Failed(_))
-    }
-}
-
-/// One live owner, as a retried bind finds it.
-#[derive(Clone, Debug)]
-struct Ticket {
-    node: String,
-    token: u64,
-    outcome: watch::Receiver<Outcome>,
-}
-
-/// The owners of reservations still settling, by pod UID.
-#[derive(Debug, Default)]
-pub struct BindOwners {
-    tickets: Mutex<HashMap<String, Ticket>>,
-}
-
-impl BindOwners {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Ticket>> {
-        self.tickets.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn get(&self, uid: &str) -> Option<Ticket> {
-        self.lock().get(uid).cloned()
-    }
-
-    fn remove(&self, uid: &str, token: u64) {
-        let mut t = self.lock();
-        if t.get(uid).is_some_and(|x| x.token == token) {
-            t.remove(uid);
-        }
-    }
-
-    /// How many reservations are still owned by a running task.
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    /// Whether no bind is settling.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// What one round of writes achieved.

@@ -1,6 +1,6 @@
 //! Standby replicas hand the scheduling verbs to the leader: one HTTP/1.1 request per
 //! forwarded call to the base URL the leader publishes in its Lease
-//! ([`super::leader::ANN_LEADER_ADDRESS`]), over TLS when this extender serves TLS (the
+//! (its `gpushare.io/leader-address` annotation), over TLS when this extender serves TLS (the
 //! leader must present the same certificate as ours: the replicas share one key pair, so the
 //! certificate is pinned and no host name check is needed). Over TLS the standby presents
 //! that same certificate as its client certificate, which a leader checking client

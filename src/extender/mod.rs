@@ -11,6 +11,8 @@
 //! subcommand.
 
 pub mod bind;
+mod bind_error;
+mod bind_owners;
 pub mod cache;
 #[cfg(test)]
 mod cache_props;

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
-use super::bind::BindOwners;
+use super::bind_owners::BindOwners;
 use super::cache::Cache;
 use super::leader::Fence;
 use super::metrics::Metrics;

@@ -20,83 +20,13 @@ use std::time::Duration;
 
 use gpushare_nvml_limits::{Nvml, code};
 
+pub use super::backend::{LimitError, LimitReading, MemoryLimits, NO_LIMIT};
+use super::driver::{DEFAULT_LIBRARY, run_args};
 use crate::config::{GpuBackendKind, GpuConfig};
-
-/// The hard limit that is no limit (NVML's `NVML_DEVICE_MEMORY_LIMIT_MAX`).
-pub const NO_LIMIT: u64 = gpushare_nvml_limits::MEMORY_LIMIT_MAX;
 
 const MIB: u64 = 1 << 20;
 /// How long one `nvidia-smi memory-limits` may run.
 const SMI_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// One cgroup's limits on one GPU, read back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct LimitReading {
-    /// Soft limit in bytes (0: none).
-    pub soft: u64,
-    /// Hard limit in bytes ([`NO_LIMIT`]: none).
-    pub hard: u64,
-    /// Device memory the cgroup uses, in bytes.
-    pub used: u64,
-}
-
-impl LimitReading {
-    /// No limit at all: soft 0 and no hard limit.
-    pub fn is_unlimited(&self) -> bool {
-        self.soft == 0 && self.hard == NO_LIMIT
-    }
-}
-
-/// Why a limit could not be set or read.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum LimitError {
-    /// Nothing to set limits with: no NVML and no nvidia-smi, or the fake backend.
-    #[error("no way to reach the driver: {0}")]
-    Unavailable(String),
-    /// The driver has no per-cgroup memory limits (older than R615).
-    #[error("the driver has no per-cgroup memory limits (it is older than R615 / CUDA 13.4): {0}")]
-    TooOld(String),
-    /// The driver refuses on this GPU or host: memory partitioning off, a MIG GPU, cgroup v1,
-    /// or (misc backend, reading) no limit reaches the cgroup.
-    #[error("not supported: {0}")]
-    NotSupported(String),
-    /// The cgroup is not there, or has no dmem files of its own (its parent did not enable
-    /// `+dmem`).
-    #[error("not found: {0}")]
-    NotFound(String),
-    /// The GPU is not known to the driver.
-    #[error("unknown GPU: {0}")]
-    UnknownGpu(String),
-    /// Setting limits needs root.
-    #[error("no permission (setting limits needs root): {0}")]
-    NoPermission(String),
-    /// Any other failure.
-    #[error("{0}")]
-    Failed(String),
-}
-
-/// Setting and reading per-cgroup limits.
-pub trait MemoryLimits: Send + Sync + fmt::Debug {
-    /// `nvml` or `nvidia-smi`.
-    fn via(&self) -> &'static str;
-
-    /// Sets the soft and hard limit (bytes) of GPU `gpu` (UUID) for cgroup directory `cgroup`.
-    fn set(&self, gpu: &str, cgroup: &Path, soft: u64, hard: u64) -> Result<(), LimitError>;
-
-    /// Reads back the limits and the use of GPU `gpu` for cgroup directory `cgroup`.
-    fn get(&self, gpu: &str, cgroup: &Path) -> Result<LimitReading, LimitError>;
-
-    /// Whether GPU `gpu` is in MIG mode, when this way can tell.
-    fn mig_enabled(&self, gpu: &str) -> Option<bool>;
-
-    /// Whether the driver has the calls at all (`false`: older than R615), when this way can
-    /// tell without a cgroup.
-    fn has_limits(&self) -> Option<bool>;
-
-    /// The `gpushare cdi-hook memory-limit` flags that reach the driver this same way
-    /// (`--gpu-backend`, and the library or program when not the default).
-    fn hook_args(&self) -> Vec<String>;
-}
 
 /// The way to limits `config` selects: `nvml` (its library), `nvidia-smi` (its program),
 /// `auto` NVML where it loads, else nvidia-smi; the fake backend has none.
@@ -136,7 +66,7 @@ impl NvmlLimits {
     pub fn open(library: &str) -> Result<NvmlLimits, LimitError> {
         let configured = library.to_string();
         let library = if library.is_empty() {
-            super::nvml::DEFAULT_LIBRARY
+            DEFAULT_LIBRARY
         } else {
             library
         };
@@ -228,7 +158,7 @@ impl MemoryLimits for NvmlLimits {
 
     fn hook_args(&self) -> Vec<String> {
         let mut args = vec!["--gpu-backend".to_string(), "nvml".to_string()];
-        if !self.library.is_empty() && self.library != super::nvml::DEFAULT_LIBRARY {
+        if !self.library.is_empty() && self.library != DEFAULT_LIBRARY {
             args.extend(["--nvml-library".to_string(), self.library.clone()]);
         }
         args
@@ -254,7 +184,7 @@ impl SmiLimits {
     }
 
     fn run(&self, args: &[&str]) -> Result<String, LimitError> {
-        let run = super::nvidia_smi::run_args(&self.program, args, SMI_TIMEOUT)
+        let run = run_args(&self.program, args, SMI_TIMEOUT)
             .map_err(|e| LimitError::Unavailable(e.reason()))?;
         let text = run.text();
         if run.success {

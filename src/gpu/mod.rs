@@ -10,19 +10,22 @@
 //! Only this module touches NVML. [`mps`] drives the CUDA MPS control program; [`limits`] sets
 //! and reads the driver's per-cgroup memory limits.
 
+mod backend;
 pub mod cdi;
+mod driver;
 pub mod fake;
 pub mod limits;
 pub mod mps;
 pub mod nvidia_smi;
 pub mod nvml;
 
-use std::fmt;
 use std::sync::Arc;
 
-use serde::Serialize;
-
 use crate::config::{GpuBackendKind, GpuConfig};
+
+pub use backend::{
+    Error, ExcludedGpu, ExclusionReason, GpuBackend, GpuDevice, HealthEvent, Inventory,
+};
 
 /// The GPU flags shared by `device-plugin` and `doctor` (doctor tests what the plugin will
 /// use), onto the `[gpu]` configuration keys.
@@ -69,143 +72,6 @@ impl GpuArgs {
             .set("gpu.nvidia_smi", nvidia_smi.clone())
             .set("gpu.kmsg_path", kmsg_path.clone())
             .set_flag("gpu.kmsg_replay", *kmsg_replay);
-    }
-}
-
-/// One physical GPU.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct GpuDevice {
-    /// NVML / enumeration index (what `NVIDIA_VISIBLE_DEVICES=<n>` means to the runtime).
-    pub index: u32,
-    /// `GPU-…` UUID.
-    pub uuid: String,
-    /// Product name.
-    pub name: String,
-    /// Minor number (`/dev/nvidia<minor>`), when known.
-    pub minor: Option<u32>,
-    /// PCI bus id, when known.
-    pub pci_bus_id: String,
-    /// Total memory in bytes.
-    pub memory_bytes: u64,
-}
-
-/// A GPU the backend saw but does not offer, and why.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ExcludedGpu {
-    /// Its enumeration index (its place in the listing).
-    pub index: u32,
-    /// Its UUID, when the backend reported one.
-    pub uuid: String,
-    /// Product name, when known.
-    pub name: String,
-    /// Why it is left out.
-    pub reason: ExclusionReason,
-}
-
-/// Why a GPU is not offered.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ExclusionReason {
-    /// MIG mode is enabled: a container given the parent GPU's index cannot use its memory
-    /// (only MIG instances can run work), so sharing the whole GPU's memory would be a lie.
-    MigEnabled,
-    /// The backend's record lacks what sharing needs (a UUID, the memory size).
-    Incomplete(String),
-}
-
-impl fmt::Display for ExclusionReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ExclusionReason::MigEnabled => f.write_str(
-                "MIG mode is enabled: containers given this GPU's index cannot use its memory \
-                 (only its MIG instances run work); gpushare does not share MIG instances",
-            ),
-            ExclusionReason::Incomplete(what) => write!(f, "incomplete record: {what}"),
-        }
-    }
-}
-
-/// What a backend found.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Inventory {
-    /// The backend that answered (`nvml`, `nvidia-smi`, `fake`).
-    pub backend: &'static str,
-    /// Driver version string, e.g. `550.54.15`; empty when the backend did not say.
-    pub driver_version: String,
-    /// The GPUs offered, by index.
-    pub devices: Vec<GpuDevice>,
-    /// GPUs seen but not offered (MIG enabled, incomplete records), by index.
-    pub excluded: Vec<ExcludedGpu>,
-}
-
-/// A health event reported by a backend.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum HealthEvent {
-    /// An XID error; `uuid` is `None` when the driver did not say which GPU.
-    Xid {
-        /// The GPU, if known.
-        uuid: Option<String>,
-        /// The XID number.
-        xid: u64,
-    },
-    /// An XID the driver attributed to a PCI address that is none of the served GPUs
-    /// (NVSwitch / NVLink XIDs such as 149 at `PCI:0000:00:00` on GB200, or a GPU this
-    /// inventory does not list). It marks no GPU; the plugin logs and counts it.
-    Unattributed {
-        /// The PCI address as the kernel printed it.
-        pci: String,
-        /// The XID number.
-        xid: u64,
-    },
-    /// The GPU stopped answering (fell off the bus, vanished from the inventory).
-    Lost {
-        /// The GPU.
-        uuid: String,
-    },
-}
-
-/// Why GPU access failed.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The NVML library could not be loaded or initialised.
-    #[error("NVML: {0}")]
-    Nvml(String),
-    /// nvidia-smi could not be run or its output not understood.
-    #[error("nvidia-smi: {0}")]
-    NvidiaSmi(String),
-    /// The fake GPU description is invalid.
-    #[error("fake GPUs: {0}")]
-    Fake(String),
-    /// The blocking thread that ran a backend call panicked or was cancelled.
-    #[error("GPU backend call did not finish: {0}")]
-    Worker(String),
-    /// `auto` found no working backend.
-    #[error("no GPU backend works: {}", .tried.join("; "))]
-    NoBackend {
-        /// One line per backend tried, with why it failed.
-        tried: Vec<String>,
-    },
-}
-
-/// A source of GPU inventory and health.
-pub trait GpuBackend: Send + Sync + fmt::Debug {
-    /// `nvml`, `nvidia-smi` or `fake`.
-    fn name(&self) -> &'static str;
-
-    /// The GPUs and driver version, read now.
-    fn inventory(&self) -> Result<Inventory, Error>;
-
-    /// Starts watching for health events; events arrive on the returned channel until it is
-    /// dropped. Backends without a health source return a channel that never yields.
-    fn watch_health(&self) -> Result<tokio::sync::mpsc::Receiver<HealthEvent>, Error>;
-
-    /// The driver's per-cgroup memory limits, reached the way this backend reaches the driver
-    /// (blocking: it may load a library). The fake backend has none.
-    fn memory_limits(&self) -> Result<Arc<dyn limits::MemoryLimits>, limits::LimitError> {
-        Err(limits::LimitError::Unavailable(format!(
-            "the {} GPU backend has no driver to set memory limits with",
-            self.name()
-        )))
     }
 }
 
@@ -267,16 +133,6 @@ pub fn open(config: &GpuConfig) -> Result<Arc<dyn GpuBackend>, Error> {
                 Err(e) => tried.push(format!("nvidia-smi: {}", e.reason())),
             }
             Err(Error::NoBackend { tried })
-        }
-    }
-}
-
-impl Error {
-    /// The message without the backend prefix (for lists that already name the backend).
-    pub fn reason(&self) -> String {
-        match self {
-            Error::Nvml(r) | Error::NvidiaSmi(r) | Error::Fake(r) | Error::Worker(r) => r.clone(),
-            Error::NoBackend { .. } => self.to_string(),
         }
     }
 }

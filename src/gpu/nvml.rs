@@ -22,13 +22,12 @@ use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use tokio::sync::mpsc;
 
+use super::driver::DEFAULT_LIBRARY;
 use super::{Error, ExcludedGpu, ExclusionReason, GpuBackend, GpuDevice, HealthEvent, Inventory};
 
 /// NVML's `NVML_DEVICE_MIG_ENABLE` (nvml.h).
 const NVML_DEVICE_MIG_ENABLE: u32 = 1;
 
-/// The library name the loader searches for when no path is configured.
-pub(crate) const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
 #[cfg(target_os = "linux")]
 /// How long one `nvmlEventSetWait` blocks before the thread checks its receiver again.
 const EVENT_WAIT_MS: u32 = 5000;

@@ -1,12 +1,11 @@
 //! Kubernetes access: building a client, projecting Pods and Nodes into the core's plain
 //! types, the few writes gpushare makes (annotation patches, Bindings, node status,
-//! Events), the DRA request a gpu-mem pod becomes ([`dra_request`], pure), the one retry loop for API calls, the one watch driver, the start-up wait for
+//! Events), the one retry loop for API calls, the one watch driver, the start-up wait for
 //! an API server that is not reachable yet, and what a failed call means in words.
 //!
 //! This module does not decide anything: placement lives in `core`, policy in the roles.
 
 pub mod client;
-pub mod dra_request;
 pub mod error_text;
 pub mod events;
 pub mod list_body;

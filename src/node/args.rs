@@ -83,8 +83,10 @@ pub struct NodeArgs {
     #[arg(long, value_name = "SECS")]
     pub mps_restart_backoff_max_secs: Option<u64>,
     /// What holds a container to its share of GPU memory: auto (the strongest each GPU
-    /// supports: driver, else mps with --mps, else none), driver (the driver's per-cgroup
-    /// limits, R615+; refuses to start without them), mps, none [default: auto]
+    /// supports: driver, else limiter where the library is installed, else mps with --mps,
+    /// else none), driver (the driver's per-cgroup limits, R615+; refuses to start without
+    /// them), limiter (the CUDA memory limiter preloaded into containers), mps, none
+    /// [default: auto]
     #[arg(long, value_enum)]
     pub enforcement: Option<crate::config::enforcement::Enforcement>,
     /// The gpushare program the container runtime runs as the CDI hook that sets a container's
@@ -105,6 +107,18 @@ pub struct NodeArgs {
     /// How often every served container's limit is read back, in seconds [default: 30]
     #[arg(long, value_name = "SECS")]
     pub enforcement_check_secs: Option<u64>,
+    /// The CUDA memory limiter to install into --limiter-dir at start; empty: install
+    /// nothing [default: /usr/local/lib/gpushare/libgpushare_limiter.so]
+    #[arg(long, value_name = "PATH")]
+    pub limiter_library: Option<PathBuf>,
+    /// Host directory of the installed limiter and its preload list, mounted into containers;
+    /// the same path on the host and here [default: /var/lib/gpushare/limiter]
+    #[arg(long, value_name = "DIR")]
+    pub limiter_dir: Option<PathBuf>,
+    /// Host directory (a tmpfs) of each container's limits file and state directory; the
+    /// same path on the host and here [default: /run/gpushare/limiter]
+    #[arg(long, value_name = "DIR")]
+    pub limiter_run_dir: Option<PathBuf>,
     /// The host's cgroup v2 root as seen here [default: /sys/fs/cgroup]
     #[arg(long, value_name = "DIR")]
     pub cgroup_root: Option<PathBuf>,
@@ -189,6 +203,9 @@ impl NodeArgs {
             path(&self.enforcement_cdi_dir),
         );
         flags.set(&node("enforcement_check_secs"), self.enforcement_check_secs);
+        flags.set(&node("limiter_library"), path(&self.limiter_library));
+        flags.set(&node("limiter_dir"), path(&self.limiter_dir));
+        flags.set(&node("limiter_run_dir"), path(&self.limiter_run_dir));
         flags.set(&node("cgroup_root"), path(&self.cgroup_root));
         flags.set(
             &node("runtime_cgroup_root"),

@@ -14,10 +14,11 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{Value, json};
 
+use super::limiter_guard::LimiterGuard;
 use crate::core::request::{QuantityError, parse_quantity};
 use crate::core::wire::{
     ENV_CGPU_DISABLE, ENV_MPS_ACTIVE_THREAD_PERCENTAGE, ENV_MPS_PINNED_MEM_LIMIT,
-    ENV_MPS_PIPE_DIRECTORY, ENV_VISIBLE_DEVICES, RESOURCE_GPU_MEM,
+    ENV_MPS_PIPE_DIRECTORY, ENV_VISIBLE_DEVICES, POD_ANN_DRA_GPU_MEM, RESOURCE_GPU_MEM,
 };
 
 /// The `apiVersion` of every review we accept and answer.
@@ -53,6 +54,8 @@ pub(crate) struct ReviewRequest {
     pub namespace: String,
     /// `request.object`, may be null (DELETE).
     pub object: Value,
+    /// `request.dryRun` (absent: false): nothing may be created for it.
+    pub dry_run: bool,
 }
 
 /// Parses an AdmissionReview body.
@@ -96,6 +99,10 @@ pub(crate) fn parse_review(body: &[u8]) -> Result<ReviewRequest, ReviewError> {
         operation: text("operation"),
         namespace: text("namespace"),
         object: request.get("object").cloned().unwrap_or(Value::Null),
+        dry_run: request
+            .get("dryRun")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
     })
 }
 
@@ -113,7 +120,7 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    fn allow() -> Verdict {
+    pub(crate) fn allow() -> Verdict {
         Verdict {
             allowed: true,
             ..Verdict::default()
@@ -205,24 +212,41 @@ pub(crate) fn asks_for_gpu_mem(pod: &Pod) -> bool {
     })
 }
 
-/// `POST /mutate`: on Pod CREATE, a gpu-mem pod whose `spec.schedulerName` is empty or
-/// `default-scheduler` gets `scheduler_name`; everything else is admitted unchanged, and so is
-/// every pod when `scheduler_name` is empty (no scheduler to send them to).
-pub fn mutate(body: &[u8], scheduler_name: &str) -> Result<(String, Verdict), ReviewError> {
+/// `POST /mutate` of one request body: [`mutate_review`] of the parsed review, with its uid
+/// (the tests' entry; the server parses once in `routes`).
+#[cfg(test)]
+pub(crate) fn mutate(body: &[u8], scheduler_name: &str) -> Result<(String, Verdict), ReviewError> {
     let review = parse_review(body)?;
-    let pod = match pod_of(&review)? {
-        Err(verdict) => return Ok((review.uid, verdict)),
-        Ok(None) => return Ok((review.uid, Verdict::allow())),
-        Ok(Some(pod)) => pod,
-    };
-    if !asks_for_gpu_mem(&pod) || scheduler_name.is_empty() {
-        return Ok((review.uid, Verdict::allow()));
+    let verdict = mutate_review(&review, scheduler_name)?;
+    Ok((review.uid, verdict))
+}
+
+/// `POST /mutate`: on Pod CREATE, a gpu-mem pod whose `spec.schedulerName` is empty or
+/// `default-scheduler` gets `scheduler_name` ([`mutate_pod`]); everything else is admitted
+/// unchanged.
+pub(crate) fn mutate_review(
+    review: &ReviewRequest,
+    scheduler_name: &str,
+) -> Result<Verdict, ReviewError> {
+    Ok(match pod_of(review)? {
+        Err(verdict) => verdict,
+        Ok(None) => Verdict::allow(),
+        Ok(Some(pod)) => mutate_pod(&pod, scheduler_name),
+    })
+}
+
+/// The extender path's verdict on a pod being created: a gpu-mem pod whose
+/// `spec.schedulerName` is empty or `default-scheduler` gets `scheduler_name`; every pod is
+/// admitted unchanged when `scheduler_name` is empty (no scheduler to send them to).
+pub(crate) fn mutate_pod(pod: &Pod, scheduler_name: &str) -> Verdict {
+    if !asks_for_gpu_mem(pod) || scheduler_name.is_empty() {
+        return Verdict::allow();
     }
     let current = pod.spec.as_ref().and_then(|s| s.scheduler_name.as_deref());
     let op = match current {
         None => "add",
         Some("") | Some(DEFAULT_SCHEDULER) => "replace",
-        Some(_) => return Ok((review.uid, Verdict::allow())),
+        Some(_) => return Verdict::allow(),
     };
     let mut verdict = Verdict::allow();
     if pod.spec.is_none() {
@@ -233,22 +257,48 @@ pub fn mutate(body: &[u8], scheduler_name: &str) -> Result<(String, Verdict), Re
     verdict.patch.push(json!({
         "op": op, "path": "/spec/schedulerName", "value": scheduler_name,
     }));
+    verdict
+}
+
+/// `POST /validate` of one request body with the default limiter directories:
+/// [`validate_review`] of the parsed review, with its uid (the tests' entry; the server parses
+/// once in `routes`, with the configured directories).
+#[cfg(test)]
+pub(crate) fn validate(body: &[u8], max_gpu_mem: u64) -> Result<(String, Verdict), ReviewError> {
+    let review = parse_review(body)?;
+    let verdict = validate_review(&review, max_gpu_mem, &LimiterGuard::default())?;
     Ok((review.uid, verdict))
 }
 
-/// `POST /validate`: on Pod CREATE, refuses a malformed gpu-mem request (see
-/// [`problems`]); everything else is allowed.
-pub fn validate(body: &[u8], max_gpu_mem: u64) -> Result<(String, Verdict), ReviewError> {
-    let review = parse_review(body)?;
-    let pod = match pod_of(&review)? {
-        Err(verdict) => return Ok((review.uid, verdict)),
-        Ok(None) => return Ok((review.uid, Verdict::allow())),
+/// `POST /validate`: on Pod CREATE, refuses a malformed gpu-mem request (see [`problems`]),
+/// and a gpu-mem pod (or one the DRA rewrite made of it) whose spec would take the CUDA memory
+/// limiter's place ([`super::limiter_guard`]) on the node's `guard` directories; everything
+/// else is allowed.
+pub(crate) fn validate_review(
+    review: &ReviewRequest,
+    max_gpu_mem: u64,
+    guard: &LimiterGuard,
+) -> Result<Verdict, ReviewError> {
+    let pod = match pod_of(review)? {
+        Err(verdict) => return Ok(verdict),
+        Ok(None) => return Ok(Verdict::allow()),
         Ok(Some(pod)) => pod,
     };
     let found = problems(&pod, max_gpu_mem);
     let owned = owned_env(&pod);
-    if found.is_empty() && owned.is_empty() {
-        return Ok((review.uid, Verdict::allow()));
+    let limited = asks_for_gpu_mem(&pod)
+        || pod
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(POD_ANN_DRA_GPU_MEM));
+    let escapes = if limited {
+        super::limiter_guard::escapes(&pod, guard)
+    } else {
+        Vec::new()
+    };
+    if found.is_empty() && owned.is_empty() && escapes.is_empty() {
+        return Ok(Verdict::allow());
     }
     let name = pod
         .metadata
@@ -271,15 +321,20 @@ pub fn validate(body: &[u8], max_gpu_mem: u64) -> Result<(String, Verdict), Revi
             owned.join("; ")
         ));
     }
+    if !escapes.is_empty() {
+        parts.push(format!(
+            "gpushare: pod {name:?} would take the place of the CUDA memory limiter that nodes \
+             mount into GPU containers (/etc/ld.so.preload, /usr/local/gpushare) or reach its \
+             files on the node: {}; mount elsewhere",
+            escapes.join("; ")
+        ));
+    }
     let message = parts.join("; ");
-    Ok((
-        review.uid,
-        Verdict {
-            allowed: false,
-            message: Some(message),
-            ..Verdict::default()
-        },
-    ))
+    Ok(Verdict {
+        allowed: false,
+        message: Some(message),
+        ..Verdict::default()
+    })
 }
 
 /// The environment variables the device plugin sets for a gpu-mem container: the GPUs it sees,
@@ -442,6 +497,21 @@ mod tests {
     }
 
     #[test]
+    fn dry_run_is_read_with_the_review() {
+        let with = |dry: Value| {
+            let mut v: Value = serde_json::from_slice(&review("Pod", "CREATE", Value::Null))
+                .expect("the review is JSON");
+            v["request"]["dryRun"] = dry;
+            parse_review(v.to_string().as_bytes()).expect("a review")
+        };
+        assert!(with(json!(true)).dry_run);
+        assert!(!with(json!(false)).dry_run);
+        assert!(!with(Value::Null).dry_run);
+        let plain = parse_review(&review("Pod", "CREATE", Value::Null)).expect("a review");
+        assert!(!plain.dry_run);
+    }
+
+    #[test]
     fn mutate_adds_the_scheduler_name_only_for_gpu_pods() {
         let body = review(
             "Pod",
@@ -469,6 +539,54 @@ mod tests {
                 .1
                 .patch
                 .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_gpu_pod_mounting_over_the_limiter_is_refused_and_a_plain_pod_is_not() {
+        let over = |limits: serde_json::Value, annotations: serde_json::Value| {
+            json!({ "metadata": { "name": "p", "annotations": annotations }, "spec": {
+                "containers": [{ "name": "main", "image": "x",
+                    "resources": { "limits": limits },
+                    "env": [{ "name": "CUDA_DISABLE_CONTROL", "value": "true" },
+                            { "name": "LD_PRELOAD", "value": "" }],
+                    "volumeMounts": [{ "name": "v", "mountPath": "/etc/ld.so.preload", "subPath": "empty" }] }],
+                "volumes": [{ "name": "v", "configMap": { "name": "c" } }] } })
+        };
+        let (_, v) = validate(
+            &review(
+                "Pod",
+                "CREATE",
+                over(json!({"aliyun.com/gpu-mem": "2"}), json!({})),
+            ),
+            100,
+        )
+        .unwrap();
+        assert!(!v.allowed);
+        let msg = v.message.unwrap_or_default();
+        assert!(msg.contains("CUDA memory limiter"), "{msg}");
+        assert!(
+            msg.contains("container \"main\" mounts volume \"v\" at /etc/ld.so.preload"),
+            "{msg}"
+        );
+        assert!(
+            !msg.contains("CUDA_DISABLE_CONTROL"),
+            "variables are not judged: {msg}"
+        );
+        // The DRA rewrite removed the gpu-mem limits and left its annotation.
+        let rewritten = over(json!({}), json!({ "gpushare.io/dra-gpu-mem": "{}" }));
+        assert!(
+            !validate(&review("Pod", "CREATE", rewritten), 100)
+                .unwrap()
+                .1
+                .allowed
+        );
+        // Not a GPU pod: not the limiter's business.
+        assert!(
+            validate(&review("Pod", "CREATE", over(json!({}), json!({}))), 100)
+                .unwrap()
+                .1
+                .allowed
         );
     }
 

@@ -13,6 +13,9 @@ use rcgen::{
 
 pub use crate::tls::{CertFiles, PemPair, ServingCert, certified_key, pem_certs};
 
+/// How often the certificate is checked: the files of `--tls-cert` for changes, the Secret of
+/// `--self-signed` for renewal (and the caBundles).
+pub const DEFAULT_REFRESH: Duration = Duration::from_secs(60);
 /// Lifetime of the CA `--self-signed` makes.
 pub const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// Common name of that CA.

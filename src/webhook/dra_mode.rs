@@ -4,7 +4,7 @@
 //! The path is the namespace's label `gpushare.io/gpu-mem-path` (`dra` or `extender`) when it
 //! has one, else `webhook.gpu_mem_path`: the label wins both ways. On the extender path the
 //! pod gets what [`super::admission::mutate`] gives it (our scheduler). On the DRA path it is
-//! rewritten by [`crate::k8s::dra_request`] (one claim from a ResourceClaimTemplate, one
+//! rewritten by [`super::dra_rewrite`] (one claim from a ResourceClaimTemplate, one
 //! request per GPU container, and the devices of the kinds `[devices]` enables the pod asks for
 //! in its limits, an HCA aligned with its container's GPU) and the template is made to exist
 //! in the pod's namespace first:
@@ -19,13 +19,12 @@
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use kube::api::{Api, PostParams};
-use serde_json::Value;
 
-use super::admission::{self, ReviewError, Verdict};
+use super::admission::{self, ReviewError, ReviewRequest, Verdict};
+use super::dra_rewrite::{self, RewriteError};
 use crate::config::GpuMemPath;
 use crate::core::MemoryUnit;
 use crate::core::wire::DRA_DEVICE_CLASS;
-use crate::k8s::dra_request::{self, RewriteError};
 use crate::k8s::retry::{is_transient, retry_attempts};
 
 /// The namespace label that picks the path of its gpu-mem pods (`dra` or `extender`).
@@ -42,7 +41,7 @@ pub struct DraMode {
     default_path: GpuMemPath,
     unit: MemoryUnit,
     driver: String,
-    kinds: Vec<dra_request::KindRequest>,
+    kinds: Vec<dra_rewrite::KindRequest>,
 }
 
 impl std::fmt::Debug for DraMode {
@@ -115,8 +114,8 @@ impl DraMode {
     }
 
     /// The same, moving the devices of `kinds` a gpu-mem pod asks for into its claim
-    /// ([`dra_request::kind_requests`] of `[devices]`).
-    pub fn with_kinds(mut self, kinds: Vec<dra_request::KindRequest>) -> DraMode {
+    /// ([`dra_rewrite::kind_requests`] of `[devices]`).
+    pub fn with_kinds(mut self, kinds: Vec<dra_rewrite::KindRequest>) -> DraMode {
         self.kinds = kinds;
         self
     }
@@ -177,35 +176,35 @@ impl DraMode {
         }
     }
 
-    /// `POST /mutate` with the DRA mode: see the module documentation.
-    pub async fn mutate(
+    /// `POST /mutate` with the DRA mode, of a review parsed once (the caller's): see the
+    /// module documentation. A pod on the extender path gets [`admission::mutate_pod`] of the
+    /// same decoded pod.
+    pub(crate) async fn mutate(
         &self,
-        body: &[u8],
+        review: &ReviewRequest,
         scheduler_name: &str,
-    ) -> Result<(String, Verdict), ReviewError> {
-        let review = admission::parse_review(body)?;
-        let pod: Pod = match admission::pod_of(&review)? {
+    ) -> Result<Verdict, ReviewError> {
+        let pod: Pod = match admission::pod_of(review)? {
+            Err(verdict) => return Ok(verdict),
+            Ok(None) => return Ok(Verdict::allow()),
             Ok(Some(pod)) if admission::asks_for_gpu_mem(&pod) => pod,
-            _ => return admission::mutate(body, scheduler_name),
+            Ok(Some(pod)) => return Ok(admission::mutate_pod(&pod, scheduler_name)),
         };
         let namespace = if review.namespace.is_empty() {
             pod.metadata.namespace.clone().unwrap_or_default()
         } else {
             review.namespace.clone()
         };
-        match self.dra_verdict(&pod, &namespace, dry_run(body)).await {
-            Ok(Some(verdict)) => Ok((review.uid, verdict)),
-            Ok(None) => admission::mutate(body, scheduler_name),
+        match self.dra_verdict(&pod, &namespace, review.dry_run).await {
+            Ok(Some(verdict)) => Ok(verdict),
+            Ok(None) => Ok(admission::mutate_pod(&pod, scheduler_name)),
             Err(e) => {
                 tracing::warn!(namespace, error = %e, "gpu-mem pod refused by the DRA mode");
-                Ok((
-                    review.uid,
-                    Verdict {
-                        allowed: false,
-                        message: Some(format!("gpushare: {e}")),
-                        ..Verdict::default()
-                    },
-                ))
+                Ok(Verdict {
+                    allowed: false,
+                    message: Some(format!("gpushare: {e}")),
+                    ..Verdict::default()
+                })
             }
         }
     }
@@ -220,7 +219,7 @@ impl DraMode {
         if self.path_of(namespace).await? == GpuMemPath::Extender {
             return Ok(None);
         }
-        let rewritten = match dra_request::rewrite_with_kinds(
+        let rewritten = match dra_rewrite::rewrite_with_kinds(
             pod,
             namespace,
             self.unit,
@@ -248,26 +247,5 @@ impl DraMode {
             patch: rewritten.patch,
             ..Verdict::default()
         }))
-    }
-}
-
-/// `request.dryRun` of a review (absent: false).
-fn dry_run(body: &[u8]) -> bool {
-    serde_json::from_slice::<Value>(body)
-        .ok()
-        .and_then(|v| v.pointer("/request/dryRun").and_then(Value::as_bool))
-        .unwrap_or(false)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dry_run_is_read_from_the_review() {
-        assert!(dry_run(br#"{"request":{"dryRun":true}}"#));
-        assert!(!dry_run(br#"{"request":{"dryRun":false}}"#));
-        assert!(!dry_run(br#"{"request":{}}"#));
-        assert!(!dry_run(b"not json"));
     }
 }

@@ -3,7 +3,11 @@
 //! that asks for `aliyun.com/gpu-mem` to our own kube-scheduler (`gpushare-scheduler`);
 //! `POST /validate` refuses malformed gpu-mem requests with a message that says what to write.
 //!
-//! Layout: [`admission`] (the reviews and the two decisions, pure), [`routes`] (HTTP on the
+//! Layout: [`admission`] (the reviews and the two decisions, pure; what would switch off the
+//! CUDA memory limiter: [`limiter_guard`]), [`dra_mode`] (which path a
+//! gpu-mem pod takes, and on the DRA path its claim template made to exist), [`dra_rewrite`]
+//! (the DRA policy, pure: one claim per pod, the GPU shared by its containers, HCAs aligned,
+//! which resources move), [`routes`] (HTTP on the
 //! shared [`crate::http_server`], over TLS), [`certs`] (rcgen / x509-parser / the swappable
 //! served certificate), [`bootstrap`] (`--self-signed`: the Secret shared by all replicas and
 //! the `caBundle` of both webhook configurations).
@@ -15,6 +19,8 @@ pub(crate) mod admission;
 pub mod bootstrap;
 pub mod certs;
 pub mod dra_mode;
+pub mod dra_rewrite;
+pub mod limiter_guard;
 pub(crate) mod routes;
 
 use std::net::{IpAddr, SocketAddr};
@@ -29,6 +35,7 @@ use tokio::task::JoinHandle;
 use crate::admin::AdminState;
 use crate::config::{Config, FlagOverrides};
 use crate::shutdown::{self, Shutdown, Trigger};
+pub use certs::DEFAULT_REFRESH;
 use certs::ServingCert;
 use routes::WebhookState;
 
@@ -133,10 +140,6 @@ impl Args {
         flags.set("dra.driver_name", driver_name.clone());
     }
 }
-
-/// How often the certificate is checked: the files of `--tls-cert` for changes, the Secret of
-/// `--self-signed` for renewal (and the caBundles).
-pub const DEFAULT_REFRESH: Duration = Duration::from_secs(60);
 
 /// A running webhook (in-process).
 #[derive(Debug)]
@@ -267,7 +270,7 @@ pub async fn start(
                 config.node.memory_unit,
                 &config.dra.driver_name,
             )
-            .with_kinds(crate::k8s::dra_request::kind_requests(&config.devices)),
+            .with_kinds(dra_rewrite::kind_requests(&config.devices)),
         ),
         (None, crate::config::GpuMemPath::Extender) => None,
         (None, crate::config::GpuMemPath::Dra) => {
@@ -288,6 +291,7 @@ pub async fn start(
         w.max_gpu_mem,
         Duration::from_millis(config.http.body_read_timeout_ms),
         dra,
+        limiter_guard::LimiterGuard::of(&config.node),
     );
     let metrics = admin.with_registry(crate::http_server::ServerMetrics::register);
     let acceptor = serving.acceptor()?;

@@ -42,6 +42,8 @@ pub struct WebhookState {
     pub body_deadline: Duration,
     /// The DRA mode (namespace labels, the rewrite), when the webhook has the API.
     pub dra: Option<DraMode>,
+    /// The limiter's host directories no gpu-mem pod may reach (`[node]`).
+    pub limiter_guard: super::limiter_guard::LimiterGuard,
     reviews: Family<ReviewLabel, Counter>,
 }
 
@@ -53,6 +55,7 @@ impl WebhookState {
         max_gpu_mem: u64,
         body_deadline: Duration,
         dra: Option<DraMode>,
+        limiter_guard: super::limiter_guard::LimiterGuard,
     ) -> Arc<WebhookState> {
         let reviews = Family::<ReviewLabel, Counter>::default();
         admin.with_registry(|r| {
@@ -68,6 +71,7 @@ impl WebhookState {
             max_gpu_mem,
             body_deadline,
             dra,
+            limiter_guard,
             reviews,
         })
     }
@@ -123,14 +127,7 @@ pub async fn handle(state: Arc<WebhookState>, req: Request<Incoming>) -> Reply {
             return http_server::json_error(e.status(), &e.to_string());
         }
     };
-    let decided: Result<(String, Verdict), ReviewError> = if endpoint == "mutate" {
-        match &state.dra {
-            Some(dra) => dra.mutate(&body, &state.scheduler_name).await,
-            None => admission::mutate(&body, &state.scheduler_name),
-        }
-    } else {
-        admission::validate(&body, state.max_gpu_mem)
-    };
+    let decided = decide(&state, endpoint, &body).await;
     match decided {
         Ok((uid, verdict)) => {
             let result = if !verdict.allowed {
@@ -155,4 +152,22 @@ pub async fn handle(state: Arc<WebhookState>, req: Request<Incoming>) -> Reply {
             http_server::json_error(StatusCode::BAD_REQUEST, &e.to_string())
         }
     }
+}
+
+/// The verdict on one request body, parsed here once (the decisions take the parsed review).
+async fn decide(
+    state: &WebhookState,
+    endpoint: &str,
+    body: &[u8],
+) -> Result<(String, Verdict), ReviewError> {
+    let review = admission::parse_review(body)?;
+    let verdict = if endpoint == "mutate" {
+        match &state.dra {
+            Some(dra) => dra.mutate(&review, &state.scheduler_name).await?,
+            None => admission::mutate_review(&review, &state.scheduler_name)?,
+        }
+    } else {
+        admission::validate_review(&review, state.max_gpu_mem, &state.limiter_guard)?
+    };
+    Ok((review.uid, verdict))
 }

@@ -155,32 +155,6 @@ async fn scrape(addr: std::net::SocketAddr, accept: Option<&str>) -> (String, St
     (content_type, body.to_string())
 }
 
-/// `promtool check metrics` on `text`: Some((passed, what it printed)), None when skipped.
-fn promtool_check(text: &str) -> Option<(bool, String)> {
-    use std::io::Write;
-    let promtool = clients::promtool()?;
-    let mut child = std::process::Command::new(promtool)
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("promtool runs");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(text.as_bytes())
-        .expect("promtool reads the page");
-    let out = child.wait_with_output().expect("promtool finishes");
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some((out.status.success() && said.trim().is_empty(), said))
-}
-
 /// What every role's page carries, and the page passes promtool; then the OpenMetrics variant.
 async fn check_scrape(addr: std::net::SocketAddr, role: &str) -> String {
     let (content_type, text) = scrape(addr, None).await;
@@ -188,7 +162,7 @@ async fn check_scrape(addr: std::net::SocketAddr, role: &str) -> String {
         content_type, "text/plain; version=0.0.4; charset=utf-8",
         "{role}"
     );
-    if let Some((ok, said)) = promtool_check(&text) {
+    if let Some((ok, said)) = clients::promtool_check(&text) {
         assert!(
             ok,
             "promtool check metrics rejects the {role} page:\n{said}\n---\n{text}"

@@ -1,20 +1,21 @@
 //! The DRA path's pieces together over the sandbox: slices built by `gpushare::dra::slices`,
-//! a pod rewritten by `gpushare::k8s::dra_request`, allocated by the sandbox allocator (first fit,
+//! a pod rewritten by `gpushare::webhook::dra_rewrite`, allocated by the sandbox allocator (first fit,
 //! consumable capacity, as upstream) and read back by `gpushare::dra::claims` — the same
 //! `aliyun.com/gpu-mem` numbers per container, on one GPU, in the order the GPU policy chose.
 
 use std::collections::BTreeMap;
 
-use gpushare::core::wire::{DRA_DEVICE_CLASS, DRA_DRIVER_NAME};
+use gpushare::core::wire::DRA_DRIVER_NAME;
 use gpushare::core::{GpuMem, GpuPolicy, MemoryUnit};
 use gpushare::dra::claims::{ClaimShare, NodeDevice, read_claim};
 use gpushare::dra::slices::{Pool, SliceGpu, device_name};
-use gpushare::k8s::dra_request::rewrite;
 use gpushare_sandbox::apiserver::ApiServer;
 use gpushare_sandbox::dra_allocator::DraAllocator;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use serde_json::json;
+
+use crate::support::dra::create_gpu_device_class;
+use crate::support::dra_node::submit;
 
 const GIB: u64 = 1 << 30;
 
@@ -72,40 +73,6 @@ fn publish(server: &ApiServer, pool: &mut Pool, policy: GpuPolicy, allocated: [u
     true
 }
 
-/// Rewrites a two-container gpu-mem pod, stores its template and the pod.
-fn submit(server: &ApiServer, name: &str, main: u64, side: u64) {
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": { "name": name, "namespace": "default" },
-        "spec": { "containers": [
-            { "name": "main", "image": "x", "resources": { "limits": { "aliyun.com/gpu-mem": main.to_string() } } },
-            { "name": "side", "image": "x", "resources": { "limits": { "aliyun.com/gpu-mem": side.to_string() } } },
-        ] },
-    }))
-    .expect("a pod");
-    let r = rewrite(
-        &pod,
-        "default",
-        MemoryUnit::GIB,
-        DRA_DRIVER_NAME,
-        DRA_DEVICE_CLASS,
-    )
-    .expect("rewrites")
-    .expect("a gpu-mem pod is rewritten");
-    let template = r.template.metadata.name.clone().expect("named");
-    if server
-        .get_object("resourceclaimtemplates", Some("default"), &template)
-        .is_none()
-    {
-        server
-            .create_object(serde_json::to_value(&r.template).expect("json"))
-            .expect("the template is stored");
-    }
-    let mut value = serde_json::to_value(&r.pod).expect("json");
-    value["apiVersion"] = json!("v1");
-    value["kind"] = json!("Pod");
-    server.create_object(value).expect("the pod is stored");
-}
-
 /// The shares of the pod's claim, read as the plugin will read them.
 fn shares(server: &ApiServer, pod: &str) -> Vec<ClaimShare> {
     let p: Pod = server
@@ -133,13 +100,7 @@ fn shares(server: &ApiServer, pod: &str) -> Vec<ClaimShare> {
 
 async fn cluster() -> ApiServer {
     let server = ApiServer::start().await.expect("starts");
-    server
-        .create_object(json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": { "name": DRA_DEVICE_CLASS },
-            "spec": { "selectors": [{ "cel": { "expression": gpushare::core::wire::dra_gpu_class_selector(DRA_DRIVER_NAME) } }] },
-        }))
-        .expect("the class");
+    create_gpu_device_class(&server);
     server
 }
 

@@ -17,8 +17,8 @@ use gpushare::core::wire::{
     dra_kind_class_selector,
 };
 use gpushare::dra::role::{self, DraPluginHandle};
-use gpushare::k8s::dra_request::{kind_requests, rewrite_with_kinds};
 use gpushare::shutdown::Shutdown;
+use gpushare::webhook::dra_rewrite::{kind_requests, rewrite_with_kinds};
 use gpushare_sandbox::apiserver::ApiServer;
 use gpushare_sandbox::dra_allocator::DraAllocator;
 use gpushare_sandbox::dra_kubelet::{ClaimOutcome, DraKubelet};

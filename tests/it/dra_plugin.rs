@@ -17,17 +17,17 @@ use gpushare::dra::plugin::{
     PluginConfig, PrepareError, Prepared, Preparer, RunningPlugin, SERVICES, Served, start,
 };
 use gpushare::dra::slices::{SliceGpu, build_slices, device_name};
-use gpushare::k8s::dra_request::rewrite;
 use gpushare::shutdown::Shutdown;
 use gpushare_sandbox::apiserver::ApiServer;
 use gpushare_sandbox::dra_allocator::DraAllocator;
 use gpushare_sandbox::dra_kubelet::{ClaimOutcome, DraKubelet};
-use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use crate::support::clients;
 use crate::support::dra;
+use crate::support::dra::create_gpu_device_class;
+use crate::support::dra_node::submit;
 use crate::support::socket_dir::short_tempdir;
 
 const GIB: u64 = 1 << 30;
@@ -130,13 +130,7 @@ impl Node {
 /// A sandbox with the class, node-a's slice, and a rewritten pod `p` (3 + 1 units) placed.
 async fn node() -> Node {
     let server = ApiServer::start().await.expect("starts");
-    server
-        .create_object(json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": { "name": DRA_DEVICE_CLASS },
-            "spec": { "selectors": [{ "cel": { "expression": gpushare::core::wire::dra_gpu_class_selector(DRA_DRIVER_NAME) } }] },
-        }))
-        .expect("the class");
+    create_gpu_device_class(&server);
     for s in build_slices(
         "node-a",
         DRA_DRIVER_NAME,
@@ -151,30 +145,7 @@ async fn node() -> Node {
             .create_object(serde_json::to_value(&s).expect("json"))
             .expect("the slice");
     }
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": { "name": "p", "namespace": "default" },
-        "spec": { "containers": [
-            { "name": "main", "image": "x", "resources": { "limits": { "aliyun.com/gpu-mem": "3" } } },
-            { "name": "side", "image": "x", "resources": { "limits": { "aliyun.com/gpu-mem": "1" } } },
-        ] },
-    }))
-    .expect("a pod");
-    let r = rewrite(
-        &pod,
-        "default",
-        MemoryUnit::GIB,
-        DRA_DRIVER_NAME,
-        DRA_DEVICE_CLASS,
-    )
-    .expect("rewrites")
-    .expect("rewritten");
-    server
-        .create_object(serde_json::to_value(&r.template).expect("json"))
-        .expect("the template");
-    let mut value = serde_json::to_value(&r.pod).expect("json");
-    value["apiVersion"] = json!("v1");
-    value["kind"] = json!("Pod");
-    server.create_object(value).expect("the pod");
+    submit(&server, "p", 3, 1);
     let pass = DraAllocator::new(server.admin_client())
         .reconcile()
         .await

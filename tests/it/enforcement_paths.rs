@@ -13,11 +13,9 @@ use std::path::Path;
 
 use gpushare::config::enforcement::Enforcement;
 use gpushare::config::{Config, DeviceListStrategies, DeviceListStrategy};
-use gpushare::core::MemoryUnit;
-use gpushare::core::wire::{DRA_DEVICE_CLASS, DRA_DRIVER_NAME, NODE_ANN_CONTAINER_GPU_MEMORY};
+use gpushare::core::wire::DRA_DRIVER_NAME;
 use gpushare::dra::role;
 use gpushare::gpu::fake::FakeBackend;
-use gpushare::k8s::dra_request::rewrite;
 use gpushare::node::enforcement::Mechanism;
 use gpushare::node::paths::ServingPath;
 use gpushare::shutdown::Shutdown;
@@ -25,40 +23,19 @@ use gpushare_sandbox::apiserver::ApiServer;
 use gpushare_sandbox::dra_allocator::DraAllocator;
 use gpushare_sandbox::dra_kubelet::{ClaimOutcome, DraKubelet};
 use gpushare_sandbox::nvml_stub::{self, MemoryAccounting};
-use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
 use crate::support::deviceplugin_cluster::{self, NODE as DP_NODE};
-use crate::support::enforcement::{GIB, Host, gpus, oci_state, run_hook_as_runtime};
+use crate::support::dra::{dra_node_api, submit_gpu_pod};
+use crate::support::enforcement::{
+    GIB, Host, gpus, inspect, metric, oci_state, pod_events, published_rows, row,
+    run_hook_as_runtime,
+};
 use crate::support::socket_dir::short_tempdir;
 use crate::support::wait::wait_until;
-use crate::support::{extender_http, run, stderr, stdout};
+use crate::support::{extender_http, stderr, stdout};
 
 const NODE: &str = "node-a";
-
-/// The node annotation's rows, once published.
-fn published_rows(api: &ApiServer, node: &str) -> Vec<Value> {
-    api.get_object("nodes", None, node)
-        .and_then(|n| {
-            n["metadata"]["annotations"][NODE_ANN_CONTAINER_GPU_MEMORY]
-                .as_str()
-                .map(str::to_string)
-        })
-        .and_then(|t| serde_json::from_str::<Vec<Value>>(&t).ok())
-        .unwrap_or_default()
-}
-
-fn row<'a>(rows: &'a [Value], pod: &str, container: &str) -> Option<&'a Value> {
-    rows.iter()
-        .find(|r| r["pod"] == pod && r["container"] == container)
-}
-
-fn pod_events(api: &ApiServer, pod: &str, reason: &str) -> Vec<Value> {
-    api.list_objects("events.events.k8s.io", Some("default"))
-        .into_iter()
-        .filter(|e| e["reason"] == reason && e["regarding"]["name"] == pod)
-        .collect()
-}
 
 fn hook_of(spec: &Value, device: usize) -> Value {
     spec["devices"][device]["containerEdits"]["hooks"][0].clone()
@@ -73,37 +50,8 @@ fn env_of(spec: &Value, device: usize) -> Vec<String> {
         .collect()
 }
 
-/// The metric line `name{…labels…} value` whose labels hold all of `labels`.
-fn metric(text: &str, name: &str, labels: &[&str]) -> Option<String> {
-    text.lines()
-        .find(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|x| l.contains(x)))
-        .and_then(|l| l.rsplit(' ').next().map(str::to_string))
-}
-
-/// `gpushare inspect -o <format>` against the sandbox (off the test's runtime, which serves it).
-async fn inspect(kubeconfig: &str, format: &str) -> std::process::Output {
-    let args = ["inspect", "-o", format, "--kubeconfig", kubeconfig].map(String::from);
-    tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        run(&args)
-    })
-    .await
-    .expect("inspect ran")
-}
-
 async fn dra_api() -> ApiServer {
-    let api = ApiServer::start().await.expect("starts");
-    api.seed_yaml(&format!(
-        "apiVersion: v1\nkind: Node\nmetadata:\n  name: {NODE}\n  labels:\n    gpushare.io/gpu-mem-path: dra\n"
-    ))
-    .expect("the node");
-    api.create_object(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-        "metadata": { "name": DRA_DEVICE_CLASS },
-        "spec": { "selectors": [{ "cel": { "expression": gpushare::core::wire::dra_gpu_class_selector(DRA_DRIVER_NAME) } }] },
-    }))
-    .expect("the class");
-    api
+    dra_node_api(NODE).await
 }
 
 fn dra_config(host: &Host, dir: &Path) -> Config {
@@ -121,28 +69,7 @@ fn dra_config(host: &Host, dir: &Path) -> Config {
 
 /// A one-container gpu-mem pod rewritten for the DRA path, its template and the pod stored.
 fn submit(api: &ApiServer, name: &str, gib: u64) {
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": { "name": name, "namespace": "default" },
-        "spec": { "containers": [
-            { "name": "main", "image": "x", "resources": { "limits": { "aliyun.com/gpu-mem": gib.to_string() } } },
-        ] },
-    }))
-    .expect("a pod");
-    let r = rewrite(
-        &pod,
-        "default",
-        MemoryUnit::GIB,
-        DRA_DRIVER_NAME,
-        DRA_DEVICE_CLASS,
-    )
-    .expect("rewrites")
-    .expect("rewritten");
-    api.create_object(serde_json::to_value(&r.template).expect("json"))
-        .expect("the template");
-    let mut value = serde_json::to_value(&r.pod).expect("json");
-    value["apiVersion"] = json!("v1");
-    value["kind"] = json!("Pod");
-    api.create_object(value).expect("the pod");
+    submit_gpu_pod(api, name, gib)
 }
 
 #[tokio::test]

@@ -6,108 +6,20 @@
 //! `/inspect` (or the API server) against a deadline.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use gpushare::config::Config;
-use gpushare::extender::{self, ExtenderHandle};
+use gpushare::extender;
 use gpushare::shutdown::Shutdown;
 use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
 use http::Method;
 use serde_json::{Value, json};
 
 use crate::support::extender_http::{get, inspect, post, request};
+use crate::support::extender_sandbox::{Env, annotations, bind, config, create, filter, used};
 use crate::support::objects::{bound_pod, gpu_node, pending_pod};
 use crate::support::wait::eventually;
 
 const MIB_GPU: u64 = 16276;
-
-// ---------------------------------------------------------------- harness
-
-struct Env {
-    api: ApiServer,
-    ext: ExtenderHandle,
-}
-
-fn config() -> Config {
-    let mut c = Config::default();
-    c.extender.bind_address = [127, 0, 0, 1].into();
-    c.extender.port = 0;
-    c.extender.bind_timeout_ms = 3000;
-    c.doctor.skip = true;
-    c
-}
-
-impl Env {
-    async fn start_with(config: Config, seed: impl FnOnce(&ApiServer)) -> Env {
-        let api = ApiServer::start().await.expect("sandbox API server starts");
-        seed(&api);
-        let ext = extender::start(&config, api.admin_client(), Shutdown::never())
-            .await
-            .expect("extender starts");
-        ext.wait_ready().await.expect("extender becomes ready");
-        Env { api, ext }
-    }
-
-    /// A second extender on the same API state.
-    async fn another(&self) -> ExtenderHandle {
-        let ext = extender::start(&config(), self.api.admin_client(), Shutdown::never())
-            .await
-            .expect("second extender starts");
-        ext.wait_ready().await.expect("second extender ready");
-        ext
-    }
-
-    fn addr(&self) -> SocketAddr {
-        self.ext.addr
-    }
-}
-
-fn create(api: &ApiServer, obj: Value) -> Value {
-    api.create_object(obj).expect("object created")
-}
-
-async fn filter(addr: SocketAddr, pod: &Value, nodes: &[&str]) -> (u16, Value) {
-    post(
-        addr,
-        "/gpushare-scheduler/filter",
-        &json!({"Pod": pod, "NodeNames": nodes}),
-    )
-    .await
-}
-
-async fn bind(addr: SocketAddr, pod: &Value, node: &str) -> (u16, Value) {
-    post(
-        addr,
-        "/gpushare-scheduler/bind",
-        &json!({"PodName": pod["metadata"]["name"], "PodNamespace": "default",
-                "PodUID": pod["metadata"]["uid"], "Node": node}),
-    )
-    .await
-}
-
-fn annotations(api: &ApiServer, name: &str) -> BTreeMap<String, String> {
-    api.get_object("pods", Some("default"), name)
-        .and_then(|p| serde_json::from_value(p["metadata"]["annotations"].clone()).ok())
-        .unwrap_or_default()
-}
-
-fn used(inspect: &Value, node: &str) -> Vec<u64> {
-    inspect["nodes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|n| n["name"] == node)
-        .map(|n| {
-            n["devs"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|d| d["usedGPU"].as_u64().unwrap_or(u64::MAX))
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 // ---------------------------------------------------------------- spec demos
 

@@ -32,6 +32,7 @@ mod ha_replicas;
 mod handover;
 mod hostile;
 mod inspect;
+mod limiter_injection;
 mod logs;
 mod mps;
 mod one_path;

@@ -8,7 +8,7 @@
 use gpushare::core::wire::{DRA_DEVICE_CLASS, DRA_DRIVER_NAME, RESOURCE_GPU_MEM};
 use gpushare::core::{GpuPolicy, MemoryUnit};
 use gpushare::dra::slices::{SliceGpu, build_slices};
-use gpushare::k8s::dra_request::rewrite;
+use gpushare::webhook::dra_rewrite::rewrite;
 use gpushare_sandbox::apiserver::ApiServer;
 use gpushare_sandbox::dra_allocator::{Features, NodeView, Usage, allocate_pod};
 use k8s_openapi::api::core::v1::Pod;

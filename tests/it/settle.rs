@@ -10,100 +10,21 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use gpushare::config::Config;
-use gpushare::extender::{self, ExtenderHandle};
+use gpushare::extender;
 use gpushare::shutdown::Shutdown;
 use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction, Hold};
 use http::Method;
-use serde_json::{Value, json};
+use serde_json::json;
 
-use crate::support::extender_http::{get, inspect, post};
+use crate::support::extender_http::{get, inspect};
+use crate::support::extender_sandbox::{
+    Env, annotations, bind, config, create, filter, stored, used,
+};
 use crate::support::objects::{gpu_node, pending_pod};
 use crate::support::wait::eventually;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const DEADLINE: Duration = Duration::from_secs(30);
-
-// ---------------------------------------------------------------- harness
-
-struct Env {
-    api: ApiServer,
-    ext: ExtenderHandle,
-}
-
-fn config() -> Config {
-    let mut c = Config::default();
-    c.extender.bind_address = [127, 0, 0, 1].into();
-    c.extender.port = 0;
-    c.extender.bind_timeout_ms = 3000;
-    c.doctor.skip = true;
-    c
-}
-
-impl Env {
-    async fn start_with(config: Config, seed: impl FnOnce(&ApiServer)) -> Env {
-        let api = ApiServer::start().await.expect("sandbox API server starts");
-        seed(&api);
-        let ext = extender::start(&config, api.admin_client(), Shutdown::never())
-            .await
-            .expect("extender starts");
-        ext.wait_ready().await.expect("extender becomes ready");
-        Env { api, ext }
-    }
-
-    fn addr(&self) -> SocketAddr {
-        self.ext.addr
-    }
-}
-
-fn create(api: &ApiServer, obj: Value) -> Value {
-    api.create_object(obj).expect("object created")
-}
-
-async fn filter(addr: SocketAddr, pod: &Value, nodes: &[&str]) -> (u16, Value) {
-    post(
-        addr,
-        "/gpushare-scheduler/filter",
-        &json!({"Pod": pod, "NodeNames": nodes}),
-    )
-    .await
-}
-
-async fn bind(addr: SocketAddr, pod: &Value, node: &str) -> (u16, Value) {
-    post(
-        addr,
-        "/gpushare-scheduler/bind",
-        &json!({"PodName": pod["metadata"]["name"], "PodNamespace": "default",
-                "PodUID": pod["metadata"]["uid"], "Node": node}),
-    )
-    .await
-}
-
-fn stored(api: &ApiServer, name: &str) -> Value {
-    api.get_object("pods", Some("default"), name)
-        .unwrap_or(Value::Null)
-}
-
-fn annotations(api: &ApiServer, name: &str) -> BTreeMap<String, String> {
-    serde_json::from_value(stored(api, name)["metadata"]["annotations"].clone()).unwrap_or_default()
-}
-
-fn used(inspect: &Value, node: &str) -> Vec<u64> {
-    inspect["nodes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|n| n["name"] == node)
-        .map(|n| {
-            n["devs"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|d| d["usedGPU"].as_u64().unwrap_or(u64::MAX))
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 /// Memory per (node, GPU index) as the API server's annotations of bound pods say.
 fn annotated_per_gpu(api: &ApiServer) -> BTreeMap<(String, String), u64> {

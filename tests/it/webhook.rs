@@ -2,7 +2,7 @@
 //! garbage, other kinds), the `--self-signed` bootstrap against the sandbox API server (two
 //! replicas race for one Secret, caBundle patched, renewal at start and while running,
 //! conflicts and lost answers), and the sandbox calling the webhook on pod create as
-//! kube-apiserver does.
+//! kube-apiserver does (a gpu-mem pod that would switch off the CUDA memory limiter refused).
 
 use std::time::{Duration, SystemTime};
 
@@ -499,6 +499,79 @@ async fn the_sandbox_api_server_calls_the_webhooks_on_pod_create() {
         .await
         .expect_err("failurePolicy: Fail");
     assert!(err.to_string().contains("failed calling webhook"), "{err}");
+}
+
+/// A gpu-mem pod whose spec would take the CUDA memory limiter's place (a volume over
+/// `/etc/ld.so.preload` or `/usr/local/gpushare`, a hostPath reaching the node's limiter
+/// files) is refused through the API server; the same mounts in a pod without GPU memory,
+/// and a gpu-mem pod that merely sets variables, are admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_pod_that_would_switch_off_the_limiter_is_refused_on_create() {
+    let api = ApiServer::start().await.expect("sandbox");
+    webhook_configs(&api);
+    let hook = self_signed(&api, webhook::DEFAULT_REFRESH).await;
+    api.route_service("kube-system", "gpushare-webhook", hook.addr);
+    let pods: Api<Pod> = Api::namespaced(api.admin_client(), "default");
+    let with = |name: &str, gpu: bool, mount: &str, volume: Value| {
+        let mut p = gpu_pod(name, "2", None);
+        if !gpu {
+            p["spec"]["containers"][0]["resources"] = json!({});
+        }
+        p["spec"]["containers"][0]["volumeMounts"] =
+            json!([{ "name": "v", "mountPath": mount, "subPath": "f" }]);
+        p["spec"]["containers"][0]["env"] = json!([
+            { "name": "CUDA_DISABLE_CONTROL", "value": "true" },
+            { "name": "LD_PRELOAD", "value": "/usr/lib/other.so" },
+        ]);
+        p["spec"]["volumes"] = json!([volume]);
+        serde_json::from_value::<Pod>(p).expect("pod")
+    };
+    let empty = json!({ "name": "v", "emptyDir": {} });
+    for (name, mount, volume, says) in [
+        (
+            "preload",
+            "/etc/ld.so.preload",
+            empty.clone(),
+            "mounts volume \"v\" at /etc/ld.so.preload",
+        ),
+        (
+            "limits",
+            "/usr/local/gpushare/limits",
+            empty.clone(),
+            "over the limiter's /usr/local/gpushare",
+        ),
+        (
+            "host",
+            "/data",
+            json!({ "name": "v", "hostPath": { "path": "/var/run" } }),
+            "hostPath volume \"v\" (/var/run) reaches the limiter's files",
+        ),
+    ] {
+        let err = pods
+            .create(&PostParams::default(), &with(name, true, mount, volume))
+            .await
+            .expect_err("refused");
+        let kube::Error::Api(status) = err else {
+            panic!("not an API error: {err}")
+        };
+        assert_eq!(status.code, 422, "{name}");
+        assert!(
+            status.message.contains("CUDA memory limiter") && status.message.contains(says),
+            "{name}: {}",
+            status.message
+        );
+        assert!(api.get_object("pods", Some("default"), name).is_none());
+    }
+    pods.create(
+        &PostParams::default(),
+        &with("plain", false, "/etc/ld.so.preload", empty.clone()),
+    )
+    .await
+    .expect("a pod without GPU memory is not the limiter's business");
+    pods.create(&PostParams::default(), &with("vars", true, "/data", empty))
+        .await
+        .expect("variables cannot switch the limiter off: admitted");
+    hook.stop().await;
 }
 
 #[test]

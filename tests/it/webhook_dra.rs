@@ -11,13 +11,15 @@ use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
 use gpushare::config::{Config, GpuMemPath};
-use gpushare::core::wire::{DRA_DEVICE_CLASS, DRA_DRIVER_NAME, DRA_POD_CLAIM};
+use gpushare::core::wire::{DRA_DRIVER_NAME, DRA_POD_CLAIM};
 use gpushare::core::{GpuPolicy, MemoryUnit};
 use gpushare::dra::slices::{Pool, SliceGpu};
 use gpushare::shutdown::Shutdown;
 use gpushare::webhook::{self, WebhookHandle};
 use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
 use gpushare_sandbox::dra_allocator::DraAllocator;
+
+use crate::support::dra::create_gpu_device_class;
 
 const GIB: u64 = 1 << 30;
 
@@ -62,12 +64,7 @@ async fn cluster_with(
         }
         api.create_object(object).expect("namespace");
     }
-    api.create_object(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-        "metadata": { "name": DRA_DEVICE_CLASS },
-        "spec": { "selectors": [{ "cel": { "expression": gpushare::core::wire::dra_gpu_class_selector(DRA_DRIVER_NAME) } }] },
-    }))
-    .expect("the class");
+    create_gpu_device_class(&api);
     let mut c = Config::default();
     c.webhook.bind_address = [127, 0, 0, 1].into();
     c.webhook.port = 0;

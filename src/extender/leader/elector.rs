@@ -20,10 +20,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::ANN_LEADER_ADDRESS;
 use super::clock::{Clock, SystemClock};
 use super::fence::{Fence, KnownLeader};
-use super::rule::{Action, LeaseTiming, Observation, decide};
+use super::rule::{ANN_LEADER_ADDRESS, Action, LeaseTiming, Observation, decide};
 use crate::shutdown::Shutdown;
 
 /// This replica's identity: `given` when non-empty, else the pod name (`POD_NAME`, then

@@ -6,7 +6,7 @@
 //! microseconds) and `leaseDurationSeconds`; every write is a `PUT` carrying the
 //! `resourceVersion` that was read (a create for a missing lease), so two candidates racing
 //! for a free lease cannot both win: the loser gets 409 and re-reads. The holder also
-//! publishes where it serves, in the [`ANN_LEADER_ADDRESS`] annotation, so standbys can
+//! publishes where it serves, in the `gpushare.io/leader-address` annotation, so standbys can
 //! forward the scheduling verbs to it (see `forward`).
 //!
 //! **Expiry is judged on the candidate's own clock** (client-go's rule): a candidate
@@ -69,10 +69,6 @@ pub use rule::{Action, LeaseTiming, Observation, TimingError, decide};
 
 use super::state::ExtenderState;
 use crate::shutdown::{self, Shutdown, Trigger};
-
-/// Lease annotation holding the leader's base URL (`http://10.0.0.7:12345`), written by the
-/// holder on every renewal; standbys forward the scheduling verbs there.
-pub(crate) const ANN_LEADER_ADDRESS: &str = "gpushare.io/leader-address";
 
 /// This replica's base URL for the others: `given` (`HOST[:PORT]`, the port defaulting to
 /// `port`), else `pod_ip` with `port`, else `bind` with `port` when it is a specific address;

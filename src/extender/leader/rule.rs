@@ -9,8 +9,11 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use tokio::time::Instant;
 
-use super::ANN_LEADER_ADDRESS;
 use crate::config::ExtenderConfig;
+
+/// Lease annotation holding the leader's base URL (`http://10.0.0.7:12345`), written by the
+/// holder on every renewal; standbys forward the scheduling verbs there.
+pub(crate) const ANN_LEADER_ADDRESS: &str = "gpushare.io/leader-address";
 
 /// The three durations of leader election.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

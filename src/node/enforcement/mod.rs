@@ -7,13 +7,17 @@
 //!   CDI `createRuntime` hook (`gpushare cdi-hook memory-limit`, [`Enforcer::hook_edit`]) sets
 //!   soft = hard = the share on the container's own cgroup before its first process runs, and
 //!   records it ([`record`]); the node agent reads every record's limit back ([`readback`]).
+//! - [`Mechanism::Limiter`]: the CUDA memory limiter preloaded into the container's programs
+//!   through read-only mounts of `/etc/ld.so.preload`, the library, the container's limits
+//!   file and its state directory ([`limiter`]); the node agent reads each container's ledger.
 //! - [`Mechanism::Mps`]: the MPS control daemon's per-client pinned memory limit (the existing
 //!   supervisor, `[node] mps`).
 //! - [`Mechanism::None`]: nothing stops a container from using more than its share.
 //!
 //! `auto` takes the first a serving path can have: driver where [`probe`] finds no problem
-//! (and, on the device-plugin path, a CDI strategy hands the hook over), else mps where MPS is
-//! on, else none ([`decide`]). An in-container limiter would slot in between driver and mps.
+//! (and, on the device-plugin path, a CDI strategy hands the hook over), else limiter where
+//! [`limiter::probe`] finds the library installed and usable (any strategy: its mounts reach
+//! the container on both paths), else mps where MPS is on, else none ([`decide`]).
 //! Asked for explicitly, a mechanism that cannot work refuses the role's start with the
 //! reason ([`Enforcer::admit`]) — the same reasons doctor's `enforcement` check prints.
 //!
@@ -26,9 +30,11 @@
 //!
 //! It does not pick GPUs, speak a kubelet protocol or run the MPS daemon.
 
+pub mod limiter;
 pub mod readback;
 pub mod record;
 pub mod report;
+pub mod status;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -65,6 +71,8 @@ const MIB: u64 = 1 << 20;
 pub enum Mechanism {
     /// The driver's per-cgroup limits, set by the CDI hook.
     Driver,
+    /// The CUDA memory limiter preloaded into the container.
+    Limiter,
     /// The MPS daemon's pinned memory limit.
     Mps,
     /// Nothing.
@@ -72,10 +80,11 @@ pub enum Mechanism {
 }
 
 impl Mechanism {
-    /// `driver`, `mps`, `none`.
+    /// `driver`, `limiter`, `mps`, `none`.
     pub fn as_str(self) -> &'static str {
         match self {
             Mechanism::Driver => "driver",
+            Mechanism::Limiter => "limiter",
             Mechanism::Mps => "mps",
             Mechanism::None => "none",
         }
@@ -298,10 +307,12 @@ const NEEDS_CDI: &str = "the device-plugin path hands the hook over as a CDI dev
      enforcement needs a CDI strategy and --device-list-strategy has none; fix: add cdi-cri \
      (kubelet 1.28+) or cdi-annotations to --device-list-strategy";
 
-/// What `path`'s containers get on a node that offers `support`, for `config.enforcement`.
+/// What `path`'s containers get on a node that offers `support` (the driver's limits) and
+/// `limiter`, for `config.enforcement`.
 pub fn decide(
     config: &NodeConfig,
     support: &Support,
+    limiter: &limiter::LimiterSupport,
     path: ServingPath,
 ) -> Result<Decision, Refused> {
     let cdi = hands_over_cdi(config, path);
@@ -317,7 +328,25 @@ pub fn decide(
             support.via.unwrap_or("?")
         )
     };
+    let limiter_why = || match &limiter.library {
+        Some(lib) => format!(
+            "the CUDA memory limiter is installed ({}, {}, needs glibc {} in containers)",
+            lib.path.display(),
+            lib.arch,
+            lib.glibc_floor.as_deref().unwrap_or("?")
+        ),
+        None => "the CUDA memory limiter is installed".to_string(),
+    };
     match config.enforcement {
+        Enforcement::Limiter if limiter.ok() => Ok(Decision {
+            mechanism: Mechanism::Limiter,
+            why: format!("asked for; {}", limiter_why()),
+        }),
+        Enforcement::Limiter => Err(Refused {
+            asked: Enforcement::Limiter,
+            path,
+            reasons: limiter.problems.clone(),
+        }),
         Enforcement::Driver if driver_problems.is_empty() => Ok(Decision {
             mechanism: Mechanism::Driver,
             why: format!("asked for; {}", driver_why()),
@@ -339,8 +368,20 @@ pub fn decide(
             mechanism: Mechanism::Driver,
             why: driver_why(),
         }),
+        Enforcement::Auto if limiter.ok() => Ok(Decision {
+            mechanism: Mechanism::Limiter,
+            why: format!(
+                "{}; not driver: {}",
+                limiter_why(),
+                driver_problems.join("; ")
+            ),
+        }),
         Enforcement::Auto => {
-            let not_driver = format!("not driver: {}", driver_problems.join("; "));
+            let not_driver = format!(
+                "not driver: {}; not limiter: {}",
+                driver_problems.join("; "),
+                limiter.problems.join("; ")
+            );
             Ok(if config.mps {
                 Decision {
                     mechanism: Mechanism::Mps,
@@ -376,6 +417,7 @@ pub fn limit_envs(bytes: u64) -> [(String, String); 2] {
 pub struct Enforcer {
     config: NodeConfig,
     support: Support,
+    limiter: limiter::Limiter,
     limits: Option<Arc<dyn MemoryLimits>>,
     decisions: BTreeMap<ServingPath, Result<Decision, Refused>>,
     status: Arc<readback::Status>,
@@ -385,6 +427,7 @@ impl std::fmt::Debug for Enforcer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Enforcer")
             .field("support", &self.support)
+            .field("limiter", &self.limiter)
             .field("decisions", &self.decisions)
             .finish_non_exhaustive()
     }
@@ -392,7 +435,8 @@ impl std::fmt::Debug for Enforcer {
 
 impl Enforcer {
     /// Finds what the node offers (blocking: loads NVML or runs nothing, reads the cgroup
-    /// tree; installs the hook first when `enforcement_install_hook`) and decides each path.
+    /// tree; installs the hook first when `enforcement_install_hook`, and the limiter library
+    /// when the limiter may be chosen) and decides each path.
     pub fn prepare(
         config: &NodeConfig,
         backend: &Arc<dyn GpuBackend>,
@@ -424,13 +468,20 @@ impl Enforcer {
                 None,
             )
         };
+        let wants_limiter = matches!(config.enforcement, Enforcement::Auto | Enforcement::Limiter);
+        let limiter_support = if wants_limiter {
+            limiter::probe(config, inventory, true)
+        } else {
+            limiter::LimiterSupport::not_asked(format!("enforcement = {}", config.enforcement))
+        };
         let decisions = [ServingPath::DevicePlugin, ServingPath::Dra]
             .into_iter()
-            .map(|p| (p, decide(config, &support, p)))
+            .map(|p| (p, decide(config, &support, &limiter_support, p)))
             .collect();
         Enforcer {
             config: config.clone(),
             support,
+            limiter: limiter::Limiter::new(config, limiter_support),
             limits,
             decisions,
             status: Arc::new(readback::Status::default()),
@@ -454,6 +505,10 @@ impl Enforcer {
                     ..Support::default()
                 },
                 limits: None,
+                limiter: limiter::Limiter::new(
+                    &NodeConfig::default(),
+                    limiter::LimiterSupport::not_asked("the probe did not finish".to_string()),
+                ),
                 decisions: BTreeMap::new(),
                 status: Arc::new(readback::Status::default()),
                 config: NodeConfig::default(),
@@ -495,6 +550,11 @@ impl Enforcer {
     /// What the node offers of the driver's limits.
     pub fn support(&self) -> &Support {
         &self.support
+    }
+
+    /// The CUDA memory limiter: what was found, the containers' files.
+    pub fn limiter(&self) -> &limiter::Limiter {
+        &self.limiter
     }
 
     /// The way to the driver's limits, when there is one.
@@ -639,6 +699,22 @@ mod tests {
         }
     }
 
+    fn no_limiter() -> limiter::LimiterSupport {
+        limiter::LimiterSupport::not_asked("the limiter library is not installed".into())
+    }
+
+    fn installed() -> limiter::LimiterSupport {
+        limiter::LimiterSupport {
+            library: Some(limiter::library::LibraryInfo {
+                path: "/var/lib/gpushare/limiter/libgpushare_limiter.so".into(),
+                bytes: 1,
+                arch: "x86_64".into(),
+                glibc_floor: Some("2.17".into()),
+            }),
+            ..limiter::LimiterSupport::default()
+        }
+    }
+
     fn config(enforcement: Enforcement, mps: bool, cdi: bool) -> NodeConfig {
         NodeConfig {
             enforcement,
@@ -659,7 +735,8 @@ mod tests {
             problems: vec!["driver 550 is older than R615".into()],
             ..supported()
         };
-        let d = |c: &NodeConfig, s: &Support, p| decide(c, s, p).expect("auto decides");
+        let d =
+            |c: &NodeConfig, s: &Support, p| decide(c, s, &no_limiter(), p).expect("auto decides");
         let dra = ServingPath::Dra;
         let dp = ServingPath::DevicePlugin;
         assert_eq!(
@@ -688,6 +765,7 @@ mod tests {
         let err = decide(
             &config(Enforcement::Driver, false, false),
             &bad,
+            &no_limiter(),
             ServingPath::DevicePlugin,
         )
         .expect_err("refused");
@@ -698,6 +776,7 @@ mod tests {
             decide(
                 &config(Enforcement::Driver, false, false),
                 &supported(),
+                &no_limiter(),
                 ServingPath::Dra
             )
             .is_ok()
@@ -706,12 +785,91 @@ mod tests {
             decide(
                 &config(Enforcement::None, true, true),
                 &supported(),
+                &installed(),
                 ServingPath::Dra
             )
             .expect("none")
             .mechanism,
             Mechanism::None
         );
+    }
+
+    #[test]
+    fn auto_takes_the_limiter_after_the_driver_and_before_mps_on_either_strategy() {
+        let bad = Support {
+            problems: vec!["driver 550 is older than R615".into()],
+            ..supported()
+        };
+        for (path, cdi) in [
+            (ServingPath::DevicePlugin, false),
+            (ServingPath::DevicePlugin, true),
+            (ServingPath::Dra, false),
+        ] {
+            let d = decide(
+                &config(Enforcement::Auto, true, cdi),
+                &bad,
+                &installed(),
+                path,
+            )
+            .expect("auto decides");
+            assert_eq!(d.mechanism, Mechanism::Limiter, "{path} cdi={cdi}");
+            assert!(d.why.contains("glibc 2.17"), "{}", d.why);
+            assert!(d.why.contains("older than R615"), "{}", d.why);
+        }
+        // The driver's limits still come first where they work.
+        assert_eq!(
+            decide(
+                &config(Enforcement::Auto, true, true),
+                &supported(),
+                &installed(),
+                ServingPath::DevicePlugin
+            )
+            .expect("auto")
+            .mechanism,
+            Mechanism::Driver
+        );
+        let mps = decide(
+            &config(Enforcement::Auto, true, true),
+            &bad,
+            &no_limiter(),
+            ServingPath::Dra,
+        )
+        .expect("auto");
+        assert_eq!(mps.mechanism, Mechanism::Mps);
+        assert!(
+            mps.why.contains("not limiter: the limiter library"),
+            "{}",
+            mps.why
+        );
+    }
+
+    #[test]
+    fn limiter_asked_for_refuses_without_the_library_and_needs_no_driver() {
+        let err = decide(
+            &config(Enforcement::Limiter, false, false),
+            &supported(),
+            &no_limiter(),
+            ServingPath::DevicePlugin,
+        )
+        .expect_err("refused");
+        assert!(
+            err.to_string()
+                .contains("enforcement = limiter cannot work"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("not installed"), "{err}");
+        let ok = decide(
+            &config(Enforcement::Limiter, false, false),
+            &Support {
+                problems: vec!["enforcement = limiter".into()],
+                ..Support::default()
+            },
+            &installed(),
+            ServingPath::DevicePlugin,
+        )
+        .expect("the envvar strategy is enough");
+        assert_eq!(ok.mechanism, Mechanism::Limiter);
+        assert!(ok.why.starts_with("asked for"), "{}", ok.why);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Verified, not assumed: every `enforcement_check_secs` the node agent reads back the limit of
 //! every container the hook recorded ([`super::record`]), through the same way to the driver
 //! the hook used (`GetMemoryLimits_v1`: soft, hard, used), and looks for served containers the
-//! hook never saw.
+//! hook never saw; under the CUDA memory limiter it reads each served container's ledger
+//! instead ([`super::limiter::usage`], the same rows).
 //!
 //! Each (container, GPU) becomes a [`ContainerMemory`] row: `enforced` (soft = hard = the
 //! share), `missing` (no limit: cleared, or the hook never ran — a device-plugin container of a
@@ -23,20 +24,15 @@
 //! It does not set limits for containers (the hook does) or decide the mechanism.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::watch;
 
 use super::record::{self, LimitRecord};
 use super::report::{ContainerMemory, LimitState};
+pub use super::status::{ContainerLabels, OutcomeLabel, StateLabel, Status};
 use super::{Enforcer, Mechanism};
-use crate::admin::AdminState;
 use crate::cgroup::Leaf;
 use crate::core::MemoryUnit;
 use crate::core::wire::{DEVICE_PLUGIN_COMPONENT, NODE_ANN_CONTAINER_GPU_MEMORY};
@@ -45,193 +41,6 @@ use crate::k8s::events::{Events, Severity, pod_reference};
 use crate::node::gpus::ServedGpu;
 use crate::node::paths::ServingPath;
 use crate::shutdown::Shutdown;
-
-/// Labels of a container's metrics.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ContainerLabels {
-    /// The pod's namespace.
-    pub namespace: String,
-    /// The pod.
-    pub pod: String,
-    /// The container.
-    pub container: String,
-    /// The GPU's UUID.
-    pub gpu: String,
-}
-
-/// Label of the per-state metrics.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StateLabel {
-    /// `enforced`, `missing`, `mismatch`, `unreadable`.
-    pub state: String,
-}
-
-/// Label of the cleanup counter.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabel {
-    /// `cleared` (before the cgroup went), `missed` (it was gone first), `failed`.
-    pub outcome: String,
-}
-
-/// The readback's published state.
-#[derive(Debug)]
-pub struct Status {
-    rows: watch::Sender<Arc<Vec<ContainerMemory>>>,
-    used: Family<ContainerLabels, Gauge>,
-    limit: Family<ContainerLabels, Gauge>,
-    containers: Family<StateLabel, Gauge>,
-    violations: Family<StateLabel, Counter>,
-    cleanups: Family<OutcomeLabel, Counter>,
-    cycles: Counter,
-    last: Mutex<BTreeMap<(String, String, String, String), LimitState>>,
-}
-
-impl Default for Status {
-    fn default() -> Self {
-        Status {
-            rows: watch::Sender::new(Arc::new(Vec::new())),
-            used: Family::default(),
-            limit: Family::default(),
-            containers: Family::default(),
-            violations: Family::default(),
-            cleanups: Family::default(),
-            cycles: Counter::default(),
-            last: Mutex::default(),
-        }
-    }
-}
-
-impl Status {
-    /// The rows of the last cycle.
-    pub fn rows(&self) -> Arc<Vec<ContainerMemory>> {
-        self.rows.borrow().clone()
-    }
-
-    /// The rows now and on every change.
-    pub fn watch(&self) -> watch::Receiver<Arc<Vec<ContainerMemory>>> {
-        self.rows.subscribe()
-    }
-
-    /// Readback cycles completed.
-    pub fn cycles(&self) -> u64 {
-        self.cycles.get()
-    }
-
-    /// Rows that turned bad, by state, since start.
-    pub fn violations(&self, state: LimitState) -> u64 {
-        self.violations
-            .get_or_create(&StateLabel {
-                state: state.as_str().to_string(),
-            })
-            .get()
-    }
-
-    /// Registers the metrics with a role's admin registry.
-    pub fn register(&self, admin: &AdminState) {
-        admin.with_registry(|r| {
-            r.register(
-                "gpushare_container_gpu_memory_used_bytes",
-                "GPU memory a container's cgroup uses on a GPU, as the driver reads it back (driver enforcement)",
-                self.used.clone(),
-            );
-            r.register(
-                "gpushare_container_gpu_memory_limit_bytes",
-                "Hard GPU memory limit of a container's cgroup on a GPU, as read back (driver enforcement)",
-                self.limit.clone(),
-            );
-            r.register(
-                "gpushare_enforcement_containers",
-                "Served containers by the state of their GPU memory limit (enforced, missing, mismatch, unreadable)",
-                self.containers.clone(),
-            );
-            r.register(
-                "gpushare_enforcement_violations",
-                "Containers whose GPU memory limit turned missing, mismatched or unreadable",
-                self.violations.clone(),
-            );
-            r.register(
-                "gpushare_enforcement_cleanups",
-                "Limits of stopped containers: cleared before the cgroup went, missed (already gone) or failed",
-                self.cleanups.clone(),
-            );
-            r.register(
-                "gpushare_enforcement_readback_cycles",
-                "Readback cycles of every served container's GPU memory limit",
-                self.cycles.clone(),
-            );
-        });
-    }
-
-    fn cleanup(&self, outcome: &str) {
-        self.cleanups
-            .get_or_create(&OutcomeLabel {
-                outcome: outcome.to_string(),
-            })
-            .inc();
-    }
-
-    /// Publishes `rows`; returns the rows that turned bad since the last cycle.
-    fn publish(&self, rows: Vec<ContainerMemory>) -> Vec<ContainerMemory> {
-        self.used.clear();
-        self.limit.clear();
-        self.containers.clear();
-        let mut per_state: BTreeMap<LimitState, i64> = BTreeMap::new();
-        let mut now = BTreeMap::new();
-        let mut turned = Vec::new();
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        for row in &rows {
-            let labels = ContainerLabels {
-                namespace: row.namespace.clone(),
-                pod: row.pod.clone(),
-                container: row.container.clone(),
-                gpu: row.gpu.clone(),
-            };
-            if let Some(used) = row.used {
-                self.used
-                    .get_or_create(&labels)
-                    .set(i64::try_from(used).unwrap_or(i64::MAX));
-            }
-            if let Some(limit) = row.limit {
-                self.limit
-                    .get_or_create(&labels)
-                    .set(i64::try_from(limit).unwrap_or(i64::MAX));
-            }
-            *per_state.entry(row.state).or_default() += 1;
-            let key = (
-                row.namespace.clone(),
-                row.pod.clone(),
-                row.container.clone(),
-                row.gpu.clone(),
-            );
-            if row.state != LimitState::Enforced && last.get(&key) != Some(&row.state) {
-                self.violations
-                    .get_or_create(&StateLabel {
-                        state: row.state.as_str().to_string(),
-                    })
-                    .inc();
-                turned.push(row.clone());
-            }
-            now.insert(key, row.state);
-        }
-        for state in [
-            LimitState::Enforced,
-            LimitState::Missing,
-            LimitState::Mismatch,
-            LimitState::Unreadable,
-        ] {
-            self.containers
-                .get_or_create(&StateLabel {
-                    state: state.as_str().to_string(),
-                })
-                .set(per_state.get(&state).copied().unwrap_or(0));
-        }
-        *last = now;
-        drop(last);
-        self.cycles.inc();
-        self.rows.send_replace(Arc::new(rows));
-        turned
-    }
-}
 
 /// What one cycle needs of the node agent.
 #[derive(Clone, Debug)]
@@ -349,6 +158,7 @@ pub fn check_records(
                 used,
                 state,
                 detail,
+                mechanism: Mechanism::Driver.as_str().to_string(),
             });
         }
     }
@@ -493,6 +303,7 @@ pub fn unrecorded(
                 detail: "no limit was set: the hook did not run for this container (does the \
                          runtime apply CDI devices? run `gpushare doctor --role node`)"
                     .to_string(),
+                mechanism: Mechanism::Driver.as_str().to_string(),
             });
         }
     }
@@ -510,18 +321,23 @@ fn for_annotation(rows: &[ContainerMemory]) -> Vec<ContainerMemory> {
         .collect()
 }
 
-/// Runs the readback until `stop`: a cycle at once, then every `enforcement_check_secs`.
+/// Runs the readback until `stop`: a cycle at once, then every `enforcement_check_secs`: the
+/// driver's limits of the hook's records, and the limiter's ledgers
+/// ([`super::limiter::usage`]), into one set of rows.
 pub async fn run(enforcer: Arc<Enforcer>, client: kube::Client, scope: Scope, stop: Shutdown) {
-    let Some(limits) = enforcer.limits().cloned() else {
-        return;
+    let on = |m: Mechanism| {
+        [ServingPath::DevicePlugin, ServingPath::Dra]
+            .into_iter()
+            .any(|p| enforcer.mechanism(p) == m)
     };
-    let any_driver = [ServingPath::DevicePlugin, ServingPath::Dra]
-        .into_iter()
-        .any(|p| enforcer.mechanism(p) == Mechanism::Driver);
-    if !any_driver {
+    let limits = enforcer.limits().cloned().filter(|_| on(Mechanism::Driver));
+    let limiter = on(Mechanism::Limiter);
+    if limits.is_none() && !limiter {
         return;
     }
-    let dp_driver = enforcer.mechanism(ServingPath::DevicePlugin) == Mechanism::Driver;
+    let dp_driver =
+        limits.is_some() && enforcer.mechanism(ServingPath::DevicePlugin) == Mechanism::Driver;
+    let dp_limiter = enforcer.mechanism(ServingPath::DevicePlugin) == Mechanism::Limiter;
     if dp_driver {
         let refreshed = {
             let enforcer = enforcer.clone();
@@ -539,7 +355,7 @@ pub async fn run(enforcer: Arc<Enforcer>, client: kube::Client, scope: Scope, st
     let stop_watch = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let _stop_watch = StopOnDrop(stop_watch.clone());
     #[cfg(target_os = "linux")]
-    {
+    if let Some(limits) = &limits {
         let (enforcer, limits) = (enforcer.clone(), limits.clone());
         if let Err(e) = std::thread::Builder::new()
             .name("enforcement-stops".to_string())
@@ -554,63 +370,94 @@ pub async fn run(enforcer: Arc<Enforcer>, client: kube::Client, scope: Scope, st
     let stop_fut = stop.wait();
     tokio::pin!(stop_fut);
     loop {
-        let pods = if dp_driver {
+        // The limiter's containers are read before the pods are listed: a container's files
+        // are written after its pod exists, so a pod missing from this list is gone.
+        let entries = if limiter {
+            let run_dir = enforcer.limiter().run_dir().to_path_buf();
+            tokio::task::spawn_blocking(move || super::limiter::containers::list(&run_dir))
+                .await
+                .ok()
+        } else {
+            None
+        };
+        let pods = if dp_driver || limiter {
             match crate::node::api::list_node_pods(&client, &scope.node).await {
                 Ok(p) => Some(p),
                 Err(e) => {
-                    tracing::debug!(error = %e, "pods not listed; unrecorded containers not looked for this cycle");
+                    tracing::debug!(error = %e, "pods not listed; unrecorded containers not looked for and nothing cleaned up this cycle");
                     None
                 }
             }
         } else {
             None
         };
-        let cycle = {
-            let (enforcer, limits, scope) = (enforcer.clone(), limits.clone(), scope.clone());
-            tokio::task::spawn_blocking(move || check_records(&enforcer, limits.as_ref(), &scope))
+        let mut rows = Vec::new();
+        if let Some(limits) = &limits {
+            let cycle = {
+                let (enforcer, limits, scope) = (enforcer.clone(), limits.clone(), scope.clone());
+                tokio::task::spawn_blocking(move || {
+                    check_records(&enforcer, limits.as_ref(), &scope)
+                })
                 .await
-        };
-        if let Ok((mut rows, ids)) = cycle {
-            if let Some(pods) = &pods {
-                rows.extend(unrecorded(pods, &ids, &scope));
+            };
+            if let Ok((driver_rows, ids)) = cycle {
+                rows.extend(driver_rows);
+                if let (true, Some(pods)) = (dp_driver, &pods) {
+                    rows.extend(unrecorded(pods, &ids, &scope));
+                }
             }
-            rows.sort();
-            let turned = enforcer.status().publish(rows.clone());
-            for row in turned {
-                let message = format!(
-                    "container {} on GPU {} ({}): GPU memory limit {}: {}",
-                    row.container,
-                    row.index,
-                    row.gpu,
-                    row.state.as_str(),
-                    row.detail
-                );
-                tracing::warn!(pod = format!("{}/{}", row.namespace, row.pod), "{message}");
-                events
-                    .publish(
-                        &pod_reference(&row.namespace, &row.pod, None),
-                        Severity::Warning,
-                        "Enforce",
-                        reason(row.state),
-                        &message,
-                    )
-                    .await;
+        }
+        if let Some((entries, errors)) = entries {
+            for e in errors {
+                tracing::warn!(error = %e, "unreadable limiter owner file");
             }
-            let value = super::report::to_annotation(&for_annotation(&rows));
-            if published.as_deref() != Some(value.as_str()) {
-                let ann =
-                    BTreeMap::from([(NODE_ANN_CONTAINER_GPU_MEMORY.to_string(), value.clone())]);
-                match crate::node::api::bounded(crate::k8s::write::patch_node_annotations(
+            rows.extend(
+                limiter_cycle(
+                    &enforcer,
                     &client,
-                    &scope.node,
-                    &ann,
-                ))
-                .await
-                {
-                    Ok(_) => published = Some(value),
-                    Err(e) => {
-                        tracing::debug!(error = %e, "container GPU memory not published on the node")
-                    }
+                    &scope,
+                    entries,
+                    pods.as_deref(),
+                    dp_limiter,
+                )
+                .await,
+            );
+        }
+        rows.sort();
+        let turned = enforcer.status().publish(rows.clone());
+        for row in turned {
+            let message = format!(
+                "container {} on GPU {} ({}): GPU memory limit {}: {}",
+                row.container,
+                row.index,
+                row.gpu,
+                row.state.as_str(),
+                row.detail
+            );
+            tracing::warn!(pod = format!("{}/{}", row.namespace, row.pod), "{message}");
+            events
+                .publish(
+                    &pod_reference(&row.namespace, &row.pod, None),
+                    Severity::Warning,
+                    "Enforce",
+                    reason(row.state),
+                    &message,
+                )
+                .await;
+        }
+        let value = super::report::to_annotation(&for_annotation(&rows));
+        if published.as_deref() != Some(value.as_str()) {
+            let ann = BTreeMap::from([(NODE_ANN_CONTAINER_GPU_MEMORY.to_string(), value.clone())]);
+            match crate::node::api::bounded(crate::k8s::write::patch_node_annotations(
+                &client,
+                &scope.node,
+                &ann,
+            ))
+            .await
+            {
+                Ok(_) => published = Some(value),
+                Err(e) => {
+                    tracing::debug!(error = %e, "container GPU memory not published on the node")
                 }
             }
         }
@@ -619,6 +466,56 @@ pub async fn run(enforcer: Arc<Enforcer>, client: kube::Client, scope: Scope, st
             _ = tokio::time::sleep(interval) => {}
         }
     }
+}
+
+/// One cycle of the limiter's readback over `entries` (read before `pods` were listed): the
+/// DRA shares' pods found, gone containers' files removed (only with a pod list), the rows.
+async fn limiter_cycle(
+    enforcer: &Arc<Enforcer>,
+    client: &kube::Client,
+    scope: &Scope,
+    mut entries: Vec<(
+        super::limiter::containers::Key,
+        super::limiter::containers::Owner,
+    )>,
+    pods: Option<&[Pod]>,
+    dp_limiter: bool,
+) -> Vec<ContainerMemory> {
+    use super::limiter::usage;
+    let run_dir = enforcer.limiter().run_dir().to_path_buf();
+    if let Some(pods) = pods {
+        usage::resolve_dra(&run_dir, &mut entries, pods, |ns, name| {
+            let api: kube::Api<k8s_openapi::api::resource::v1::ResourceClaim> =
+                kube::Api::namespaced(client.clone(), &ns);
+            async move {
+                crate::node::api::bounded(api.get(&name))
+                    .await
+                    .ok()
+                    .and_then(|c| c.metadata.uid)
+            }
+        })
+        .await;
+    }
+    let pods_owned: Option<Vec<Pod>> = pods.map(<[Pod]>::to_vec);
+    let gpus = scope.gpus.clone();
+    let unit = scope.unit;
+    tokio::task::spawn_blocking(move || {
+        let mut rows = Vec::new();
+        if let Some(pods) = &pods_owned {
+            let removed = usage::sweep(&run_dir, &entries, pods);
+            for key in &removed {
+                tracing::info!(container = %key, "gone container: its limiter files removed");
+            }
+            entries.retain(|(k, _)| !removed.contains(k));
+            if dp_limiter {
+                rows.extend(usage::unserved(pods, &entries, &gpus, unit));
+            }
+        }
+        rows.extend(usage::rows(&run_dir, &entries, &gpus));
+        rows
+    })
+    .await
+    .unwrap_or_default()
 }
 
 fn reason(state: LimitState) -> &'static str {
@@ -675,6 +572,7 @@ mod tests {
             used: Some(1),
             state,
             detail: String::new(),
+            mechanism: String::new(),
         };
         assert_eq!(status.publish(vec![row(LimitState::Missing)]).len(), 1);
         assert!(status.publish(vec![row(LimitState::Missing)]).is_empty());

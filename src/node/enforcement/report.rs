@@ -1,4 +1,5 @@
-//! What the readback found for one container on one GPU ([`ContainerMemory`]), and its wire
+//! What the readback found for one container on one GPU ([`ContainerMemory`]: the driver's
+//! limit read back, or the limiter's ledger), and its wire
 //! form: the node annotation `gpushare.io/container-gpu-memory` (a JSON list), which `inspect`
 //! reads to show used/allocated per pod. Pure.
 
@@ -57,6 +58,10 @@ pub struct ContainerMemory {
     /// Why, when not enforced.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub detail: String,
+    /// What holds the container to its share: `driver` (the limit read back from the
+    /// driver) or `limiter` (the container's ledger); empty in rows of older node agents.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub mechanism: String,
 }
 
 /// The annotation's value for `rows`.
@@ -86,6 +91,7 @@ mod tests {
             used: Some(1 << 30),
             state: LimitState::Enforced,
             detail: String::new(),
+            mechanism: "driver".into(),
         }];
         let text = to_annotation(&rows);
         assert!(text.contains("\"state\":\"enforced\""), "{text}");

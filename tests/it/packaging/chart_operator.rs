@@ -150,7 +150,7 @@ fn the_notes_say_what_comes_next_for_the_mode_installed() {
 fn the_notes_name_what_gpushare_makes_at_run_time_and_uninstall_leaves() {
     let Some(results) = render_all(&[
         json!({}),
-        json!({"scheduler": {"mode": "dedicated"}, "devicePlugin": {"mps": true}}),
+        json!({"scheduler": {"mode": "dedicated"}, "devicePlugin": {"mps": true, "enforcement": "limiter"}}),
         json!({"extender": {"leaseName": "my-lease"}, "scheduler": {"mode": "dedicated", "leaseName": "my-sched"}, "webhook": {"tls": {"secretName": "my-hook-tls"}}}),
     ]) else {
         return;
@@ -180,6 +180,13 @@ fn the_notes_name_what_gpushare_makes_at_run_time_and_uninstall_leaves() {
     assert!(notes[1].contains("PRIVATE KEY"));
     assert!(notes[1].contains("Lease kube-system/gpushare-scheduler"));
     assert!(notes[1].contains("/tmp/nvidia-mps, /var/log/nvidia-mps and /run/gpushare/mps-shm"));
+    // The limiter's host directories, where the node roles keep them.
+    let d = &defaults.node;
+    for dir in [&d.limiter_dir, &d.limiter_run_dir] {
+        let dir = dir.display().to_string();
+        assert!(notes[1].contains(&dir), "{dir} not in:\n{}", notes[1]);
+        assert!(!notes[0].contains(&dir), "enforcement none: {}", notes[0]);
+    }
     // The names follow the values.
     for what in [
         "Lease kube-system/my-lease",

@@ -1,5 +1,5 @@
 //! The container image (Dockerfile, checked structurally here and by hadolint in CI: no Docker
-//! engine exists here) and the krew plugin manifest template (`make dist-check` validates the
+//! engine exists here; it carries the binary and the CUDA memory limiter) and the krew plugin manifest template (`make dist-check` validates the
 //! manifest `make dist` writes against the archives).
 
 use yaml_serde::Value;
@@ -212,6 +212,57 @@ fn dockerfile_builds_the_static_binary_from_source_then_wraps_it_on_a_glibc_base
     assert_eq!(
         parts,
         ["--from=build", "/gpushare", "/usr/local/bin/gpushare"]
+    );
+
+    // The CUDA memory limiter: built by the make target of each architecture (its checks
+    // without the tests, which need mount namespaces), carried where --limiter-library looks.
+    for (arch, goal, lib) in [
+        (
+            "amd64",
+            "limiter",
+            "target/limiter/x86_64/libgpushare_limiter.so",
+        ),
+        (
+            "arm64",
+            "limiter-arm64",
+            "target/limiter/aarch64/libgpushare_limiter.so",
+        ),
+    ] {
+        assert!(targets.iter().any(|t| t == goal), "Makefile has no {goal}");
+        let case = build_run
+            .1
+            .split(&format!("{arch}) "))
+            .nth(1)
+            .and_then(|rest| rest.split(";;").next())
+            .unwrap_or_default();
+        assert!(
+            case.contains(&format!("limiter=\"{goal}\";")) && case.contains(&format!("lib={lib}")),
+            "{arch} builds `make {goal}` and takes {lib}: {case}"
+        );
+    }
+    assert!(
+        build_run
+            .1
+            .contains("make \"${limiter}\" CI=true LIMITER_NO_TESTS=1")
+            && build_run
+                .1
+                .contains("cp \"${lib}\" /libgpushare_limiter.so"),
+        "{}",
+        build_run.1
+    );
+    let limiter = ins
+        .iter()
+        .find(|(k, a)| k == "COPY" && a.contains("libgpushare_limiter.so"))
+        .expect("a COPY of the limiter");
+    let parts: Vec<&str> = limiter.1.split_whitespace().collect();
+    assert_eq!(
+        parts,
+        [
+            "--from=build",
+            "/libgpushare_limiter.so",
+            gpushare::config::DEFAULT_LIMITER_LIBRARY
+        ],
+        "the image carries the limiter where the node roles look for it"
     );
 
     let run = ins

@@ -136,6 +136,32 @@ pub fn promtool() -> Option<PathBuf> {
     }
 }
 
+/// `promtool check metrics` on `text`: Some((passed, what it printed)), None when skipped.
+pub fn promtool_check(text: &str) -> Option<(bool, String)> {
+    use std::io::Write;
+    let promtool = promtool()?;
+    let mut child = std::process::Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("promtool reads the page");
+    let out = child.wait_with_output().expect("promtool finishes");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some((out.status.success() && said.trim().is_empty(), said))
+}
+
 /// systemd-analyze (Debian package `systemd`), or `None` after the SKIPPED line.
 pub fn systemd_analyze() -> Option<()> {
     let ok = Command::new("systemd-analyze")

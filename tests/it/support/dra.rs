@@ -1,13 +1,44 @@
 //! What the DRA tests read back from the sandbox: a node's published devices, a pod's claim,
-//! and the wait for a plugin's first publication.
+//! and the wait for a plugin's first publication; and what they seed: a DRA node with the
+//! DeviceClass, a gpu-mem pod as the webhook rewrites it.
 
 use std::time::Duration;
 
+use gpushare::core::wire::{DRA_DEVICE_CLASS, DRA_DRIVER_NAME};
 use gpushare::dra::role::DraPluginHandle;
 use gpushare_sandbox::apiserver::ApiServer;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceSlice;
-use serde_json::Value;
+use serde_json::{Value, json};
+
+/// A sandbox API server holding node `node` on the DRA path (its label) and gpushare's
+/// DeviceClass.
+pub async fn dra_node_api(node: &str) -> ApiServer {
+    let api = ApiServer::start().await.expect("starts");
+    api.seed_yaml(&format!(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n  labels:\n    gpushare.io/gpu-mem-path: dra\n"
+    ))
+    .expect("the node");
+    create_gpu_device_class(&api);
+    api
+}
+
+/// gpushare's DeviceClass (`gpu-mem.gpushare.io`, selecting the default driver's GPUs), as
+/// the chart installs it.
+pub fn create_gpu_device_class(api: &ApiServer) {
+    api.create_object(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": { "name": DRA_DEVICE_CLASS },
+        "spec": { "selectors": [{ "cel": { "expression": gpushare::core::wire::dra_gpu_class_selector(DRA_DRIVER_NAME) } }] },
+    }))
+    .expect("the class");
+}
+
+/// A one-container (`main`) gpu-mem pod `default/<name>` of `gib` GiB, rewritten for the DRA
+/// path as the webhook does: its claim template and the pod stored.
+pub fn submit_gpu_pod(api: &ApiServer, name: &str, gib: u64) {
+    super::dra_node::submit_containers(api, name, &[("main", gib)]);
+}
 
 /// The devices of every ResourceSlice of `node`, as JSON, in slice order.
 pub fn slice_devices(api: &ApiServer, node: &str) -> Vec<Value> {

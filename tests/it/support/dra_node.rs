@@ -11,8 +11,8 @@ use gpushare::core::MemoryUnit;
 use gpushare::core::wire::{DRA_DEVICE_CLASS, DRA_DRIVER_NAME};
 use gpushare::dra::role::{self, DraPluginHandle};
 use gpushare::gpu::fake::{FakeBackend, FakeHealth};
-use gpushare::k8s::dra_request::rewrite;
 use gpushare::shutdown::Shutdown;
+use gpushare::webhook::dra_rewrite::rewrite;
 use gpushare_sandbox::apiserver::ApiServer;
 use gpushare_sandbox::dra_kubelet::DraKubelet;
 use k8s_openapi::api::core::v1::Pod;
@@ -90,12 +90,7 @@ pub async fn node_with(gpus: &str, tweak: impl FnOnce(&mut Config)) -> Node {
         "apiVersion: v1\nkind: Node\nmetadata:\n  name: {NODE}\n"
     ))
     .expect("the node");
-    api.create_object(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-        "metadata": { "name": DRA_DEVICE_CLASS },
-        "spec": { "selectors": [{ "cel": { "expression": gpushare::core::wire::dra_gpu_class_selector(DRA_DRIVER_NAME) } }] },
-    }))
-    .expect("the class");
+    super::dra::create_gpu_device_class(&api);
     let dir = short_tempdir();
     let config = config_in(dir.path(), tweak);
     let backend = FakeBackend::from_spec(gpus).expect("fake GPUs");

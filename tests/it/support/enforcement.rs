@@ -3,7 +3,9 @@
 //! `<pid>/cgroup` puts a container's process in its own leaf, bundles with a `config.json`
 //! carrying the CRI annotations; running a CDI hook the way runc runs it (the program and
 //! arguments of the spec, the spec's environment only, the OCI state on stdin); the stub's
-//! workload inside a container's cgroup; a fake `nvidia-smi memory-limits`.
+//! workload inside a container's cgroup; a fake `nvidia-smi memory-limits`. And the readback
+//! as users see it, whatever the mechanism: the node annotation's rows, `/metrics` lines, the
+//! pod's Events, `gpushare inspect`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -373,4 +375,52 @@ pub fn fake_smi(dir: &Path, get_output: &str, fail: Option<&str>) -> PathBuf {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     }
     path
+}
+
+/// The node annotation's rows (`gpushare.io/container-gpu-memory`), once published.
+pub fn published_rows(api: &gpushare_sandbox::apiserver::ApiServer, node: &str) -> Vec<Value> {
+    api.get_object("nodes", None, node)
+        .and_then(|n| {
+            n["metadata"]["annotations"][gpushare::core::wire::NODE_ANN_CONTAINER_GPU_MEMORY]
+                .as_str()
+                .map(str::to_string)
+        })
+        .and_then(|t| serde_json::from_str::<Vec<Value>>(&t).ok())
+        .unwrap_or_default()
+}
+
+/// The row of `pod`'s `container` among `rows`.
+pub fn row<'a>(rows: &'a [Value], pod: &str, container: &str) -> Option<&'a Value> {
+    rows.iter()
+        .find(|r| r["pod"] == pod && r["container"] == container)
+}
+
+/// The Events of `default/<pod>` with `reason`.
+pub fn pod_events(
+    api: &gpushare_sandbox::apiserver::ApiServer,
+    pod: &str,
+    reason: &str,
+) -> Vec<Value> {
+    api.list_objects("events.events.k8s.io", Some("default"))
+        .into_iter()
+        .filter(|e| e["reason"] == reason && e["regarding"]["name"] == pod)
+        .collect()
+}
+
+/// The value of the metric line `name{…labels…} value` whose labels hold all of `labels`.
+pub fn metric(text: &str, name: &str, labels: &[&str]) -> Option<String> {
+    text.lines()
+        .find(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|x| l.contains(x)))
+        .and_then(|l| l.rsplit(' ').next().map(str::to_string))
+}
+
+/// `gpushare inspect -o <format>` against the sandbox (off the test's runtime, which serves it).
+pub async fn inspect(kubeconfig: &str, format: &str) -> Output {
+    let args = ["inspect", "-o", format, "--kubeconfig", kubeconfig].map(String::from);
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        super::run(&args)
+    })
+    .await
+    .expect("inspect ran")
 }

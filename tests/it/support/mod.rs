@@ -1,6 +1,6 @@
 //! The one home of what the integration tests share: running the built binary and fixture
 //! paths here; the sandbox fixtures, builders and waits in the modules below. Test modules
-//! import from `support` only, never from each other (checked by `tests/layers.rs`).
+//! import from `support` only, never from each other (checked by `make layers`).
 
 #![allow(dead_code)]
 
@@ -19,12 +19,14 @@ pub mod dra_node;
 pub mod enforcement;
 pub mod extender_cluster;
 pub mod extender_http;
+pub mod extender_sandbox;
 pub mod helm_chart;
 pub mod hgx;
 pub mod https_client;
 pub mod isolated_extender;
 pub mod kube_validate;
 pub mod ledger_truth;
+pub mod limiter;
 pub mod mps;
 pub mod objects;
 pub mod role_process;

@@ -11,97 +11,27 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
-use gpushare_limiter_contract::{LIMITS_PATH, PRELOAD_PATH, STATE_DIR, preload_file_contents};
+use gpushare_limiter_contract::{
+    LIBRARY_PATH, LIMITS_PATH, PRELOAD_PATH, STATE_DIR, preload_file_contents,
+};
 
 use crate::support::*;
 
-/// Sets up the container's root in the private namespace, then runs the rest of the
-/// arguments in it (chroot).
-const SETUP: &str = r#"
-set -eu
-root=$1 work=$2 lib=$3 limits=$4 state=$5 preload=$6
-shift 6
-mount -t tmpfs tmpfs "$root"
-mkdir -p "$root/usr" "$root/etc" "$root/proc" "$root/tmp" "$root/work" "$root/dev"
-mount --rbind /usr "$root/usr"
-for d in bin sbin lib lib64 lib32 libx32; do
-  if [ -L "/$d" ]; then ln -s "$(readlink "/$d")" "$root/$d"
-  elif [ -d "/$d" ]; then mkdir "$root/$d"; mount --rbind "/$d" "$root/$d"; fi
-done
-mount -t tmpfs tmpfs "$root/usr/local"
-mkdir -p "$root/usr/local/gpushare/lib" "$root/usr/local/gpushare/state"
-: > "$root/usr/local/gpushare/lib/libgpushare_limiter.so"
-: > "$root/usr/local/gpushare/limits"
-: > "$root/etc/ld.so.preload"
-ro() { mount --bind "$1" "$2"; mount -o remount,bind,ro "$2"; }
-ro "$lib" "$root/usr/local/gpushare/lib/libgpushare_limiter.so"
-ro "$limits" "$root/usr/local/gpushare/limits"
-mount --bind "$state" "$root/usr/local/gpushare/state"
-ro "$preload" "$root/etc/ld.so.preload"
-ro "$work" "$root/work"
-mount --rbind /dev "$root/dev"
-mount -t proc proc "$root/proc"
-exec chroot "$root" "$@"
-"#;
-
-/// How to get a private mount namespace here: the command prefix, or why there is none.
-fn namespace_runner() -> &'static Result<Vec<String>, String> {
-    static RUNNER: OnceLock<Result<Vec<String>, String>> = OnceLock::new();
-    RUNNER.get_or_init(|| {
-        let works = |prefix: &[&str]| {
-            let (program, args) = prefix.split_first().expect("a program");
-            Command::new(program)
-                .args(args)
-                .args([
-                    "unshare",
-                    "-m",
-                    "--propagation",
-                    "private",
-                    "sh",
-                    "-c",
-                    "mount -t tmpfs tmpfs /tmp",
-                ])
-                .output()
-                .is_ok_and(|o| o.status.success())
-        };
-        if works(&["env"]) {
-            Ok(vec![])
-        } else if works(&["sudo", "-n", "--preserve-env"]) {
-            Ok(vec!["sudo".into(), "-n".into(), "--preserve-env".into()])
-        } else {
-            Err("`unshare -m` with mounts needs root (or `sudo -n`)".into())
-        }
-    })
-}
-
-/// The runner, or `None` after printing the SKIPPED line (a failure under CI).
 fn runner(test: &str) -> Option<Vec<String>> {
-    match namespace_runner() {
-        Ok(r) => Some(r.clone()),
-        Err(why) => {
-            assert!(
-                std::env::var("CI").ok().as_deref() != Some("true"),
-                "{test}: {why} (CI=true: a skip is a failure)"
-            );
-            eprintln!("SKIPPED: injection::{test}: {why}");
-            None
-        }
-    }
+    namespace_or_skip(&format!("injection::{test}"))
 }
 
 /// The node's side of one container: what gets mounted into it.
 struct Injected {
     host: tempfile::TempDir,
-    runner: Vec<String>,
+    root: ContainerRoot,
 }
 
 impl Injected {
     fn new(runner: Vec<String>) -> Self {
         let host = tempfile::tempdir().expect("tempdir");
         let p = host.path();
-        std::fs::create_dir(p.join("root")).expect("root");
         std::fs::create_dir(p.join("state")).expect("state");
         std::fs::write(
             p.join("limits"),
@@ -118,37 +48,33 @@ impl Injected {
         .expect("escape limits");
         // The state directory is the container's: every user of it may write.
         set_mode(&p.join("state"), 0o1777);
-        Injected { host, runner }
+        let bind = |host: PathBuf, container: &str, read_only| BindMount {
+            host,
+            container: container.to_string(),
+            read_only,
+        };
+        let root = ContainerRoot::new(
+            runner,
+            vec![
+                bind(library(), LIBRARY_PATH, true),
+                bind(p.join("limits"), LIMITS_PATH, true),
+                bind(p.join("state"), STATE_DIR, false),
+                bind(p.join("ld.so.preload"), PRELOAD_PATH, true),
+            ],
+        );
+        Injected { host, root }
     }
 
     fn path(&self, name: &str) -> PathBuf {
         self.host.path().join(name)
     }
 
-    /// A command running `program args` inside the container.
+    /// A command running `program args` inside the container, in a hostile environment.
     fn command(&self, program: &str, args: &[&str]) -> Command {
-        let (first, rest) = match self.runner.split_first() {
-            Some((f, r)) => (f.as_str(), r),
-            None => ("unshare", &[][..]),
-        };
-        let mut cmd = Command::new(first);
-        cmd.args(rest);
-        if !self.runner.is_empty() {
-            cmd.arg("unshare");
-        }
-        cmd.args(["-m", "--propagation", "private", "sh", "-c", SETUP, "setup"])
-            .arg(self.path("root"))
-            .arg(built())
-            .arg(library())
-            .arg(self.path("limits"))
-            .arg(self.path("state"))
-            .arg(self.path("ld.so.preload"))
-            .arg(program)
-            .args(args)
-            .env("FAKE_GPUS", format!("{GPU0}={}", 16 * GIB))
+        let mut cmd = self.root.command(program, args);
+        cmd.env("FAKE_GPUS", format!("{GPU0}={}", 16 * GIB))
             .env("GPUSHARE_LIMITER_ROOT", self.path("escape"))
-            .env("LD_PRELOAD", "")
-            .env_remove("LD_LIBRARY_PATH");
+            .env("LD_PRELOAD", "");
         cmd
     }
 }

@@ -1,7 +1,11 @@
 //! What the limiter's tests share: the C fakes and programs built with the system C compiler
 //! (once per source content, cached under the temp directory), the limiter library cargo
-//! built, a container's files (limits and state directory), and processes run with the
-//! limiter preloaded, read line by line against a deadline.
+//! built, a container's files (limits and state directory), processes run with the limiter
+//! preloaded, read line by line against a deadline, and a container's root in a private mount
+//! namespace with the bind mounts a container would get ([`ContainerRoot`]).
+//!
+//! gpushare's own integration tests (`tests/it/support/limiter.rs`) include this file too:
+//! they run the same fakes and probe under the mounts the node agent hands a container.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -376,5 +380,140 @@ impl Drop for Running {
         // A failed test must not leave its program behind.
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Sets up a container's root in the private namespace: a tmpfs with the host's `/usr` (its
+/// `/usr/local` a tmpfs of its own) and library directories, then each bind mount given as
+/// `<host path> <container path> ro|rw` triples up to `--` (the mount point made as a file
+/// or directory like its source), the built fakes read-only at `/work`, `/dev` and `/proc`;
+/// then runs the rest of the arguments in it (chroot).
+const SETUP: &str = r#"
+set -eu
+root=$1 work=$2
+shift 2
+mount -t tmpfs tmpfs "$root"
+mkdir -p "$root/usr" "$root/etc" "$root/proc" "$root/tmp" "$root/work" "$root/dev"
+mount --rbind /usr "$root/usr"
+for d in bin sbin lib lib64 lib32 libx32; do
+  if [ -L "/$d" ]; then ln -s "$(readlink "/$d")" "$root/$d"
+  elif [ -d "/$d" ]; then mkdir "$root/$d"; mount --rbind "/$d" "$root/$d"; fi
+done
+mount -t tmpfs tmpfs "$root/usr/local"
+bind() {
+  dest=$root$2
+  mkdir -p "$(dirname "$dest")"
+  if [ -d "$1" ]; then mkdir -p "$dest"; elif [ ! -e "$dest" ]; then : > "$dest"; fi
+  mount --bind "$1" "$dest"
+  if [ "$3" = ro ]; then mount -o remount,bind,ro "$dest"; fi
+}
+while [ "$1" != "--" ]; do
+  bind "$1" "$2" "$3"
+  shift 3
+done
+shift
+bind "$work" /work ro
+mount --rbind /dev "$root/dev"
+mount -t proc proc "$root/proc"
+exec chroot "$root" "$@"
+"#;
+
+/// How to get a private mount namespace here: the command prefix, or why there is none.
+pub fn namespace_runner() -> &'static Result<Vec<String>, String> {
+    static RUNNER: OnceLock<Result<Vec<String>, String>> = OnceLock::new();
+    RUNNER.get_or_init(|| {
+        let works = |prefix: &[&str]| {
+            let (program, args) = prefix.split_first().expect("a program");
+            Command::new(program)
+                .args(args)
+                .args([
+                    "unshare",
+                    "-m",
+                    "--propagation",
+                    "private",
+                    "sh",
+                    "-c",
+                    "mount -t tmpfs tmpfs /tmp",
+                ])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        if works(&["env"]) {
+            Ok(vec![])
+        } else if works(&["sudo", "-n", "--preserve-env"]) {
+            Ok(vec!["sudo".into(), "-n".into(), "--preserve-env".into()])
+        } else {
+            Err("`unshare -m` with mounts needs root (or `sudo -n`)".into())
+        }
+    })
+}
+
+/// The namespace runner, or `None` after printing `SKIPPED: <test>: <why>` (under `CI=true` a
+/// skip fails the test).
+pub fn namespace_or_skip(test: &str) -> Option<Vec<String>> {
+    match namespace_runner() {
+        Ok(r) => Some(r.clone()),
+        Err(why) => {
+            assert!(
+                std::env::var("CI").ok().as_deref() != Some("true"),
+                "{test}: {why} (CI=true: a skip is a failure)"
+            );
+            eprintln!("SKIPPED: {test}: {why}");
+            None
+        }
+    }
+}
+
+/// One bind mount into a container: host path, container path, read-only.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BindMount {
+    pub host: PathBuf,
+    pub container: String,
+    pub read_only: bool,
+}
+
+/// A container's root, built afresh in a private mount namespace for each command: the host's
+/// programs and libraries, the built fakes at `/work`, and `mounts` applied in their order,
+/// as a container runtime applies a container's mounts.
+pub struct ContainerRoot {
+    dir: tempfile::TempDir,
+    runner: Vec<String>,
+    mounts: Vec<BindMount>,
+}
+
+impl ContainerRoot {
+    /// A root with `mounts`, run through `runner` ([`namespace_or_skip`]).
+    pub fn new(runner: Vec<String>, mounts: Vec<BindMount>) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        ContainerRoot {
+            dir,
+            runner,
+            mounts,
+        }
+    }
+
+    /// A command running `program args` inside the container (with the fake GPUs of the
+    /// caller's `FAKE_GPUS`, which the caller sets).
+    pub fn command(&self, program: &str, args: &[&str]) -> Command {
+        let (first, rest) = match self.runner.split_first() {
+            Some((f, r)) => (f.as_str(), r),
+            None => ("unshare", &[][..]),
+        };
+        let mut cmd = Command::new(first);
+        cmd.args(rest);
+        if !self.runner.is_empty() {
+            cmd.arg("unshare");
+        }
+        cmd.args(["-m", "--propagation", "private", "sh", "-c", SETUP, "setup"])
+            .arg(self.dir.path())
+            .arg(built());
+        for m in &self.mounts {
+            cmd.arg(&m.host)
+                .arg(&m.container)
+                .arg(if m.read_only { "ro" } else { "rw" });
+        }
+        cmd.arg("--").arg(program).args(args);
+        cmd.env_remove("LD_LIBRARY_PATH");
+        cmd
     }
 }

@@ -1,5 +1,5 @@
-//! The DRA request of a gpu-mem pod (the webhook's DRA rewrite): a pod that asks `aliyun.com/gpu-mem: N` in its containers
-//! becomes a pod with one ResourceClaim, made from a ResourceClaimTemplate.
+//! The webhook's DRA policy, pure (no I/O): a pod that asks `aliyun.com/gpu-mem: N` in its
+//! containers becomes a pod with one ResourceClaim, made from a ResourceClaimTemplate.
 //!
 //! The template holds one request per app container and native sidecar (named after the
 //! container) of the DeviceClass `gpu-mem.gpushare.io` with `capacity.requests.memory = N ×
