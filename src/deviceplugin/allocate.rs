@@ -417,11 +417,11 @@ impl Plugin {
     ) -> Result<(), NotRecorded> {
         match self.writeback.submit(self, m, device_ids) {
             Ok(()) => Ok(()),
-            Err(e @ super::writeback::NotAccepted::Journal(_)) => {
+            Err(e @ super::pending::NotAccepted::Journal(_)) => {
                 tracing::warn!(error = %e, "the answer could not be made durable on the node; writing it to the pod first");
                 self.record_on_pod(m, seq, deadline).await
             }
-            Err(super::writeback::NotAccepted::NoJournal(_)) => {
+            Err(super::pending::NotAccepted::NoJournal(_)) => {
                 self.record_on_pod(m, seq, deadline).await
             }
         }

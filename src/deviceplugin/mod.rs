@@ -39,6 +39,7 @@ pub mod matching;
 pub mod metrics;
 #[cfg(not(unix))]
 mod no_unix_sockets;
+mod pending;
 mod plugin;
 pub mod pods;
 #[cfg(not(unix))]
@@ -74,10 +75,10 @@ use crate::node::{NodeAgent, NodeAgentHandle, NodeArgs, PreparedAgent};
 use crate::shutdown::Shutdown;
 
 use metrics::Metrics;
+use pending::Writeback;
 pub use plugin::AllocationRecord;
 pub(crate) use plugin::Plugin;
 use pods::PodStore;
-use writeback::Writeback;
 
 /// Flags of `gpushare device-plugin`: the node agent's ([`NodeArgs`]) and the kubelet side's
 /// (each overrides its `[device_plugin]`, `[node]`, `[gpu]`, `[devices]` or `[doctor]` key).

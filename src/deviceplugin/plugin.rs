@@ -16,10 +16,10 @@ use tokio::sync::{Notify, watch};
 
 use super::devices;
 use super::metrics::Metrics;
+use super::pending::Writeback;
 use super::pods::PodStore;
 use super::records::Records;
 use super::reported::Reported;
-use super::writeback::Writeback;
 use crate::admin::AdminState;
 use crate::config::DevicePluginConfig;
 use crate::core::wire::PLUGIN_SOCKET;

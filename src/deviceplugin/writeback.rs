@@ -23,17 +23,16 @@
 //! answers (the reconciler corrects swaps), and with no usable journal directory it accepts
 //! nothing: Allocate then writes before it answers, as a plugin without a node state must.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
-use tokio::sync::watch;
 
 use super::Plugin;
-use super::journal::{AnsweredContainer, Journal, JournalError, PendingWrite};
+use super::journal::{AnsweredContainer, PendingWrite};
 use super::matching::Match;
+use super::pending::{NotAccepted, Writeback};
 use super::records::PodId;
 use crate::node::api::bounded;
 
@@ -43,35 +42,6 @@ const FIRST_RETRY: Duration = Duration::from_millis(100);
 const MAX_RETRY: Duration = Duration::from_secs(5);
 /// Pause between tries of a write the API server refused.
 const REFUSED_RETRY: Duration = Duration::from_secs(30);
-
-/// Why [`Writeback::submit`] did not take an answer.
-#[derive(Debug, thiserror::Error)]
-pub enum NotAccepted {
-    /// No journal directory could be used at start.
-    #[error("no usable device-plugin state directory: {0}")]
-    NoJournal(String),
-    /// The journal refused the record.
-    #[error(transparent)]
-    Journal(#[from] JournalError),
-}
-
-#[derive(Debug, Default)]
-struct State {
-    next_generation: u64,
-    /// The newest unwritten record of each pod, by UID.
-    pending: HashMap<String, PendingWrite>,
-    /// Pods whose write task runs.
-    running: HashSet<String>,
-}
-
-/// The background writer of Allocate's answers.
-#[derive(Debug)]
-pub(crate) struct Writeback {
-    journal: Result<Journal, JournalError>,
-    state: Mutex<State>,
-    /// How many pods have writes not landed yet.
-    pending_tx: watch::Sender<usize>,
-}
 
 enum Landed {
     /// The API server has the annotations (or they said it already, or the records hold none
@@ -84,57 +54,6 @@ enum Landed {
 }
 
 impl Writeback {
-    /// A writer over the journal in `dir`; without a usable directory it accepts nothing (the
-    /// reason is kept for the log).
-    pub fn open(dir: &std::path::Path) -> Writeback {
-        let journal = Journal::open(dir);
-        if let Err(e) = &journal {
-            tracing::warn!(
-                error = %e,
-                "no device-plugin state directory: Allocate writes each answer to the API before it returns it (set device_plugin.state_dir to a writable directory on tmpfs)"
-            );
-        }
-        Writeback {
-            journal,
-            state: Mutex::default(),
-            pending_tx: watch::channel(0).0,
-        }
-    }
-
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn publish_pending(&self, state: &State) {
-        self.pending_tx.send_replace(state.pending.len());
-    }
-
-    /// How many pods have answers not written to the API yet.
-    pub fn pending(&self) -> usize {
-        *self.pending_tx.borrow()
-    }
-
-    /// Resolves once every answer so far is written (or its pod gone).
-    pub async fn settled(&self) {
-        let mut rx = self.pending_tx.subscribe();
-        let _ = rx.wait_for(|n| *n == 0).await;
-    }
-
-    /// Resolves once every answer so far for pod `namespace/name` is written (or it is gone).
-    pub async fn settled_pod(&self, namespace: &str, name: &str) {
-        let mut rx = self.pending_tx.subscribe();
-        loop {
-            let waiting = self
-                .state()
-                .pending
-                .values()
-                .any(|w| w.namespace == namespace && w.name == name);
-            if !waiting || rx.changed().await.is_err() {
-                return;
-            }
-        }
-    }
-
     /// Takes the answer `m` (container `m.container` given `device_ids`): durable in the
     /// journal when this returns `Ok`, written to the pod in the background.
     pub fn submit(
@@ -220,27 +139,6 @@ impl Writeback {
             tokio::spawn(run_pod(plugin.clone(), uid));
         }
         replayed
-    }
-
-    /// The write of `uid` at `generation` is done (landed, or its pod gone): its journal
-    /// record goes unless a newer answer replaced it; returns whether the pod is done.
-    fn finish(&self, uid: &str, generation: u64) -> bool {
-        let mut state = self.state();
-        if let Ok(journal) = &self.journal
-            && let Err(e) = journal.clear(uid, generation)
-        {
-            tracing::warn!(error = %e, "could not clear a device-plugin journal record; its write is repeated at the next start");
-        }
-        let done = state
-            .pending
-            .get(uid)
-            .is_none_or(|w| w.generation == generation);
-        if done {
-            state.pending.remove(uid);
-            state.running.remove(uid);
-            self.publish_pending(&state);
-        }
-        done
     }
 }
 
