@@ -25,7 +25,8 @@ fn the_repository_keeps_the_house_rules() {
         tree.rust_files_under(Path::new("src")).count() > 100,
         "found the sources"
     );
-    let findings = check_sources(&tree);
+    let mut findings = check_sources(&tree);
+    findings.extend(gpushare_house::size::stale_waiting(&tree));
     assert!(
         findings.is_empty(),
         "{} house rules broken (docs/development.md, \"Rules that a build checks\"):\n{}",
@@ -158,6 +159,20 @@ fn only_finding(tree: &SourceTree, rule: Rule) -> Finding {
     assert_eq!(found.len(), 1, "one finding expected:\n{}", report(&found));
     assert_eq!(found[0].rule, rule, "{}", found[0]);
     found[0].clone()
+}
+
+#[test]
+fn a_function_over_the_size_limit_is_refused() {
+    let body = "    let _x = 0;\n".repeat(gpushare_house::size::MAX_FN_LINES);
+    let long = format!(
+        "use super::state::State;\npub fn place(_: &State) {{\n{body}}}\npub fn bind(s: &State) {{ place(s) }}\n"
+    );
+    let found = only_finding(&house(&[("src/extender/bind.rs", &long)]), Rule::Size);
+    assert_eq!(found.at, "src/extender/bind.rs:2", "{found}");
+    let short = "    let _x = 0;\n".repeat(gpushare_house::size::MAX_FN_LINES - 2);
+    let fits = format!("use super::state::State;\npub fn bind(_: &State) {{\n{short}}}\n");
+    let found = findings(&house(&[("src/extender/bind.rs", &fits)]));
+    assert!(found.is_empty(), "{}", report(&found));
 }
 
 #[test]
