@@ -32,7 +32,6 @@ pub const WAITING: &[&str] = &[
     "src/doctor/enforcement.rs:check",
     "src/doctor/mod.rs:diagnose",
     "src/doctor/scheduler.rs:evaluate",
-    "src/dra/plugin.rs",
     "src/dra/role.rs:serve_gated",
     "src/extender/bind.rs:bind",
     "src/extender/bind.rs:attempt",
