@@ -35,7 +35,6 @@ pub const WAITING: &[&str] = &[
     "src/dra/role.rs:serve_gated",
     "src/extender/bind.rs:bind",
     "src/extender/bind.rs:attempt",
-    "src/extender/cache.rs",
     "src/http_server.rs:serve",
     "src/node/enforcement/limiter/mod.rs:probe",
     "src/node/enforcement/readback.rs:run",
