@@ -31,7 +31,6 @@ pub const WAITING: &[&str] = &[
     "src/demo/scenario.rs:run_scenario",
     "src/doctor/enforcement.rs:check",
     "src/doctor/mod.rs:diagnose",
-    "src/doctor/scheduler.rs:evaluate",
     "src/dra/role.rs:serve_gated",
     "src/extender/bind.rs:bind",
     "src/extender/bind.rs:attempt",
