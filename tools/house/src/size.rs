@@ -30,7 +30,6 @@ pub const WAITING: &[&str] = &[
     "src/demo/managed.rs:run_managed_scenario",
     "src/demo/scenario.rs:run_scenario",
     "src/doctor/enforcement.rs:check",
-    "src/doctor/mod.rs:diagnose",
     "src/dra/role.rs:serve_gated",
     "src/extender/bind.rs:bind",
     "src/extender/bind.rs:attempt",
