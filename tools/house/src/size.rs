@@ -29,7 +29,6 @@ pub const PENDING: &[&str] = &["src/config.rs", "src/config/", "src/deviceplugin
 pub const WAITING: &[&str] = &[
     "src/demo/managed.rs:run_managed_scenario",
     "src/demo/scenario.rs:run_scenario",
-    "src/doctor/enforcement.rs:check",
     "src/dra/role.rs:serve_gated",
     "src/extender/bind.rs:bind",
     "src/extender/bind.rs:attempt",
