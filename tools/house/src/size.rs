@@ -33,7 +33,6 @@ pub const WAITING: &[&str] = &[
     "src/node/enforcement/limiter/mod.rs:probe",
     "src/node/enforcement/readback.rs:run",
     "src/node/mod.rs:PreparedAgent::start",
-    "src/outbound.rs:Client::send",
     "src/webhook/mod.rs:start",
 ];
 
