@@ -30,7 +30,6 @@ pub const WAITING: &[&str] = &[
     "src/demo/managed.rs:run_managed_scenario",
     "src/demo/scenario.rs:run_scenario",
     "src/dra/role.rs:serve_gated",
-    "src/node/enforcement/readback.rs:run",
     "src/node/mod.rs:PreparedAgent::start",
     "src/webhook/mod.rs:start",
 ];
