@@ -31,7 +31,6 @@ pub const WAITING: &[&str] = &[
     "src/demo/scenario.rs:run_scenario",
     "src/dra/role.rs:serve_gated",
     "src/node/mod.rs:PreparedAgent::start",
-    "src/webhook/mod.rs:start",
 ];
 
 /// What is too long in one file.
