@@ -30,7 +30,6 @@ pub const WAITING: &[&str] = &[
     "src/demo/managed.rs:run_managed_scenario",
     "src/demo/scenario.rs:run_scenario",
     "src/dra/role.rs:serve_gated",
-    "src/node/mod.rs:PreparedAgent::start",
 ];
 
 /// What is too long in one file.
