@@ -3,8 +3,7 @@
 //! to its closing brace; doc comments and attributes not counted). Test code (items under
 //! `#[cfg(test)]`) is not measured. It measures; it does not say how to split.
 //!
-//! [`PENDING`] lists the paths measured but not yet held to the rule, each while other work
-//! reshapes it; the list only shrinks.
+//! [`PENDING`] lists the paths not yet held to the rule, each while other work reshapes it.
 
 use std::path::Path;
 
@@ -20,14 +19,9 @@ pub const MAX_FILE_LINES: usize = 800;
 /// The most lines a function of `src/` may have.
 pub const MAX_FN_LINES: usize = 120;
 
-/// Path prefixes under rework elsewhere: measured, reported by [`measure`], not findings.
+/// Path prefixes not held to the rule while other work reshapes them (the configuration
+/// split by section, the device plugin's Allocate); the list only shrinks.
 pub const PENDING: &[&str] = &["src/config.rs", "src/config/", "src/deviceplugin/"];
-
-/// Files and functions (`path`, `path:name`) over the limits still waiting for their cut: held
-/// to no limit, but each must still be over it (a stale entry is a finding), so the list only
-/// shrinks.
-pub const WAITING: &[&str] = &[
-];
 
 /// What is too long in one file.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -62,72 +56,35 @@ pub fn measure(text: &str) -> Option<Oversize> {
     })
 }
 
-/// Every file of `src/` outside [`PENDING`] held to the size rule, but for [`WAITING`].
+/// Every file of `src/` outside [`PENDING`] held to the size rule.
 pub fn check(tree: &SourceTree, out: &mut Vec<Finding>) {
-    for (name, found) in measure_src(tree) {
-        report(&name, found, out);
-    }
-}
-
-/// The entries of [`WAITING`] within the limits now (to be removed from the list), for the
-/// repository's own check (a fixture tree lacks the functions named).
-pub fn stale_waiting(tree: &SourceTree) -> Vec<Finding> {
-    let mut over = Vec::new();
-    for (name, found) in measure_src(tree) {
-        if found.file_lines.is_some() {
-            over.push(name.clone());
-        }
-        for (function, _, _) in &found.functions {
-            over.push(format!("{name}:{function}"));
-        }
-    }
-    WAITING
-        .iter()
-        .filter(|entry| !over.iter().any(|o| o == *entry))
-        .map(|entry| {
-            Finding::new(
-                Rule::Size,
-                (*entry).to_string(),
-                "within the limits now: remove it from size::WAITING".into(),
-            )
-        })
-        .collect()
-}
-
-fn measure_src(tree: &SourceTree) -> Vec<(String, Oversize)> {
-    tree.rust_files_under(Path::new("src"))
-        .filter_map(|file| {
-            let name = file.display().to_string();
-            if PENDING.iter().any(|p| name.starts_with(p)) {
-                return None;
-            }
-            Some((name, tree.get(file).and_then(measure)?))
-        })
-        .collect()
-}
-
-fn report(name: &str, found: Oversize, out: &mut Vec<Finding>) {
-    if WAITING.contains(&name) {
-        // The file waits for its split; its functions are still held to the rule.
-    } else if let Some(lines) = found.file_lines {
-        out.push(Finding::new(
-            Rule::Size,
-            name.to_string(),
-            format!(
-                "{lines} lines before its tests (at most {MAX_FILE_LINES}): split it into \
-                     modules named for what they hold"
-            ),
-        ));
-    }
-    for (function, line, lines) in found.functions {
-        if WAITING.contains(&format!("{name}:{function}").as_str()) {
+    for file in tree.rust_files_under(Path::new("src")) {
+        let name = file.display().to_string();
+        if PENDING.iter().any(|p| name.starts_with(p)) {
             continue;
         }
-        out.push(Finding::new(
-            Rule::Size,
-            format!("{name}:{line}"),
-            format!("`{function}` is {lines} lines (at most {MAX_FN_LINES}): extract named steps"),
-        ));
+        let Some(found) = tree.get(file).and_then(measure) else {
+            continue;
+        };
+        if let Some(lines) = found.file_lines {
+            out.push(Finding::new(
+                Rule::Size,
+                name.clone(),
+                format!(
+                    "{lines} lines before its tests (at most {MAX_FILE_LINES}): split it into \
+                     modules named for what they hold"
+                ),
+            ));
+        }
+        for (function, line, lines) in found.functions {
+            out.push(Finding::new(
+                Rule::Size,
+                format!("{name}:{line}"),
+                format!(
+                    "`{function}` is {lines} lines (at most {MAX_FN_LINES}): extract named steps"
+                ),
+            ));
+        }
     }
 }
 

@@ -25,8 +25,7 @@ fn the_repository_keeps_the_house_rules() {
         tree.rust_files_under(Path::new("src")).count() > 100,
         "found the sources"
     );
-    let mut findings = check_sources(&tree);
-    findings.extend(gpushare_house::size::stale_waiting(&tree));
+    let findings = check_sources(&tree);
     assert!(
         findings.is_empty(),
         "{} house rules broken (docs/development.md, \"Rules that a build checks\"):\n{}",
