@@ -38,6 +38,7 @@ use containers::{ContainerFiles, CreateError, Key, Owner};
 use library::LibraryInfo;
 
 /// `statfs`'s `f_type` of a tmpfs.
+#[cfg(unix)]
 const TMPFS_MAGIC: i64 = 0x0102_1994;
 
 /// What the node offers of the limiter.
@@ -66,7 +67,14 @@ impl LimiterSupport {
     }
 }
 
+/// Whether `path` is on a tmpfs (`None`: it cannot be told, as everywhere but on unix).
+#[cfg(not(unix))]
+fn on_tmpfs(_path: &Path) -> Option<bool> {
+    None
+}
+
 /// Whether `path` is on a tmpfs (`None`: it cannot be told).
+#[cfg(unix)]
 fn on_tmpfs(path: &Path) -> Option<bool> {
     let st = rustix::fs::statfs(path).ok()?;
     #[allow(clippy::unnecessary_cast, clippy::useless_conversion)]
