@@ -9,15 +9,23 @@
 //!
 //! Blocking file I/O, with short waits while a lock is held: call it from a blocking context.
 
+#[cfg(unix)]
 use std::fs::File;
+#[cfg(unix)]
 use std::io::Read;
+#[cfg(unix)]
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+#[cfg(unix)]
+use std::time::Instant;
 
+#[cfg(unix)]
 use rustix::fs::{FlockOperation, Mode, OFlags};
 
-use crate::ledger::{self, FILE_BYTES, LedgerError, SlotRecord};
+use crate::ledger::LedgerError;
+#[cfg(unix)]
+use crate::ledger::{self, FILE_BYTES, SlotRecord};
 use crate::limits::GpuUuid;
 
 /// How long [`read_gpu`] waits for a limiter to release a ledger's lock.
@@ -91,6 +99,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ReadError + '_ {
     }
 }
 
+#[cfg(unix)]
 fn open_dir(dir: &Path) -> Result<OwnedFd, ReadError> {
     rustix::fs::open(
         dir,
@@ -103,6 +112,7 @@ fn open_dir(dir: &Path) -> Result<OwnedFd, ReadError> {
     })
 }
 
+#[cfg(unix)]
 /// Opens `name` in `dir` as a regular file, never following a link, never blocking.
 /// `Ok(None)` when it does not exist.
 fn open_regular(dir: &OwnedFd, dir_path: &Path, name: &str) -> Result<Option<File>, ReadError> {
@@ -127,13 +137,28 @@ fn open_regular(dir: &OwnedFd, dir_path: &Path, name: &str) -> Result<Option<Fil
 
 /// Reads the ledger of `uuid` in `state_dir`, counting only the slots of live processes.
 /// `Ok(None)` when no process of the container has used that GPU yet.
+#[cfg(unix)]
 pub fn read_gpu(state_dir: &Path, uuid: &GpuUuid) -> Result<Option<GpuUsage>, ReadError> {
     let dir = open_dir(state_dir)?;
     read_one(&dir, state_dir, uuid)
 }
 
+/// Elsewhere than on unix there is no ledger to read (the Windows kubectl plugin links this
+/// crate for its paths): an `Unsupported` error.
+#[cfg(not(unix))]
+pub fn read_gpu(state_dir: &Path, _uuid: &GpuUuid) -> Result<Option<GpuUsage>, ReadError> {
+    Err(io(state_dir)(std::io::ErrorKind::Unsupported.into()))
+}
+
+/// As the unix [`read_gpu`]: an `Unsupported` error.
+#[cfg(not(unix))]
+pub fn read_container(state_dir: &Path) -> Result<Vec<GpuUsage>, ReadError> {
+    Err(io(state_dir)(std::io::ErrorKind::Unsupported.into()))
+}
+
 /// Reads every ledger in `state_dir` (one per GPU the container's processes used), in UUID
 /// order. Files that are not ledgers' are skipped; a ledger that cannot be read is an error.
+#[cfg(unix)]
 pub fn read_container(state_dir: &Path) -> Result<Vec<GpuUsage>, ReadError> {
     let dir = open_dir(state_dir)?;
     let mut uuids: Vec<GpuUuid> = std::fs::read_dir(state_dir)
@@ -154,6 +179,7 @@ pub fn read_container(state_dir: &Path) -> Result<Vec<GpuUsage>, ReadError> {
     Ok(out)
 }
 
+#[cfg(unix)]
 fn read_one(dir: &OwnedFd, dir_path: &Path, uuid: &GpuUuid) -> Result<Option<GpuUsage>, ReadError> {
     let name = ledger::ledger_file_name(uuid);
     let path = dir_path.join(&name);
@@ -193,6 +219,7 @@ fn read_one(dir: &OwnedFd, dir_path: &Path, uuid: &GpuUuid) -> Result<Option<Gpu
     }))
 }
 
+#[cfg(unix)]
 /// Takes a shared `fcntl` lock on the whole file, waiting at most [`LOCK_WAIT`].
 fn lock_shared(file: &File, path: &Path) -> Result<(), ReadError> {
     let deadline = Instant::now() + LOCK_WAIT;
@@ -213,6 +240,7 @@ fn lock_shared(file: &File, path: &Path) -> Result<(), ReadError> {
     }
 }
 
+#[cfg(unix)]
 /// Whether the owner of `slot` lives: its alive file is locked.
 fn alive(
     dir: &OwnedFd,

@@ -201,7 +201,6 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CreateError + '_ {
 /// Writes container `key`'s directory under `run_dir`: its limits file from `owner.limits`,
 /// its state directory (kept when it exists), its owner file. Blocking.
 pub fn create(run_dir: &Path, key: &Key, owner: &Owner) -> Result<ContainerFiles, CreateError> {
-    use std::os::unix::fs::PermissionsExt;
     let limits = limits_of(owner)?;
     let f = files(run_dir, key);
     std::fs::create_dir_all(&f.dir).map_err(io(&f.dir))?;
@@ -212,8 +211,12 @@ pub fn create(run_dir: &Path, key: &Key, owner: &Owner) -> Result<ContainerFiles
         Err(e) => return Err(io(&f.state)(e)),
     }
     // Every user the container's processes run as records its use there; sticky, as /tmp.
-    std::fs::set_permissions(&f.state, std::fs::Permissions::from_mode(0o1777))
-        .map_err(io(&f.state))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&f.state, std::fs::Permissions::from_mode(0o1777))
+            .map_err(io(&f.state))?;
+    }
     write_owner(run_dir, key, owner)?;
     Ok(f)
 }

@@ -185,6 +185,8 @@ pub fn replace_file(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> std::io:
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(mode))?;
     }
+    #[cfg(not(unix))]
+    let _ = mode;
     tmp.persist(&target).map_err(|e| e.error)?;
     Ok(true)
 }

@@ -38,6 +38,7 @@ use containers::{ContainerFiles, CreateError, Key, Owner};
 use library::LibraryInfo;
 
 /// `statfs`'s `f_type` of a tmpfs.
+#[cfg(unix)]
 const TMPFS_MAGIC: i64 = 0x0102_1994;
 
 /// What the node offers of the limiter.
@@ -66,7 +67,14 @@ impl LimiterSupport {
     }
 }
 
+/// Whether `path` is on a tmpfs (`None`: it cannot be told, as everywhere but on unix).
+#[cfg(not(unix))]
+fn on_tmpfs(_path: &Path) -> Option<bool> {
+    None
+}
+
 /// Whether `path` is on a tmpfs (`None`: it cannot be told).
+#[cfg(unix)]
 fn on_tmpfs(path: &Path) -> Option<bool> {
     let st = rustix::fs::statfs(path).ok()?;
     #[allow(clippy::unnecessary_cast, clippy::useless_conversion)]
@@ -178,7 +186,13 @@ pub fn probe(config: &NodeConfig, inventory: &Inventory, install: bool) -> Limit
             )),
         }
     }
-    let run = &config.limiter_run_dir;
+    check_run_dir(&config.limiter_run_dir, install, &mut s);
+    s
+}
+
+/// The limiter's per-container directory `run` (created when `install`): a problem when it
+/// cannot be used, a note when it is not on a tmpfs.
+fn check_run_dir(run: &Path, install: bool, s: &mut LimiterSupport) {
     let run_problem = if install {
         if s.problems.is_empty() {
             std::fs::create_dir_all(run).err().map(|e| e.to_string())
@@ -206,7 +220,6 @@ pub fn probe(config: &NodeConfig, inventory: &Inventory, install: bool) -> Limit
             run.display()
         ));
     }
-    s
 }
 
 /// The limiter of this node: where its files are, what was found, and the containers' files.
