@@ -291,8 +291,13 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<ExitCode> 
             run_node_role(
                 NodeRole::DevicePlugin,
                 &config,
+                // The first list of the node's pods runs beside the preflight: the plugin
+                // registers as soon as both are done.
+                || deviceplugin::EarlyPods::start(&config),
                 |prepared| deviceplugin::admit(&config, prepared),
-                |agent, shutdown| deviceplugin::run(args, &config, agent, shutdown),
+                |early, agent, shutdown| {
+                    deviceplugin::run(args, &config, agent, shutdown, Some(early))
+                },
             )
             .await
         }
@@ -301,8 +306,9 @@ async fn dispatch(command: Command, config: Config) -> anyhow::Result<ExitCode> 
             run_node_role(
                 NodeRole::DraPlugin,
                 &config,
+                || async { Ok(()) },
                 |prepared| dra::role::admit(&config, prepared),
-                |agent, shutdown| dra::role::run(args, &config, agent, shutdown),
+                |(), agent, shutdown| dra::role::run(args, &config, agent, shutdown),
             )
             .await
         }
@@ -352,23 +358,35 @@ impl NodeRole {
 }
 
 /// The start-up of node role `role` (the device plugin, the DRA plugin): the platform, the
-/// settings no node role starts without, the role's preflight, then the role on the process's
-/// one node agent ([`crate::node::run_role`]) until SIGTERM/SIGINT.
-async fn run_node_role<Fut>(
+/// settings no node role starts without, what the role reads before the preflight ends
+/// (`early`: nothing is written, so a failed preflight still leaves the node untouched), the
+/// role's preflight, then the role on the process's one node agent
+/// ([`crate::node::run_role`]) until SIGTERM/SIGINT.
+async fn run_node_role<E, EarlyFut, Fut>(
     node_role: NodeRole,
     config: &Config,
+    early: impl FnOnce() -> EarlyFut,
     admit: impl FnOnce(PreparedAgent) -> anyhow::Result<PreparedAgent>,
-    run: impl FnOnce(Arc<NodeAgent>, Shutdown) -> Fut,
+    run: impl FnOnce(E, Arc<NodeAgent>, Shutdown) -> Fut,
 ) -> anyhow::Result<ExitCode>
 where
+    EarlyFut: Future<Output = anyhow::Result<E>>,
     Fut: Future<Output = anyhow::Result<ExitCode>>,
 {
     let role = node_role.name();
     crate::buildinfo::ensure_server_platform(role)?;
     crate::node::check_required(config, role).map_err(failure::config)?;
     crate::gpu::check_config(&config.gpu).map_err(failure::config)?;
+    let early = early().await?;
     node_role.preflight(config).await?;
-    crate::node::run_role(config, role, node_role.writes(), admit, run).await
+    crate::node::run_role(
+        config,
+        role,
+        node_role.writes(),
+        admit,
+        |agent, shutdown| run(early, agent, shutdown),
+    )
+    .await
 }
 
 /// The doctor preflight of a server role, unless `doctor.skip` (`--skip-doctor`).

@@ -204,6 +204,31 @@ impl AcceptBackoff {
     }
 }
 
+/// The handler's `reply` within `limits.request` (503 past it), counting the deadlines that
+/// ended it (the whole request's, the body's).
+async fn reply_within<F>(reply: F, limits: Limits, metrics: &ServerMetrics) -> Reply
+where
+    F: Future<Output = Reply>,
+{
+    let reply = match tokio::time::timeout(limits.request, reply).await {
+        Ok(reply) => reply,
+        Err(_) => {
+            metrics.deadline("request");
+            json_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!(
+                    "the request did not finish within {:?} (http.request_timeout_ms)",
+                    limits.request
+                ),
+            )
+        }
+    };
+    if reply.status() == StatusCode::REQUEST_TIMEOUT {
+        metrics.deadline("body");
+    }
+    reply
+}
+
 /// Serves connections from `listener` with `handler` until `shutdown`, then drains the open
 /// ones for at most `limits.drain`. `name` labels the log lines.
 pub async fn serve<H, F>(
@@ -267,22 +292,7 @@ pub async fn serve<H, F>(
                     let handler = handler.clone();
                     let metrics = metrics.clone();
                     async move {
-                        let reply = match tokio::time::timeout(limits.request, handler(req)).await {
-                            Ok(reply) => reply,
-                            Err(_) => {
-                                metrics.deadline("request");
-                                json_error(
-                                    StatusCode::SERVICE_UNAVAILABLE,
-                                    &format!(
-                                        "the request did not finish within {:?} (http.request_timeout_ms)",
-                                        limits.request
-                                    ),
-                                )
-                            }
-                        };
-                        if reply.status() == StatusCode::REQUEST_TIMEOUT {
-                            metrics.deadline("body");
-                        }
+                        let reply = reply_within(handler(req), limits, &metrics).await;
                         Ok::<_, std::convert::Infallible>(reply)
                     }
                 })

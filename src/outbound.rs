@@ -317,6 +317,49 @@ impl std::fmt::Debug for Client {
 trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 
+/// Where an absolute request URI points.
+struct Target {
+    /// `https` (else `http`).
+    https: bool,
+    /// The host without an IPv6 address's brackets (the TLS server name by default).
+    bare_host: String,
+    /// The URI's authority as written (the `Host` header).
+    authority: String,
+    /// `host:port` to connect to (the port by the scheme when the URI has none).
+    dial: String,
+}
+
+impl Target {
+    /// `None` when `uri` is not an absolute `http(s)` URI with a host.
+    fn of(uri: &http::Uri) -> Option<Target> {
+        let https = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => return None,
+        };
+        let host = uri.host().filter(|h| !h.is_empty())?;
+        let bare_host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let authority = uri
+            .authority()
+            .map_or_else(|| host.to_string(), |a| a.to_string());
+        let dial = if bare_host.contains(':') {
+            format!("[{bare_host}]:{port}")
+        } else {
+            format!("{bare_host}:{port}")
+        };
+        Some(Target {
+            https,
+            bare_host,
+            authority,
+            dial,
+        })
+    }
+}
+
 impl Client {
     /// A client for http:// URLs only.
     pub fn plain() -> Client {
@@ -357,30 +400,12 @@ impl Client {
         let (mut parts, body) = request.into_parts();
         let url = parts.uri.to_string();
         let bad_url = || Error::BadUrl { url: url.clone() };
-        let https = match parts.uri.scheme_str() {
-            Some("http") => false,
-            Some("https") => true,
-            _ => return Err(bad_url()),
-        };
-        let host = parts
-            .uri
-            .host()
-            .filter(|h| !h.is_empty())
-            .ok_or_else(bad_url)?;
-        let bare_host = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string();
-        let port = parts.uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-        let authority = parts
-            .uri
-            .authority()
-            .map_or_else(|| host.to_string(), |a| a.to_string());
-        let dial = if bare_host.contains(':') {
-            format!("[{bare_host}]:{port}")
-        } else {
-            format!("{bare_host}:{port}")
-        };
+        let Target {
+            https,
+            bare_host,
+            authority,
+            dial,
+        } = Target::of(&parts.uri).ok_or_else(bad_url)?;
         let tls = match (https, &self.tls) {
             (false, _) => None,
             (true, None) => return Err(Error::NoTls { url }),

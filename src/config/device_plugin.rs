@@ -32,7 +32,14 @@ pub struct DevicePluginConfig {
     pub allocate_failure: AllocateFailure,
     /// Address of /healthz, /readyz and /metrics; empty disables them.
     pub admin_address: String,
+    /// Where Allocate's answers are made durable before they are returned, until the pods'
+    /// annotations say so (one file per pod). On tmpfs, as long-lived as the node's
+    /// containers; not writable: each answer waits for its write to the API server.
+    pub state_dir: PathBuf,
 }
+
+/// The device plugin's default state directory (tmpfs).
+pub const DEFAULT_DEVICE_PLUGIN_STATE_DIR: &str = "/var/run/gpushare/device-plugin";
 
 impl Default for DevicePluginConfig {
     fn default() -> Self {
@@ -41,6 +48,7 @@ impl Default for DevicePluginConfig {
             pod_resources_socket: PathBuf::from(crate::core::wire::DEFAULT_POD_RESOURCES_SOCKET),
             allocate_failure: AllocateFailure::Env,
             admin_address: "0.0.0.0:9101".to_string(),
+            state_dir: PathBuf::from(DEFAULT_DEVICE_PLUGIN_STATE_DIR),
         }
     }
 }

@@ -101,6 +101,54 @@ pub async fn run_managed_scenario(out: &mut dyn Write) -> anyhow::Result<DemoOut
         "▸ gpushare webhook --self-signed on https://{} (Service {NAMESPACE}/{SERVICE})",
         hook.addr
     )?;
+    expect_tls_written(&api, &config, &mut outcome, out);
+
+    let pods: Api<Pod> = Api::namespaced(api.admin_client(), "default");
+    expect_pods_routed(&pods, &config, &mut outcome, out).await?;
+    expect_sloppy_refused(&pods, &mut outcome, out).await?;
+
+    writeln!(
+        out,
+        "\n▸ gpushare doctor --role control-plane, webhook checks (dedicated-scheduler needs a \
+         running kube-scheduler, which the sandbox does not have)"
+    )?;
+    let checks = crate::doctor::managed::checks(
+        &crate::doctor::cluster::connect(&config, false).await,
+        &config.webhook,
+        Some(&format!("https://127.0.0.1:{}", hook.addr.port())),
+    )
+    .await;
+    for c in checks.iter().filter(|c| c.id != "dedicated-scheduler") {
+        writeln!(
+            out,
+            "  {:<20} {:?}: {}",
+            c.id,
+            c.status,
+            c.detail.lines().next().unwrap_or("")
+        )?;
+    }
+    let endpoint_ok = checks
+        .iter()
+        .any(|c| c.id == "webhook-endpoint" && c.status == Status::Ok);
+    outcome.expect(
+        out,
+        "doctor verifies the served certificate against the caBundle",
+        endpoint_ok,
+        format!("{checks:?}"),
+    );
+    hook.stop().await;
+    api.shutdown().await;
+    Ok(outcome)
+}
+
+/// The `--self-signed` bootstrap's results in the API: the Secret with the CA and the
+/// serving certificate, the caBundle of both webhook configurations.
+fn expect_tls_written(
+    api: &ApiServer,
+    config: &Config,
+    outcome: &mut DemoOutcome,
+    out: &mut dyn Write,
+) {
     let secret = api.get_object("secrets", Some(NAMESPACE), &config.webhook.tls_secret);
     outcome.expect(
         out,
@@ -134,8 +182,15 @@ pub async fn run_managed_scenario(out: &mut dyn Write) -> anyhow::Result<DemoOut
         bundles.iter().all(|b| *b),
         format!("written: {bundles:?}"),
     );
+}
 
-    let pods: Api<Pod> = Api::namespaced(api.admin_client(), "default");
+/// A gpu-mem pod goes to the dedicated scheduler; a pod without GPU is left alone.
+async fn expect_pods_routed(
+    pods: &Api<Pod>,
+    config: &Config,
+    outcome: &mut DemoOutcome,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
     writeln!(
         out,
         "\n▸ kubectl apply: pod trainer, limits aliyun.com/gpu-mem: 4"
@@ -183,7 +238,16 @@ pub async fn run_managed_scenario(out: &mut dyn Write) -> anyhow::Result<DemoOut
         untouched,
         format!("{created:?}"),
     );
+    Ok(())
+}
 
+/// A pod whose gpu-mem request differs from its limit is refused, naming the container and
+/// the fix.
+async fn expect_sloppy_refused(
+    pods: &Api<Pod>,
+    outcome: &mut DemoOutcome,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
     writeln!(
         out,
         "\n▸ kubectl apply: pod sloppy, requests aliyun.com/gpu-mem: 2, limits aliyun.com/gpu-mem: 4"
@@ -208,37 +272,5 @@ pub async fn run_managed_scenario(out: &mut dyn Write) -> anyhow::Result<DemoOut
         refused.is_err() && message.contains("\"main\"") && message.contains("limits"),
         message.clone(),
     );
-
-    writeln!(
-        out,
-        "\n▸ gpushare doctor --role control-plane, webhook checks (dedicated-scheduler needs a \
-         running kube-scheduler, which the sandbox does not have)"
-    )?;
-    let checks = crate::doctor::managed::checks(
-        &crate::doctor::cluster::connect(&config, false).await,
-        &config.webhook,
-        Some(&format!("https://127.0.0.1:{}", hook.addr.port())),
-    )
-    .await;
-    for c in checks.iter().filter(|c| c.id != "dedicated-scheduler") {
-        writeln!(
-            out,
-            "  {:<20} {:?}: {}",
-            c.id,
-            c.status,
-            c.detail.lines().next().unwrap_or("")
-        )?;
-    }
-    let endpoint_ok = checks
-        .iter()
-        .any(|c| c.id == "webhook-endpoint" && c.status == Status::Ok);
-    outcome.expect(
-        out,
-        "doctor verifies the served certificate against the caBundle",
-        endpoint_ok,
-        format!("{checks:?}"),
-    );
-    hook.stop().await;
-    api.shutdown().await;
-    Ok(outcome)
+    Ok(())
 }

@@ -230,14 +230,8 @@ pub async fn run_scenario(
     let kubelet = Kubelet::start(root.path())
         .await
         .context("starting the fake kubelet")?;
-    let mut config = Config::default();
-    config.node.node_name = NODE.to_string();
-    config.device_plugin.device_plugin_dir = kubelet.device_plugin_dir();
-    config.device_plugin.pod_resources_socket = kubelet.pod_resources_socket();
-    config.device_plugin.admin_address = String::new();
-    config.node.memory_unit = unit;
-    config.extender.bind_address = std::net::IpAddr::from([127, 0, 0, 1]);
-    config.extender.port = 0;
+    let mut config = demo_config(&kubelet, unit);
+    config.device_plugin.state_dir = root.path().join("state");
 
     let backend: Arc<dyn GpuBackend> = Arc::new(backend);
     let plugin = crate::deviceplugin::start(&config, api.admin_client(), backend, stop.clone())
@@ -288,33 +282,7 @@ pub async fn run_scenario(
     }
     show_inspect(&api, out, Format::Table).await?;
 
-    walk.demo2(out)?;
-    api.delete_object("pods", Some(NAMESPACE), "binpack-1")?;
-    kubelet.release_pod(NAMESPACE, "binpack-1");
-    scheduler.wait_for_used(walk.used()).await?;
-    let (big, fits_one_gpu) = walk.big_ask(out)?;
-    let got = schedule_and_start(&api, &scheduler, &kubelet, "binpack-4", big, out).await?;
-    let pod: Option<Pod> = api.get_as("pods", Some(NAMESPACE), "binpack-4");
-    let phase = pod
-        .and_then(|p| p.status)
-        .and_then(|s| s.phase)
-        .unwrap_or_default();
-    if fits_one_gpu {
-        walk.outcome.expect(
-            out,
-            "binpack-4 fits on one GPU with this layout",
-            got.is_some(),
-            format!("it got {got:?}"),
-        );
-    } else {
-        walk.outcome.expect(
-            out,
-            "binpack-4 stays Pending: no single GPU has room",
-            got.is_none() && phase == "Pending",
-            format!("it got {got:?}, phase {phase}"),
-        );
-    }
-    show_inspect(&api, out, Format::Wide).await?;
+    let got = run_demo2(&mut walk, &api, &scheduler, &kubelet, out).await?;
 
     // The plugin keeps the records of the pods still running (binpack-1's may be dropped
     // already: it is gone).
@@ -344,6 +312,59 @@ pub async fn run_scenario(
     kubelet.stop().await;
     api.shutdown().await;
     Ok(walk.outcome)
+}
+
+/// The configuration of the demo's roles: the sandbox node, the fake kubelet's directories,
+/// the memory in `unit`, the extender on a free local port.
+fn demo_config(kubelet: &Kubelet, unit: MemoryUnit) -> Config {
+    let mut config = Config::default();
+    config.node.node_name = NODE.to_string();
+    config.device_plugin.device_plugin_dir = kubelet.device_plugin_dir();
+    config.device_plugin.pod_resources_socket = kubelet.pod_resources_socket();
+    config.device_plugin.admin_address = String::new();
+    config.node.memory_unit = unit;
+    config.extender.bind_address = std::net::IpAddr::from([127, 0, 0, 1]);
+    config.extender.port = 0;
+    config
+}
+
+/// Demo 2: binpack-1 deleted, then a pod asking more than any GPU has free: it runs when
+/// one GPU has room, else stays Pending. The GPU it got.
+async fn run_demo2(
+    walk: &mut Walkthrough,
+    api: &ApiServer,
+    scheduler: &PlayedScheduler,
+    kubelet: &Kubelet,
+    out: &mut dyn Write,
+) -> anyhow::Result<Option<u32>> {
+    walk.demo2(out)?;
+    api.delete_object("pods", Some(NAMESPACE), "binpack-1")?;
+    kubelet.release_pod(NAMESPACE, "binpack-1");
+    scheduler.wait_for_used(walk.used()).await?;
+    let (big, fits_one_gpu) = walk.big_ask(out)?;
+    let got = schedule_and_start(api, scheduler, kubelet, "binpack-4", big, out).await?;
+    let pod: Option<Pod> = api.get_as("pods", Some(NAMESPACE), "binpack-4");
+    let phase = pod
+        .and_then(|p| p.status)
+        .and_then(|s| s.phase)
+        .unwrap_or_default();
+    if fits_one_gpu {
+        walk.outcome.expect(
+            out,
+            "binpack-4 fits on one GPU with this layout",
+            got.is_some(),
+            format!("it got {got:?}"),
+        );
+    } else {
+        walk.outcome.expect(
+            out,
+            "binpack-4 stays Pending: no single GPU has room",
+            got.is_none() && phase == "Pending",
+            format!("it got {got:?}, phase {phase}"),
+        );
+    }
+    show_inspect(api, out, Format::Wide).await?;
+    Ok(got)
 }
 
 /// Plays kube-scheduler and then kubelet for one single-container pod; returns the GPU it

@@ -9,15 +9,18 @@
 //! that says why and what to do: no container starts without its limit.
 //!
 //! A container is claimed in the [`Records`](super::records::Records) (keyed by pod UID) the
-//! moment it is matched, under a mutex held for that in-memory step only; then the pod is
-//! merge-patched (`gpushare.io/allocated-containers`, and ASSIGNED=true with the allocation
-//! time once its last GPU container is served) under that pod's own lock, so a slow PATCH
-//! holds up no other pod. Each request has a timeout and the whole Allocate a deadline
-//! ([`ALLOCATE_DEADLINE`]); transient errors are retried within it. A PATCH the API refused
-//! fails the call and drops the claim, so no GPU is handed out that the API does not know
-//! about; a PATCH whose outcome is unknown (no answer in time) fails the call but keeps the
-//! claim: the container is not matched to anything else, and kubelet asking again gets the
-//! same GPU.
+//! moment it is matched, under a mutex held for that in-memory step only. The answer is then
+//! made durable on the node ([`super::journal`], one small file on tmpfs) and returned: the
+//! pod's annotations (`gpushare.io/allocated-containers`, and ASSIGNED=true with the
+//! allocation time once its last GPU container is served) are written after, in the
+//! background, with retries until the API server takes them ([`super::writeback`]). So
+//! Allocate never waits on the API server: a slow or unreachable one delays only the
+//! annotations, and a plugin that stops in between finishes the write at its next start,
+//! where the journal's containers count as answered before kubelet can ask for another.
+//! Without a usable state directory, the pod is merge-patched before the answer, under that
+//! pod's own lock (a slow PATCH holds up no other pod), within the Allocate deadline
+//! ([`ALLOCATE_DEADLINE`]): a PATCH the API refused fails the call and drops the claim; one
+//! whose outcome is unknown fails the call but keeps the claim.
 //!
 //! kubelet may ask again for a container it was answered before (a restart before its
 //! checkpoint, a cancelled call): the same device IDs find their record (trusted only after a
@@ -401,6 +404,29 @@ impl Plugin {
         }
     }
 
+    /// Records the answer `m` (answer number `seq`, for `device_ids`): durable on the node
+    /// and written to the pod in the background ([`super::writeback`]), so the answer never
+    /// waits on the API server; without a usable state directory, written to the pod before
+    /// the answer ([`Plugin::record_on_pod`]).
+    async fn record(
+        self: &Arc<Self>,
+        m: &Match,
+        seq: u64,
+        device_ids: &[String],
+        deadline: Instant,
+    ) -> Result<(), NotRecorded> {
+        match self.writeback.submit(self, m, device_ids) {
+            Ok(()) => Ok(()),
+            Err(e @ super::pending::NotAccepted::Journal(_)) => {
+                tracing::warn!(error = %e, "the answer could not be made durable on the node; writing it to the pod first");
+                self.record_on_pod(m, seq, deadline).await
+            }
+            Err(super::pending::NotAccepted::NoJournal(_)) => {
+                self.record_on_pod(m, seq, deadline).await
+            }
+        }
+    }
+
     /// Waits for the watch's first pod list; past [`SYNC_WAIT`] reads the API itself.
     async fn ensure_pods(&self, deadline: Instant) -> Result<(), Status> {
         if self.pods.is_synced()
@@ -460,7 +486,9 @@ impl Plugin {
                     let response = self
                         .enforce(m.gpu_index, units, Some(&m), &creq.devices_ids, response)
                         .await?;
-                    if !repeat && let Err(e) = self.record_on_pod(&m, seq, deadline).await {
+                    if !repeat
+                        && let Err(e) = self.record(&m, seq, &creq.devices_ids, deadline).await
+                    {
                         self.metrics.allocation(if e.unknown {
                             "patch_unknown"
                         } else {

@@ -31,6 +31,7 @@
 
 pub mod allocate;
 pub mod devices;
+pub(crate) mod journal;
 #[cfg(unix)]
 pub mod kinds;
 mod limiter;
@@ -38,6 +39,7 @@ pub mod matching;
 pub mod metrics;
 #[cfg(not(unix))]
 mod no_unix_sockets;
+mod pending;
 mod plugin;
 pub mod pods;
 #[cfg(not(unix))]
@@ -51,6 +53,7 @@ pub mod records;
 pub mod registration;
 mod reported;
 mod service;
+pub(crate) mod writeback;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -72,6 +75,7 @@ use crate::node::{NodeAgent, NodeAgentHandle, NodeArgs, PreparedAgent};
 use crate::shutdown::Shutdown;
 
 use metrics::Metrics;
+use pending::Writeback;
 pub use plugin::AllocationRecord;
 pub(crate) use plugin::Plugin;
 use pods::PodStore;
@@ -101,6 +105,10 @@ pub struct Args {
     /// Address of /healthz, /readyz and /metrics; empty disables them [default: 0.0.0.0:9101]
     #[arg(long, value_name = "ADDR")]
     pub admin_address: Option<String>,
+    /// Where Allocate's answers are kept until the pods' annotations say so (tmpfs)
+    /// [default: /var/run/gpushare/device-plugin]
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
     /// Do not run the node preflight (doctor) before starting
     #[arg(long)]
     #[serde(rename = "doctor.skip", skip_serializing_if = "std::ops::Not::not")]
@@ -151,15 +159,47 @@ pub fn admit(config: &Config, prepared: PreparedAgent) -> anyhow::Result<Prepare
     Ok(prepared)
 }
 
-/// Runs the device plugin on `agent` until `shutdown` (SIGTERM/SIGINT). The dispatcher has run
-/// the preflight and started the agent.
+/// This node's pods, listed from the process's start on (the dispatcher starts it beside the
+/// node preflight): the plugin registers with kubelet as soon as both are done, instead of
+/// listing only once the preflight has passed and the agent has started.
+#[derive(Debug)]
+pub struct EarlyPods {
+    store: PodStore,
+    stop: crate::shutdown::Trigger,
+    task: JoinHandle<()>,
+}
+
+impl EarlyPods {
+    /// Starts the watch of `config`'s node's pods with a client of its own. Nothing is written;
+    /// an API server that does not answer yet is retried (the fast backoff).
+    pub async fn start(config: &Config) -> anyhow::Result<EarlyPods> {
+        let client = crate::k8s::client(&crate::k8s::ClientOptions {
+            kubeconfig: Some(config.cluster.kubeconfig.as_str()),
+            ..Default::default()
+        })
+        .await?;
+        let store = PodStore::default();
+        let (stop, shutdown) = crate::shutdown::channel();
+        let task = tokio::spawn(
+            store
+                .clone()
+                .run(client, config.node.node_name.clone(), shutdown),
+        );
+        Ok(EarlyPods { store, stop, task })
+    }
+}
+
+/// Runs the device plugin on `agent` until `shutdown` (SIGTERM/SIGINT), with the pod watch
+/// `early` started (when the dispatcher started one). The dispatcher has run the preflight and
+/// started the agent.
 pub async fn run(
     _args: Args,
     config: &Config,
     agent: Arc<NodeAgent>,
     shutdown: Shutdown,
+    early: Option<EarlyPods>,
 ) -> anyhow::Result<ExitCode> {
-    let handle = serve(config, agent, shutdown.clone()).await?;
+    let handle = serve_with(config, agent, shutdown.clone(), early).await?;
     tracing::info!(socket = %handle.socket_path().display(), "device plugin serving");
     shutdown.wait().await;
     handle.stop().await;
@@ -213,6 +253,22 @@ impl DevicePluginHandle {
     /// containers whose device IDs kubelet gave to another are dropped.
     pub async fn allocations(&self) -> Vec<AllocationRecord> {
         self.plugin.allocation_records()
+    }
+
+    /// How many pods have Allocate answers not yet written to their annotations.
+    pub fn pending_writes(&self) -> usize {
+        self.plugin.writeback.pending()
+    }
+
+    /// Resolves once every Allocate answer so far is written to its pod (or the pod is gone).
+    pub async fn writes_settled(&self) {
+        self.plugin.writeback.settled().await
+    }
+
+    /// Resolves once every Allocate answer so far for pod `namespace/name` is written to it
+    /// (or the pod is gone).
+    pub async fn write_settled(&self, namespace: &str, name: &str) {
+        self.plugin.writeback.settled_pod(namespace, name).await
     }
 
     /// Asks the PodResources reconciler to run now.
@@ -312,7 +368,22 @@ pub async fn serve(
     agent: Arc<NodeAgent>,
     shutdown: Shutdown,
 ) -> anyhow::Result<DevicePluginHandle> {
+    serve_with(config, agent, shutdown, None).await
+}
+
+/// [`serve`] with the pod watch `early` already running (its store is the plugin's, its task
+/// stops with the plugin), or a watch of its own when `None`.
+async fn serve_with(
+    config: &Config,
+    agent: Arc<NodeAgent>,
+    shutdown: Shutdown,
+    early: Option<EarlyPods>,
+) -> anyhow::Result<DevicePluginHandle> {
     let dp = config.device_plugin.clone();
+    let (pods, early_watch) = match early {
+        Some(e) => (e.store, Some((e.stop, e.task))),
+        None => (PodStore::default(), None),
+    };
     let gate = agent
         .open_path(
             ServingPath::DevicePlugin,
@@ -331,13 +402,16 @@ pub async fn serve(
     let view = health.borrow_and_update().clone();
     let first = devices::list_and_watch_response(&gpus, |u| view.is_healthy(u));
     let (devices_tx, _) = watch::channel(Arc::new(first));
+    // One internal stop that fires on the caller's shutdown or on `stop()`.
+    let (stop_trigger, stop) = shutdown.child();
+    let stop_trigger = Arc::new(stop_trigger);
     let plugin = Arc::new(Plugin {
         config: dp.clone(),
         agent: agent.clone(),
         gpus,
         offer: gate.offer(),
         devices_tx,
-        pods: PodStore::default(),
+        pods,
         records: std::sync::Mutex::default(),
         pod_locks: std::sync::Mutex::default(),
         reconcile_now: Notify::new(),
@@ -345,12 +419,15 @@ pub async fn serve(
         metrics,
         node: node.clone(),
         admin: admin.clone(),
+        writeback: Writeback::open(&dp.state_dir),
+        stopping: stop.clone(),
     });
     plugin.refresh_devices(&view);
-
-    // One internal stop that fires on the caller's shutdown or on `stop()`.
-    let (stop_trigger, stop) = shutdown.child();
-    let stop_trigger = Arc::new(stop_trigger);
+    // The answers of an earlier run that are not on the pods yet count as answered before
+    // kubelet can call Allocate (registration comes later), and their writes are finished.
+    if plugin.writeback.replay(&plugin) > 0 {
+        plugin.reconcile_now.notify_one();
+    }
     let mut tasks = Vec::new();
     tasks.push(tokio::spawn(follow_health(
         plugin.clone(),
@@ -360,11 +437,22 @@ pub async fn serve(
     )));
     // The node metrics and the readiness (MPS) follow the agent.
     tasks.push(node.follow(stop.clone()));
-    tasks.push(tokio::spawn(plugin.pods.clone().run(
-        agent.client().clone(),
-        agent.node_name().to_string(),
-        stop.clone(),
-    )));
+    match early_watch {
+        Some((early_stop, task)) => {
+            tasks.push(task);
+            // The early watch stops with the plugin.
+            let stopped = stop.clone();
+            tasks.push(tokio::spawn(async move {
+                stopped.wait().await;
+                early_stop.trigger();
+            }));
+        }
+        None => tasks.push(tokio::spawn(plugin.pods.clone().run(
+            agent.client().clone(),
+            agent.node_name().to_string(),
+            stop.clone(),
+        ))),
+    }
     let served = match registration::serve(plugin.clone(), stop.clone()).await {
         Ok(task) => task,
         Err(e) => {

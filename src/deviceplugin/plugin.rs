@@ -1,6 +1,7 @@
 //! The device plugin's shared state ([`Plugin`]): its configuration, the node agent, the GPUs
 //! served, the device list sent to kubelet, the pod store, the allocation records and the
-//! per-pod write locks, what the reconciler has reported, the metrics and the readiness gate;
+//! per-pod write locks, what the reconciler has reported, the metrics and the readiness gate,
+//! the background writer of Allocate's answers ([`Writeback`]);
 //! and the allocations as the handle lists them ([`AllocationRecord`]).
 //!
 //! Not here: what is done with it: Allocate (`allocate`), the gRPC service (`service`), the
@@ -15,6 +16,7 @@ use tokio::sync::{Notify, watch};
 
 use super::devices;
 use super::metrics::Metrics;
+use super::pending::Writeback;
 use super::pods::PodStore;
 use super::records::Records;
 use super::reported::Reported;
@@ -27,6 +29,7 @@ use crate::node::gpus::ServedGpu;
 use crate::node::health::HealthView;
 use crate::node::monitor::NodeMonitor;
 use crate::node::path_gate::Offer;
+use crate::shutdown::Shutdown;
 
 /// One container allocation the plugin answered: which device IDs kubelet passed, which GPU
 /// the container was given (its `NVIDIA_VISIBLE_DEVICES`), and the pod it was matched to.
@@ -73,6 +76,11 @@ pub(crate) struct Plugin {
     /// The node metrics, the readiness that follows MPS and the MPS refusal.
     pub(crate) node: Arc<NodeMonitor>,
     pub(crate) admin: Arc<AdminState>,
+    /// Writes Allocate's answers to the pods after they are returned (durable on the node
+    /// first).
+    pub(crate) writeback: Writeback,
+    /// Fires when the plugin stops (its background writes end; the journal keeps them).
+    pub(crate) stopping: Shutdown,
 }
 
 impl std::fmt::Debug for Plugin {

@@ -10,11 +10,11 @@ use std::sync::{Arc, RwLock};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher::Event;
 use tokio::sync::watch;
 
 use super::matching::PodSnapshot;
-use crate::k8s::watch::DefaultBackoff;
+use crate::k8s::watch::{FastBackoff, ListFrom, WatchConfig};
 use crate::node::api::{ApiCallError, list_node_pods};
 use crate::shutdown::Shutdown;
 
@@ -142,16 +142,20 @@ impl PodStore {
     }
 
     /// Runs the watch of `node`'s pods into this store until `shutdown`, on the one watch
-    /// driver with kube-runtime's default backoff. A re-list replaces the store; the first
-    /// one marks it synced (the plugin registers with kubelet only after that).
+    /// driver with its fast backoff (it may start before the API server answers: the first
+    /// list then follows within 2 s of its return, not kube-runtime's 30 s), its lists read
+    /// from the API server's watch cache. A re-list replaces the store; the first one marks
+    /// it synced (the plugin registers with kubelet only after that).
     pub async fn run(self, client: kube::Client, node: String, shutdown: Shutdown) {
         let api: Api<Pod> = Api::all(client);
-        let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+        // From the watch cache, as kubelet reads its pods: a match that misses reads the API
+        // itself (`refresh`), so a cache a little behind costs no wrong answer.
+        let config = WatchConfig::new(ListFrom::Cache).fields(&format!("spec.nodeName={node}"));
         let mut buffer: Vec<Pod> = Vec::new();
         crate::k8s::watch::drive(
             api,
             config,
-            DefaultBackoff::default(),
+            FastBackoff::default(),
             shutdown,
             |e| tracing::warn!(error = %e, node, "pod watch error (retrying)"),
             |event| match event {

@@ -416,6 +416,21 @@ pub(crate) fn drop_gone(
     }
 }
 
+/// The annotations to merge onto pod `uid` (as the store shows it) so that they list the
+/// containers `added` as allocated too (and `ASSIGNED=true` once every GPU container is);
+/// `None` when they say so already, or the store does not hold the pod.
+pub(crate) fn annotations_after(
+    plugin: &Plugin,
+    uid: &str,
+    added: BTreeSet<String>,
+) -> Option<BTreeMap<String, String>> {
+    let desired = Desired {
+        add: added,
+        ..Desired::default()
+    };
+    correction(plugin, uid, &desired).map(|(_, _, patch)| patch)
+}
+
 /// The annotations to merge onto pod `uid` so that they say `d`; `None` when they do.
 fn correction(
     plugin: &Plugin,

@@ -153,6 +153,23 @@ impl Records {
         }
     }
 
+    /// Marks the grants of `containers` of pod `uid` as recorded in the pod's annotations
+    /// (whichever answer they are: the write was made from the records).
+    pub(crate) fn mark_pod_recorded<'a>(
+        &mut self,
+        uid: &str,
+        containers: impl IntoIterator<Item = &'a str>,
+    ) {
+        let containers: BTreeSet<&str> = containers.into_iter().collect();
+        if let Some(pod) = self.pods.get_mut(uid) {
+            for g in &mut pod.containers {
+                if containers.contains(g.container.as_str()) {
+                    g.recorded = true;
+                }
+            }
+        }
+    }
+
     /// Drops the grant of `container` of pod `uid` if it is still answer number `seq` (its
     /// PATCH was definitely refused, so the container was not handed a GPU).
     pub fn release(&mut self, uid: &str, container: &str, seq: u64) {

@@ -153,32 +153,13 @@ pub async fn check(host: &HostRoot, config: &Config, gpus: &Probe, dra: bool) ->
             Err(refused) => {
                 status = Status::Fail;
                 lines.push(refused.to_string());
-                hints.push(format!(
-                    "the {} role refuses to start with enforcement = {} until each reason \
-                     above is fixed, or choose --enforcement auto",
-                    match path {
-                        ServingPath::DevicePlugin => "device-plugin",
-                        ServingPath::Dra => "dra-plugin",
-                    },
-                    node.enforcement,
-                ));
+                hints.push(refused_hint(path, node.enforcement));
             }
         }
     }
     lines.extend(support.notes.iter().cloned());
     if used_limiter && let Some(lib) = &limiter.library {
-        lines.push(format!(
-            "limiter: {} ({}, {} KiB), needs glibc {} or newer in the containers' images \
-             (statically linked and musl programs are not limited: the node cannot see images)",
-            lib.path.display(),
-            lib.arch,
-            lib.bytes / 1024,
-            lib.glibc_floor.as_deref().unwrap_or("(no version named)")
-        ));
-        lines.push(format!(
-            "limiter: each container's limits and ledgers in {}",
-            node.limiter_run_dir.display()
-        ));
+        lines.extend(limiter_library_lines(lib, &node));
     }
     if wants_limiter {
         lines.extend(limiter.notes.iter().map(|n| format!("limiter: {n}")));
@@ -196,4 +177,35 @@ pub async fn check(host: &HostRoot, config: &Config, gpus: &Probe, dra: bool) ->
         check = check.hint(hints.join("\n"));
     }
     check
+}
+
+/// The hint for a serving path whose enforcement was refused.
+fn refused_hint(path: ServingPath, enforcement: Enforcement) -> String {
+    format!(
+        "the {} role refuses to start with enforcement = {} until each reason \
+         above is fixed, or choose --enforcement auto",
+        match path {
+            ServingPath::DevicePlugin => "device-plugin",
+            ServingPath::Dra => "dra-plugin",
+        },
+        enforcement,
+    )
+}
+
+/// What the report says of the limiter library `lib` containers get on node `node`.
+fn limiter_library_lines(lib: &limiter::library::LibraryInfo, node: &NodeConfig) -> [String; 2] {
+    [
+        format!(
+            "limiter: {} ({}, {} KiB), needs glibc {} or newer in the containers' images \
+             (statically linked and musl programs are not limited: the node cannot see images)",
+            lib.path.display(),
+            lib.arch,
+            lib.bytes / 1024,
+            lib.glibc_floor.as_deref().unwrap_or("(no version named)")
+        ),
+        format!(
+            "limiter: each container's limits and ledgers in {}",
+            node.limiter_run_dir.display()
+        ),
+    ]
 }

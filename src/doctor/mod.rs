@@ -248,41 +248,7 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
     // socket, the ListAndWatch limit, the gpushare=true label, its RBAC).
     let dra_node = opts.dra.is_some();
     if let Some(probe) = &probe {
-        let fake = config.gpu.backend == GpuBackendKind::Fake;
-        checks.push(gpus::driver_version(&host, probe));
-        checks.push(gpus::gpu_access(probe, &config.gpu));
-        let strategies = &node_cfg.device_list_strategy;
-        if !opts.preflight {
-            checks.push(host::nvml_library(&host, &config.gpu.nvml_library, fake));
-            // Only CDI, or the DRA path (CDI too): the NVIDIA runtime need not be the default.
-            if !strategies.only_cdi() && opts.dra.is_none() {
-                checks.push(runtime::check(&host));
-            }
-            checks.push(host::nvidia_toolkit(&host));
-            let envvar = strategies
-                .as_slice()
-                .contains(&crate::config::DeviceListStrategy::Envvar);
-            checks.push(host::nvidia_envvar(&host, envvar));
-        }
-        if strategies.any_cdi() && !dra_node {
-            checks.push(cdi::specs(&host, node_cfg, probe.devices(), opts.preflight));
-            if !opts.preflight {
-                checks.push(cdi::runtime(&host, node_cfg));
-            }
-        }
-        if dra_node {
-            checks.push(dra::memory_unit(node_cfg.memory_unit, probe.devices()));
-        } else {
-            checks.push(host::device_plugin_dir(&host, &dp.device_plugin_dir));
-            checks.push(host::kubelet_socket(
-                &host,
-                &dp.device_plugin_dir,
-                !opts.preflight,
-            ));
-            checks.push(gpus::memory_unit(node_cfg.memory_unit, probe.devices()));
-        }
-        checks.extend(mps::checks(&host, node_cfg, opts.preflight).await);
-        checks.push(enforcement::check(&host, config, probe, opts.dra.is_some()).await);
+        checks.extend(gpu_node_checks(&host, opts, config, probe, dra_node).await);
     }
     checks.push(cluster::api_server(&api, config, opts.preflight));
     if role.node() {
@@ -353,6 +319,56 @@ pub async fn diagnose(opts: &Options, config: &Config) -> Report {
         checks.insert(0, check);
     }
     Report::new(role.name(), checks)
+}
+
+/// The checks of a node with GPUs (`probe`): driver, libraries, runtime, CDI, the device
+/// plugin's or (`dra_node`) the DRA plugin's side, MPS, enforcement.
+async fn gpu_node_checks(
+    host: &HostRoot,
+    opts: &Options,
+    config: &Config,
+    probe: &gpus::Probe,
+    dra_node: bool,
+) -> Vec<Check> {
+    let dp = &config.device_plugin;
+    let node_cfg = &config.node;
+    let mut checks = Vec::new();
+    let fake = config.gpu.backend == GpuBackendKind::Fake;
+    checks.push(gpus::driver_version(host, probe));
+    checks.push(gpus::gpu_access(probe, &config.gpu));
+    let strategies = &node_cfg.device_list_strategy;
+    if !opts.preflight {
+        checks.push(host::nvml_library(host, &config.gpu.nvml_library, fake));
+        // Only CDI, or the DRA path (CDI too): the NVIDIA runtime need not be the default.
+        if !strategies.only_cdi() && opts.dra.is_none() {
+            checks.push(runtime::check(host));
+        }
+        checks.push(host::nvidia_toolkit(host));
+        let envvar = strategies
+            .as_slice()
+            .contains(&crate::config::DeviceListStrategy::Envvar);
+        checks.push(host::nvidia_envvar(host, envvar));
+    }
+    if strategies.any_cdi() && !dra_node {
+        checks.push(cdi::specs(host, node_cfg, probe.devices(), opts.preflight));
+        if !opts.preflight {
+            checks.push(cdi::runtime(host, node_cfg));
+        }
+    }
+    if dra_node {
+        checks.push(dra::memory_unit(node_cfg.memory_unit, probe.devices()));
+    } else {
+        checks.push(host::device_plugin_dir(host, &dp.device_plugin_dir));
+        checks.push(host::kubelet_socket(
+            host,
+            &dp.device_plugin_dir,
+            !opts.preflight,
+        ));
+        checks.push(gpus::memory_unit(node_cfg.memory_unit, probe.devices()));
+    }
+    checks.extend(mps::checks(host, node_cfg, opts.preflight).await);
+    checks.push(enforcement::check(host, config, probe, opts.dra.is_some()).await);
+    checks
 }
 
 /// `config-deprecated-keys`, only when the configuration uses an old key name: each one with

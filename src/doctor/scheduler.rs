@@ -193,12 +193,6 @@ fn evaluate(
             );
         }
     };
-    let kind_of = |d: &yaml_serde::Value| {
-        d.get("kind")
-            .and_then(|k| k.as_str())
-            .unwrap_or("")
-            .to_string()
-    };
     // A bundle (several documents): the scheduler reads one configuration; take the
     // KubeSchedulerConfiguration (or Policy) document when there is one.
     let chosen = docs
@@ -248,41 +242,110 @@ fn evaluate(
         );
     }
     if kind != "KubeSchedulerConfiguration" {
-        let what = if docs.len() > 1 {
-            let kinds: Vec<String> = docs
-                .iter()
-                .map(|d| {
-                    let k = kind_of(d);
-                    if k.is_empty() { "?".to_string() } else { k }
-                })
-                .collect();
-            format!(
-                "{} YAML documents ({}), none a KubeSchedulerConfiguration",
-                docs.len(),
-                kinds.join(", ")
-            )
-        } else if kind.is_empty() {
-            "no kind: not a KubeSchedulerConfiguration".to_string()
-        } else {
-            format!("kind {kind:?} is not KubeSchedulerConfiguration")
-        };
-        let embedded = embedded_policy(&docs);
-        let mut lines = vec![format!("{shown}: {what}")];
-        if let Some(key) = &embedded {
-            lines.push(format!(
-                "a ConfigMap carries a scheduler Policy ({key}, for --policy-configmap): the Policy API was removed in Kubernetes 1.23"
-            ));
-        }
-        lines.push(missing.clone());
-        return (
-            Check::new(CONFIG_ID, CONFIG_TITLE, Status::Fail, lines.join("\n"))
-                .hint(example_config()),
-            url,
-        );
+        return (not_a_configuration(shown, &docs, kind, &missing), url);
     }
     let mut fails: Vec<String> = Vec::new();
     let mut warns: Vec<String> = Vec::new();
     let mut fixes: Vec<String> = Vec::new();
+    check_api_version(
+        api_version,
+        server_minor,
+        &mut fails,
+        &mut warns,
+        &mut fixes,
+    );
+    let mut lines = vec![format!("{shown}: {kind} {api_version}")];
+    match ours.as_slice() {
+        [] => {
+            fails.push(missing.clone());
+            fixes.push(format!("add the gpushare extender:\n{}", example_config()));
+        }
+        [first, rest @ ..] => {
+            if !rest.is_empty() {
+                warns.push(format!(
+                    "{} extenders manage {}: only one gpushare extender may bind these pods",
+                    rest.len() + 1,
+                    wire::RESOURCE_GPU_MEM
+                ));
+            }
+            lines.push(format!(
+                "extender {}",
+                url.as_deref().unwrap_or("(no urlPrefix)")
+            ));
+            check_extender_entry(first, url.as_deref(), &mut fails, &mut warns, &mut fixes);
+        }
+    }
+    lines.extend(fails.iter().map(|f| format!("problem: {f}")));
+    lines.extend(warns.iter().map(|w| format!("warning: {w}")));
+    let status = if !fails.is_empty() {
+        Status::Fail
+    } else if !warns.is_empty() {
+        Status::Warn
+    } else {
+        Status::Ok
+    };
+    let mut check = Check::new(CONFIG_ID, CONFIG_TITLE, status, lines.join("\n"));
+    if status != Status::Ok {
+        fixes.dedup();
+        check = check.hint(format!("{}\nthen restart kube-scheduler", fixes.join("\n")));
+    }
+    (check, url)
+}
+
+/// The `kind` of a YAML document (empty when it has none).
+fn kind_of(d: &yaml_serde::Value) -> String {
+    d.get("kind")
+        .and_then(|k| k.as_str())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// The verdict on a file `shown` whose chosen document (of `docs`) has kind `kind`, not a
+/// KubeSchedulerConfiguration; `missing` says the extender is not in it.
+fn not_a_configuration(
+    shown: &str,
+    docs: &[yaml_serde::Value],
+    kind: &str,
+    missing: &str,
+) -> Check {
+    let what = if docs.len() > 1 {
+        let kinds: Vec<String> = docs
+            .iter()
+            .map(|d| {
+                let k = kind_of(d);
+                if k.is_empty() { "?".to_string() } else { k }
+            })
+            .collect();
+        format!(
+            "{} YAML documents ({}), none a KubeSchedulerConfiguration",
+            docs.len(),
+            kinds.join(", ")
+        )
+    } else if kind.is_empty() {
+        "no kind: not a KubeSchedulerConfiguration".to_string()
+    } else {
+        format!("kind {kind:?} is not KubeSchedulerConfiguration")
+    };
+    let embedded = embedded_policy(docs);
+    let mut lines = vec![format!("{shown}: {what}")];
+    if let Some(key) = &embedded {
+        lines.push(format!(
+                "a ConfigMap carries a scheduler Policy ({key}, for --policy-configmap): the Policy API was removed in Kubernetes 1.23"
+            ));
+    }
+    lines.push(missing.to_string());
+    Check::new(CONFIG_ID, CONFIG_TITLE, Status::Fail, lines.join("\n")).hint(example_config())
+}
+
+/// The configuration's `apiVersion` against the versions kube-scheduler serves and this
+/// cluster's (`server_minor`): problems, warnings and fixes.
+fn check_api_version(
+    api_version: &str,
+    server_minor: Option<u32>,
+    fails: &mut Vec<String>,
+    warns: &mut Vec<String>,
+    fixes: &mut Vec<String>,
+) {
     let server = server_minor.map(|m| format!("1.{m}"));
     match api_version_range(api_version) {
         None => {
@@ -323,90 +386,63 @@ fn evaluate(
             }
         }
     }
-    let mut lines = vec![format!("{shown}: {kind} {api_version}")];
-    match ours.as_slice() {
-        [] => {
-            fails.push(missing.clone());
-            fixes.push(format!("add the gpushare extender:\n{}", example_config()));
-        }
-        [first, rest @ ..] => {
-            if !rest.is_empty() {
-                warns.push(format!(
-                    "{} extenders manage {}: only one gpushare extender may bind these pods",
-                    rest.len() + 1,
-                    wire::RESOURCE_GPU_MEM
-                ));
-            }
-            let e = *first;
-            lines.push(format!(
-                "extender {}",
-                url.as_deref().unwrap_or("(no urlPrefix)")
-            ));
-            let s = |k: &str| {
-                get_ci(e, k)
-                    .and_then(|v| v.as_str())
-                    .unwrap_or("")
-                    .to_string()
-            };
-            let b = |k: &str| get_ci(e, k).and_then(|v| v.as_bool());
-            if url.is_none() {
-                fails.push("the extender has no urlPrefix".to_string());
-            }
-            if s("filterVerb").is_empty() {
-                fails.push("filterVerb is not set: the extender never filters".to_string());
-                fixes.push("set filterVerb: filter".to_string());
-            }
-            if s("bindVerb").is_empty() {
-                fails.push("bindVerb is not set: pods are bound without a GPU index".to_string());
-                fixes.push("set bindVerb: bind".to_string());
-            }
-            if b("nodeCacheCapable") != Some(true) {
-                warns.push(
-                    "nodeCacheCapable is not true: every filter call carries whole Node objects"
-                        .to_string(),
-                );
-                fixes.push("set nodeCacheCapable: true".to_string());
-            }
-            let ignored = get_ci(e, "managedResources")
-                .and_then(|m| m.as_sequence())
-                .into_iter()
-                .flatten()
-                .filter(|r| {
-                    get_ci(r, "name").and_then(|n| n.as_str()) == Some(wire::RESOURCE_GPU_MEM)
-                })
-                .any(|r| get_ci(r, "ignoredByScheduler").and_then(|v| v.as_bool()) == Some(true));
-            if ignored {
-                warns.push(format!(
-                    "ignoredByScheduler: true: kube-scheduler stops checking node-level {}",
-                    wire::RESOURCE_GPU_MEM
-                ));
-                fixes.push("set ignoredByScheduler: false".to_string());
-            }
-            if b("ignorable") == Some(true) {
-                warns.push(
-                    "ignorable: true: while the extender is down GPU pods are bound without a GPU"
-                        .to_string(),
-                );
-                fixes.push("set ignorable: false".to_string());
-            }
-            tls_config(e, url.as_deref(), &mut fails, &mut warns, &mut fixes);
-        }
-    }
-    lines.extend(fails.iter().map(|f| format!("problem: {f}")));
-    lines.extend(warns.iter().map(|w| format!("warning: {w}")));
-    let status = if !fails.is_empty() {
-        Status::Fail
-    } else if !warns.is_empty() {
-        Status::Warn
-    } else {
-        Status::Ok
+}
+
+/// The gpushare extender's entry `e` (with its `urlPrefix`, `url`): verbs, node cache,
+/// managed resource, `ignorable` and TLS: problems, warnings and fixes.
+fn check_extender_entry(
+    e: &yaml_serde::Value,
+    url: Option<&str>,
+    fails: &mut Vec<String>,
+    warns: &mut Vec<String>,
+    fixes: &mut Vec<String>,
+) {
+    let s = |k: &str| {
+        get_ci(e, k)
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+            .to_string()
     };
-    let mut check = Check::new(CONFIG_ID, CONFIG_TITLE, status, lines.join("\n"));
-    if status != Status::Ok {
-        fixes.dedup();
-        check = check.hint(format!("{}\nthen restart kube-scheduler", fixes.join("\n")));
+    let b = |k: &str| get_ci(e, k).and_then(|v| v.as_bool());
+    if url.is_none() {
+        fails.push("the extender has no urlPrefix".to_string());
     }
-    (check, url)
+    if s("filterVerb").is_empty() {
+        fails.push("filterVerb is not set: the extender never filters".to_string());
+        fixes.push("set filterVerb: filter".to_string());
+    }
+    if s("bindVerb").is_empty() {
+        fails.push("bindVerb is not set: pods are bound without a GPU index".to_string());
+        fixes.push("set bindVerb: bind".to_string());
+    }
+    if b("nodeCacheCapable") != Some(true) {
+        warns.push(
+            "nodeCacheCapable is not true: every filter call carries whole Node objects"
+                .to_string(),
+        );
+        fixes.push("set nodeCacheCapable: true".to_string());
+    }
+    let ignored = get_ci(e, "managedResources")
+        .and_then(|m| m.as_sequence())
+        .into_iter()
+        .flatten()
+        .filter(|r| get_ci(r, "name").and_then(|n| n.as_str()) == Some(wire::RESOURCE_GPU_MEM))
+        .any(|r| get_ci(r, "ignoredByScheduler").and_then(|v| v.as_bool()) == Some(true));
+    if ignored {
+        warns.push(format!(
+            "ignoredByScheduler: true: kube-scheduler stops checking node-level {}",
+            wire::RESOURCE_GPU_MEM
+        ));
+        fixes.push("set ignoredByScheduler: false".to_string());
+    }
+    if b("ignorable") == Some(true) {
+        warns.push(
+            "ignorable: true: while the extender is down GPU pods are bound without a GPU"
+                .to_string(),
+        );
+        fixes.push("set ignorable: false".to_string());
+    }
+    tls_config(e, url, fails, warns, fixes);
 }
 
 /// The YAML (or JSON) documents of `text`; empty documents are dropped.

@@ -16,6 +16,8 @@
 //! - [`publish`]: one reconciling pass that makes the API hold exactly the node's slices;
 //! - [`prepare`]: the [`plugin::Preparer`] that writes one transient CDI spec per claim from
 //!   the node agent's container contract;
+//! - [`claim_watch`]: the claims allocated on the node's pool followed, the memory each device
+//!   holds;
 //! - [`role`]: the `gpushare dra-plugin` role: the node agent's GPUs offered on the DRA path,
 //!   the plugin served, the slice republished on every change of health or use;
 //!
@@ -27,6 +29,8 @@
 //! slices); [`checkpoint`] and [`prepare`] touch local files.
 
 pub mod checkpoint;
+#[cfg(unix)]
+pub mod claim_watch;
 pub mod claims;
 pub mod kinds;
 pub mod metrics;

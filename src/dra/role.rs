@@ -25,14 +25,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::k8s::watch::DefaultBackoff;
-use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::Api;
-use kube::runtime::watcher::{self, Event};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::claims::allocated_per_device;
 use super::kinds::{KindDevice, kind_devices};
 use super::metrics::DraMetrics;
 use super::plugin::{PluginConfig, PluginHooks, Reconciled, RunningPlugin, Served};
@@ -41,6 +36,7 @@ use super::slices::{Pool, SliceGpu, device_name};
 use crate::admin::AdminState;
 use crate::config::{Config, DraConfig, FlagOverrides};
 use crate::core::{GpuPolicy, MemoryUnit};
+use crate::kubelet_api::pluginregistration::RegistrationStatus;
 use crate::node::enforcement::report::{ContainerMemory, LimitState};
 use crate::node::health::HealthView;
 use crate::node::monitor::{NodeMetrics, NodeMonitor, NodeRole};
@@ -360,14 +356,14 @@ pub async fn serve(
     }
 }
 
-async fn serve_gated(
+/// What the slices publish of the node's served `gpus`: each with the inventory's name,
+/// memory and PCIe place; a GPU too small for the memory unit is left out, with an error
+/// logged and a Warning Event.
+async fn gpu_facts(
     config: &Config,
-    dra: DraConfig,
-    agent: Arc<NodeAgent>,
-    gpus: Vec<crate::node::gpus::ServedGpu>,
-    gate: &PathGate,
-    shutdown: Shutdown,
-) -> anyhow::Result<DraPluginHandle> {
+    agent: &NodeAgent,
+    gpus: &[crate::node::gpus::ServedGpu],
+) -> anyhow::Result<GpuFacts> {
     let inventory = crate::gpu::inventory_off_runtime(agent.backend()).await?;
     let unit = agent.unit();
     let (slice_gpus, too_small): (Vec<SliceGpu>, Vec<SliceGpu>) = gpus
@@ -404,12 +400,24 @@ async fn serve_gated(
             .warn("Publish", "GpuShareGpuTooSmall", &message)
             .await;
     }
-    let facts = GpuFacts {
+    Ok(GpuFacts {
         gpus: slice_gpus,
         driver_version: (!inventory.driver_version.is_empty())
             .then(|| inventory.driver_version.clone()),
         others: kind_devices(agent.device_kinds()),
-    };
+    })
+}
+
+async fn serve_gated(
+    config: &Config,
+    dra: DraConfig,
+    agent: Arc<NodeAgent>,
+    gpus: Vec<crate::node::gpus::ServedGpu>,
+    gate: &PathGate,
+    shutdown: Shutdown,
+) -> anyhow::Result<DraPluginHandle> {
+    let facts = gpu_facts(config, &agent, &gpus).await?;
+    let unit = agent.unit();
     let mut health = agent.health();
     let view = health.borrow_and_update().clone();
     let mut offer = gate.offer();
@@ -432,12 +440,11 @@ async fn serve_gated(
         .send_replace(role.served_now(&role.slice_gpus(&view, &BTreeMap::new()), &offered));
 
     let (stop_trigger, stop) = shutdown.child();
-    let plugin_dir = dra.plugin_dir();
     let plugin_config = PluginConfig {
         driver: dra.driver_name.clone(),
         node: role.node.clone(),
         registry_dir: dra.registry_dir.clone(),
-        plugin_dir: plugin_dir.clone(),
+        plugin_dir: dra.plugin_dir(),
         checkpoint: dra.state_dir().join(CHECKPOINT_FILE),
         unit,
     };
@@ -446,15 +453,7 @@ async fn serve_gated(
         plugin_config.service_socket(),
     ];
     reconcile_limiter(&agent, &plugin_config.checkpoint).await;
-    let preparer = CdiPreparer::new(
-        agent.config().clone(),
-        agent.traits(),
-        gpus,
-        &dra.driver_name,
-        &dra.cdi_dir,
-    )
-    .with_kinds(agent.device_kinds().clone())
-    .with_enforcement(agent.enforcement().clone());
+    let preparer = cdi_preparer(&agent, &dra, gpus);
     let node = NodeMonitor::new(agent.clone(), admin.clone(), NodeRole::DraPlugin);
     let hooks = PluginHooks {
         metrics: Some(metrics.clone()),
@@ -474,36 +473,14 @@ async fn serve_gated(
             return Err(e.into());
         }
     };
-    let mut tasks = vec![node.follow(stop.clone())];
     agent.enforcement().status().register(&admin);
-    let mut registration = plugin.registration();
-    {
-        let node = node.clone();
-        let metrics = metrics.clone();
-        let stop = stop.clone();
-        tasks.push(tokio::spawn(async move {
-            let stop_fut = stop.wait();
-            tokio::pin!(stop_fut);
-            loop {
-                let ok = registration
-                    .borrow_and_update()
-                    .as_ref()
-                    .is_some_and(|s| s.plugin_registered);
-                metrics.registered.set(i64::from(ok));
-                node.set_role_ready(ok);
-                tokio::select! {
-                    _ = &mut stop_fut => return,
-                    r = registration.changed() => if r.is_err() { return },
-                }
-            }
-        }));
-    }
+    let registration = plugin.registration();
     let (allocated_tx, allocated_rx) = watch::channel(BTreeMap::new());
-    tasks.push(tokio::spawn(watch_claims(
-        role.clone(),
-        allocated_tx,
-        stop.clone(),
-    )));
+    let mut tasks = vec![
+        node.follow(stop.clone()),
+        follow_registration(registration, node.clone(), metrics.clone(), stop.clone()),
+        tokio::spawn(watch_claims(role.clone(), allocated_tx, stop.clone())),
+    ];
     tasks.push(tokio::spawn(publish_loop(
         role.clone(),
         health,
@@ -546,22 +523,57 @@ async fn serve_gated(
     })
 }
 
-/// Follows the ResourceClaims allocated on this node's pool for the driver: the memory
-/// allocated on each device, sent when it changes.
+/// What makes a claim's shares reach its containers on the DRA path: one CDI spec per claim
+/// over the node agent's container contract, for the served `gpus` and the device kinds.
+fn cdi_preparer(
+    agent: &NodeAgent,
+    dra: &DraConfig,
+    gpus: Vec<crate::node::gpus::ServedGpu>,
+) -> CdiPreparer {
+    CdiPreparer::new(
+        agent.config().clone(),
+        agent.traits(),
+        gpus,
+        &dra.driver_name,
+        &dra.cdi_dir,
+    )
+    .with_kinds(agent.device_kinds().clone())
+    .with_enforcement(agent.enforcement().clone())
+}
+
+/// Follows kubelet's answers to the registration: the `registered` gauge and the node
+/// monitor's readiness of the role, until `stop`.
+fn follow_registration(
+    mut registration: watch::Receiver<Option<RegistrationStatus>>,
+    node: Arc<NodeMonitor>,
+    metrics: DraMetrics,
+    stop: Shutdown,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let stop_fut = stop.wait();
+        tokio::pin!(stop_fut);
+        loop {
+            let ok = registration
+                .borrow_and_update()
+                .as_ref()
+                .is_some_and(|s| s.plugin_registered);
+            metrics.registered.set(i64::from(ok));
+            node.set_role_ready(ok);
+            tokio::select! {
+                _ = &mut stop_fut => return,
+                r = registration.changed() => if r.is_err() { return },
+            }
+        }
+    })
+}
+
+/// Follows the ResourceClaims allocated on this node's pool for the driver
+/// ([`super::claim_watch`]), each device's whole memory as the slice publishes it.
 async fn watch_claims(
     role: Arc<Role>,
     allocated: watch::Sender<BTreeMap<String, u64>>,
     stop: Shutdown,
 ) {
-    let api: Api<ResourceClaim> = Api::all(role.client.clone());
-    let mut claims: BTreeMap<(String, String), ResourceClaim> = BTreeMap::new();
-    let mut buffer: BTreeMap<(String, String), ResourceClaim> = BTreeMap::new();
-    let key = |c: &ResourceClaim| {
-        (
-            c.metadata.namespace.clone().unwrap_or_default(),
-            c.metadata.name.clone().unwrap_or_default(),
-        )
-    };
     let whole: BTreeMap<String, u64> = role
         .facts
         .gpus
@@ -573,46 +585,13 @@ async fn watch_claims(
             )
         })
         .collect();
-    let send = |claims: &BTreeMap<(String, String), ResourceClaim>| {
-        let now = allocated_per_device(claims.values(), &role.dra.driver_name, &role.node, |d| {
-            whole.get(d).copied().unwrap_or(0)
-        });
-        allocated.send_if_modified(|have| {
-            if *have == now {
-                false
-            } else {
-                *have = now;
-                true
-            }
-        });
+    let pool = super::claim_watch::Pool {
+        client: role.client.clone(),
+        driver: role.dra.driver_name.clone(),
+        node: role.node.clone(),
+        whole,
     };
-    let node = role.node.clone();
-    crate::k8s::watch::drive(
-        api,
-        watcher::Config::default(),
-        DefaultBackoff::default(),
-        stop,
-        |e| tracing::warn!(error = %e, node, "ResourceClaim watch error (retrying)"),
-        |event| match event {
-            Event::Init => buffer.clear(),
-            Event::InitApply(c) => {
-                buffer.insert(key(&c), c);
-            }
-            Event::InitDone => {
-                claims = std::mem::take(&mut buffer);
-                send(&claims);
-            }
-            Event::Apply(c) => {
-                claims.insert(key(&c), c);
-                send(&claims);
-            }
-            Event::Delete(c) => {
-                claims.remove(&key(&c));
-                send(&claims);
-            }
-        },
-    )
-    .await;
+    super::claim_watch::watch_allocated(pool, allocated, stop).await;
 }
 
 /// The health notes of the served GPUs: for each, the containers whose GPU memory limit the

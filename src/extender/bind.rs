@@ -139,29 +139,7 @@ pub async fn bind(
     let deadline = admission.deadline();
     let (ns, name, node) = (&args.pod_namespace, &args.pod_name, &args.node);
     let pods: Api<Pod> = Api::namespaced(state.client().clone(), ns);
-
-    let pod = with_retry(state, deadline, || async {
-        pods.get_opt(name).await.map_err(CallError::Kube)
-    })
-    .await
-    .map_err(|source| BindError::GetPod {
-        namespace: ns.clone(),
-        name: name.clone(),
-        source,
-    })?
-    .ok_or_else(|| BindError::PodNotFound {
-        namespace: ns.clone(),
-        name: name.clone(),
-    })?;
-    let uid = pod.metadata.uid.clone().unwrap_or_default();
-    if !args.pod_uid.is_empty() && uid != args.pod_uid {
-        return Err(BindError::UidMismatch {
-            namespace: ns.clone(),
-            name: name.clone(),
-            uid,
-            expected: args.pod_uid.clone(),
-        });
-    }
+    let (pod, uid) = read_pod(state, &pods, args, deadline).await?;
     if let Some(ticket) = state.binds().get(&uid) {
         return attach(ticket, ns, name, node, deadline).await;
     }
@@ -258,6 +236,40 @@ pub async fn bind(
                 node: node.clone(),
             })
         })
+}
+
+/// The pod `args` names, read from the API (retried until `deadline`), with its uid; refused
+/// when the scheduler sent another uid.
+async fn read_pod(
+    state: &ExtenderState,
+    pods: &Api<Pod>,
+    args: &BindingArgs,
+    deadline: Instant,
+) -> Result<(Pod, String), BindError> {
+    let (ns, name) = (&args.pod_namespace, &args.pod_name);
+    let pod = with_retry(state, deadline, || async {
+        pods.get_opt(name).await.map_err(CallError::Kube)
+    })
+    .await
+    .map_err(|source| BindError::GetPod {
+        namespace: ns.clone(),
+        name: name.clone(),
+        source,
+    })?
+    .ok_or_else(|| BindError::PodNotFound {
+        namespace: ns.clone(),
+        name: name.clone(),
+    })?;
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    if !args.pod_uid.is_empty() && uid != args.pod_uid {
+        return Err(BindError::UidMismatch {
+            namespace: ns.clone(),
+            name: name.clone(),
+            uid,
+            expected: args.pod_uid.clone(),
+        });
+    }
+    Ok((pod, uid))
 }
 
 /// Waits until `done` holds for the owner's outcome, or the deadline; maps it to an answer.
@@ -569,23 +581,7 @@ async fn attempt(job: &Job, deadline: Instant) -> Attempt {
     })
     .await;
     if let Err(e) = patched {
-        // No Binding was sent: nothing of this round can land.
-        return if let CallError::Definitive(_) = e {
-            Attempt::Refused {
-                why: e.describe(&format!("annotating pod {ns}/{name}")),
-                definitive: true,
-            }
-        } else if e.is_not_found() {
-            Attempt::Refused {
-                why: format!("pod {ns}/{name} was deleted during bind"),
-                definitive: true,
-            }
-        } else {
-            Attempt::Refused {
-                why: e.describe(&format!("annotating pod {ns}/{name}")),
-                definitive: false,
-            }
-        };
+        return patch_refused(&e, ns, name);
     }
     // FENCE (issue 18): checked again right before the Binding.
     if let Some(f) = fenced(job) {
@@ -643,6 +639,27 @@ async fn attempt(job: &Job, deadline: Instant) -> Attempt {
             why: e.describe(&what),
             definitive: false,
         },
+    }
+}
+
+/// The round's answer when the annotation patch of pod `ns/name` failed with `e`: no Binding
+/// was sent, so nothing of this round can land.
+fn patch_refused(e: &CallError, ns: &str, name: &str) -> Attempt {
+    if let CallError::Definitive(_) = e {
+        Attempt::Refused {
+            why: e.describe(&format!("annotating pod {ns}/{name}")),
+            definitive: true,
+        }
+    } else if e.is_not_found() {
+        Attempt::Refused {
+            why: format!("pod {ns}/{name} was deleted during bind"),
+            definitive: true,
+        }
+    } else {
+        Attempt::Refused {
+            why: e.describe(&format!("annotating pod {ns}/{name}")),
+            definitive: false,
+        }
     }
 }
 

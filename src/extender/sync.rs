@@ -2,7 +2,10 @@
 //! [`WatchedPod`]), Nodes, and the
 //! `unhealthy-gpu-<node>` ConfigMaps in `kube-system`, projected into cache operations.
 //!
-//! Each watch applies its first full list, then events; on a re-list (after a 410 Gone or a
+//! The pod and node lists are read fresh from the API server's watch cache
+//! ([`ListFrom::Fresh`]: at least as new as the moment they start, in one answer each, never
+//! an older state of the cache), the ConfigMaps consistently. Each watch applies its first
+//! full list, then events; on a re-list (after a 410 Gone or a
 //! dropped stream, kube-runtime's `Init … InitDone`) objects not listed again are removed, so
 //! nothing is lost or counted twice. The ledger is "synced" once all three watches have
 //! completed their first list. The watches run on the one driver, `k8s::watch`, with its
@@ -18,7 +21,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::Api;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher::Event;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -29,7 +32,7 @@ use crate::core::wire::{
     UNHEALTHY_CONFIGMAP_PREFIX,
 };
 use crate::core::{AnnotationError, BindReservation, PodState, pod_holding};
-use crate::k8s::watch::FastBackoff;
+use crate::k8s::watch::{FastBackoff, ListFrom, WatchConfig};
 use crate::k8s::{WatchedPod, node_gpus, pod_annotations, pod_gpu_request, pod_is_terminal};
 use crate::shutdown::Shutdown;
 
@@ -219,11 +222,12 @@ async fn monitor_staleness(state: Arc<ExtenderState>, shutdown: Shutdown) {
 
 /// Drives one watch with the extender's hooks: [`FastBackoff`], errors logged and counted in
 /// `gpushare_extender_watch_errors_total{watch}`, failing streaks fed to the staleness
-/// monitor through [`crate::k8s::watch::WatchHealth`].
+/// monitor through [`crate::k8s::watch::WatchHealth`]. Its lists read as `list_from` says.
 async fn drive<K>(
     state: &ExtenderState,
     api: Api<K>,
     what: &'static str,
+    list_from: ListFrom,
     shutdown: Shutdown,
     mut on_event: impl FnMut(Event<K>),
 ) where
@@ -231,7 +235,7 @@ async fn drive<K>(
 {
     crate::k8s::watch::drive(
         api,
-        watcher::Config::default(),
+        WatchConfig::new(list_from),
         FastBackoff::default(),
         shutdown,
         |e| {
@@ -261,7 +265,9 @@ async fn watch_pods(
     let mut seen: HashSet<String> = HashSet::new();
     let mut mark = 0;
     let metrics = state.metrics().clone();
-    drive(&state, api, "pod", shutdown, |ev| {
+    // Fresh: the ledger counts every pod bound before this process started or won the lease
+    // (a list of the watch cache at the collection's current version, one answer).
+    drive(&state, api, "pod", ListFrom::Fresh, shutdown, |ev| {
         let cache = state.cache();
         let bad = |e: &AnnotationError| {
             metrics
@@ -310,7 +316,7 @@ async fn watch_nodes(
 ) {
     let api: Api<Node> = Api::all(state.client().clone());
     let mut seen: HashSet<String> = HashSet::new();
-    drive(&state, api, "node", shutdown, |ev| {
+    drive(&state, api, "node", ListFrom::Fresh, shutdown, |ev| {
         let cache = state.cache();
         match ev {
             Event::Init => seen.clear(),
@@ -351,34 +357,42 @@ async fn watch_configmaps(
     let api: Api<ConfigMap> =
         Api::namespaced(state.client().clone(), UNHEALTHY_CONFIGMAP_NAMESPACE);
     let mut seen: HashSet<String> = HashSet::new();
-    drive(&state, api, "ConfigMap", shutdown, |ev| {
-        let cache = state.cache();
-        match ev {
-            Event::Init => seen.clear(),
-            Event::InitApply(cm) | Event::Apply(cm) => {
-                if let Some(node) = configmap_node(&cm) {
-                    let value = cm
-                        .data
-                        .as_ref()
-                        .and_then(|d| d.get(UNHEALTHY_CONFIGMAP_KEY))
-                        .map(String::as_str)
-                        .unwrap_or("");
-                    seen.insert(node.to_string());
-                    cache.set_unhealthy(node, parse_unhealthy(node, value));
+    // A few objects in one namespace: one consistent page.
+    drive(
+        &state,
+        api,
+        "ConfigMap",
+        ListFrom::Consistent,
+        shutdown,
+        |ev| {
+            let cache = state.cache();
+            match ev {
+                Event::Init => seen.clear(),
+                Event::InitApply(cm) | Event::Apply(cm) => {
+                    if let Some(node) = configmap_node(&cm) {
+                        let value = cm
+                            .data
+                            .as_ref()
+                            .and_then(|d| d.get(UNHEALTHY_CONFIGMAP_KEY))
+                            .map(String::as_str)
+                            .unwrap_or("");
+                        seen.insert(node.to_string());
+                        cache.set_unhealthy(node, parse_unhealthy(node, value));
+                    }
+                }
+                Event::InitDone => {
+                    cache.retain_unhealthy(&seen);
+                    seen = HashSet::new();
+                    tx.send_modify(|f| f.configmaps = true);
+                }
+                Event::Delete(cm) => {
+                    if let Some(node) = configmap_node(&cm) {
+                        cache.set_unhealthy(node, BTreeSet::new());
+                    }
                 }
             }
-            Event::InitDone => {
-                cache.retain_unhealthy(&seen);
-                seen = HashSet::new();
-                tx.send_modify(|f| f.configmaps = true);
-            }
-            Event::Delete(cm) => {
-                if let Some(node) = configmap_node(&cm) {
-                    cache.set_unhealthy(node, BTreeSet::new());
-                }
-            }
-        }
-    })
+        },
+    )
     .await;
 }
 

@@ -8,6 +8,7 @@
 pub mod client;
 pub mod error_text;
 pub mod events;
+pub mod list_body;
 pub mod project;
 pub mod reachable;
 pub mod retry;

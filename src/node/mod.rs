@@ -522,28 +522,7 @@ impl PreparedAgent {
             gpus.iter().map(|g| g.uuid.clone()),
             Duration::from_secs(config.health_recovery_secs),
         );
-        let record = fatal_xids.map(|path| {
-            let present: Vec<String> = gpus.iter().map(|g| g.uuid.clone()).collect();
-            let record = fatal_xids::FatalXids::load(&path, &fatal_xids::boot_id(), &present);
-            for (uuid, xid) in &record.gpus {
-                tracing::warn!(
-                    uuid,
-                    xid,
-                    "GPU down since a fatal Xid before this start (recorded)"
-                );
-                tracker.apply(
-                    &crate::gpu::HealthEvent::Xid {
-                        uuid: Some(uuid.clone()),
-                        xid: *xid,
-                    },
-                    tokio::time::Instant::now(),
-                );
-            }
-            if let Err(e) = record.save(&path) {
-                tracing::warn!(error = %e, "cannot write the fatal Xid record");
-            }
-            (path, record)
-        });
+        let record = fatal_xids.map(|path| restore_fatal_xids(path, &gpus, &mut tracker));
         if writes == NodeWrites::Published {
             publish::publish_gpu_count(&client, &node, gpus.len()).await?;
             publish::publish_devices(
@@ -571,14 +550,7 @@ impl PreparedAgent {
                 .await;
         }
         let health = watch::Sender::new(Arc::new(HealthView::of(&tracker, 0)));
-        let (lock_dir, private_locks) = match (&config.gpu_lock_dir, inventory.backend) {
-            (dir, _) if !dir.as_os_str().is_empty() => (dir.clone(), None),
-            (_, "fake") => match tempfile::Builder::new().prefix("gpushare-gpus").tempdir() {
-                Ok(d) => (d.path().to_path_buf(), Some(d)),
-                Err(_) => (PathBuf::from(crate::config::DEFAULT_GPU_LOCK_DIR), None),
-            },
-            _ => (PathBuf::from(crate::config::DEFAULT_GPU_LOCK_DIR), None),
-        };
+        let (lock_dir, private_locks) = gpu_lock_dir(&config, inventory.backend);
         let mps = config.mps.then(|| {
             let mut control = crate::gpu::mps::MpsControl::new(
                 &config.mps_control,
@@ -614,19 +586,7 @@ impl PreparedAgent {
         let mut tasks = Vec::new();
         // The MPS daemon answers (or is known not to) before a role can hand out a GPU.
         if let Some(status) = &agent.mps {
-            let settings = MpsSettings {
-                interval: Duration::from_millis(agent.config.mps_check_interval_ms),
-                backoff_max: Duration::from_secs(agent.config.mps_restart_backoff_max_secs),
-                active_thread_percentage: agent.config.mps_active_thread_percentage,
-                limits: mps::default_limits(
-                    &agent.gpus,
-                    unit,
-                    agent.config.mps_pinned_mem_limit_mib,
-                ),
-            };
-            let mut supervisor = Supervisor::new(status.clone(), settings, agent.events.clone());
-            supervisor.first_contact().await;
-            tasks.push(tokio::spawn(supervisor.run(stop.clone())));
+            tasks.push(supervise_mps(&agent, status.clone(), unit, stop.clone()).await);
         }
         tasks.push(tokio::spawn(enforcement::readback::run(
             agent.enforcement.clone(),
@@ -658,6 +618,67 @@ impl PreparedAgent {
             tasks,
         })
     }
+}
+
+/// The fatal Xid record at `path` for the served `gpus` (a record of another boot is
+/// dropped): each GPU it names is down in `tracker` from the start; saved back.
+fn restore_fatal_xids(
+    path: PathBuf,
+    gpus: &[ServedGpu],
+    tracker: &mut HealthTracker,
+) -> (PathBuf, fatal_xids::FatalXids) {
+    let present: Vec<String> = gpus.iter().map(|g| g.uuid.clone()).collect();
+    let record = fatal_xids::FatalXids::load(&path, &fatal_xids::boot_id(), &present);
+    for (uuid, xid) in &record.gpus {
+        tracing::warn!(
+            uuid,
+            xid,
+            "GPU down since a fatal Xid before this start (recorded)"
+        );
+        tracker.apply(
+            &crate::gpu::HealthEvent::Xid {
+                uuid: Some(uuid.clone()),
+                xid: *xid,
+            },
+            tokio::time::Instant::now(),
+        );
+    }
+    if let Err(e) = record.save(&path) {
+        tracing::warn!(error = %e, "cannot write the fatal Xid record");
+    }
+    (path, record)
+}
+
+/// The directory of the GPU locks: the configured one; with fake GPUs and none configured,
+/// a private temporary one (kept alive by the returned guard); else the default.
+fn gpu_lock_dir(config: &NodeConfig, backend: &str) -> (PathBuf, Option<tempfile::TempDir>) {
+    match (&config.gpu_lock_dir, backend) {
+        (dir, _) if !dir.as_os_str().is_empty() => (dir.clone(), None),
+        (_, "fake") => match tempfile::Builder::new().prefix("gpushare-gpus").tempdir() {
+            Ok(d) => (d.path().to_path_buf(), Some(d)),
+            Err(_) => (PathBuf::from(crate::config::DEFAULT_GPU_LOCK_DIR), None),
+        },
+        _ => (PathBuf::from(crate::config::DEFAULT_GPU_LOCK_DIR), None),
+    }
+}
+
+/// Starts the MPS supervisor of `agent` over `status`: the daemon answers (or is known not
+/// to) before this returns; its task runs until `stop`.
+async fn supervise_mps(
+    agent: &NodeAgent,
+    status: Arc<MpsStatus>,
+    unit: MemoryUnit,
+    stop: Shutdown,
+) -> JoinHandle<()> {
+    let settings = MpsSettings {
+        interval: Duration::from_millis(agent.config.mps_check_interval_ms),
+        backoff_max: Duration::from_secs(agent.config.mps_restart_backoff_max_secs),
+        active_thread_percentage: agent.config.mps_active_thread_percentage,
+        limits: mps::default_limits(&agent.gpus, unit, agent.config.mps_pinned_mem_limit_mib),
+    };
+    let mut supervisor = Supervisor::new(status, settings, agent.events.clone());
+    supervisor.first_contact().await;
+    tokio::spawn(supervisor.run(stop))
 }
 
 /// A running node agent.

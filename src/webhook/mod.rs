@@ -145,6 +145,62 @@ async fn pause(d: Duration, stop: &Shutdown) -> bool {
     }
 }
 
+/// With `--self-signed`: the certificate bootstrap (the Secret and the caBundles; a few
+/// attempts, then an error), and the task that renews it every `refresh` (pushed to `tasks`).
+/// The serving certificate and the CA to trust.
+async fn self_signed(
+    config: &Config,
+    client: Option<kube::Client>,
+    refresh: Duration,
+    combined: &Shutdown,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> anyhow::Result<(Arc<ServingCert>, String)> {
+    let w = &config.webhook;
+    let client = client.context("--self-signed needs the API server (kubeconfig)")?;
+    let boot =
+        bootstrap::Bootstrap::new(client, w).retaining((3 * refresh).max(3 * DEFAULT_REFRESH));
+    let mut attempt = 0u32;
+    let (material, missing) = loop {
+        match boot.reconcile(None).await {
+            Ok(done) => break done,
+            Err(e) if attempt < 5 => {
+                attempt += 1;
+                tracing::warn!(error = %e, attempt, "webhook certificate bootstrap failed; retrying");
+                if !pause(Duration::from_millis(200 << attempt), combined).await {
+                    anyhow::bail!("stopped during the certificate bootstrap");
+                }
+            }
+            Err(e) => return Err(e).context("webhook certificate bootstrap (--self-signed)"),
+        }
+    };
+    for m in &missing {
+        tracing::warn!(config = %m, "webhook configuration not found; its caBundle will be written once it exists");
+    }
+    let serving = ServingCert::new(&material.serving)?;
+    let ca = material.ca.cert.clone();
+    let keep = serving.clone();
+    let stop = combined.clone();
+    tasks.push(tokio::spawn(async move {
+        let mut last = material;
+        while pause(refresh, &stop).await {
+            match boot.reconcile(Some(&last)).await {
+                Ok((m, _)) if m != last => {
+                    match keep.set(&m.serving) {
+                        Ok(()) => tracing::info!("serving the renewed webhook certificate"),
+                        Err(e) => tracing::warn!(error = %e, "renewed certificate unusable"),
+                    }
+                    last = m;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "webhook certificate refresh failed; will retry")
+                }
+            }
+        }
+    }));
+    Ok((serving, ca))
+}
+
 /// Starts the webhook: TLS material first (with `--self-signed`, the Secret and caBundles;
 /// a few attempts, then an error), then the listener. `refresh` is the certificate check
 /// period ([`DEFAULT_REFRESH`]).
@@ -170,50 +226,8 @@ pub async fn start(
     };
     let mut tasks = Vec::new();
     let (serving, ca_bundle) = if w.self_signed {
-        let client = client
-            .clone()
-            .context("--self-signed needs the API server (kubeconfig)")?;
-        let boot =
-            bootstrap::Bootstrap::new(client, w).retaining((3 * refresh).max(3 * DEFAULT_REFRESH));
-        let mut attempt = 0u32;
-        let (material, missing) = loop {
-            match boot.reconcile(None).await {
-                Ok(done) => break done,
-                Err(e) if attempt < 5 => {
-                    attempt += 1;
-                    tracing::warn!(error = %e, attempt, "webhook certificate bootstrap failed; retrying");
-                    if !pause(Duration::from_millis(200 << attempt), &combined).await {
-                        anyhow::bail!("stopped during the certificate bootstrap");
-                    }
-                }
-                Err(e) => return Err(e).context("webhook certificate bootstrap (--self-signed)"),
-            }
-        };
-        for m in &missing {
-            tracing::warn!(config = %m, "webhook configuration not found; its caBundle will be written once it exists");
-        }
-        let serving = ServingCert::new(&material.serving)?;
-        let ca = material.ca.cert.clone();
-        let keep = serving.clone();
-        let stop = combined.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut last = material;
-            while pause(refresh, &stop).await {
-                match boot.reconcile(Some(&last)).await {
-                    Ok((m, _)) if m != last => {
-                        match keep.set(&m.serving) {
-                            Ok(()) => tracing::info!("serving the renewed webhook certificate"),
-                            Err(e) => tracing::warn!(error = %e, "renewed certificate unusable"),
-                        }
-                        last = m;
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::warn!(error = %e, "webhook certificate refresh failed; will retry")
-                    }
-                }
-            }
-        }));
+        let (serving, ca) =
+            self_signed(config, client.clone(), refresh, &combined, &mut tasks).await?;
         (serving, Some(ca))
     } else if !w.tls_cert.is_empty() {
         let files = certs::CertFiles {

@@ -45,6 +45,7 @@ async fn plugin_on(
     let mut config = Config::default();
     config.node.node_name = NODE.to_string();
     config.device_plugin.device_plugin_dir = dir.to_path_buf();
+    config.device_plugin.state_dir = dir.join("state");
     config.device_plugin.pod_resources_socket = dir.join("no-pod-resources.sock");
     config.device_plugin.admin_address = if admin {
         "127.0.0.1:0".to_string()

@@ -444,7 +444,12 @@ async fn health_fatal_stays_down_application_ignored_transient_recovers() {
 
 #[tokio::test]
 async fn api_errors_during_the_assigned_patch_are_retried_then_fail_the_allocate() {
-    let c = cluster("2x16GiB", |_| {}).await;
+    // Without a usable state directory the answer cannot be made durable on the node first:
+    // Allocate writes to the pod before it answers.
+    let c = cluster("2x16GiB", |c| {
+        c.device_plugin.state_dir = "/dev/null/no-state-dir".into();
+    })
+    .await;
     c.bound_pod("flaky", &[("main", 2)], Some(0), 1);
     c.bound_pod("broken", &[("main", 3)], Some(1), 1);
     // Two 500s: retried, the allocation succeeds and is recorded.

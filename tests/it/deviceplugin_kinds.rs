@@ -406,6 +406,7 @@ async fn grpcio_kubelet_registers_lists_and_allocates_an_hca() {
     let mut config = gpushare::config::Config::default();
     config.node.node_name = crate::support::deviceplugin_cluster::NODE.to_string();
     config.device_plugin.device_plugin_dir = dir.path().to_path_buf();
+    config.device_plugin.state_dir = dir.path().join("state");
     config.device_plugin.pod_resources_socket = dir.path().join("no-pod-resources.sock");
     config.device_plugin.admin_address = String::new();
     config.doctor.skip = true;

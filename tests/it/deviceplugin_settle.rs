@@ -366,3 +366,105 @@ async fn a_lagging_store_never_answers_a_deleted_pods_gpu_for_its_device_ids() {
     hold.release();
     c.stop().await;
 }
+
+/// Waits until the plugin's pod watch shows each of `pods`.
+async fn watched(c: &crate::support::deviceplugin_cluster::Cluster, pods: &[&str]) {
+    c.wait_for("the plugin's pod watch to show the pods", |c| {
+        pods.iter()
+            .all(|p| c.plugin().watched_pod("default", p).is_some())
+    })
+    .await;
+}
+
+/// The API server down while GPU containers start: Allocate answers from the pod store (each
+/// pod its own GPU: the first answer is not matched again), and `ASSIGNED=true` lands on both
+/// pods once the API server answers again.
+#[tokio::test]
+async fn containers_start_while_the_api_server_is_down_and_assigned_lands_after() {
+    let c = cluster("2x16GiB", |_| {}).await;
+    c.bound_pod("first", &[("main", 4)], Some(0), 1);
+    c.bound_pod("second", &[("main", 4)], Some(1), 2);
+    watched(&c, &["first", "second"]).await;
+    c.api
+        .inject(Fault::new(None, "/", FaultAction::DropConnection).times(usize::MAX));
+    let (_, first) = c
+        .kubelet
+        .allocate_container(RESOURCE, "default", "first", "main", 4)
+        .await
+        .expect("answered with the API server down");
+    let (_, second) = c
+        .kubelet
+        .allocate_container(RESOURCE, "default", "second", "main", 4)
+        .await
+        .expect("answered with the API server down");
+    assert_eq!(gpu_of(&first), "0");
+    assert_eq!(gpu_of(&second), "1");
+    assert_eq!(c.plugin().metrics().allocations_with("matched"), 2);
+    assert_eq!(c.annotations("first")[wire::ANN_ASSIGNED], "false");
+    assert_eq!(c.annotations("second")[wire::ANN_ASSIGNED], "false");
+    assert_eq!(c.plugin().pending_writes(), 2);
+    c.api.clear_faults();
+    c.wait_for("ASSIGNED=true on both pods", |c| {
+        ["first", "second"]
+            .iter()
+            .all(|p| c.annotations(p)[wire::ANN_ASSIGNED] == "true")
+    })
+    .await;
+    assert_eq!(c.annotations("second")[wire::ANN_GPU_INDEX], "1");
+    c.stop().await;
+}
+
+/// The plugin stops between its answer and the write of `ASSIGNED` (the API server refuses
+/// that pod's writes meanwhile): the restarted plugin finishes the write, and the next
+/// Allocate of the same size matches the other pod, not the answered one again.
+#[tokio::test]
+async fn a_restart_between_an_answer_and_its_write_finishes_the_write_and_matches_no_second_pod() {
+    let mut c = cluster("2x16GiB", |_| {}).await;
+    c.bound_pod("answered", &[("main", 4)], Some(0), 1);
+    c.bound_pod("next", &[("main", 4)], Some(1), 2);
+    watched(&c, &["answered", "next"]).await;
+    c.api.inject(
+        Fault::new(
+            Some(http::Method::PATCH),
+            "/pods/answered",
+            FaultAction::Status(503),
+        )
+        .times(usize::MAX),
+    );
+    let (_, answered) = c
+        .kubelet
+        .allocate_container(RESOURCE, "default", "answered", "main", 4)
+        .await
+        .expect("answered");
+    assert_eq!(gpu_of(&answered), "0");
+    c.wait_for("the write to be tried", |c| {
+        c.api
+            .requests()
+            .iter()
+            .any(|r| r.method == http::Method::PATCH && r.path.ends_with("/pods/answered"))
+    })
+    .await;
+    c.restart_plugin().await.expect("the plugin starts again");
+    watched(&c, &["answered", "next"]).await;
+    assert_eq!(c.annotations("answered")[wire::ANN_ASSIGNED], "false");
+    let (_, next) = c
+        .kubelet
+        .allocate_container(RESOURCE, "default", "next", "main", 4)
+        .await
+        .expect("answered");
+    assert_eq!(
+        gpu_of(&next),
+        "1",
+        "the answered pod is not matched a second time"
+    );
+    c.api.clear_faults();
+    c.wait_for("ASSIGNED=true on both pods", |c| {
+        ["answered", "next"]
+            .iter()
+            .all(|p| c.annotations(p)[wire::ANN_ASSIGNED] == "true")
+    })
+    .await;
+    assert_eq!(c.annotations("answered")[wire::ANN_GPU_INDEX], "0");
+    assert_eq!(c.plugin().metrics().allocations_with("no_candidate"), 0);
+    c.stop().await;
+}

@@ -56,6 +56,7 @@ mod startup;
 mod support;
 mod verb_errors;
 mod watch_churn;
+mod watch_lists;
 mod webhook;
 mod webhook_dra;
 mod workspace;

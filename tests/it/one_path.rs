@@ -39,6 +39,7 @@ async fn node_for_both() -> (Node, Kubelet) {
 async fn device_plugin(node: &Node, kubelet: &Kubelet) -> DevicePluginHandle {
     let mut config: Config = node.config.clone();
     config.device_plugin.device_plugin_dir = kubelet.device_plugin_dir();
+    config.device_plugin.state_dir = node.dir.path().join("device-plugin-state");
     config.device_plugin.pod_resources_socket = kubelet.pod_resources_socket();
     config.device_plugin.admin_address = String::new();
     let backend = FakeBackend::from_spec("2x16GiB").expect("fake GPUs");

@@ -934,6 +934,7 @@ async fn plugin_over_xml(
         ..Config::default()
     };
     config.node.node_name = "mig-node".to_string();
+    config.device_plugin.state_dir = dir.join("state");
     // A real backend's GPUs: a lock directory of this test's own (not the host's).
     config.node.gpu_lock_dir = dir.join("locks");
     config.device_plugin.device_plugin_dir = kubelet.device_plugin_dir();
@@ -1046,6 +1047,7 @@ async fn the_device_plugin_counts_an_unattributed_xid_and_marks_no_gpu() {
         .expect("sandbox kubelet");
     let mut config = Config::default();
     config.node.node_name = "gb200".to_string();
+    config.device_plugin.state_dir = dir.path().join("state");
     config.device_plugin.device_plugin_dir = kubelet.device_plugin_dir();
     config.device_plugin.pod_resources_socket = kubelet.pod_resources_socket();
     config.device_plugin.admin_address = String::new();

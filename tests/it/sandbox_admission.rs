@@ -739,6 +739,7 @@ async fn the_device_plugin_under_its_own_token_passes_the_charts_policy_others_d
     let mut config = gpushare::config::Config::default();
     config.node.node_name = NODE.to_string();
     config.device_plugin.device_plugin_dir = kubelet.device_plugin_dir();
+    config.device_plugin.state_dir = dir.path().join("state");
     config.device_plugin.pod_resources_socket = kubelet.pod_resources_socket();
     config.device_plugin.admin_address = String::new();
     config.doctor.skip = true;

@@ -11,6 +11,7 @@ use std::io::{BufRead, BufReader};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use gpushare::core::wire;
 use gpushare::doctor::{Options, Role, diagnose, preflight};
 use gpushare::shutdown::Shutdown;
 use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
@@ -215,5 +216,76 @@ async fn the_extender_process_waits_for_the_api_server_and_then_serves() {
     let _ = child.kill();
     let _ = child.wait();
     let _ = reader.join();
+    api.shutdown().await;
+}
+
+/// The binary itself: `gpushare device-plugin` lists its node's pods while its preflight runs
+/// (the preflight held at its `GET /version`, which it cannot pass without, the list is asked
+/// all the same), and registers with kubelet once both are done — not before the preflight
+/// has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_device_plugin_lists_its_pods_while_its_preflight_runs() {
+    use gpushare_sandbox::apiserver::Hold;
+    use gpushare_sandbox::kubelet::Kubelet;
+
+    let api = ApiServer::start().await.expect("sandbox API server");
+    api.seed_yaml(NODE).expect("seed node");
+    let dir = crate::support::socket_dir::short_tempdir();
+    let kubelet = Kubelet::start(dir.path()).await.expect("kubelet");
+    let hold = Hold::new();
+    api.inject(
+        Fault::new(
+            Some(http::Method::GET),
+            "/version",
+            FaultAction::Hold(hold.clone()),
+        )
+        .times(usize::MAX),
+    );
+    let mut child = tokio::process::Command::new(crate::support::bin())
+        .arg("device-plugin")
+        .env("KUBECONFIG", api.admin_kubeconfig_path())
+        .env("NODE_NAME", "gpu-node-1")
+        .env("GPUSHARE_GPU__BACKEND", "fake")
+        .env("GPUSHARE_GPU__FAKE_GPUS", "2x16GiB")
+        .env(
+            "GPUSHARE_DEVICE_PLUGIN__DEVICE_PLUGIN_DIR",
+            kubelet.device_plugin_dir(),
+        )
+        .env(
+            "GPUSHARE_DEVICE_PLUGIN__POD_RESOURCES_SOCKET",
+            kubelet.pod_resources_socket(),
+        )
+        .env("GPUSHARE_DEVICE_PLUGIN__ADMIN_ADDRESS", "")
+        .kill_on_drop(true)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let pod_list = |api: &ApiServer| {
+        api.requests().iter().any(|r| {
+            r.path == "/api/v1/pods"
+                && r.query.contains("spec.nodeName")
+                && !r.query.contains("watch=")
+        })
+    };
+    tokio::time::timeout(DEADLINE, hold.wait_reached(1))
+        .await
+        .expect("the preflight asks for the version");
+    wait_until_within("the pod list while the preflight is held", DEADLINE, || {
+        pod_list(&api)
+    })
+    .await;
+    assert!(
+        kubelet.plugin(wire::RESOURCE_GPU_MEM).is_none(),
+        "not registered before the preflight has passed"
+    );
+    hold.release();
+    kubelet
+        .wait_registered(wire::RESOURCE_GPU_MEM)
+        .await
+        .expect("registers once the preflight passed");
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+    kubelet.stop().await;
     api.shutdown().await;
 }

@@ -395,8 +395,9 @@ async fn watch_lease(
     changed: Arc<tokio::sync::Notify>,
     shutdown: Shutdown,
 ) {
-    use kube::runtime::watcher;
-    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    use crate::k8s::watch::{ListFrom, WatchConfig};
+    // A hint only (the elector reads the Lease itself): the watch cache's view will do.
+    let config = WatchConfig::new(ListFrom::Cache).fields(&format!("metadata.name={name}"));
     crate::k8s::watch::drive(
         api,
         config,

@@ -425,46 +425,59 @@ pub async fn run(enforcer: Arc<Enforcer>, client: kube::Client, scope: Scope, st
         }
         rows.sort();
         let turned = enforcer.status().publish(rows.clone());
-        for row in turned {
-            let message = format!(
-                "container {} on GPU {} ({}): GPU memory limit {}: {}",
-                row.container,
-                row.index,
-                row.gpu,
-                row.state.as_str(),
-                row.detail
-            );
-            tracing::warn!(pod = format!("{}/{}", row.namespace, row.pod), "{message}");
-            events
-                .publish(
-                    &pod_reference(&row.namespace, &row.pod, None),
-                    Severity::Warning,
-                    "Enforce",
-                    reason(row.state),
-                    &message,
-                )
-                .await;
-        }
-        let value = super::report::to_annotation(&for_annotation(&rows));
-        if published.as_deref() != Some(value.as_str()) {
-            let ann = BTreeMap::from([(NODE_ANN_CONTAINER_GPU_MEMORY.to_string(), value.clone())]);
-            match crate::node::api::bounded(crate::k8s::write::patch_node_annotations(
-                &client,
-                &scope.node,
-                &ann,
-            ))
-            .await
-            {
-                Ok(_) => published = Some(value),
-                Err(e) => {
-                    tracing::debug!(error = %e, "container GPU memory not published on the node")
-                }
-            }
-        }
+        announce(&events, turned).await;
+        publish_on_node(&client, &scope.node, &rows, &mut published).await;
         tokio::select! {
             _ = &mut stop_fut => return,
             _ = tokio::time::sleep(interval) => {}
         }
+    }
+}
+
+/// Warns of each row whose state `turned` (a log line and an Event on its pod).
+async fn announce(events: &Events, turned: Vec<ContainerMemory>) {
+    for row in turned {
+        let message = format!(
+            "container {} on GPU {} ({}): GPU memory limit {}: {}",
+            row.container,
+            row.index,
+            row.gpu,
+            row.state.as_str(),
+            row.detail
+        );
+        tracing::warn!(pod = format!("{}/{}", row.namespace, row.pod), "{message}");
+        events
+            .publish(
+                &pod_reference(&row.namespace, &row.pod, None),
+                Severity::Warning,
+                "Enforce",
+                reason(row.state),
+                &message,
+            )
+            .await;
+    }
+}
+
+/// Writes `rows` into node `node`'s annotation when they differ from what was `published`
+/// last (which it updates once written).
+async fn publish_on_node(
+    client: &kube::Client,
+    node: &str,
+    rows: &[ContainerMemory],
+    published: &mut Option<String>,
+) {
+    let value = super::report::to_annotation(&for_annotation(rows));
+    if published.as_deref() == Some(value.as_str()) {
+        return;
+    }
+    let ann = BTreeMap::from([(NODE_ANN_CONTAINER_GPU_MEMORY.to_string(), value.clone())]);
+    match crate::node::api::bounded(crate::k8s::write::patch_node_annotations(
+        client, node, &ann,
+    ))
+    .await
+    {
+        Ok(_) => *published = Some(value),
+        Err(e) => tracing::debug!(error = %e, "container GPU memory not published on the node"),
     }
 }
 

@@ -1,7 +1,9 @@
 //! A sandbox cluster with the device plugin running on it, as the device-plugin tests drive
 //! it: the sandbox API server holding one GPU node, the sandbox kubelet in a short temp dir,
-//! fake GPUs with injectable health events; the pods the extender's bind leaves on the node,
-//! Allocate through the kubelet, and a bounded wait on a condition of the cluster.
+//! fake GPUs with injectable health events, the plugin's state directory in that temp dir;
+//! the pods the extender's bind leaves on the node, Allocate through the kubelet (then the
+//! wait until the plugin's write of the answer to the pod is done, as the tests read the
+//! annotations), and a bounded wait on a condition of the cluster.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -19,7 +21,7 @@ use serde_json::Value;
 
 use super::objects::assumed_pod;
 use super::socket_dir::short_tempdir;
-use super::wait::wait_until;
+use super::wait::{DEADLINE, wait_until};
 
 pub(crate) const RESOURCE: &str = wire::RESOURCE_GPU_MEM;
 pub(crate) const NODE: &str = "gpu-node-1";
@@ -30,6 +32,9 @@ pub(crate) struct Cluster {
     pub(crate) kubelet: Kubelet,
     pub(crate) health: FakeHealth,
     plugin: Option<DevicePluginHandle>,
+    /// What the plugin was started with (a restart starts it the same way).
+    config: Config,
+    backend: Arc<dyn GpuBackend>,
     _dir: tempfile::TempDir,
 }
 
@@ -89,12 +94,13 @@ pub(crate) async fn cluster_on_backend(
     config.device_plugin.device_plugin_dir = kubelet.device_plugin_dir();
     config.device_plugin.pod_resources_socket = kubelet.pod_resources_socket();
     config.device_plugin.admin_address = String::new();
+    config.device_plugin.state_dir = dir.path().join("state");
     config.doctor.skip = true;
     tweak(&mut config);
     let plugin = deviceplugin::start(
         &config,
         api.admin_client(),
-        backend,
+        backend.clone(),
         gpushare::shutdown::Shutdown::never(),
     )
     .await?;
@@ -104,6 +110,8 @@ pub(crate) async fn cluster_on_backend(
         kubelet,
         health,
         plugin: Some(plugin),
+        config,
+        backend,
         _dir: dir,
     })
 }
@@ -123,6 +131,31 @@ impl Cluster {
         }
         self.kubelet.stop().await;
         self.api.shutdown().await;
+    }
+
+    /// Stops the device plugin and starts it again as it was started, over the same API
+    /// server, kubelet and state directory (what a plugin killed and restarted by its
+    /// DaemonSet finds); returns once kubelet has its new registration and device list.
+    pub(crate) async fn restart_plugin(&mut self) -> anyhow::Result<()> {
+        let registrations = |k: &Kubelet| k.plugin(RESOURCE).map_or(0, |p| p.registrations);
+        let before = registrations(&self.kubelet);
+        if let Some(p) = self.plugin.take() {
+            p.stop().await;
+        }
+        let plugin = deviceplugin::start(
+            &self.config,
+            self.api.admin_client(),
+            self.backend.clone(),
+            gpushare::shutdown::Shutdown::never(),
+        )
+        .await?;
+        self.plugin = Some(plugin);
+        wait_until("the restarted plugin to register", || {
+            registrations(&self.kubelet) > before
+        })
+        .await;
+        self.kubelet.wait_registered(RESOURCE).await?;
+        Ok(())
     }
 
     pub(crate) fn plugin(&self) -> &DevicePluginHandle {
@@ -172,9 +205,18 @@ impl Cluster {
         container: &str,
         units: usize,
     ) -> anyhow::Result<(Vec<String>, ContainerAllocateResponse)> {
-        self.kubelet
+        let answered = self
+            .kubelet
             .allocate_container(RESOURCE, "default", pod, container, units)
+            .await?;
+        // The plugin writes the answer to the pod after it returned it: the tests read the
+        // annotations once that write is done.
+        tokio::time::timeout(DEADLINE, self.plugin().write_settled("default", pod))
             .await
+            .map_err(|_| {
+                anyhow::anyhow!("the answer for {pod} was not written to it within {DEADLINE:?}")
+            })?;
+        Ok(answered)
     }
 
     /// Waits until `check` holds of the cluster ([`super::wait::wait_until`]).

@@ -17,6 +17,7 @@ pub mod graph;
 pub mod links;
 pub mod reader;
 pub mod rules;
+pub mod size;
 pub mod source;
 pub mod tokens;
 
@@ -48,6 +49,8 @@ pub enum Rule {
     Links,
     /// `lib.rs`, docs/development.md's map and `--help` in step with the subcommands.
     FrontDoor,
+    /// No file of `src/` over 800 lines before its tests, no function over 120 lines.
+    Size,
 }
 
 impl fmt::Display for Rule {
@@ -61,6 +64,7 @@ impl fmt::Display for Rule {
             Rule::TestImports => "test-imports",
             Rule::Links => "links",
             Rule::FrontDoor => "front-door",
+            Rule::Size => "size",
         };
         f.write_str(name)
     }
@@ -103,6 +107,7 @@ pub fn check_sources(tree: &SourceTree) -> Vec<Finding> {
     rules::check_src(tree, &mut out);
     rules::check_tests(tree, &mut out);
     front_door::check(tree, &mut out);
+    size::check(tree, &mut out);
     out.sort();
     out.dedup();
     out

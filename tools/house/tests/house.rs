@@ -161,6 +161,20 @@ fn only_finding(tree: &SourceTree, rule: Rule) -> Finding {
 }
 
 #[test]
+fn a_function_over_the_size_limit_is_refused() {
+    let body = "    let _x = 0;\n".repeat(gpushare_house::size::MAX_FN_LINES);
+    let long = format!(
+        "use super::state::State;\npub fn place(_: &State) {{\n{body}}}\npub fn bind(s: &State) {{ place(s) }}\n"
+    );
+    let found = only_finding(&house(&[("src/extender/bind.rs", &long)]), Rule::Size);
+    assert_eq!(found.at, "src/extender/bind.rs:2", "{found}");
+    let short = "    let _x = 0;\n".repeat(gpushare_house::size::MAX_FN_LINES - 2);
+    let fits = format!("use super::state::State;\npub fn bind(_: &State) {{\n{short}}}\n");
+    let found = findings(&house(&[("src/extender/bind.rs", &fits)]));
+    assert!(found.is_empty(), "{}", report(&found));
+}
+
+#[test]
 fn the_base_house_keeps_every_rule() {
     let found = findings(&house(&[]));
     assert!(found.is_empty(), "{}", report(&found));

@@ -252,10 +252,21 @@ impl fmt::Display for FieldError {
 /// The 422 `Invalid` Status for `errors` on object `name` of `def` (upstream's
 /// `errors.NewInvalid`).
 pub(crate) fn invalid_status(def: &ResourceDef, name: &str, errors: &[FieldError]) -> ApiError {
-    let qualified = if def.group.is_empty() {
-        def.kind.to_string()
+    invalid_status_of(def.kind, def.group, name, errors)
+}
+
+/// The 422 `Invalid` Status for `errors` on object `name` of `kind` in API group `group`
+/// (empty: the core group), e.g. a list's `ListOptions.meta.k8s.io`.
+pub(crate) fn invalid_status_of(
+    kind: &str,
+    group: &str,
+    name: &str,
+    errors: &[FieldError],
+) -> ApiError {
+    let qualified = if group.is_empty() {
+        kind.to_string()
     } else {
-        format!("{}.{}", def.kind, def.group)
+        format!("{kind}.{group}")
     };
     let listed: Vec<String> = errors.iter().map(ToString::to_string).collect();
     let message = match listed.as_slice() {
@@ -267,9 +278,9 @@ pub(crate) fn invalid_status(def: &ResourceDef, name: &str, errors: &[FieldError
         .iter()
         .map(|e| json!({ "reason": e.kind.reason(), "message": e.body(), "field": e.field }))
         .collect();
-    let mut details = json!({ "name": name, "kind": def.kind, "causes": causes });
-    if !def.group.is_empty() {
-        details["group"] = json!(def.group);
+    let mut details = json!({ "name": name, "kind": kind, "causes": causes });
+    if !group.is_empty() {
+        details["group"] = json!(group);
     }
     ApiError {
         code: 422,

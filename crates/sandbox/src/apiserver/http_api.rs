@@ -22,8 +22,12 @@ use super::discovery::{self, ResourceDef};
 use super::identity::{self, Identity};
 use super::patch::PatchKind;
 use super::selector::Selectors;
-use super::store::{ApiError, EventType, Origin, Part, PreparedPatch, StoredEvent, meta_str};
+use super::store::{
+    ApiError, EventType, Objects, Origin, Part, PreparedPatch, StoredEvent, count_in, list_in,
+    meta_str,
+};
 use super::table::{self, IncludeObject};
+use super::watch_cache::{ListRead, too_large};
 use super::{FaultAction, RecordedRequest, Refusal, Shared};
 use super::{protobuf_body, rbac, request_info, reviews, serving_tls};
 
@@ -925,6 +929,24 @@ fn list(
         Ok(s) => s,
         Err(err) => return error_response(&err),
     };
+    let limit = match req.param("limit").filter(|l| !l.is_empty()) {
+        Some(l) => match l.parse::<usize>() {
+            Ok(n) => n,
+            Err(_) => {
+                return error_response(&ApiError::bad_request(format!("invalid limit {l:?}")));
+            }
+        },
+        None => 0,
+    };
+    let read = match ListRead::of(
+        req.param("resourceVersion"),
+        req.param("resourceVersionMatch"),
+        req.param("continue"),
+        limit,
+    ) {
+        Ok(read) => read,
+        Err(err) => return error_response(&err),
+    };
     let at = match req.param("continue").filter(|c| !c.is_empty()) {
         Some(token) => match decode_continue(token) {
             Some(at) => Some(at),
@@ -936,47 +958,70 @@ fn list(
         },
         None => None,
     };
-    let limit = match req.param("limit").filter(|l| !l.is_empty()) {
-        Some(l) => match l.parse::<usize>() {
-            Ok(n) => n,
-            Err(_) => {
-                return error_response(&ApiError::bad_request(format!("invalid limit {l:?}")));
-            }
-        },
-        None => 0,
+    let (cache_on, held) = {
+        let cache = shared.cache();
+        (cache.enabled(), cache.held())
+    };
+    // What answers: the store (etcd, or a cache that has caught up), or the held cache's
+    // objects; at which version; paged by the limit or not.
+    let store = shared.store();
+    let newest = store.resource_version();
+    let (snapshot, version, limit) = match (&read, &held) {
+        (ListRead::Any, _) if !cache_on => (None, newest, limit),
+        (ListRead::Any, Some((rv, objects))) => (Some(objects.clone()), *rv, 0),
+        (ListRead::Any, None) => (None, newest, 0),
+        (ListRead::NotOlderThan(v), Some((rv, _))) if *v > *rv && cache_on => {
+            return error_response(&too_large(*v, *rv));
+        }
+        (ListRead::NotOlderThan(v), _) if *v > newest => {
+            return error_response(&too_large(*v, newest));
+        }
+        (ListRead::NotOlderThan(_), Some((rv, objects))) if cache_on => {
+            (Some(objects.clone()), *rv, limit)
+        }
+        (ListRead::Exact(v), _) if *v > newest => return error_response(&too_large(*v, newest)),
+        (ListRead::Exact(v), _) if *v < newest => {
+            return error_response(&ApiError::gone(format!(
+                "too old resource version: {v} ({newest})"
+            )));
+        }
+        (ListRead::Continue, Some((rv, objects)))
+            if at.as_ref().and_then(|a| a.rv) == Some(*rv) =>
+        {
+            (Some(objects.clone()), *rv, limit)
+        }
+        (ListRead::Continue, _) => (
+            None,
+            at.as_ref().and_then(|a| a.rv).unwrap_or(newest),
+            limit,
+        ),
+        _ => (None, newest, limit),
+    };
+    let objects: &Objects = match &snapshot {
+        Some(held) => held,
+        None => store.objects(),
     };
     let after = at.as_ref().map(|a| (a.ns.clone(), a.name.clone()));
-    let mut metadata = json!({});
-    let items = {
-        let store = shared.store();
-        let (items, more) = store.list(def, namespace, after.as_ref(), limit, &|obj| {
-            selectors.matches(obj)
+    let mut metadata = json!({ "resourceVersion": version.to_string() });
+    let (items, more) = list_in(objects, def, namespace, after.as_ref(), limit, &|obj| {
+        selectors.matches(obj)
+    });
+    if more && let Some((ns, name, _)) = items.last() {
+        // As the real API server: a count only for unfiltered lists.
+        let counted = selectors.is_empty().then(|| {
+            // The first page (or a token without counts): count once, from here on.
+            let (returned, total) = at
+                .as_ref()
+                .and_then(|a| a.counted)
+                .unwrap_or_else(|| (0, count_in(objects, def, namespace, after.as_ref())));
+            (returned + items.len(), total)
         });
-        let list_rv = at
-            .as_ref()
-            .and_then(|a| a.rv)
-            .unwrap_or_else(|| store.resource_version());
-        metadata["resourceVersion"] = json!(list_rv.to_string());
-        if more && let Some((ns, name, _)) = items.last() {
-            // As the real API server: a count only for unfiltered lists.
-            let counted = selectors.is_empty().then(|| {
-                // The first page (or a token without counts): count once, from here on.
-                let (returned, total) = at.as_ref().and_then(|a| a.counted).unwrap_or_else(|| {
-                    let rest = match after.as_ref() {
-                        Some(position) => store.count_after(def, namespace, position),
-                        None => store.count_all(def, namespace),
-                    };
-                    (0, rest)
-                });
-                (returned + items.len(), total)
-            });
-            if let Some((returned, total)) = counted {
-                metadata["remainingItemCount"] = json!(total.saturating_sub(returned));
-            }
-            metadata["continue"] = json!(encode_continue(ns, name, counted, list_rv));
+        if let Some((returned, total)) = counted {
+            metadata["remainingItemCount"] = json!(total.saturating_sub(returned));
         }
-        items
-    };
+        metadata["continue"] = json!(encode_continue(ns, name, counted, version));
+    }
+    drop(store);
     let objects: Vec<Value> = items.into_iter().map(|(_, _, obj)| obj).collect();
     if table::wants_table(req.accept.as_deref()) {
         let include = IncludeObject::from_query(req.param("includeObject"));
@@ -1214,6 +1259,11 @@ fn watch(
         .filter(|t| *t > 0)
         .map(Duration::from_secs);
 
+    // A held watch cache starts a watch from its objects and holds back later events.
+    let (held, held_rx) = {
+        let cache = shared.cache();
+        (cache.held(), cache.subscribe())
+    };
     // Snapshot and subscribe under one lock, so no event falls in between.
     let (initial, live, start_rv, gone) = {
         let store = shared.store();
@@ -1225,15 +1275,23 @@ fn watch(
                 None => (Initial::Events(Vec::new()), live, rv, true),
             },
             _ => {
-                let objects = store
-                    .list(def, namespace, None, 0, &|obj| {
-                        filter.selectors.matches(obj)
-                    })
-                    .0
-                    .into_iter()
-                    .map(|(_, _, obj)| obj)
-                    .collect();
-                (Initial::Objects(objects), live, rv, false)
+                // Held: the cache's objects, then the changes since, held back in the run.
+                let (objects, catch_up, rv) = match &held {
+                    Some((held_rv, objects)) => (
+                        &**objects,
+                        store.events_since(*held_rv).unwrap_or_default(),
+                        *held_rv,
+                    ),
+                    None => (store.objects(), Vec::new(), rv),
+                };
+                let objects = list_in(objects, def, namespace, None, 0, &|obj| {
+                    filter.selectors.matches(obj)
+                })
+                .0
+                .into_iter()
+                .map(|(_, _, obj)| obj)
+                .collect();
+                (Initial::Objects(objects, catch_up), live, rv, false)
             }
         }
     };
@@ -1255,6 +1313,7 @@ fn watch(
             cut,
             cut_now,
             tx,
+            held: held_rx,
             shutdown: shared.shutdown.clone(),
         })
         .await;
@@ -1271,7 +1330,9 @@ fn watch(
 
 enum Initial {
     Events(Vec<Arc<StoredEvent>>),
-    Objects(Vec<Value>),
+    /// The objects at the start, and the changes made since (a held cache's start is older
+    /// than the store's).
+    Objects(Vec<Value>, Vec<Arc<StoredEvent>>),
 }
 
 struct WatchRun {
@@ -1287,7 +1348,22 @@ struct WatchRun {
     cut: tokio::sync::oneshot::Receiver<()>,
     cut_now: bool,
     tx: mpsc::Sender<Chunk>,
+    /// The version the watch cache is held at, if it is: no later event goes out until then.
+    held: tokio::sync::watch::Receiver<Option<u64>>,
     shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Waits until the watch cache serves event `rv` (it is not held below it); false when the
+/// server stops meanwhile.
+async fn served(
+    held: &mut tokio::sync::watch::Receiver<Option<u64>>,
+    rv: u64,
+    shutdown: &mut tokio::sync::watch::Receiver<bool>,
+) -> bool {
+    tokio::select! {
+        r = held.wait_for(|h| h.is_none_or(|at| rv <= at)) => r.is_ok(),
+        _ = stopped(shutdown) => false,
+    }
 }
 
 fn abort() -> Chunk {
@@ -1313,9 +1389,13 @@ async fn run_watch(mut run: WatchRun) {
         return;
     }
     let mut first = true;
+    let mut seen_rv = run.start_rv;
     match std::mem::replace(&mut run.initial, Initial::Events(Vec::new())) {
         Initial::Events(events) => {
             for event in events {
+                if !served(&mut run.held, event.rv, &mut run.shutdown).await {
+                    return;
+                }
                 if let Some(line) = run.filter.line(&event, &mut first)
                     && !send(line).await
                 {
@@ -1323,7 +1403,7 @@ async fn run_watch(mut run: WatchRun) {
                 }
             }
         }
-        Initial::Objects(objects) => {
+        Initial::Objects(objects, catch_up) => {
             for object in objects {
                 if !send(run.filter.render("ADDED", &object, &mut first)).await {
                     return;
@@ -1332,13 +1412,23 @@ async fn run_watch(mut run: WatchRun) {
             if run.send_initial && !send(run.filter.bookmark(run.start_rv, true)).await {
                 return;
             }
+            for event in catch_up {
+                if !served(&mut run.held, event.rv, &mut run.shutdown).await {
+                    return;
+                }
+                seen_rv = seen_rv.max(event.rv);
+                if let Some(line) = run.filter.line(&event, &mut first)
+                    && !send(line).await
+                {
+                    return;
+                }
+            }
         }
     }
     if run.cut_now {
         let _ = tx.send(abort()).await;
         return;
     }
-    let mut seen_rv = run.start_rv;
     let deadline = run.timeout.map(|t| tokio::time::Instant::now() + t);
     let mut ticker = tokio::time::interval(BOOKMARK_INTERVAL);
     ticker.tick().await;
@@ -1366,6 +1456,9 @@ async fn run_watch(mut run: WatchRun) {
                 Ok(event) => {
                     if event.rv <= seen_rv {
                         continue;
+                    }
+                    if !served(&mut run.held, event.rv, &mut run.shutdown).await {
+                        return;
                     }
                     seen_rv = event.rv;
                     if let Some(line) = run.filter.line(&event, &mut first)

@@ -38,7 +38,10 @@
 //!   from the same rules, JSON or the protobuf kubectl sends: `reviews`, `protobuf_body`).
 //! - Verbs: get; list with `labelSelector` (`k=v`, `k==v`, `k!=v`, `k`, `!k`, `k in (..)`,
 //!   `k notin (..)`), `fieldSelector` (any dotted field path with `=`, `==`, `!=`, a missing
-//!   field reads as empty) and `limit`/`continue`; watch (`watch=true|1`,
+//!   field reads as empty), `limit`/`continue` and `resourceVersion`/`resourceVersionMatch`
+//!   as upstream reads them (a list at "0" is the watch cache's: one answer, the limit
+//!   ignored; see `watch_cache`, which also holds the cache behind on a test's command:
+//!   [`ApiServer::hold_watch_cache`]); watch (`watch=true|1`,
 //!   `resourceVersion`, `allowWatchBookmarks`, `timeoutSeconds`, `sendInitialEvents`), with
 //!   `410 Gone` (an `ERROR` event) for a version older than the retained history; create
 //!   (409 AlreadyExists, `generateName`); update (409 Conflict on a stale
@@ -92,8 +95,9 @@
 //!   ([`Fault`]: error codes, delays, dropped connections, cut watches, requests held at a
 //!   [`Hold`] until released — a paused client; a filter on `fieldManager=<identity>`
 //!   singles out one replica's lease writes), a request log naming who sent each request
-//!   ([`ApiServer::requests`]) and the requests refused by authentication or RBAC
-//!   ([`ApiServer::refusals`]). Faults apply after authentication and authorization. Clock
+//!   ([`ApiServer::requests`], [`ApiServer::request_count`]), the requests refused by
+//!   authentication or RBAC ([`ApiServer::refusals`]) and the watch cache (off with
+//!   [`ApiServer::set_watch_cache`], held behind with [`ApiServer::hold_watch_cache`]). Faults apply after authentication and authorization. Clock
 //!   skew is not the server's business: the extender's leader election reads an injectable
 //!   clock.
 //!
@@ -136,6 +140,7 @@ mod serving_tls;
 mod store;
 mod table;
 mod validation_resource;
+mod watch_cache;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -152,6 +157,7 @@ use identity::Unauthenticated;
 pub use identity::{Identity, NODE_NAME_EXTRA};
 use store::Store;
 pub(crate) use store::new_uid;
+use watch_cache::WatchCache;
 
 /// A fault to inject into matching requests, `times` times, then it expires.
 #[derive(Clone, Debug)]
@@ -350,6 +356,8 @@ struct Controls {
 /// State shared by the server tasks and the handles.
 pub(crate) struct Shared {
     store: Mutex<Store>,
+    /// The watch cache's state (on or off, held at a version): `watch_cache`.
+    cache: Mutex<WatchCache>,
     controls: Mutex<Controls>,
     addr: SocketAddr,
     shutdown: watch::Receiver<bool>,
@@ -358,6 +366,10 @@ pub(crate) struct Shared {
 impl Shared {
     fn store(&self) -> MutexGuard<'_, Store> {
         self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn cache(&self) -> MutexGuard<'_, WatchCache> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn controls(&self) -> MutexGuard<'_, Controls> {
@@ -486,6 +498,7 @@ impl ApiServer {
         let tls = serving_tls::issue()?;
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::new()),
+            cache: Mutex::new(WatchCache::new()),
             controls: Mutex::new(Controls {
                 faults: Vec::new(),
                 requests: Vec::new(),
@@ -811,6 +824,34 @@ impl ApiServer {
     /// Every request received so far, in order.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         self.shared().controls().requests.clone()
+    }
+
+    /// How many requests were received so far (cheaper than [`ApiServer::requests`]).
+    pub fn request_count(&self) -> usize {
+        self.shared().controls().requests.len()
+    }
+
+    /// Turns the watch cache on (the default, as kube-apiserver's `--watch-cache`) or off:
+    /// off, a list at `resourceVersion=0` is paged by its limit like any list read from etcd
+    /// (see the module `watch_cache`).
+    pub fn set_watch_cache(&self, enabled: bool) {
+        self.shared().cache().set_enabled(enabled);
+    }
+
+    /// Holds the watch cache at the current resourceVersion (returned) until
+    /// [`ApiServer::release_watch_cache`]: lists at `resourceVersion=0` answer the objects as
+    /// they are now, lists not older than a later version answer 504 "Too large resource
+    /// version", watches deliver no later event; consistent lists still read the truth. What
+    /// a cache lagging behind etcd shows its clients.
+    pub fn hold_watch_cache(&self) -> u64 {
+        let (rv, objects) = self.shared().store().snapshot();
+        self.shared().cache().hold(rv, objects);
+        rv
+    }
+
+    /// Lets a held watch cache catch up: lists and watches see the newest state again.
+    pub fn release_watch_cache(&self) {
+        self.shared().cache().release();
     }
 
     /// Every request refused by authentication (401) or authorization (403) so far, in

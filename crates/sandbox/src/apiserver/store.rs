@@ -262,7 +262,7 @@ pub(crate) enum PreparedPatch {
 /// The objects, the counter and the event history.
 pub(crate) struct Store {
     rv: u64,
-    objects: BTreeMap<Key, Value>,
+    objects: Objects,
     history: VecDeque<Arc<StoredEvent>>,
     history_limit: usize,
     /// The newest resourceVersion dropped from history: a watch from before it is gone.
@@ -321,6 +321,11 @@ impl Store {
 
     pub fn resource_version(&self) -> u64 {
         self.rv
+    }
+
+    /// Every object, by key.
+    pub fn objects(&self) -> &Objects {
+        &self.objects
     }
 
     pub fn set_history_limit(&mut self, n: usize) {
@@ -544,63 +549,13 @@ impl Store {
         limit: usize,
         keep: &dyn Fn(&Value) -> bool,
     ) -> (Vec<(String, String, Value)>, bool) {
-        use std::ops::Bound;
-        let start: Key = match (after, namespace) {
-            (Some((a_ns, a_name)), _) => (def.id, a_ns.clone(), a_name.clone()),
-            (None, Some(ns)) => (def.id, ns.to_string(), String::new()),
-            (None, None) => (def.id, String::new(), String::new()),
-        };
-        let lower = if after.is_some() {
-            Bound::Excluded(start)
-        } else {
-            Bound::Included(start)
-        };
-        let mut out = Vec::new();
-        let mut more = false;
-        for ((id, ns, name), obj) in self.objects.range((lower, Bound::Unbounded)) {
-            if *id != def.id || namespace.is_some_and(|want| want < ns.as_str()) {
-                break;
-            }
-            if namespace.is_some_and(|want| want != ns) || !keep(obj) {
-                continue;
-            }
-            if limit > 0 && out.len() == limit {
-                more = true;
-                break;
-            }
-            out.push((ns.clone(), name.clone(), obj.clone()));
-        }
-        (out, more)
+        list_in(&self.objects, def, namespace, after, limit, keep)
     }
 
-    /// How many objects of `def` (in `namespace`, or all) come after `after`: the
-    /// `remainingItemCount` of an unfiltered page (not cloned, not matched).
-    pub fn count_after(
-        &self,
-        def: &ResourceDef,
-        namespace: Option<&str>,
-        after: &(String, String),
-    ) -> usize {
-        use std::ops::Bound;
-        let start: Key = (def.id, after.0.clone(), after.1.clone());
-        self.objects
-            .range((Bound::Excluded(start), Bound::Unbounded))
-            .take_while(|((id, ns, _), _)| *id == def.id && namespace.is_none_or(|want| want == ns))
-            .count()
-    }
-
-    /// How many objects of `def` there are (in `namespace`, or all).
-    pub fn count_all(&self, def: &ResourceDef, namespace: Option<&str>) -> usize {
-        use std::ops::Bound;
-        let start: Key = (
-            def.id,
-            namespace.unwrap_or_default().to_string(),
-            String::new(),
-        );
-        self.objects
-            .range((Bound::Included(start), Bound::Unbounded))
-            .take_while(|((id, ns, _), _)| *id == def.id && namespace.is_none_or(|want| want == ns))
-            .count()
+    /// Every object as it is now, and the resourceVersion it is at: what a watch cache held
+    /// back at this moment answers (`super::watch_cache`).
+    pub fn snapshot(&self) -> (u64, Objects) {
+        (self.rv, self.objects.clone())
     }
 
     /// What a PUT would store: `(current, next)`, checked as [`Store::update`] checks it.
@@ -967,6 +922,71 @@ impl Store {
     }
 }
 
+/// The objects of a store (or of a watch cache's snapshot of it), by key.
+pub(crate) type Objects = BTreeMap<Key, Value>;
+
+/// [`Store::list`] over `objects`.
+pub(crate) fn list_in(
+    objects: &Objects,
+    def: &ResourceDef,
+    namespace: Option<&str>,
+    after: Option<&(String, String)>,
+    limit: usize,
+    keep: &dyn Fn(&Value) -> bool,
+) -> (Vec<(String, String, Value)>, bool) {
+    use std::ops::Bound;
+    let start: Key = match (after, namespace) {
+        (Some((a_ns, a_name)), _) => (def.id, a_ns.clone(), a_name.clone()),
+        (None, Some(ns)) => (def.id, ns.to_string(), String::new()),
+        (None, None) => (def.id, String::new(), String::new()),
+    };
+    let lower = if after.is_some() {
+        Bound::Excluded(start)
+    } else {
+        Bound::Included(start)
+    };
+    let mut out = Vec::new();
+    let mut more = false;
+    for ((id, ns, name), obj) in objects.range((lower, Bound::Unbounded)) {
+        if *id != def.id || namespace.is_some_and(|want| want < ns.as_str()) {
+            break;
+        }
+        if namespace.is_some_and(|want| want != ns) || !keep(obj) {
+            continue;
+        }
+        if limit > 0 && out.len() == limit {
+            more = true;
+            break;
+        }
+        out.push((ns.clone(), name.clone(), obj.clone()));
+    }
+    (out, more)
+}
+
+/// How many objects of `def` (in `namespace`, or all) there are in `objects` after `after`
+/// (from the start when `None`): the `remainingItemCount` of an unfiltered page (not cloned,
+/// not matched).
+pub(crate) fn count_in(
+    objects: &Objects,
+    def: &ResourceDef,
+    namespace: Option<&str>,
+    after: Option<&(String, String)>,
+) -> usize {
+    use std::ops::Bound;
+    let lower = match after {
+        Some((ns, name)) => Bound::Excluded((def.id, ns.clone(), name.clone())),
+        None => Bound::Included((
+            def.id,
+            namespace.unwrap_or_default().to_string(),
+            String::new(),
+        )),
+    };
+    objects
+        .range((lower, Bound::Unbounded))
+        .take_while(|((id, ns, _), _)| *id == def.id && namespace.is_none_or(|want| want == ns))
+        .count()
+}
+
 fn check_kind(def: &ResourceDef, obj: &Value) -> Result<(), ApiError> {
     if let Some(kind) = obj.get("kind").and_then(Value::as_str)
         && !kind.is_empty()
@@ -1308,7 +1328,8 @@ mod tests {
             (vec!["a/x".into(), "b/p1".into()], true)
         );
         let after = ("b".to_string(), "p1".to_string());
-        assert_eq!(store.count_after(def, None, &after), 3);
+        assert_eq!(count_in(&store.objects, def, None, Some(&after)), 3);
+        assert_eq!(count_in(&store.objects, def, None, None), 5);
         let (page, more) = store.list(def, None, Some(&after), 2, &all);
         assert_eq!(
             (names(&page), more),
@@ -1323,7 +1344,8 @@ mod tests {
         assert_eq!(names(&page).len(), 3);
         assert!(!more);
         let after = ("b".to_string(), "p1".to_string());
-        assert_eq!(store.count_after(def, Some("b"), &after), 2);
+        assert_eq!(count_in(&store.objects, def, Some("b"), Some(&after)), 2);
+        assert_eq!(count_in(&store.objects, def, Some("b"), None), 3);
 
         // A filter skips without ending the page early; 0 means everything.
         let only_p2 = |o: &Value| meta_str(o, "name") == Some("p2");

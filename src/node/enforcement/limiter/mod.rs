@@ -186,7 +186,13 @@ pub fn probe(config: &NodeConfig, inventory: &Inventory, install: bool) -> Limit
             )),
         }
     }
-    let run = &config.limiter_run_dir;
+    check_run_dir(&config.limiter_run_dir, install, &mut s);
+    s
+}
+
+/// The limiter's per-container directory `run` (created when `install`): a problem when it
+/// cannot be used, a note when it is not on a tmpfs.
+fn check_run_dir(run: &Path, install: bool, s: &mut LimiterSupport) {
     let run_problem = if install {
         if s.problems.is_empty() {
             std::fs::create_dir_all(run).err().map(|e| e.to_string())
@@ -214,7 +220,6 @@ pub fn probe(config: &NodeConfig, inventory: &Inventory, install: bool) -> Limit
             run.display()
         ));
     }
-    s
 }
 
 /// The limiter of this node: where its files are, what was found, and the containers' files.
