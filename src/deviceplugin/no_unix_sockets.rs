@@ -33,3 +33,12 @@ pub(crate) async fn list_assignments(
 pub(crate) async fn reconcile_once(_plugin: &Arc<Plugin>) -> anyhow::Result<usize> {
     anyhow::bail!("kubelet's PodResources API is a unix socket; this platform has none")
 }
+
+/// Nothing to write: the device plugin never answers an Allocate here.
+pub(crate) fn annotations_after(
+    _plugin: &Plugin,
+    _uid: &str,
+    _added: std::collections::BTreeSet<String>,
+) -> Option<std::collections::BTreeMap<String, String>> {
+    None
+}
