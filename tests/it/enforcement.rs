@@ -332,36 +332,7 @@ fn doctor(host: &Host, extra: &[&str], node_toml: &str) -> String {
         ),
     )
     .expect("config");
-    let library = host.library.display().to_string();
-    let config = config.display().to_string();
-    let mut args = vec![
-        "doctor",
-        "--role",
-        "node",
-        "--no-cluster",
-        "--config",
-        &config,
-        "--gpu-backend",
-        "nvml",
-        "--nvml-library",
-        &library,
-        "-o",
-        "json",
-    ];
-    args.extend_from_slice(extra);
-    let out = crate::support::run(&args);
-    let report: Value = serde_json::from_str(&stdout(&out)).expect("json");
-    let check = report["checks"]
-        .as_array()
-        .expect("checks")
-        .iter()
-        .find(|c| c["id"] == "enforcement")
-        .expect("the enforcement check")
-        .clone();
-    format!(
-        "{} | {} | {}",
-        check["status"], check["detail"], check["hint"]
-    )
+    crate::support::enforcement::doctor_enforcement(&config, &host.library, extra)
 }
 
 #[test]

@@ -20,8 +20,7 @@ use gpushare::node::enforcement::Mechanism;
 use gpushare::node::paths::ServingPath;
 use gpushare::shutdown::Shutdown;
 use gpushare_sandbox::apiserver::ApiServer;
-use gpushare_sandbox::dra_allocator::DraAllocator;
-use gpushare_sandbox::dra_kubelet::{ClaimOutcome, DraKubelet};
+use gpushare_sandbox::dra_kubelet::DraKubelet;
 use gpushare_sandbox::nvml_stub::{self, MemoryAccounting};
 use serde_json::{Value, json};
 
@@ -98,30 +97,10 @@ async fn dra_a_4gib_pod_is_limited_to_4gib_on_its_own_cgroup_and_the_readback_sh
         .expect("registers");
 
     submit(&api, "p", 4);
-    let pass = DraAllocator::new(api.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
-    assert_eq!(pass.bound.len(), 1, "{pass:?}");
-    assert_eq!(kubelet.sync().await.expect("sync").prepared, ["default/p"]);
-    let uid = api.get_object("pods", Some("default"), "p").expect("pod")["metadata"]["uid"]
-        .as_str()
-        .expect("uid")
-        .to_string();
-    let claims = kubelet.prepared(&uid).expect("recorded");
-    let ClaimOutcome::Prepared(_) = &claims[0].outcome else {
-        panic!("{claims:?}");
-    };
-    let spec: Value = serde_json::from_slice(
-        &std::fs::read(
-            config
-                .dra
-                .cdi_dir
-                .join(format!("gpushare.io_gpu_{}.json", claims[0].uid)),
-        )
-        .expect("the claim's spec"),
-    )
-    .expect("json");
+    let (_, spec) =
+        crate::support::dra_node::allocate_prepare_one(&api, &kubelet, &config.dra.cdi_dir, "p")
+            .await;
+    let uid = crate::support::dra_node::pod_uid(&api, "p");
     let env = env_of(&spec, 0);
     assert!(
         env.iter().any(|e| e == "NVIDIA_GPU_MEMORY_REQUEST=4096"),

@@ -26,8 +26,7 @@ use gpushare::node::enforcement::Mechanism;
 use gpushare::node::paths::ServingPath;
 use gpushare::shutdown::Shutdown;
 use gpushare_limiter_contract::{GpuUuid, Limits};
-use gpushare_sandbox::dra_allocator::DraAllocator;
-use gpushare_sandbox::dra_kubelet::{ClaimOutcome, DraKubelet};
+use gpushare_sandbox::dra_kubelet::DraKubelet;
 use serde_json::Value;
 
 use crate::support::clients;
@@ -394,31 +393,10 @@ async fn dra_a_4gib_claim_gets_the_limiter_in_its_cdi_spec_and_is_held_to_4gib()
         .expect("registers");
 
     submit_gpu_pod(&api, "p", 4);
-    let pass = DraAllocator::new(api.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
-    assert_eq!(pass.bound.len(), 1, "{pass:?}");
-    assert_eq!(kubelet.sync().await.expect("sync").prepared, ["default/p"]);
-    let uid = api.get_object("pods", Some("default"), "p").expect("pod")["metadata"]["uid"]
-        .as_str()
-        .expect("uid")
-        .to_string();
-    let claims = kubelet.prepared(&uid).expect("recorded");
-    let ClaimOutcome::Prepared(_) = &claims[0].outcome else {
-        panic!("{claims:?}");
-    };
-    let claim_uid = claims[0].uid.clone();
-    let spec: Value = serde_json::from_slice(
-        &std::fs::read(
-            config
-                .dra
-                .cdi_dir
-                .join(format!("gpushare.io_gpu_{claim_uid}.json")),
-        )
-        .expect("the claim's spec"),
-    )
-    .expect("json");
+    let (claim_uid, spec) =
+        crate::support::dra_node::allocate_prepare_one(&api, &kubelet, &config.dra.cdi_dir, "p")
+            .await;
+    let uid = crate::support::dra_node::pod_uid(&api, "p");
     let edits = &spec["devices"][0]["containerEdits"];
     assert!(
         edits["hooks"].as_array().is_none_or(Vec::is_empty),
@@ -637,35 +615,7 @@ fn doctor(host: &HostDirs, library: &std::path::Path, extra: &[&str]) -> String 
         ),
     )
     .expect("config");
-    let (stub, config) = (stub.display().to_string(), config.display().to_string());
-    let mut args = vec![
-        "doctor",
-        "--role",
-        "node",
-        "--no-cluster",
-        "--config",
-        &config,
-        "--gpu-backend",
-        "nvml",
-        "--nvml-library",
-        &stub,
-        "-o",
-        "json",
-    ];
-    args.extend_from_slice(extra);
-    let out = crate::support::run(&args);
-    let report: Value = serde_json::from_str(&stdout(&out)).expect("json");
-    let check = report["checks"]
-        .as_array()
-        .expect("checks")
-        .iter()
-        .find(|c| c["id"] == "enforcement")
-        .expect("the enforcement check")
-        .clone();
-    format!(
-        "{} | {} | {}",
-        check["status"], check["detail"], check["hint"]
-    )
+    crate::support::enforcement::doctor_enforcement(&config, &stub, extra)
 }
 
 #[test]

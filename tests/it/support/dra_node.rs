@@ -183,3 +183,34 @@ pub fn pod_uid(api: &ApiServer, name: &str) -> String {
 pub fn spec_file(dir: &Path, claim_uid: &str) -> PathBuf {
     dir.join(format!("gpushare.io_gpu_{claim_uid}.json"))
 }
+
+/// One pass of the sandbox allocator binds exactly pod `default/name`, kubelet prepares it on
+/// its next sync, and the claim's CDI spec in `cdi_dir` is read back: the prepared claim's
+/// UID and its spec as JSON.
+pub async fn allocate_prepare_one(
+    api: &ApiServer,
+    kubelet: &DraKubelet,
+    cdi_dir: &Path,
+    name: &str,
+) -> (String, Value) {
+    use gpushare_sandbox::dra_allocator::DraAllocator;
+    use gpushare_sandbox::dra_kubelet::ClaimOutcome;
+    let pass = DraAllocator::new(api.admin_client())
+        .reconcile()
+        .await
+        .expect("a pass");
+    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    assert_eq!(
+        kubelet.sync().await.expect("sync").prepared,
+        [format!("default/{name}")]
+    );
+    let claims = kubelet.prepared(&pod_uid(api, name)).expect("recorded");
+    let ClaimOutcome::Prepared(_) = &claims[0].outcome else {
+        panic!("{claims:?}");
+    };
+    let spec = serde_json::from_slice(
+        &std::fs::read(spec_file(cdi_dir, &claims[0].uid)).expect("the claim's spec"),
+    )
+    .expect("json");
+    (claims[0].uid.clone(), spec)
+}

@@ -424,3 +424,38 @@ pub async fn inspect(kubeconfig: &str, format: &str) -> Output {
     .await
     .expect("inspect ran")
 }
+
+/// `gpushare doctor --role node --no-cluster` with `config` (a gpushare.toml) and the NVML
+/// library `nvml` (the stub), plus `extra` flags: its `enforcement` check as
+/// `status | detail | hint` (the other checks read this machine).
+pub fn doctor_enforcement(config: &Path, nvml: &Path, extra: &[&str]) -> String {
+    let (nvml, config) = (nvml.display().to_string(), config.display().to_string());
+    let mut args = vec![
+        "doctor",
+        "--role",
+        "node",
+        "--no-cluster",
+        "--config",
+        &config,
+        "--gpu-backend",
+        "nvml",
+        "--nvml-library",
+        &nvml,
+        "-o",
+        "json",
+    ];
+    args.extend_from_slice(extra);
+    let out = crate::support::run(&args);
+    let report: Value = serde_json::from_str(&crate::support::stdout(&out)).expect("json");
+    let check = report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["id"] == "enforcement")
+        .expect("the enforcement check")
+        .clone();
+    format!(
+        "{} | {} | {}",
+        check["status"], check["detail"], check["hint"]
+    )
+}
