@@ -232,37 +232,23 @@ fn kubectl_version(kubectl: &Path) -> Option<String> {
 /// One request to the real Helm engine (`tests/clients/helm_chart.py`, helm-python-sdk): see
 /// that script for the request and answer. `None` when the SDK is missing (skipped; CI fails).
 pub fn helm_chart(request: &serde_json::Value) -> Option<serde_json::Value> {
-    use std::io::Write;
     let python = python_with(&["helm_python"])?;
-    let mut child = Command::new(python)
-        .arg(repo_root().join("tests/clients/helm_chart.py"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("python runs");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(request.to_string().as_bytes())
-        .expect("request written");
-    let out = child.wait_with_output().expect("helm_chart.py finishes");
-    assert!(
-        out.status.success(),
-        "helm_chart.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(serde_json::from_slice(&out.stdout).expect("helm_chart.py answers JSON"))
+    Some(json_script(&python, "helm_chart.py", request))
 }
 
 /// One request to kubernetes-validate (`tests/clients/kube_validate.py`): see that script for
 /// the request and answer. `None` when the package is missing (skipped; CI fails).
 pub fn kube_validate(request: &serde_json::Value) -> Option<serde_json::Value> {
-    use std::io::Write;
     let python = python_with(&["kubernetes_validate"])?;
+    Some(json_script(&python, "kube_validate.py", request))
+}
+
+/// Runs `tests/clients/<script>` with `python`, `request` as JSON on its stdin: its JSON answer
+/// (a failed run fails the test with its stderr).
+fn json_script(python: &Path, script: &str, request: &serde_json::Value) -> serde_json::Value {
+    use std::io::Write;
     let mut child = Command::new(python)
-        .arg(repo_root().join("tests/clients/kube_validate.py"))
+        .arg(repo_root().join("tests/clients").join(script))
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -274,11 +260,13 @@ pub fn kube_validate(request: &serde_json::Value) -> Option<serde_json::Value> {
         .expect("stdin")
         .write_all(request.to_string().as_bytes())
         .expect("request written");
-    let out = child.wait_with_output().expect("kube_validate.py finishes");
+    let out = child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("{script} finishes: {e}"));
     assert!(
         out.status.success(),
-        "kube_validate.py failed: {}",
+        "{script} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    Some(serde_json::from_slice(&out.stdout).expect("kube_validate.py answers JSON"))
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{script} answers JSON: {e}"))
 }
