@@ -437,41 +437,13 @@ async fn serve_with(
     )));
     // The node metrics and the readiness (MPS) follow the agent.
     tasks.push(node.follow(stop.clone()));
-    match early_watch {
-        Some((early_stop, task)) => {
-            tasks.push(task);
-            // The early watch stops with the plugin.
-            let stopped = stop.clone();
-            tasks.push(tokio::spawn(async move {
-                stopped.wait().await;
-                early_stop.trigger();
-            }));
-        }
-        None => tasks.push(tokio::spawn(plugin.pods.clone().run(
-            agent.client().clone(),
-            agent.node_name().to_string(),
-            stop.clone(),
-        ))),
-    }
-    let served = match registration::serve(plugin.clone(), stop.clone()).await {
-        Ok(task) => task,
+    tasks.extend(pod_watch(&plugin, early_watch, &stop));
+    match serve_sockets(&plugin, &stop).await {
+        Ok(served) => tasks.extend(served),
         Err(e) => {
             stop_trigger.trigger();
             agent.withdraw(ServingPath::DevicePlugin);
             return Err(e);
-        }
-    };
-    tasks.push(served);
-    #[cfg(unix)]
-    for kind in &agent.device_kinds().kinds {
-        let kp = Arc::new(kinds::KindPlugin::new(plugin.clone(), kind.clone()));
-        match registration::serve(kp, stop.clone()).await {
-            Ok(task) => tasks.push(task),
-            Err(e) => {
-                stop_trigger.trigger();
-                agent.withdraw(ServingPath::DevicePlugin);
-                return Err(e);
-            }
         }
     }
     tasks.push(tokio::spawn(reconcile::run(plugin.clone(), stop.clone())));
@@ -503,6 +475,48 @@ async fn serve_with(
         admin_addr,
         own_agent: None,
     })
+}
+
+/// The tasks of the plugin's pod watch: the early watch (its task, and its stop tied to
+/// `stop`), or a watch of the plugin's own store.
+fn pod_watch(
+    plugin: &Arc<Plugin>,
+    early_watch: Option<(crate::shutdown::Trigger, JoinHandle<()>)>,
+    stop: &Shutdown,
+) -> Vec<JoinHandle<()>> {
+    match early_watch {
+        Some((early_stop, task)) => {
+            // The early watch stops with the plugin.
+            let stopped = stop.clone();
+            vec![
+                task,
+                tokio::spawn(async move {
+                    stopped.wait().await;
+                    early_stop.trigger();
+                }),
+            ]
+        }
+        None => vec![tokio::spawn(plugin.pods.clone().run(
+            plugin.agent.client().clone(),
+            plugin.agent.node_name().to_string(),
+            stop.clone(),
+        ))],
+    }
+}
+
+/// Serves the plugin's socket and one per device kind (registered with kubelet): their tasks,
+/// or the first error (the caller stops what was started).
+async fn serve_sockets(
+    plugin: &Arc<Plugin>,
+    stop: &Shutdown,
+) -> anyhow::Result<Vec<JoinHandle<()>>> {
+    let mut tasks = vec![registration::serve(plugin.clone(), stop.clone()).await?];
+    #[cfg(unix)]
+    for kind in &plugin.agent.device_kinds().kinds {
+        let kp = Arc::new(kinds::KindPlugin::new(plugin.clone(), kind.clone()));
+        tasks.push(registration::serve(kp, stop.clone()).await?);
+    }
+    Ok(tasks)
 }
 
 /// Follows the agent's health view and the gate's offer into ListAndWatch until `stop`.

@@ -246,13 +246,6 @@ fn plan(plugin: &Plugin, truth: &HashMap<String, Holder>, reported: &mut Reporte
     if plugin.pods.is_synced() {
         drop_gone(&mut records, |ns, name| get(ns, name).cloned());
     }
-    struct Seen {
-        grant_uid: String,
-        grant_container: String,
-        gpu: u32,
-        holder: PodId,
-        holder_container: String,
-    }
     let mut seen: Vec<Seen> = Vec::new();
     // Pods with an answer kubelet does not show yet (mid-admission, or an Allocate that
     // failed): where that container really runs is not known, so nothing about them, nor
@@ -295,47 +288,7 @@ fn plan(plugin: &Plugin, truth: &HashMap<String, Holder>, reported: &mut Reporte
             });
         }
     }
-    // Splits: one pod's containers on devices of several GPUs.
-    let mut gpus_of: BTreeMap<&str, BTreeSet<u32>> = BTreeMap::new();
-    for s in &seen {
-        gpus_of
-            .entry(s.holder.uid.as_str())
-            .or_default()
-            .insert(s.gpu);
-    }
-    let mut excluded: BTreeSet<String> = BTreeSet::new();
-    for (uid, gpus) in &gpus_of {
-        if gpus.len() < 2 {
-            continue;
-        }
-        excluded.insert(uid.to_string());
-        if reported.splits.insert(uid.to_string())
-            && let Some(s) = seen.iter().find(|s| s.holder.uid == *uid)
-        {
-            out.splits.push(format!(
-                "kubelet ran the containers of pod {}/{} on devices of GPUs {:?}; its annotations \
-                 and those of the pods swapped with it are not corrected (the per-GPU totals \
-                 would be wrong either way)",
-                s.holder.namespace, s.holder.name, gpus
-            ));
-        }
-    }
-    // Every pod swapped (directly or not) with a split or unsettled pod is left alone too.
-    excluded.extend(unsettled);
-    loop {
-        let before = excluded.len();
-        for s in &seen {
-            if s.grant_uid != s.holder.uid
-                && (excluded.contains(&s.grant_uid) || excluded.contains(&s.holder.uid))
-            {
-                excluded.insert(s.grant_uid.clone());
-                excluded.insert(s.holder.uid.clone());
-            }
-        }
-        if excluded.len() == before {
-            break;
-        }
-    }
+    let excluded = excluded_pods(&seen, unsettled, reported, &mut out.splits);
     let mut desired: BTreeMap<String, Desired> = BTreeMap::new();
     let mut moves = Vec::new();
     for s in seen.iter().filter(|s| !excluded.contains(&s.holder.uid)) {
@@ -374,7 +327,83 @@ fn plan(plugin: &Plugin, truth: &HashMap<String, Holder>, reported: &mut Reporte
             s.holder_container.clone(),
         ));
     }
-    // Assignments made before this process started: compare by UUID, report only.
+    report_earlier_assignments(plugin, truth, &records, reported, |ns, name| get(ns, name));
+    records.reassign(&moves);
+    out.desired = desired;
+    out
+}
+
+/// One recorded grant and the container kubelet shows holding its devices.
+struct Seen {
+    grant_uid: String,
+    grant_container: String,
+    gpu: u32,
+    holder: PodId,
+    holder_container: String,
+}
+
+/// The pods whose annotations this pass leaves alone: those kubelet split over several GPUs
+/// (each said once into `splits`), the `unsettled` ones, and every pod swapped with one of
+/// them, directly or not.
+fn excluded_pods(
+    seen: &[Seen],
+    unsettled: BTreeSet<String>,
+    reported: &mut Reported,
+    splits: &mut Vec<String>,
+) -> BTreeSet<String> {
+    // Splits: one pod's containers on devices of several GPUs.
+    let mut gpus_of: BTreeMap<&str, BTreeSet<u32>> = BTreeMap::new();
+    for s in seen {
+        gpus_of
+            .entry(s.holder.uid.as_str())
+            .or_default()
+            .insert(s.gpu);
+    }
+    let mut excluded: BTreeSet<String> = BTreeSet::new();
+    for (uid, gpus) in &gpus_of {
+        if gpus.len() < 2 {
+            continue;
+        }
+        excluded.insert(uid.to_string());
+        if reported.splits.insert(uid.to_string())
+            && let Some(s) = seen.iter().find(|s| s.holder.uid == *uid)
+        {
+            splits.push(format!(
+                "kubelet ran the containers of pod {}/{} on devices of GPUs {:?}; its annotations \
+                 and those of the pods swapped with it are not corrected (the per-GPU totals \
+                 would be wrong either way)",
+                s.holder.namespace, s.holder.name, gpus
+            ));
+        }
+    }
+    // Every pod swapped (directly or not) with a split or unsettled pod is left alone too.
+    excluded.extend(unsettled);
+    loop {
+        let before = excluded.len();
+        for s in seen {
+            if s.grant_uid != s.holder.uid
+                && (excluded.contains(&s.grant_uid) || excluded.contains(&s.holder.uid))
+            {
+                excluded.insert(s.grant_uid.clone());
+                excluded.insert(s.holder.uid.clone());
+            }
+        }
+        if excluded.len() == before {
+            break;
+        }
+    }
+    excluded
+}
+
+/// Assignments made before this process started (kubelet's devices no record holds): compared
+/// by UUID with the pod's annotation, a mismatch reported once, never corrected.
+fn report_earlier_assignments<'a>(
+    plugin: &Plugin,
+    truth: &HashMap<String, Holder>,
+    records: &Records,
+    reported: &mut Reported,
+    get: impl Fn(&str, &str) -> Option<&'a PodSnapshot>,
+) {
     for (id, holder) in truth {
         if records.holds_id(id) || reported.holders.contains(holder) {
             continue;
@@ -397,9 +426,6 @@ fn plan(plugin: &Plugin, truth: &HashMap<String, Holder>, reported: &mut Reporte
             );
         }
     }
-    records.reassign(&moves);
-    out.desired = desired;
-    out
 }
 
 /// Drops the records of pods that are gone: `current(namespace, name)` is the pod of that
