@@ -5,7 +5,6 @@
 //! ServiceAccount's pod-bound token.
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -205,7 +204,7 @@ async fn policies_deny_and_warn_as_their_bindings_say() {
     )
     .expect("written");
     let file = manifest.path().to_str().expect("utf-8");
-    let out = kubectl_run(
+    let out = crate::support::clients::kubectl_output(
         &kubectl,
         &api.admin_kubeconfig_path(),
         &["create", "-f", file],
@@ -238,26 +237,6 @@ async fn policies_deny_and_warn_as_their_bindings_say() {
         ),
         "{message}"
     );
-}
-
-async fn kubectl_run(binary: &Path, kubeconfig: &Path, args: &[&str]) -> std::process::Output {
-    let cache = tempfile::tempdir().expect("a cache dir");
-    tokio::time::timeout(
-        Duration::from_secs(30),
-        tokio::process::Command::new(binary)
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .arg("--cache-dir")
-            .arg(cache.path())
-            .args(args)
-            .env("HOME", cache.path())
-            .env_remove("KUBECONFIG")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("kubectl finishes")
-    .expect("kubectl runs")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,6 @@
 //! (`kubectl auth can-i`, `auth can-i --list`, `auth whoami`, a refused `kubectl get`).
 
 use std::path::Path;
-use std::time::Duration;
 
 use gpushare_sandbox::apiserver::{ApiServer, Identity, NODE_NAME_EXTRA};
 use http::Method;
@@ -16,9 +15,6 @@ use serde_json::{Value, json};
 
 use crate::support::clients::kubectls;
 use crate::support::extender_http::http_as;
-
-/// Upper bound for one kubectl run.
-const KUBECTL_DEADLINE: Duration = Duration::from_secs(30);
 
 /// The RBAC of the table below:
 /// - `ml/reader`: ClusterRole `pod-reader` (get, list, watch pods) bound in `ml` only;
@@ -609,23 +605,7 @@ async fn self_reviews_answer_for_the_caller() {
 
 /// Runs `kubectl` with `kubeconfig`: (exit code, stdout, stderr).
 async fn kubectl(binary: &Path, kubeconfig: &Path, args: &[&str]) -> (i32, String, String) {
-    let cache = tempfile::tempdir().expect("a cache dir");
-    let out = tokio::time::timeout(
-        KUBECTL_DEADLINE,
-        tokio::process::Command::new(binary)
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .arg("--cache-dir")
-            .arg(cache.path())
-            .args(args)
-            .env("HOME", cache.path())
-            .env_remove("KUBECONFIG")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("kubectl finishes")
-    .expect("kubectl runs");
+    let out = crate::support::clients::kubectl_output(binary, kubeconfig, args).await;
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -229,6 +229,32 @@ fn kubectl_version(kubectl: &Path) -> Option<String> {
         .map(str::to_string)
 }
 
+/// Runs `binary` (a kubectl) against `kubeconfig` with `args`, with a cache and HOME of its own
+/// and no `KUBECONFIG` from the environment, within 30 s: its output.
+pub async fn kubectl_output(
+    binary: &Path,
+    kubeconfig: &Path,
+    args: &[&str],
+) -> std::process::Output {
+    let cache = tempfile::tempdir().expect("a cache dir");
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        tokio::process::Command::new(binary)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .arg("--cache-dir")
+            .arg(cache.path())
+            .args(args)
+            .env("HOME", cache.path())
+            .env_remove("KUBECONFIG")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("kubectl finishes")
+    .expect("kubectl runs")
+}
+
 /// One request to the real Helm engine (`tests/clients/helm_chart.py`, helm-python-sdk): see
 /// that script for the request and answer. `None` when the SDK is missing (skipped; CI fails).
 pub fn helm_chart(request: &serde_json::Value) -> Option<serde_json::Value> {
