@@ -848,7 +848,6 @@ async fn play_cert_manager(api: &ApiServer, secret: &str) {
     use k8s_openapi::api::admissionregistration::v1::{
         MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
     };
-    use kube::api::{Patch, PatchParams};
     let now = std::time::SystemTime::now();
     let ca = certs::issue_ca(now, Duration::from_secs(86_400)).expect("a CA");
     let serving = certs::issue_serving(
@@ -865,44 +864,35 @@ async fn play_cert_manager(api: &ApiServer, secret: &str) {
         .expect("the cert-manager Secret");
     // cainjector's write: every webhook's clientConfig.caBundle (a merge patch replaces the
     // list, so the list is sent whole).
-    let params = PatchParams::default();
-    let mutating: kube::Api<MutatingWebhookConfiguration> = kube::Api::all(api.admin_client());
-    let mut hooks = serde_json::to_value(
-        mutating
-            .get("gpushare-webhook")
-            .await
-            .expect("the mutating configuration")
-            .webhooks,
-    )
-    .expect("json");
-    for h in hooks.as_array_mut().into_iter().flatten() {
-        h["clientConfig"]["caBundle"] = json!(b64(&ca.cert));
-    }
-    mutating
-        .patch(
-            "gpushare-webhook",
-            &params,
-            &Patch::Merge(&json!({ "webhooks": hooks })),
-        )
+    let bundle = b64(&ca.cert);
+    inject_ca::<MutatingWebhookConfiguration>(api, &bundle).await;
+    inject_ca::<ValidatingWebhookConfiguration>(api, &bundle).await;
+}
+
+/// Sets `bundle` as the caBundle of every webhook of configuration `gpushare-webhook` of kind
+/// `K` (mutating or validating), as cainjector writes it.
+async fn inject_ca<K>(api: &ApiServer, bundle: &str)
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+{
+    let configs: kube::Api<K> = kube::Api::all(api.admin_client());
+    let stored = configs
+        .get("gpushare-webhook")
         .await
-        .expect("the CA injected");
-    let validating: kube::Api<ValidatingWebhookConfiguration> = kube::Api::all(api.admin_client());
-    let mut hooks = serde_json::to_value(
-        validating
-            .get("gpushare-webhook")
-            .await
-            .expect("the validating configuration")
-            .webhooks,
-    )
-    .expect("json");
+        .expect("the webhook configuration");
+    let mut hooks = serde_json::to_value(&stored).expect("json")["webhooks"].take();
     for h in hooks.as_array_mut().into_iter().flatten() {
-        h["clientConfig"]["caBundle"] = json!(b64(&ca.cert));
+        h["clientConfig"]["caBundle"] = json!(bundle);
     }
-    validating
+    configs
         .patch(
             "gpushare-webhook",
-            &params,
-            &Patch::Merge(&json!({ "webhooks": hooks })),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&json!({ "webhooks": hooks })),
         )
         .await
         .expect("the CA injected");
