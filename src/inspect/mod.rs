@@ -34,7 +34,6 @@
 pub mod dra;
 pub(crate) mod render;
 pub mod report;
-pub(crate) mod tabwriter;
 
 use std::io::Write as _;
 use std::path::PathBuf;

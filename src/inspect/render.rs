@@ -12,10 +12,37 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::report::{NodeReport, PodShare, Report};
-use super::tabwriter;
 
 /// Column padding of the upstream tabwriter.
 const PADDING: usize = 2;
+
+/// Lays out `text` (lines ended by `\n`, cells by `\t`) in elastic tab stops as upstream's
+/// `tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)` printed it: minimum cell width 0, padding 2
+/// spaces, left-aligned, no flags. The `tabwriter` crate is a port of Go's `text/tabwriter`
+/// with the same column blocks (a cell ended by a tab belongs to a column, the text after a
+/// line's last tab does not, a line with fewer cells ends the blocks to its right) and, with
+/// minimum width 0, the same widths (widest cell plus the padding).
+///
+/// One difference from Go, which cannot show here: the crate measures a cell in display
+/// columns (Unicode width), Go in code points, so a double-width or zero-width character
+/// would pad differently. Every cell here is a Kubernetes name (node, pod, namespace,
+/// extended resource), an address, a number or the unit, all ASCII by the API server's
+/// validation, where both measures are the byte count.
+fn align(text: &str) -> String {
+    let mut writer = tabwriter::TabWriter::new(Vec::with_capacity(text.len() + text.len() / 2))
+        .minwidth(0)
+        .padding(PADDING);
+    // Writing into a `Vec` cannot fail, and the output is the input's UTF-8 with spaces
+    // added; the fallbacks only keep this free of panics.
+    if std::io::Write::write_all(&mut writer, text.as_bytes()).is_err() {
+        return text.to_owned();
+    }
+    match writer.into_inner() {
+        Ok(bytes) => String::from_utf8(bytes)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+        Err(_) => text.to_owned(),
+    }
+}
 /// Width of the bar in the `wide` view.
 const BAR_WIDTH: u64 = 10;
 
@@ -84,7 +111,7 @@ pub fn table(report: &Report) -> String {
         report.total,
         percent(report.used, report.total)
     );
-    let mut out = tabwriter::align(&raw, PADDING);
+    let mut out = align(&raw);
     other_devices(report, &mut out);
     notes(report, &mut out);
     out
@@ -115,7 +142,7 @@ fn other_devices(report: &Report, out: &mut String) {
             );
         }
     }
-    out.push_str(&tabwriter::align(&raw, PADDING));
+    out.push_str(&align(&raw));
 }
 
 /// One pod's row in the details view: its memory per GPU column and in pending.
@@ -207,7 +234,7 @@ pub fn details(report: &Report) -> String {
         report.total,
         percent(report.used, report.total)
     );
-    let mut out = tabwriter::align(&raw, PADDING);
+    let mut out = align(&raw);
     notes(report, &mut out);
     out
 }
@@ -320,7 +347,7 @@ pub fn wide(report: &Report) -> String {
         report.total,
         percent(report.used, report.total)
     );
-    let mut out = tabwriter::align(&raw, PADDING);
+    let mut out = align(&raw);
     notes(report, &mut out);
     out
 }
@@ -345,6 +372,47 @@ pub fn yaml(report: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // The layout rules of upstream's tabwriter, as `align` must keep them.
+    #[test]
+    fn columns_are_padded_to_the_widest_cell_plus_two() {
+        assert_eq!(align("a\tbb\tc\nddd\te\tf\n"), "a    bb  c\nddd  e   f\n");
+    }
+
+    #[test]
+    fn a_trailing_tab_leaves_the_padding() {
+        assert_eq!(
+            align("Allocated/Total:\n9/30 (30%)\t\n"),
+            "Allocated/Total:\n9/30 (30%)  \n"
+        );
+    }
+
+    #[test]
+    fn a_line_without_tabs_ends_the_column_blocks() {
+        // The long first cell does not widen the column after the tab-less line.
+        assert_eq!(
+            align("loooooong\tx\nplain line\na\tb\n"),
+            "loooooong  x\nplain line\na  b\n"
+        );
+    }
+
+    #[test]
+    fn inner_columns_are_sized_per_block_of_the_outer_column() {
+        // Line 2 has only one column, so column 1 forms two separate blocks.
+        let text = "a\tb\tc\nx\ty\naaaa\tbbbbbb\tc\n";
+        assert_eq!(align(text), "a     b  c\nx     y\naaaa  bbbbbb  c\n");
+    }
+
+    #[test]
+    fn width_counts_characters_not_bytes() {
+        assert_eq!(align("é\tx\nab\ty\n"), "é   x\nab  y\n");
+    }
+
+    #[test]
+    fn text_without_final_newline_is_kept_as_upstream_printed_it() {
+        assert_eq!(align("a\tb"), "a  b");
+        assert_eq!(align(""), "");
+    }
 
     #[test]
     fn percentages_truncate_like_go() {
