@@ -21,6 +21,7 @@ use rcgen::{
 };
 use serde_json::{Value, json};
 
+use crate::support::doctor_node::doctor_no_cluster;
 use crate::support::https_client::{connector, https_via};
 use crate::support::objects::{gpu_node, pending_pod};
 use crate::support::wait::{DEADLINE, poll, wait_until};
@@ -456,18 +457,9 @@ async fn doctor_probes_an_https_extender_and_says_its_certificate_is_not_checked
     let api = sandbox().await;
     let ext = start(&api, &pki.config(false), None).await;
     let url = format!("https://127.0.0.1:{}/gpushare-scheduler", ext.addr.port());
-    let args = [
-        "doctor",
-        "--role",
-        "control-plane",
-        "--no-cluster",
-        "-o",
-        "json",
-        "--extender-url",
-        url.as_str(),
-    ];
+    let args = ["-o", "json", "--extender-url", url.as_str()];
     // The binary runs while the extender serves on the other worker.
-    let out = tokio::task::block_in_place(|| crate::support::run(&args));
+    let out = tokio::task::block_in_place(|| doctor_no_cluster("control-plane", &args));
     let report: Value = serde_json::from_slice(&out.stdout).expect("doctor's JSON report");
     let check = report["checks"]
         .as_array()

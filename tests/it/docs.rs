@@ -12,6 +12,7 @@
 
 use std::collections::BTreeSet;
 
+use crate::support::doctor_node::doctor_no_cluster;
 use crate::support::source_tree::{read, repo_path};
 use crate::support::{run, stderr, stdout};
 
@@ -325,10 +326,6 @@ fn every_doctor_check_has_a_row() {
     let page = read("docs/doctor.md");
     let mut ids = BTreeSet::new();
     let base = [
-        "doctor",
-        "--role",
-        "all",
-        "--no-cluster",
         "--gpu-backend",
         "fake",
         "--fake-gpus",
@@ -344,7 +341,7 @@ fn every_doctor_check_has_a_row() {
     ];
     for more in extra {
         let args: Vec<&str> = base.iter().chain(more).copied().collect();
-        let out = run(&args);
+        let out = doctor_no_cluster("all", &args);
         let report: serde_json::Value =
             serde_json::from_str(&stdout(&out)).unwrap_or_else(|e| panic!("{args:?}: {e}"));
         for check in report["checks"].as_array().expect("checks") {

@@ -17,7 +17,10 @@ use gpushare::doctor::{Options, Role, diagnose, preflight};
 use gpushare_sandbox::apiserver::ApiServer;
 use serde_json::Value;
 
-use crate::support::doctor_node::{NODE, node_root, preflight_config};
+use crate::support::doctor_node::{
+    NODE, check_of as check, doctor_no_cluster, fake_node_doctor, node_root, preflight_config,
+    report_of as json_of, status_of as status,
+};
 use crate::support::{fixture, run, stderr, stdout};
 
 // ---------------------------------------------------------------- harness
@@ -26,43 +29,9 @@ fn path(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
 }
 
-const FAKE: &[&str] = &["--gpu-backend", "fake", "--fake-gpus", "2x16GiB"];
-
-/// `doctor --role node --root ROOT` with fake GPUs and no cluster, plus `extra`.
+/// `doctor --role node --root ROOT` with two fake 16 GiB GPUs and no cluster, plus `extra`.
 fn node_doctor(root: &Path, extra: &[&str]) -> Output {
-    let mut args = vec![
-        "doctor",
-        "--role",
-        "node",
-        "--no-cluster",
-        "--root",
-        path(root),
-    ];
-    args.extend_from_slice(FAKE);
-    args.extend_from_slice(extra);
-    run(&args)
-}
-
-fn json_of(out: &Output) -> Value {
-    serde_json::from_str(&stdout(out)).unwrap_or_else(|e| {
-        panic!(
-            "doctor -o json printed no JSON ({e}): {}\n{}",
-            stdout(out),
-            stderr(out)
-        )
-    })
-}
-
-/// The check `id` of a JSON report.
-fn check<'a>(report: &'a Value, id: &str) -> &'a Value {
-    report["checks"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["id"] == id))
-        .unwrap_or_else(|| panic!("no check {id} in {report:#}"))
-}
-
-fn status<'a>(report: &'a Value, id: &str) -> &'a str {
-    check(report, id)["status"].as_str().unwrap_or("?")
+    fake_node_doctor(root, "2x16GiB", extra)
 }
 
 fn golden_path(name: &str) -> PathBuf {
@@ -328,20 +297,16 @@ fn an_old_device_plugin_key_works_and_is_named_with_its_new_name() {
 #[test]
 fn nvml_missing_fails_with_a_clear_detail() {
     let root = node_root("docker-nvidia");
-    let out = run(&[
-        "doctor",
-        "--role",
-        "node",
-        "--no-cluster",
-        "--root",
-        path(root.path()),
+    let nvml = [
         "--gpu-backend",
         "nvml",
         "--nvml-library",
         "/nonexistent/libnvidia-ml.so.1",
-        "-o",
-        "json",
-    ]);
+    ];
+    let out = doctor_no_cluster(
+        "node",
+        &[&["--root", path(root.path()), "-o", "json"], &nvml[..]].concat(),
+    );
     assert_eq!(out.status.code(), Some(1));
     let report = json_of(&out);
     let c = check(&report, "gpu-access");
@@ -445,16 +410,10 @@ fn a_fake_nvidia_smi_serves_and_mib_overflows_list_and_watch() {
 
 /// `doctor --role control-plane --no-cluster` plus `extra`.
 fn control_plane(extra: &[&str]) -> Value {
-    let mut args = vec![
-        "doctor",
-        "--role",
+    json_of(&doctor_no_cluster(
         "control-plane",
-        "--no-cluster",
-        "-o",
-        "json",
-    ];
-    args.extend_from_slice(extra);
-    json_of(&run(&args))
+        &[&["-o", "json"], extra].concat(),
+    ))
 }
 
 #[test]
@@ -675,7 +634,7 @@ fn cluster_args_as(kubeconfig: &Path, root: &Path, role: &str) -> Vec<String> {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    args.extend(FAKE.iter().map(|s| s.to_string()));
+    args.extend(["--gpu-backend", "fake", "--fake-gpus", "2x16GiB"].map(String::from));
     args
 }
 

@@ -7,36 +7,20 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::support::{fixture, run, stdout};
+use crate::support::doctor_node::{fake_node_doctor, find_check, report_of};
+use crate::support::fixture;
 
 fn doctor(root: &str, extra: &[&str]) -> Value {
     let root = fixture(&format!("doctor/{root}"));
-    let mut args = vec![
-        "doctor",
-        "--role",
-        "node",
-        "--no-cluster",
-        "-o",
-        "json",
-        "--gpu-backend",
-        "fake",
-        "--fake-gpus",
+    report_of(&fake_node_doctor(
+        &root,
         "2x16GiB",
-        "--root",
-        root.to_str().expect("utf-8"),
-    ];
-    args.extend_from_slice(extra);
-    let out = run(&args);
-    serde_json::from_str(&stdout(&out))
-        .unwrap_or_else(|e| panic!("no JSON ({e}): {}", stdout(&out)))
+        &[&["-o", "json"], extra].concat(),
+    ))
 }
 
 fn check<'a>(report: &'a Value, id: &str) -> Option<&'a Value> {
-    report["checks"]
-        .as_array()
-        .expect("checks")
-        .iter()
-        .find(|c| c["id"] == id)
+    find_check(report, id)
 }
 
 fn status_of(report: &Value, id: &str) -> String {

@@ -13,8 +13,11 @@ use gpushare::doctor::{Options, Role, diagnose};
 use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction, FeatureGate};
 use serde_json::Value;
 
+use crate::support::doctor_node::{
+    check_of as json_check, fake_node_doctor, report_of as report, status_of,
+};
 use crate::support::source_tree::assert_generated;
-use crate::support::{run, stderr, stdout};
+use crate::support::stdout;
 
 const CONTAINERD_2: &str = "version = 3\n";
 const CONTAINERD_17: &str = "version = 2\n";
@@ -57,40 +60,7 @@ fn node_doctor(root: &Path, extra: &[&str]) -> std::process::Output {
 }
 
 fn node_doctor_with_gpus(root: &Path, gpus: &str, extra: &[&str]) -> std::process::Output {
-    let mut args = vec![
-        "doctor",
-        "--role",
-        "node",
-        "--no-cluster",
-        "--dra",
-        "--gpu-backend",
-        "fake",
-        "--fake-gpus",
-        gpus,
-        "--root",
-        root.to_str().expect("utf-8"),
-    ];
-    args.extend_from_slice(extra);
-    run(&args)
-}
-
-fn report(out: &std::process::Output) -> Value {
-    serde_json::from_str(&stdout(out))
-        .unwrap_or_else(|e| panic!("no JSON ({e}): {}\n{}", stdout(out), stderr(out)))
-}
-
-fn json_check<'a>(report: &'a Value, id: &str) -> &'a Value {
-    report["checks"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["id"] == id))
-        .unwrap_or_else(|| panic!("no {id} in {report:#}"))
-}
-
-fn status_of(report: &Value, id: &str) -> String {
-    json_check(report, id)["status"]
-        .as_str()
-        .unwrap_or("?")
-        .to_string()
+    fake_node_doctor(root, gpus, &[&["--dra"], extra].concat())
 }
 
 fn text_of(report: &Value, id: &str) -> String {
@@ -146,20 +116,7 @@ fn a_sound_dra_node_passes_with_a_golden_report() {
     }
     assert_eq!(status_of(&rep, "dra-memory-unit"), "ok");
     // Without --dra, no DRA check runs.
-    let plain = run(&[
-        "doctor",
-        "--role",
-        "node",
-        "--no-cluster",
-        "--gpu-backend",
-        "fake",
-        "--fake-gpus",
-        "2x16GiB",
-        "-o",
-        "json",
-        "--root",
-        r.path().to_str().expect("utf-8"),
-    ]);
+    let plain = fake_node_doctor(r.path(), "2x16GiB", &["-o", "json"]);
     assert!(!stdout(&plain).contains("\"dra-"), "{}", stdout(&plain));
     assert_eq!(status_of(&report(&plain), "container-runtime"), "fail");
 }
@@ -630,20 +587,7 @@ async fn gpu_locks_held_by_the_other_path_are_named_by_the_conflict_checks() {
     assert_eq!(status_of(&rep, "dra-plugin-conflict"), "ok");
 
     let _dra = locks.try_take("GPU-bbbb", ServingPath::Dra).expect("taken");
-    let out = run(&[
-        "doctor",
-        "--role",
-        "node",
-        "--no-cluster",
-        "--root",
-        r.path().to_str().expect("utf-8"),
-        "--gpu-backend",
-        "fake",
-        "--fake-gpus",
-        "1x16GiB",
-        "-o",
-        "json",
-    ]);
+    let out = fake_node_doctor(r.path(), "1x16GiB", &["-o", "json"]);
     let rep = report(&out);
     assert_eq!(status_of(&rep, "plugin-conflict"), "warn");
     assert!(

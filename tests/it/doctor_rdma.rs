@@ -10,7 +10,8 @@ use gpushare::doctor::report::{Check, Status};
 use gpushare::rdma::Roots;
 use serde_json::Value;
 
-use crate::support::{fixture, run, stderr, stdout};
+use crate::support::doctor_node::{fake_node_doctor, report_of};
+use crate::support::{fixture, stdout};
 
 fn doctor(tree: &Path) -> Vec<Check> {
     checks(&Roots::under(tree), &tree.join("proc/modules"))
@@ -194,27 +195,10 @@ fn the_binary_runs_the_rdma_checks_with_separate_roots() {
     let tree = fixture("rdma/hgx-h100-8gpu-roce");
     let sys = tree.join("sys");
     let dev = tree.join("dev");
-    let out = run(&[
-        "doctor",
-        "--role",
-        "node",
-        "--no-cluster",
-        "--gpu-backend",
-        "fake",
-        "--fake-gpus",
-        "1x16GiB",
-        "-o",
-        "json",
-        "--root",
-        tree.to_str().expect("utf-8"),
-        "--rdma",
-        "--sysfs-root",
-        sys.to_str().expect("utf-8"),
-        "--dev-root",
-        dev.to_str().expect("utf-8"),
-    ]);
-    let report: Value = serde_json::from_str(&stdout(&out))
-        .unwrap_or_else(|e| panic!("no JSON ({e}): {}\n{}", stdout(&out), stderr(&out)));
+    let (sys, dev) = (sys.to_str().expect("utf-8"), dev.to_str().expect("utf-8"));
+    let rdma = ["--rdma", "--sysfs-root", sys, "--dev-root", dev];
+    let out = fake_node_doctor(&tree, "1x16GiB", &[&["-o", "json"], &rdma[..]].concat());
+    let report: Value = report_of(&out);
     let ids: Vec<&str> = report["checks"]
         .as_array()
         .expect("checks")
@@ -237,19 +221,6 @@ fn the_binary_runs_the_rdma_checks_with_separate_roots() {
         }
     }
     // Without --rdma, no RDMA check runs.
-    let plain = run(&[
-        "doctor",
-        "--role",
-        "node",
-        "--no-cluster",
-        "--gpu-backend",
-        "fake",
-        "--fake-gpus",
-        "1x16GiB",
-        "-o",
-        "json",
-        "--root",
-        tree.to_str().expect("utf-8"),
-    ]);
+    let plain = fake_node_doctor(&tree, "1x16GiB", &["-o", "json"]);
     assert!(!stdout(&plain).contains("rdma-"), "{}", stdout(&plain));
 }

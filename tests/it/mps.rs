@@ -15,11 +15,11 @@ use gpushare_sandbox::dra_allocator::DraAllocator;
 use gpushare_sandbox::dra_kubelet::ClaimOutcome;
 
 use crate::support::deviceplugin_cluster::{Cluster, cluster, env};
+use crate::support::doctor_node::{check_of as check, fake_node_doctor, report_of};
 use crate::support::dra_node;
 use crate::support::extender_http;
 use crate::support::mps::FakeMps;
 use crate::support::wait::wait_until;
-use crate::support::{run, stderr, stdout};
 
 /// `/readyz` of the plugin's admin server: its status code (a blocking call: the tests run on
 /// a multi-threaded runtime, so the admin server answers on another worker).
@@ -334,35 +334,18 @@ async fn c_wait_events(node: &dra_node::Node) {
 // ---------------------------------------------------------------- doctor --mps
 
 fn doctor_mps(root: &std::path::Path) -> Value {
-    let r = root.to_str().expect("utf-8");
-    let out = run(&[
-        "doctor",
-        "--role",
-        "node",
-        "--no-cluster",
-        "--root",
-        r,
-        "--gpu-backend",
-        "fake",
-        "--fake-gpus",
-        "2x16GiB",
+    let mps = [
         "--mps",
         "--mps-pipe-dir",
         "/run/mps/pipe",
         "--mps-log-dir",
         "/run/mps/log",
-        "-o",
-        "json",
-    ]);
-    serde_json::from_str(&stdout(&out))
-        .unwrap_or_else(|e| panic!("no JSON ({e}): {}\n{}", stdout(&out), stderr(&out)))
-}
-
-fn check<'a>(report: &'a Value, id: &str) -> &'a Value {
-    report["checks"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["id"] == id))
-        .unwrap_or_else(|| panic!("no check {id}: {report:#}"))
+    ];
+    report_of(&fake_node_doctor(
+        root,
+        "2x16GiB",
+        &[&mps[..], &["-o", "json"]].concat(),
+    ))
 }
 
 #[test]

@@ -1,16 +1,19 @@
 //! What doctor's tests and the start-up tests share: a node's root file system copied from a
 //! fixture (with a live-looking `kubelet.sock`), the labelled GPU node, the configuration of a
-//! preflight against the sandbox API server with fake GPUs, and a control-plane report
-//! against the sandbox.
+//! preflight against the sandbox API server with fake GPUs, a control-plane report
+//! against the sandbox, and the `gpushare doctor` binary run without a cluster with its JSON
+//! report read back.
 
 use std::path::Path;
+use std::process::Output;
 
 use gpushare::config::{Config, GpuBackendKind};
 use gpushare::doctor::report::Check;
 use gpushare::doctor::{Options, Role, diagnose};
 use gpushare_sandbox::apiserver::ApiServer;
+use serde_json::Value;
 
-use super::fixture;
+use super::{fixture, run, stderr, stdout};
 
 /// A labelled GPU node with gpu-mem capacity, as the device plugin leaves it.
 pub(crate) const NODE: &str = "
@@ -88,4 +91,49 @@ pub(crate) async fn control_plane_checks(
         dra: None,
     };
     diagnose(&opts, &config).await.checks
+}
+
+/// The binary's `gpushare doctor --role ROLE --no-cluster` plus `extra`.
+pub(crate) fn doctor_no_cluster(role: &str, extra: &[&str]) -> Output {
+    let mut args = vec!["doctor", "--role", role, "--no-cluster"];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+/// [`doctor_no_cluster`] for a node whose root file system is `root`, over fake GPUs `gpus`
+/// (`2x16GiB`), plus `extra`.
+pub(crate) fn fake_node_doctor(root: &Path, gpus: &str, extra: &[&str]) -> Output {
+    let root = root.to_str().expect("a UTF-8 root");
+    let mut args = vec!["--root", root, "--gpu-backend", "fake", "--fake-gpus", gpus];
+    args.extend_from_slice(extra);
+    doctor_no_cluster("node", &args)
+}
+
+/// The JSON report doctor printed (`-o json`); panics with its stdout and stderr where it
+/// printed none.
+pub(crate) fn report_of(out: &Output) -> Value {
+    serde_json::from_str(&stdout(out)).unwrap_or_else(|e| {
+        panic!(
+            "doctor -o json printed no JSON ({e}): {}\n{}",
+            stdout(out),
+            stderr(out)
+        )
+    })
+}
+
+/// The check `id` of a JSON report, if it holds one.
+pub(crate) fn find_check<'a>(report: &'a Value, id: &str) -> Option<&'a Value> {
+    report["checks"]
+        .as_array()
+        .and_then(|checks| checks.iter().find(|c| c["id"] == id))
+}
+
+/// The check `id` of a JSON report; panics naming the report where it holds none.
+pub(crate) fn check_of<'a>(report: &'a Value, id: &str) -> &'a Value {
+    find_check(report, id).unwrap_or_else(|| panic!("no check {id} in {report:#}"))
+}
+
+/// The status of check `id` of a JSON report (`?` where it has none).
+pub(crate) fn status_of<'a>(report: &'a Value, id: &str) -> &'a str {
+    check_of(report, id)["status"].as_str().unwrap_or("?")
 }

@@ -14,6 +14,8 @@ use std::process::{Command, Output, Stdio};
 use gpushare_sandbox::nvml_stub::{self, MemoryAccounting, StubGpu};
 use serde_json::{Value, json};
 
+use super::doctor_node;
+
 /// The stub's GPUs: two 16 GiB GPUs.
 pub fn gpus() -> Vec<StubGpu> {
     (0..2)
@@ -430,30 +432,10 @@ pub async fn inspect(kubeconfig: &str, format: &str) -> Output {
 /// `status | detail | hint` (the other checks read this machine).
 pub fn doctor_enforcement(config: &Path, nvml: &Path, extra: &[&str]) -> String {
     let (nvml, config) = (nvml.display().to_string(), config.display().to_string());
-    let mut args = vec![
-        "doctor",
-        "--role",
-        "node",
-        "--no-cluster",
-        "--config",
-        &config,
-        "--gpu-backend",
-        "nvml",
-        "--nvml-library",
-        &nvml,
-        "-o",
-        "json",
-    ];
-    args.extend_from_slice(extra);
-    let out = crate::support::run(&args);
-    let report: Value = serde_json::from_str(&crate::support::stdout(&out)).expect("json");
-    let check = report["checks"]
-        .as_array()
-        .expect("checks")
-        .iter()
-        .find(|c| c["id"] == "enforcement")
-        .expect("the enforcement check")
-        .clone();
+    let nvml = ["--gpu-backend", "nvml", "--nvml-library", &nvml];
+    let args = [&["--config", &config, "-o", "json"], &nvml[..], extra].concat();
+    let report = doctor_node::report_of(&doctor_node::doctor_no_cluster("node", &args));
+    let check = doctor_node::check_of(&report, "enforcement");
     format!(
         "{} | {} | {}",
         check["status"], check["detail"], check["hint"]
