@@ -21,7 +21,7 @@ use gpushare::shutdown::Shutdown;
 use gpushare::webhook::dra_rewrite::{kind_requests, rewrite_with_kinds};
 use gpushare_sandbox::apiserver::ApiServer;
 use gpushare_sandbox::dra_allocator::DraAllocator;
-use gpushare_sandbox::dra_kubelet::{ClaimOutcome, DraKubelet};
+use gpushare_sandbox::dra_kubelet::ClaimOutcome;
 use serde_json::{Value, json};
 
 use crate::support::clients;
@@ -249,12 +249,7 @@ async fn one_claim_gets_gpu_memory_and_the_hca_under_the_same_root_and_prepare_h
     fake_dev(dev.path());
     let node = node(dev.path()).await;
     let plugin = node.start().await;
-    let kubelet = DraKubelet::start(&node.config.dra.registry_dir, NODE, node.api.admin_client())
-        .expect("the DRA kubelet starts");
-    kubelet
-        .wait_registered(DRA_DRIVER_NAME)
-        .await
-        .expect("registers");
+    let kubelet = crate::support::dra_node::registered_kubelet(&node.config, &node.api).await;
 
     // The first pod takes the whole first GPU (binpack), so the second lands on GPU 1: its
     // HCA must be the one behind GPU 1's switch, not the first HCA that fits.

@@ -13,14 +13,12 @@ use std::path::Path;
 
 use gpushare::config::enforcement::Enforcement;
 use gpushare::config::{Config, DeviceListStrategies, DeviceListStrategy};
-use gpushare::core::wire::DRA_DRIVER_NAME;
 use gpushare::dra::role;
 use gpushare::gpu::fake::FakeBackend;
 use gpushare::node::enforcement::Mechanism;
 use gpushare::node::paths::ServingPath;
 use gpushare::shutdown::Shutdown;
 use gpushare_sandbox::apiserver::ApiServer;
-use gpushare_sandbox::dra_kubelet::DraKubelet;
 use gpushare_sandbox::nvml_stub::{self, MemoryAccounting};
 use serde_json::{Value, json};
 
@@ -54,16 +52,27 @@ async fn dra_api() -> ApiServer {
 }
 
 fn dra_config(host: &Host, dir: &Path) -> Config {
-    let mut config = Config::default();
-    config.node.node_name = NODE.into();
-    config.dra.registry_dir = dir.join("registry");
-    config.dra.plugin_dir = dir.join("plugin");
-    config.dra.state_dir = dir.join("state");
-    config.dra.cdi_dir = dir.join("cdi");
-    config.dra.admin_address = "127.0.0.1:0".into();
-    config.doctor.skip = true;
-    host.driver_config(&mut config);
-    config
+    crate::support::dra_node::config_in(dir, |config| {
+        config.dra.admin_address = "127.0.0.1:0".into();
+        host.driver_config(config);
+    })
+}
+
+/// The DRA plugin with driver enforcement over `host`, on a fresh sandbox of node [`NODE`]:
+/// the API server, the plugin's directory, its configuration and the running role.
+async fn dra_plugin(host: &Host) -> (ApiServer, tempfile::TempDir, Config, role::DraPluginHandle) {
+    let api = dra_api().await;
+    let dir = short_tempdir();
+    let config = dra_config(host, dir.path());
+    let plugin = role::start(
+        &config,
+        api.admin_client(),
+        host.backend(),
+        Shutdown::never(),
+    )
+    .await
+    .expect("the DRA plugin starts with driver enforcement");
+    (api, dir, config, plugin)
 }
 
 /// A one-container gpu-mem pod rewritten for the DRA path, its template and the pod stored.
@@ -74,27 +83,12 @@ fn submit(api: &ApiServer, name: &str, gib: u64) {
 #[tokio::test]
 async fn dra_a_4gib_pod_is_limited_to_4gib_on_its_own_cgroup_and_the_readback_shows_it() {
     let host = Host::new(MemoryAccounting::Dmem, "615.10.02");
-    let api = dra_api().await;
-    let dir = short_tempdir();
-    let config = dra_config(&host, dir.path());
-    let plugin = role::start(
-        &config,
-        api.admin_client(),
-        host.backend(),
-        Shutdown::never(),
-    )
-    .await
-    .expect("the DRA plugin starts with driver enforcement");
+    let (api, _dir, config, plugin) = dra_plugin(&host).await;
     assert_eq!(
         plugin.agent().enforcement().mechanism(ServingPath::Dra),
         Mechanism::Driver
     );
-    let kubelet =
-        DraKubelet::start(&config.dra.registry_dir, NODE, api.admin_client()).expect("kubelet");
-    kubelet
-        .wait_registered(DRA_DRIVER_NAME)
-        .await
-        .expect("registers");
+    let kubelet = crate::support::dra_node::registered_kubelet(&config, &api).await;
 
     submit(&api, "p", 4);
     let (_, spec) =
@@ -487,17 +481,7 @@ async fn a_restarted_node_agent_reconciles_what_happened_while_it_was_down() {
     }
     std::fs::remove_dir(&gone.path).expect("the runtime removed it");
 
-    let api = dra_api().await;
-    let dir = short_tempdir();
-    let config = dra_config(&host, dir.path());
-    let plugin = role::start(
-        &config,
-        api.admin_client(),
-        host.backend(),
-        Shutdown::never(),
-    )
-    .await
-    .expect("starts");
+    let (api, _dir, _config, plugin) = dra_plugin(&host).await;
     wait_until("the first cycle reconciled the records", || {
         !host.state.join("stopped.json").exists() && !host.state.join("gone.json").exists()
     })

@@ -19,14 +19,12 @@ use std::path::PathBuf;
 
 use gpushare::config::Config;
 use gpushare::config::enforcement::Enforcement;
-use gpushare::core::wire::DRA_DRIVER_NAME;
 use gpushare::dra::role;
 use gpushare::gpu::fake::FakeBackend;
 use gpushare::node::enforcement::Mechanism;
 use gpushare::node::paths::ServingPath;
 use gpushare::shutdown::Shutdown;
 use gpushare_limiter_contract::{GpuUuid, Limits};
-use gpushare_sandbox::dra_kubelet::DraKubelet;
 use serde_json::Value;
 
 use crate::support::clients;
@@ -361,15 +359,10 @@ async fn dra_a_4gib_claim_gets_the_limiter_in_its_cdi_spec_and_is_held_to_4gib()
     let host = HostDirs::new();
     let api = dra_node_api(DRA_NODE).await;
     let dir = short_tempdir();
-    let mut config = Config::default();
-    config.node.node_name = DRA_NODE.into();
-    config.dra.registry_dir = dir.path().join("registry");
-    config.dra.plugin_dir = dir.path().join("plugin");
-    config.dra.state_dir = dir.path().join("state");
-    config.dra.cdi_dir = dir.path().join("cdi");
-    config.dra.admin_address = "127.0.0.1:0".into();
-    config.doctor.skip = true;
-    host.configure(&mut config, Enforcement::Auto);
+    let config = crate::support::dra_node::config_in(dir.path(), |config| {
+        config.dra.admin_address = "127.0.0.1:0".into();
+        host.configure(config, Enforcement::Auto);
+    });
     let plugin = role::start(
         &config,
         api.admin_client(),
@@ -385,12 +378,7 @@ async fn dra_a_4gib_claim_gets_the_limiter_in_its_cdi_spec_and_is_held_to_4gib()
         .expect("auto decides");
     assert_eq!(decision.mechanism, Mechanism::Limiter, "{}", decision.why);
     assert!(decision.why.contains("not driver"), "{}", decision.why);
-    let kubelet =
-        DraKubelet::start(&config.dra.registry_dir, DRA_NODE, api.admin_client()).expect("kubelet");
-    kubelet
-        .wait_registered(DRA_DRIVER_NAME)
-        .await
-        .expect("registers");
+    let kubelet = crate::support::dra_node::registered_kubelet(&config, &api).await;
 
     submit_gpu_pod(&api, "p", 4);
     let (claim_uid, spec) =

@@ -8,14 +8,13 @@
 use gpushare::core::wire::{DRA_DEVICE_CLASS, DRA_DRIVER_NAME, RESOURCE_GPU_MEM};
 use gpushare::core::{GpuPolicy, MemoryUnit};
 use gpushare::dra::slices::{SliceGpu, build_slices};
-use gpushare::webhook::dra_rewrite::rewrite;
-use gpushare_sandbox::apiserver::ApiServer;
 use gpushare_sandbox::dra_allocator::{Features, NodeView, Usage, allocate_pod};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use serde_json::{Value, json};
 
-use crate::support::extender_http;
+use crate::support::extender_sandbox::{self, Env};
+use crate::support::{dra_node, extender_http};
 
 const GIB: u64 = 1 << 30;
 
@@ -133,15 +132,7 @@ async fn extender_fits(addr: std::net::SocketAddr, pod: &Value) -> bool {
 /// it on one free 16 GiB GPU.
 fn dra_asks_and_fits(pod: &Value) -> (u64, bool) {
     let pod: Pod = serde_json::from_value(pod.clone()).expect("a pod");
-    let r = rewrite(
-        &pod,
-        "default",
-        MemoryUnit::GIB,
-        DRA_DRIVER_NAME,
-        DRA_DEVICE_CLASS,
-    )
-    .expect("rewrites")
-    .expect("rewritten");
+    let r = dra_node::rewritten(&pod);
     let spec = r
         .template
         .spec
@@ -208,23 +199,13 @@ fn dra_asks_and_fits(pod: &Value) -> (u64, bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_table_of_pod_shapes_fits_alike_on_both_paths() {
-    let api = ApiServer::start().await.expect("sandbox");
-    let res = json!({ RESOURCE_GPU_MEM: "16", "aliyun.com/gpu-count": "1" });
-    api.create_object(json!({ "apiVersion": "v1", "kind": "Node",
-        "metadata": { "name": "n1" }, "status": { "capacity": res, "allocatable": res } }))
-        .expect("the node");
-    let mut config = gpushare::config::Config::default();
-    config.extender.bind_address = [127, 0, 0, 1].into();
-    config.extender.port = 0;
-    config.doctor.skip = true;
-    let ext = gpushare::extender::start(
-        &config,
-        api.admin_client(),
-        gpushare::shutdown::Shutdown::never(),
-    )
-    .await
-    .expect("the extender starts");
-    ext.wait_ready().await.expect("ready");
+    let Env { api, ext } = Env::start_with(extender_sandbox::config(), |api| {
+        let res = json!({ RESOURCE_GPU_MEM: "16", "aliyun.com/gpu-count": "1" });
+        api.create_object(json!({ "apiVersion": "v1", "kind": "Node",
+            "metadata": { "name": "n1" }, "status": { "capacity": res, "allocatable": res } }))
+            .expect("the node");
+    })
+    .await;
 
     let mut wrong = Vec::new();
     for (i, (what, containers, counted)) in SHAPES.iter().enumerate() {

@@ -28,6 +28,7 @@ use gpushare::node::health::HealthTracker;
 use serde_json::Value;
 
 use crate::support::extender_http::request;
+use crate::support::extender_sandbox::{self, Env};
 use crate::support::fixture;
 use crate::support::wait::wait_until_within;
 
@@ -821,22 +822,8 @@ fn validate_response(key: &str, kind: &str, v: &Value) {
 #[tokio::test]
 async fn every_extender_body_gets_the_answer_kube_scheduler_expects() {
     let expected = json_file("EXPECTED.json");
-    let api = gpushare_sandbox::apiserver::ApiServer::start()
-        .await
-        .expect("sandbox API server");
-    let mut config = Config::default();
-    config.extender.bind_address = [127, 0, 0, 1].into();
-    config.extender.port = 0;
-    config.doctor.skip = true;
-    let ext = gpushare::extender::start(
-        &config,
-        api.admin_client(),
-        gpushare::shutdown::Shutdown::never(),
-    )
-    .await
-    .expect("extender starts");
-    ext.wait_ready().await.expect("ready");
-    let addr = ext.addr;
+    let env = Env::start_with(extender_sandbox::config(), |_| {}).await;
+    let addr = env.addr();
     for (key, path) in files("extender-args") {
         let exp = entry(&expected, &key, "EXPECTED.json");
         let body = std::fs::read(&path).expect("read");

@@ -12,7 +12,7 @@ use gpushare::core::wire::{DRA_DEVICE_CLASS, DRA_DRIVER_NAME};
 use gpushare::dra::role::{self, DraPluginHandle};
 use gpushare::gpu::fake::{FakeBackend, FakeHealth};
 use gpushare::shutdown::Shutdown;
-use gpushare::webhook::dra_rewrite::rewrite;
+use gpushare::webhook::dra_rewrite::{DraRewrite, rewrite};
 use gpushare_sandbox::apiserver::ApiServer;
 use gpushare_sandbox::dra_kubelet::DraKubelet;
 use k8s_openapi::api::core::v1::Pod;
@@ -118,6 +118,18 @@ pub fn config_in(dir: &Path, tweak: impl FnOnce(&mut Config)) -> Config {
     config
 }
 
+/// A sandbox DRA kubelet of node [`NODE`] on `config`'s registry directory, the product's
+/// driver registered with it.
+pub async fn registered_kubelet(config: &Config, api: &ApiServer) -> DraKubelet {
+    let kubelet = DraKubelet::start(&config.dra.registry_dir, NODE, api.admin_client())
+        .expect("the DRA kubelet starts");
+    kubelet
+        .wait_registered(DRA_DRIVER_NAME)
+        .await
+        .expect("the DRA plugin registers");
+    kubelet
+}
+
 /// Rewrites a gpu-mem pod of containers `(name, units)`, stores its template and the pod.
 pub fn submit_containers(api: &ApiServer, name: &str, containers: &[(&str, u64)]) {
     let containers: Vec<Value> = containers
@@ -136,18 +148,24 @@ pub fn submit_containers(api: &ApiServer, name: &str, containers: &[(&str, u64)]
     );
 }
 
-/// Rewrites pod `pod` (JSON, namespace `default`), stores its template and the pod.
-pub fn submit_pod(api: &ApiServer, pod: Value) {
-    let pod: Pod = serde_json::from_value(pod).expect("a pod");
-    let r = rewrite(
-        &pod,
+/// The webhook's DRA rewrite of gpu-mem pod `pod` in namespace `default`, units of GiB, the
+/// product's driver and class; panics where it is refused or left alone.
+pub fn rewritten(pod: &Pod) -> DraRewrite {
+    rewrite(
+        pod,
         "default",
         MemoryUnit::GIB,
         DRA_DRIVER_NAME,
         DRA_DEVICE_CLASS,
     )
     .expect("rewrites")
-    .expect("rewritten");
+    .expect("rewritten")
+}
+
+/// Rewrites pod `pod` (JSON, namespace `default`), stores its template and the pod.
+pub fn submit_pod(api: &ApiServer, pod: Value) {
+    let pod: Pod = serde_json::from_value(pod).expect("a pod");
+    let r = rewritten(&pod);
     let template = r.template.metadata.name.clone().expect("named");
     // Pods of one shape share a template; another submitter may have created it meanwhile.
     if api
