@@ -9,43 +9,19 @@
 use yaml_serde::Value;
 
 use crate::support::assert_cli_accepts;
-use crate::support::helm_chart::{all_documents, default_values, merged};
+use crate::support::helm_chart::{self, daemonset_pod_spec, strings};
 
 fn daemonset(overlay: &str, name: &str) -> Option<Value> {
-    let docs = all_documents(merged(
-        &default_values(),
-        &yaml_serde::from_str(overlay).expect("overlay parses"),
-    ))?;
-    docs.into_iter()
-        .find(|d| d["kind"] == "DaemonSet" && d["metadata"]["name"] == name)
-        .map(|d| d["spec"]["template"]["spec"].clone())
+    daemonset_pod_spec(overlay, name)
 }
 
 fn args(spec: &Value) -> Vec<String> {
-    spec["containers"][0]["args"]
-        .as_sequence()
-        .into_iter()
-        .flatten()
-        .filter_map(|a| a.as_str().map(str::to_string))
-        .collect()
+    strings(&spec["containers"][0]["args"])
 }
 
 /// `(mountPath, hostPath, readOnly)` of each hostPath volume of the first container.
 fn host_mounts(spec: &Value) -> Vec<(String, String, bool)> {
-    let volumes = spec["volumes"].as_sequence().cloned().unwrap_or_default();
-    spec["containers"][0]["volumeMounts"]
-        .as_sequence()
-        .into_iter()
-        .flatten()
-        .filter_map(|m| {
-            let v = volumes.iter().find(|v| v["name"] == m["name"])?;
-            Some((
-                m["mountPath"].as_str()?.to_string(),
-                v["hostPath"]["path"].as_str()?.to_string(),
-                m["readOnly"].as_bool().unwrap_or(false),
-            ))
-        })
-        .collect()
+    helm_chart::host_mounts(spec, &spec["containers"][0])
 }
 
 #[test]

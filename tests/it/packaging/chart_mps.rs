@@ -6,48 +6,17 @@
 use yaml_serde::Value;
 
 use crate::support::assert_cli_accepts;
-use crate::support::helm_chart::{all_documents, default_values, merged};
+use crate::support::helm_chart::{self, daemonset_pod_spec, env_value, strings};
 
 fn device_plugin(overlay: &str) -> Option<Value> {
-    let docs = all_documents(merged(
-        &default_values(),
-        &yaml_serde::from_str(overlay).expect("overlay parses"),
-    ))?;
-    docs.into_iter()
-        .find(|d| d["kind"] == "DaemonSet" && d["metadata"]["name"] == "gpushare-device-plugin-ds")
-        .map(|d| d["spec"]["template"]["spec"].clone())
-}
-
-fn strings(v: &Value) -> Vec<String> {
-    v.as_sequence()
-        .into_iter()
-        .flatten()
-        .filter_map(|a| a.as_str().map(str::to_string))
-        .collect()
-}
-
-fn env_value(container: &Value, name: &str) -> Option<String> {
-    container["env"]
-        .as_sequence()?
-        .iter()
-        .find(|e| e["name"] == name)
-        .and_then(|e| e["value"].as_str().map(str::to_string))
+    daemonset_pod_spec(overlay, "gpushare-device-plugin-ds")
 }
 
 /// `(mountPath, hostPath)` of each hostPath volume mounted into `container`.
 fn host_mounts(spec: &Value, container: &Value) -> Vec<(String, String)> {
-    let volumes = spec["volumes"].as_sequence().cloned().unwrap_or_default();
-    container["volumeMounts"]
-        .as_sequence()
+    helm_chart::host_mounts(spec, container)
         .into_iter()
-        .flatten()
-        .filter_map(|m| {
-            let v = volumes.iter().find(|v| v["name"] == m["name"])?;
-            Some((
-                m["mountPath"].as_str()?.to_string(),
-                v["hostPath"]["path"].as_str()?.to_string(),
-            ))
-        })
+        .map(|(mount, host, _)| (mount, host))
         .collect()
 }
 

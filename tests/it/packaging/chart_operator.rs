@@ -10,9 +10,8 @@ use serde_json::{Value, json};
 use gpushare::config::Config;
 use gpushare::core::wire;
 
-use crate::support::clients;
-use crate::support::helm_chart::{CHART, NAMESPACE, RELEASE};
-use crate::support::source_tree::{read, repo_path};
+use crate::support::helm_chart::{CHART, user_renders};
+use crate::support::source_tree::read;
 
 /// One render: its manifests (file name -> text) and notes, or Helm's error.
 struct Render {
@@ -22,25 +21,27 @@ struct Render {
 
 /// Renders each of `values` (user values, merged by Helm itself); `None` without the engine.
 fn render_all(values: &[Value]) -> Option<Vec<Result<Render, String>>> {
-    let answer = clients::helm_chart(&json!({
-        "chart": repo_path(CHART),
-        "release": RELEASE,
-        "namespace": NAMESPACE,
-        "renders": values,
-        "notes": true,
-    }))?;
+    let renders = user_renders(values, true)?;
     Some(
-        answer["renders"]
-            .as_array()
-            .expect("renders")
-            .iter()
-            .map(|r| match r.get("error") {
-                Some(e) => Err(e.as_str().unwrap_or_default().to_string()),
-                None => Ok(Render {
+        renders
+            .into_iter()
+            .map(|r| {
+                r.map(|r| Render {
                     manifests: r["manifests"].as_object().cloned().unwrap_or_default(),
                     notes: r["notes"].as_str().unwrap_or_default().to_string(),
-                }),
+                })
             })
+            .collect(),
+    )
+}
+
+/// The NOTES of each of `values`, each of which must render; `None` without the engine.
+fn notes_of(values: &[Value]) -> Option<Vec<String>> {
+    let results = render_all(values)?;
+    Some(
+        results
+            .into_iter()
+            .map(|r| r.expect("renders").notes)
             .collect(),
     )
 }
@@ -105,17 +106,13 @@ fn an_empty_image_tag_is_the_chart_app_version() {
 
 #[test]
 fn the_notes_say_what_comes_next_for_the_mode_installed() {
-    let Some(results) = render_all(&[
+    let Some(notes) = notes_of(&[
         json!({}),
         json!({"scheduler": {"mode": "dedicated"}}),
         json!({"serviceMonitor": {"enabled": true}}),
     ]) else {
         return;
     };
-    let notes: Vec<String> = results
-        .into_iter()
-        .map(|r| r.expect("renders").notes)
-        .collect();
     let (extender, dedicated, monitored) = (&notes[0], &notes[1], &notes[2]);
     for n in [extender, dedicated] {
         for what in [
@@ -148,17 +145,13 @@ fn the_notes_say_what_comes_next_for_the_mode_installed() {
 
 #[test]
 fn the_notes_name_what_gpushare_makes_at_run_time_and_uninstall_leaves() {
-    let Some(results) = render_all(&[
+    let Some(notes) = notes_of(&[
         json!({}),
         json!({"scheduler": {"mode": "dedicated"}, "devicePlugin": {"mps": true, "enforcement": "limiter"}}),
         json!({"extender": {"leaseName": "my-lease"}, "scheduler": {"mode": "dedicated", "leaseName": "my-sched"}, "webhook": {"tls": {"secretName": "my-hook-tls"}}}),
     ]) else {
         return;
     };
-    let notes: Vec<String> = results
-        .into_iter()
-        .map(|r| r.expect("renders").notes)
-        .collect();
     let defaults = Config::default();
     // What the roles write, by the names the binary uses.
     for n in &notes {

@@ -15,9 +15,8 @@ use std::collections::BTreeMap;
 use serde::de::{self, DeserializeSeed, IntoDeserializer, MapAccess, Visitor};
 use serde_json::{Value, json};
 
-use crate::support::clients;
-use crate::support::helm_chart::{CHART, NAMESPACE, RELEASE};
-use crate::support::source_tree::{assert_generated, read, repo_path};
+use crate::support::helm_chart::{CHART, user_renders};
+use crate::support::source_tree::{assert_generated, read};
 
 const SCHEMA: &str = "packaging/helm/gpushare/values.schema.json";
 const REGENERATE: &str = "make chart";
@@ -201,23 +200,8 @@ fn every_value_of_values_yaml_is_in_the_schema() {
 
 /// Renders each of `values` with the real Helm engine: `Err(message)` where Helm refuses.
 fn renders(values: &[Value]) -> Option<Vec<Result<(), String>>> {
-    let answer = clients::helm_chart(&json!({
-        "chart": repo_path(CHART),
-        "release": RELEASE,
-        "namespace": NAMESPACE,
-        "renders": values,
-    }))?;
-    Some(
-        answer["renders"]
-            .as_array()
-            .expect("renders")
-            .iter()
-            .map(|r| match r.get("error") {
-                Some(e) => Err(e.as_str().unwrap_or_default().to_string()),
-                None => Ok(()),
-            })
-            .collect(),
-    )
+    let renders = user_renders(values, false)?;
+    Some(renders.into_iter().map(|r| r.map(|_| ())).collect())
 }
 
 #[test]

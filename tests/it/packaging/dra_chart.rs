@@ -8,27 +8,7 @@
 use gpushare::core::wire::{dra_gpu_class_selector, dra_kind_class_name, dra_kind_class_selector};
 use yaml_serde::Value;
 
-use crate::support::helm_chart::{all_documents, default_values, merged};
-
-fn documents(overlay: &str) -> Option<Vec<Value>> {
-    all_documents(merged(
-        &default_values(),
-        &yaml_serde::from_str(overlay).expect("overlay parses"),
-    ))
-}
-
-fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
-    docs.iter()
-        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
-}
-
-fn strings(v: &Value) -> Vec<String> {
-    v.as_sequence()
-        .into_iter()
-        .flatten()
-        .filter_map(|a| a.as_str().map(str::to_string))
-        .collect()
-}
+use crate::support::helm_chart::{documents_with as documents, find, strings};
 
 #[test]
 fn dra_is_off_by_default() {

@@ -65,6 +65,82 @@ pub(crate) fn helm(renders: &[&Value], lints: &[&Value]) -> Option<serde_json::V
     }))
 }
 
+/// Renders each of `values` (user values, merged by Helm itself), with NOTES.txt where
+/// `notes`: each render's answer (`manifests`, `notes`) or Helm's error message; `None`
+/// without the engine (skipped).
+pub(crate) fn user_renders(
+    values: &[serde_json::Value],
+    notes: bool,
+) -> Option<Vec<Result<serde_json::Value, String>>> {
+    let answer = clients::helm_chart(&serde_json::json!({
+        "chart": repo_path(CHART),
+        "release": RELEASE,
+        "namespace": NAMESPACE,
+        "renders": values,
+        "notes": notes,
+    }))?;
+    Some(
+        answer["renders"]
+            .as_array()
+            .expect("renders")
+            .iter()
+            .map(|r| match r.get("error") {
+                Some(e) => Err(e.as_str().unwrap_or_default().to_string()),
+                None => Ok(r.clone()),
+            })
+            .collect(),
+    )
+}
+
+/// Every object the chart renders with the chart's defaults and `overlay` (YAML) merged in;
+/// `None` without the engine (skipped).
+pub(crate) fn documents_with(overlay: &str) -> Option<Vec<Value>> {
+    all_documents(merged(
+        &default_values(),
+        &yaml_serde::from_str(overlay).expect("overlay parses"),
+    ))
+}
+
+/// The object of `kind` named `name` among `docs`.
+pub(crate) fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+}
+
+/// The pod spec of DaemonSet `name` rendered with `overlay`; `None` without the engine.
+pub(crate) fn daemonset_pod_spec(overlay: &str, name: &str) -> Option<Value> {
+    let docs = documents_with(overlay)?;
+    find(&docs, "DaemonSet", name).map(|d| d["spec"]["template"]["spec"].clone())
+}
+
+/// `(mountPath, hostPath, readOnly)` of each hostPath volume of pod spec `spec` mounted into
+/// `container`.
+pub(crate) fn host_mounts(spec: &Value, container: &Value) -> Vec<(String, String, bool)> {
+    let volumes = spec["volumes"].as_sequence().cloned().unwrap_or_default();
+    container["volumeMounts"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| {
+            let v = volumes.iter().find(|v| v["name"] == m["name"])?;
+            Some((
+                m["mountPath"].as_str()?.to_string(),
+                v["hostPath"]["path"].as_str()?.to_string(),
+                m["readOnly"].as_bool().unwrap_or(false),
+            ))
+        })
+        .collect()
+}
+
+/// The value of environment variable `name` of `container`, where it has one.
+pub(crate) fn env_value(container: &Value, name: &str) -> Option<String> {
+    container["env"]
+        .as_sequence()?
+        .iter()
+        .find(|e| e["name"] == name)
+        .and_then(|e| e["value"].as_str().map(str::to_string))
+}
+
 /// Every template's rendered text, by file name (sorted), as the Helm engine renders it with
 /// `values` as the user's values; `None` when the engine is missing (skipped).
 pub(crate) fn render_chart(values: Value) -> Option<BTreeMap<String, String>> {
