@@ -297,7 +297,6 @@ async fn promtool_accepts_the_device_plugin_metrics() {
 /// clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn promtool_accepts_the_dra_plugin_metrics() {
-    use gpushare_sandbox::dra_allocator::DraAllocator;
     let node = dra_node::node(|cfg| cfg.dra.admin_address = "127.0.0.1:0".to_string()).await;
     let plugin = node.start().await;
     let kubelet = node.kubelet();
@@ -306,11 +305,7 @@ async fn promtool_accepts_the_dra_plugin_metrics() {
         .await
         .expect("registers");
     dra_node::submit(&node.api, "p", 2, 1);
-    let pass = DraAllocator::new(node.api.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
-    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    crate::support::dra::allocate_one(&node.api).await;
     kubelet.prepare_pod("default", "p").await.expect("prepared");
     let addr = plugin.admin_addr().expect("admin server");
     let text = check_scrape(addr, "DRA plugin").await;

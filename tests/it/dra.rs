@@ -110,11 +110,7 @@ async fn a_rewritten_pod_gets_its_gpu_mem_per_container_on_one_gpu() {
     let mut pool = Pool::new();
     assert!(publish(&server, &mut pool, GpuPolicy::Binpack, [0, 0]));
     submit(&server, "p1", 6, 2);
-    let pass = DraAllocator::new(server.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
-    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    crate::support::dra::allocate_one(&server).await;
     let s = shares(&server, "p1");
     let got: Vec<(&str, GpuMem, &str)> = s
         .iter()

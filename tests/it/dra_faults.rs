@@ -12,7 +12,6 @@ use gpushare::dra::role::DraPluginHandle;
 use gpushare::gpu::HealthEvent;
 use gpushare::gpu::fake::{FakeBackend, fake_uuid};
 use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction, Hold};
-use gpushare_sandbox::dra_allocator::DraAllocator;
 use gpushare_sandbox::dra_kubelet::{ClaimOutcome, DraKubelet, PreparedClaim};
 use serde_json::{Value, json};
 
@@ -484,11 +483,7 @@ async fn a_removed_registration_socket_is_served_again_and_readiness_follows() {
         .expect("kubelet registers the plugin again");
     wait_until("ready again", || plugin.is_ready()).await;
     submit(&node.api, "p", 1, 1);
-    let pass = DraAllocator::new(node.api.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
-    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    crate::support::dra::allocate_one(&node.api).await;
     let claims: Vec<PreparedClaim> = kubelet.prepare_pod("default", "p").await.expect("answers");
     assert!(
         matches!(claims[0].outcome, ClaimOutcome::Prepared(_)),

@@ -254,17 +254,9 @@ async fn one_claim_gets_gpu_memory_and_the_hca_under_the_same_root_and_prepare_h
     // The first pod takes the whole first GPU (binpack), so the second lands on GPU 1: its
     // HCA must be the one behind GPU 1's switch, not the first HCA that fits.
     submit(&node.api, "whole", 80, false);
-    let pass = DraAllocator::new(node.api.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
-    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    crate::support::dra::allocate_one(&node.api).await;
     submit(&node.api, "trainer", 10, true);
-    let pass = DraAllocator::new(node.api.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
-    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    crate::support::dra::allocate_one(&node.api).await;
     let report = kubelet.sync().await.expect("sync");
     assert_eq!(report.prepared.len(), 2, "{report:?}");
 
@@ -380,11 +372,7 @@ async fn grpcio_gets_the_gpu_share_and_the_hca_of_one_claim() {
     let node = node(dev.path()).await;
     let plugin = node.start().await;
     submit(&node.api, "p", 4, false);
-    let pass = DraAllocator::new(node.api.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
-    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    crate::support::dra::allocate_one(&node.api).await;
     let (name, uid) = node.claim_of("p");
     let args = [
         "--authority",
@@ -430,11 +418,7 @@ async fn a_pod_written_with_limits_gets_its_gpu_and_the_hca_under_its_root() {
     let node = node(dev.path()).await;
     let plugin = node.start().await;
     submit(&node.api, "whole", 80, false);
-    let pass = DraAllocator::new(node.api.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
-    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    crate::support::dra::allocate_one(&node.api).await;
     let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
         "metadata": { "name": "limits", "namespace": "default" },
         "spec": { "containers": [{ "name": "trainer", "image": "x", "resources": {
@@ -458,11 +442,7 @@ async fn a_pod_written_with_limits_gets_its_gpu_and_the_hca_under_its_root() {
     value["apiVersion"] = json!("v1");
     value["kind"] = json!("Pod");
     node.api.create_object(value).expect("the pod");
-    let pass = DraAllocator::new(node.api.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
-    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    crate::support::dra::allocate_one(&node.api).await;
     let device_of = |request: &str| node.allocated("limits", request);
     let gpu1 = plugin
         .served()

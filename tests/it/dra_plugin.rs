@@ -19,7 +19,6 @@ use gpushare::dra::plugin::{
 use gpushare::dra::slices::{SliceGpu, build_slices, device_name};
 use gpushare::shutdown::Shutdown;
 use gpushare_sandbox::apiserver::ApiServer;
-use gpushare_sandbox::dra_allocator::DraAllocator;
 use gpushare_sandbox::dra_kubelet::{ClaimOutcome, DraKubelet};
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -146,11 +145,7 @@ async fn node() -> Node {
             .expect("the slice");
     }
     submit(&server, "p", 3, 1);
-    let pass = DraAllocator::new(server.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
-    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    crate::support::dra::allocate_one(&server).await;
     let dir = short_tempdir();
     let cdi = dir.path().join("cdi");
     std::fs::create_dir_all(&cdi).expect("cdi dir");
@@ -278,11 +273,7 @@ async fn the_plugin_registers_prepares_once_survives_a_restart_and_unprepares_a_
     node.server
         .set_pod_phase("default", "p", "Succeeded")
         .expect("phase");
-    let pass = DraAllocator::new(node.server.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
-    assert_eq!(pass.released.len(), 1);
+    crate::support::dra::release_one(&node.server).await;
     assert!(
         kubelet
             .unprepare_pod(&uid)

@@ -14,7 +14,6 @@ use gpushare::core::wire::{DRA_DRIVER_NAME, DRA_TAINT_UNHEALTHY};
 use gpushare::dra::role::{self, DraPluginHandle};
 use gpushare::gpu::HealthEvent;
 use gpushare::gpu::fake::fake_uuid;
-use gpushare_sandbox::dra_allocator::DraAllocator;
 use gpushare_sandbox::dra_kubelet::ClaimOutcome;
 use serde_json::{Value, json};
 
@@ -245,11 +244,7 @@ async fn the_role_publishes_prepares_a_cdi_spec_and_unprepares_across_a_restart(
     wait_until("ready once registered", || plugin.is_ready()).await;
 
     submit(&node.api, "p", 3, 1);
-    let pass = DraAllocator::new(node.api.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
-    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    crate::support::dra::allocate_one(&node.api).await;
     assert_eq!(kubelet.sync().await.expect("sync").prepared, ["default/p"]);
     let uid = pod_uid(&node.api, "p");
     let claims = kubelet.prepared(&uid).expect("recorded");
@@ -321,11 +316,7 @@ async fn the_role_publishes_prepares_a_cdi_spec_and_unprepares_across_a_restart(
     node.api
         .set_pod_phase("default", "p", "Succeeded")
         .expect("phase");
-    let pass = DraAllocator::new(node.api.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
-    assert_eq!(pass.released.len(), 1);
+    crate::support::dra::release_one(&node.api).await;
     assert!(
         kubelet
             .unprepare_pod(&uid)
@@ -426,11 +417,7 @@ async fn grpcio_prepares_and_unprepares_through_the_role() {
     let plugin = node.start().await;
     dra::published(&plugin).await;
     submit(&node.api, "p", 2, 2);
-    let pass = DraAllocator::new(node.api.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
-    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    crate::support::dra::allocate_one(&node.api).await;
     let (name, uid) = dra::pod_claim(&node.api, "p");
     let args = [
         "--authority",
@@ -471,11 +458,7 @@ async fn prepared_by_grpcio(node: &Node, python: &Path) -> (DraPluginHandle, Str
     let plugin = node.start().await;
     dra::published(&plugin).await;
     submit(&node.api, "p", 2, 1);
-    let pass = DraAllocator::new(node.api.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
-    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    crate::support::dra::allocate_one(&node.api).await;
     let (name, uid) = dra::pod_claim(&node.api, "p");
     let claim = format!("default/{uid}/{name}");
     let report = grpcio(python, plugin.registration_socket(), "--prepare", &claim).await;

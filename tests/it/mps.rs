@@ -11,7 +11,6 @@ use gpushare::core::wire;
 use gpushare::gpu::fake::fake_uuid;
 use serde_json::Value;
 
-use gpushare_sandbox::dra_allocator::DraAllocator;
 use gpushare_sandbox::dra_kubelet::ClaimOutcome;
 
 use crate::support::deviceplugin_cluster::{Cluster, cluster, env};
@@ -286,11 +285,7 @@ async fn the_dra_plugin_refuses_prepare_and_is_not_ready_while_the_daemon_is_dow
     );
 
     dra_node::submit(&node.api, "p", 2, 1);
-    let pass = DraAllocator::new(node.api.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
-    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    crate::support::dra::allocate_one(&node.api).await;
     let claims = kubelet.prepare_pod("default", "p").await.expect("answers");
     let ClaimOutcome::Failed(why) = &claims[0].outcome else {
         panic!("prepared while the daemon is down: {claims:?}");

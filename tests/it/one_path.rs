@@ -14,7 +14,6 @@ use gpushare::dra::role::DraPluginHandle;
 use gpushare::gpu::fake::{FakeBackend, fake_uuid};
 use gpushare::kubelet_api::deviceplugin::Device;
 use gpushare::shutdown::Shutdown;
-use gpushare_sandbox::dra_allocator::DraAllocator;
 use gpushare_sandbox::dra_kubelet::ClaimOutcome;
 use gpushare_sandbox::kubelet::Kubelet;
 use serde_json::Value;
@@ -146,11 +145,7 @@ async fn the_dra_plugin_offers_no_gpu_the_device_plugin_serves_or_its_pods_hold(
 
     // A claim of 8 GiB lands on GPU 1, the only one published.
     dra_node::submit_containers(&node.api, "claim-pod", &[("main", 8)]);
-    let pass = DraAllocator::new(node.api.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
-    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    crate::support::dra::allocate_one(&node.api).await;
     let claim = node
         .api
         .list_objects("resourceclaims", Some("default"))
@@ -198,11 +193,7 @@ async fn the_device_plugin_offers_no_gpu_the_dra_plugin_serves_or_its_claims_hol
     })
     .await;
     dra_node::submit_containers(&node.api, "claim-pod", &[("main", 8)]);
-    let pass = DraAllocator::new(node.api.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
-    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    crate::support::dra::allocate_one(&node.api).await;
     let claims = dra_kubelet
         .prepare_pod("default", "claim-pod")
         .await

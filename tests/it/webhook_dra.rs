@@ -17,7 +17,6 @@ use gpushare::dra::slices::{Pool, SliceGpu};
 use gpushare::shutdown::Shutdown;
 use gpushare::webhook::{self, WebhookHandle};
 use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
-use gpushare_sandbox::dra_allocator::DraAllocator;
 
 use crate::support::dra::create_gpu_device_class;
 
@@ -182,11 +181,7 @@ async fn a_gpu_mem_pod_becomes_one_claim_that_the_allocator_places_on_one_gpu() 
         requests[1]["exactly"]["capacity"]["requests"]["memory"],
         (2 * GIB).to_string()
     );
-    let pass = DraAllocator::new(api.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
-    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    crate::support::dra::allocate_one(&api).await;
     let claim_name = api
         .get_as::<Pod>("pods", Some("plain-ns"), "train")
         .and_then(|p| p.status)

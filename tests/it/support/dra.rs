@@ -1,12 +1,14 @@
 //! What the DRA tests read back from the sandbox: a node's published devices, a pod's claim,
 //! and the wait for a plugin's first publication; and what they seed: a DRA node with the
-//! DeviceClass, a gpu-mem pod as the webhook rewrites it.
+//! DeviceClass, a gpu-mem pod as the webhook rewrites it; one pass of the sandbox allocator
+//! that must bind or release exactly one claim.
 
 use std::time::Duration;
 
 use gpushare::core::wire::{DRA_DEVICE_CLASS, DRA_DRIVER_NAME};
 use gpushare::dra::role::DraPluginHandle;
 use gpushare_sandbox::apiserver::ApiServer;
+use gpushare_sandbox::dra_allocator::{DraAllocator, Pass};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use serde_json::{Value, json};
@@ -75,4 +77,24 @@ pub async fn published(plugin: &DraPluginHandle) {
         .await
         .expect("the slice is published in time")
         .expect("open");
+}
+
+/// One pass of the sandbox allocator over `api`, which must bind exactly one claim.
+pub async fn allocate_one(api: &ApiServer) -> Pass {
+    let pass = DraAllocator::new(api.admin_client())
+        .reconcile()
+        .await
+        .expect("a pass");
+    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    pass
+}
+
+/// One pass of the sandbox allocator over `api`, which must release exactly one claim.
+pub async fn release_one(api: &ApiServer) -> Pass {
+    let pass = DraAllocator::new(api.admin_client())
+        .reconcile()
+        .await
+        .expect("a pass");
+    assert_eq!(pass.released.len(), 1, "{pass:?}");
+    pass
 }

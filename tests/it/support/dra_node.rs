@@ -211,13 +211,8 @@ pub async fn allocate_prepare_one(
     cdi_dir: &Path,
     name: &str,
 ) -> (String, Value) {
-    use gpushare_sandbox::dra_allocator::DraAllocator;
     use gpushare_sandbox::dra_kubelet::ClaimOutcome;
-    let pass = DraAllocator::new(api.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
-    assert_eq!(pass.bound.len(), 1, "{pass:?}");
+    dra::allocate_one(api).await;
     assert_eq!(
         kubelet.sync().await.expect("sync").prepared,
         [format!("default/{name}")]
