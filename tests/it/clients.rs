@@ -67,7 +67,7 @@ async fn plugin_on(
 
 /// Runs tests/clients/kubelet_grpcio.py against the plugin; its JSON report and exit code.
 async fn python_kubelet(authority: &str) -> Option<(Option<i32>, Value, String)> {
-    let python = clients::python_with(&["grpc", "grpc_tools"])?;
+    let python = clients::grpcio_python()?;
     let dir = short_tempdir();
     let (api, plugin) = plugin_on(dir.path(), false).await;
     let script = clients::repo_root().join("tests/clients/kubelet_grpcio.py");

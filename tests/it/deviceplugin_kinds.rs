@@ -393,7 +393,7 @@ fn a_refused_devices_section_exits_78_naming_it() {
 /// RDMA kind, lists it and allocates one HCA, checked device by device.
 #[tokio::test]
 async fn grpcio_kubelet_registers_lists_and_allocates_an_hca() {
-    let Some(python) = crate::support::clients::python_with(&["grpc", "grpc_tools"]) else {
+    let Some(python) = crate::support::clients::grpcio_python() else {
         return;
     };
     let dir = short_tempdir();

@@ -20,7 +20,6 @@ use gpushare::dra::role::{self, DraPluginHandle};
 use gpushare::shutdown::Shutdown;
 use gpushare::webhook::dra_rewrite::{kind_requests, rewrite_with_kinds};
 use gpushare_sandbox::apiserver::ApiServer;
-use gpushare_sandbox::dra_allocator::DraAllocator;
 use gpushare_sandbox::dra_kubelet::ClaimOutcome;
 use serde_json::{Value, json};
 
@@ -345,10 +344,7 @@ async fn one_claim_gets_gpu_memory_and_the_hca_under_the_same_root_and_prepare_h
     node.api
         .set_pod_phase("default", "trainer", "Succeeded")
         .expect("phase");
-    DraAllocator::new(node.api.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
+    crate::support::dra::release_one(&node.api).await;
     assert!(
         kubelet
             .unprepare_pod(&pod_uid)
@@ -364,10 +360,10 @@ async fn one_claim_gets_gpu_memory_and_the_hca_under_the_same_root_and_prepare_h
 /// their CDI ids.
 #[tokio::test]
 async fn grpcio_gets_the_gpu_share_and_the_hca_of_one_claim() {
-    let Some(python) = clients::python_with(&["grpc", "grpc_tools"]) else {
+    let dev = short_tempdir();
+    let Some(python) = clients::grpcio_python() else {
         return;
     };
-    let dev = short_tempdir();
     fake_dev(dev.path());
     let node = node(dev.path()).await;
     let plugin = node.start().await;

@@ -248,16 +248,7 @@ async fn the_plugin_registers_prepares_once_survives_a_restart_and_unprepares_a_
     node.served.send_modify(|s| {
         s.unhealthy.insert(gpu.clone(), "XID 79".into());
     });
-    kubelet
-        .wait_plugins("UNHEALTHY", |ps| {
-            ps.iter().any(|p| {
-                p.health
-                    .iter()
-                    .any(|h| h.device == gpu && h.health == "UNHEALTHY" && h.message == "XID 79")
-            })
-        })
-        .await
-        .expect("health arrives");
+    crate::support::dra_node::wait_device_health(&kubelet, &gpu, "UNHEALTHY", Some("XID 79")).await;
 
     // Restart: a new plugin process reads the checkpoint; the pod finishes and its claim is
     // deleted before kubelet unprepares: unprepare still works, from the checkpoint.
@@ -307,7 +298,7 @@ async fn kubelet_record(kubelet: &DraKubelet, node: &Node) -> String {
 /// `localhost`.
 #[tokio::test]
 async fn grpcio_kubelet_drives_the_plugin_with_per_claim_errors() {
-    let Some(python) = clients::python_with(&["grpc", "grpc_tools"]) else {
+    let Some(python) = clients::grpcio_python() else {
         return;
     };
     let node = node().await;
@@ -326,20 +317,11 @@ async fn grpcio_kubelet_drives_the_plugin_with_per_claim_errors() {
     let (name, uid) = dra::pod_claim(&node.server, "p");
     let _plugin = node.start_plugin();
     for (authority, api) in [("path", "v1"), ("localhost", "v1beta1")] {
-        let args = [
-            "--authority",
-            authority,
-            "--api",
-            api,
-            "--prepare",
-            "--health",
-            "--unprepare",
-            "--claim",
-            &format!("default/{uid}/{name}"),
-            "--claim",
-            &format!("default/{stray_uid}/stray"),
-        ]
-        .map(str::to_string);
+        let claims = [
+            format!("default/{uid}/{name}"),
+            format!("default/{stray_uid}/stray"),
+        ];
+        let args = clients::grpcio_round(authority, &["--api", api], &[&claims[0], &claims[1]]);
         let report =
             clients::dra_kubelet_grpcio(&python, &node.config.registration_socket(), &args).await;
         assert_eq!(report["info"]["type"], "DRAPlugin");
@@ -467,7 +449,7 @@ async fn slices_are_published_updated_and_deleted_by_one_reconciling_pass() {
 /// new plugin process undoes the claim from its checkpoint.
 #[tokio::test]
 async fn grpcio_unprepares_after_a_plugin_restart_and_the_claim_is_gone() {
-    let Some(python) = clients::python_with(&["grpc", "grpc_tools"]) else {
+    let Some(python) = clients::grpcio_python() else {
         return;
     };
     let node = node().await;

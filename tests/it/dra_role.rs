@@ -375,16 +375,8 @@ async fn an_xid_taints_the_device_and_reports_unhealthy_and_recovery_removes_bot
         xid: 62,
     });
     wait_until("the taint on GPU 1", || tainted(&node.slice_devices())).await;
-    kubelet
-        .wait_plugins("UNHEALTHY", |ps| {
-            ps.iter().any(|p| {
-                p.health
-                    .iter()
-                    .any(|h| h.device == gpu1 && h.health == "UNHEALTHY" && h.message == "xid-62")
-            })
-        })
-        .await
-        .expect("UNHEALTHY, naming the XID, reaches kubelet");
+    crate::support::dra_node::wait_device_health(&kubelet, &gpu1, "UNHEALTHY", Some("xid-62"))
+        .await;
     assert!(
         node.slice_devices()
             .iter()
@@ -393,16 +385,7 @@ async fn an_xid_taints_the_device_and_reports_unhealthy_and_recovery_removes_bot
         "GPU 0 is untouched"
     );
     wait_until("the taint removed", || untainted(&node.slice_devices())).await;
-    kubelet
-        .wait_plugins("HEALTHY again", |ps| {
-            ps.iter().any(|p| {
-                p.health
-                    .iter()
-                    .any(|h| h.device == gpu1 && h.health == "HEALTHY")
-            })
-        })
-        .await
-        .expect("HEALTHY reaches kubelet");
+    crate::support::dra_node::wait_device_health(&kubelet, &gpu1, "HEALTHY", None).await;
     plugin.stop().await;
 }
 
@@ -410,7 +393,7 @@ async fn an_xid_taints_the_device_and_reports_unhealthy_and_recovery_removes_bot
 /// role: registration, prepare (the CDI ids of the role's preparer), health, unprepare.
 #[tokio::test]
 async fn grpcio_prepares_and_unprepares_through_the_role() {
-    let Some(python) = clients::python_with(&["grpc", "grpc_tools"]) else {
+    let Some(python) = clients::grpcio_python() else {
         return;
     };
     let node = node(|_| {}).await;
@@ -419,18 +402,8 @@ async fn grpcio_prepares_and_unprepares_through_the_role() {
     submit(&node.api, "p", 2, 2);
     crate::support::dra::allocate_one(&node.api).await;
     let (name, uid) = dra::pod_claim(&node.api, "p");
-    let args = [
-        "--authority",
-        "path",
-        "--api",
-        "v1",
-        "--prepare",
-        "--health",
-        "--unprepare",
-        "--claim",
-        &format!("default/{uid}/{name}"),
-    ]
-    .map(str::to_string);
+    let claim = format!("default/{uid}/{name}");
+    let args = clients::grpcio_round("path", &["--api", "v1"], &[&claim]);
     let report = clients::dra_kubelet_grpcio(&python, plugin.registration_socket(), &args).await;
     let good = &report["prepare"][&uid];
     assert_eq!(good["error"], "", "{report}");
@@ -475,7 +448,7 @@ async fn prepared_by_grpcio(node: &Node, python: &Path) -> (DraPluginHandle, Str
 /// again from the recorded shares before the answer, the same as before.
 #[tokio::test]
 async fn a_cdi_spec_cleared_while_the_checkpoint_stayed_is_written_again_on_prepare() {
-    let Some(python) = clients::python_with(&["grpc", "grpc_tools"]) else {
+    let Some(python) = clients::grpcio_python() else {
         return;
     };
     let node = node(|_| {}).await;
@@ -511,7 +484,7 @@ async fn a_cdi_spec_cleared_while_the_checkpoint_stayed_is_written_again_on_prep
 /// spec, by its deterministic name.
 #[tokio::test]
 async fn unprepare_of_a_claim_missing_from_a_lost_checkpoint_removes_its_spec() {
-    let Some(python) = clients::python_with(&["grpc", "grpc_tools"]) else {
+    let Some(python) = clients::grpcio_python() else {
         return;
     };
     let node = node(|_| {}).await;

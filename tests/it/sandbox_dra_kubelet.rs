@@ -397,16 +397,7 @@ async fn the_dra_kubelet_registers_prepares_reads_health_and_unprepares_after_th
     assert!(kubelet.sync().await.expect("sync").prepared.is_empty());
 
     running.health.send_replace(vec![("gpu-0".into(), 2)]);
-    kubelet
-        .wait_plugins("gpu-0 unhealthy", |ps| {
-            ps.iter().any(|p| {
-                p.health
-                    .iter()
-                    .any(|h| h.device == "gpu-0" && h.health == "UNHEALTHY")
-            })
-        })
-        .await
-        .expect("the health change arrives");
+    crate::support::dra_node::wait_device_health(&kubelet, "gpu-0", "UNHEALTHY", None).await;
 
     // The pod finishes; the allocator deletes its claim; unprepare still works.
     server
@@ -501,7 +492,7 @@ async fn a_v1beta1_plugin_is_called_through_v1beta1_and_a_wrong_type_is_refused(
 /// `:authority` (kubelet <= 1.25) and with `localhost`.
 #[tokio::test]
 async fn grpcio_dra_kubelet_registers_prepares_watches_health_and_unprepares() {
-    let Some(python) = clients::python_with(&["grpc", "grpc_tools"]) else {
+    let Some(python) = clients::grpcio_python() else {
         return;
     };
     let server = cluster().await;
@@ -527,18 +518,8 @@ async fn grpcio_dra_kubelet_registers_prepares_watches_health_and_unprepares() {
         &[v1::SERVICE, v1beta1::SERVICE, health_v1::SERVICE],
     );
     for authority in ["path", "localhost"] {
-        let args = [
-            "--authority",
-            authority,
-            "--prepare",
-            "--health",
-            "--unprepare",
-            "--claim",
-            &format!("default/{uid}/{name}"),
-            "--claim",
-            "default/no-such-uid/gone",
-        ]
-        .map(str::to_string);
+        let claim = format!("default/{uid}/{name}");
+        let args = clients::grpcio_round(authority, &[], &[&claim, "default/no-such-uid/gone"]);
         let report = clients::dra_kubelet_grpcio(&python, &running.registration, &args).await;
         assert_eq!(report["info"]["type"], "DRAPlugin");
         assert_eq!(report["info"]["name"], DRIVER);

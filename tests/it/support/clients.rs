@@ -86,6 +86,25 @@ pub fn python_with(modules: &[&str]) -> Option<PathBuf> {
     }
 }
 
+/// A Python interpreter with grpcio and its protoc (`grpc_tools`), as the Python kubelets
+/// (`tests/clients/*_grpcio.py`) need; `None` after the `SKIPPED` line where there is none.
+pub fn grpcio_python() -> Option<PathBuf> {
+    python_with(&["grpc", "grpc_tools"])
+}
+
+/// The Python DRA kubelet's arguments for one full round with `:authority` `authority`
+/// (`path`, `localhost`): `more` (e.g. `--api v1`), then prepare, the health stream and
+/// unprepare of each of `claims` (`namespace/uid/name`).
+pub fn grpcio_round(authority: &str, more: &[&str], claims: &[&str]) -> Vec<String> {
+    let mut args = vec!["--authority", authority];
+    args.extend_from_slice(more);
+    args.extend(["--prepare", "--health", "--unprepare"]);
+    for claim in claims {
+        args.extend(["--claim", claim]);
+    }
+    args.into_iter().map(str::to_string).collect()
+}
+
 /// Runs the Python DRA kubelet (`tests/clients/dra_kubelet_grpcio.py`: grpcio with the
 /// upstream protos) with `python` against the plugin registered at `socket`, with `args`
 /// (`--prepare`, `--claim ns/uid/name`, …); its JSON report. The test fails when it runs

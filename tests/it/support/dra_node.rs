@@ -130,6 +130,24 @@ pub async fn registered_kubelet(config: &Config, api: &ApiServer) -> DraKubelet 
     kubelet
 }
 
+/// Waits until kubelet holds the DRA plugin's health report of `device` as `health` (and, where
+/// given, with exactly `message`); panics after the kubelet's deadline.
+pub async fn wait_device_health(
+    kubelet: &DraKubelet,
+    device: &str,
+    health: &str,
+    message: Option<&str>,
+) {
+    kubelet
+        .wait_plugins(&format!("{device} {health}"), |plugins| {
+            plugins.iter().flat_map(|p| &p.health).any(|h| {
+                h.device == device && h.health == health && message.is_none_or(|m| h.message == m)
+            })
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{device} never reached kubelet as {health} {message:?}: {e}"));
+}
+
 /// Rewrites a gpu-mem pod of containers `(name, units)`, stores its template and the pod.
 pub fn submit_containers(api: &ApiServer, name: &str, containers: &[(&str, u64)]) {
     let containers: Vec<Value> = containers
