@@ -341,17 +341,7 @@ async fn one_claim_gets_gpu_memory_and_the_hca_under_the_same_root_and_prepare_h
     assert_eq!(restored, spec, "the same spec");
 
     // Released: unprepare removes the spec.
-    node.api
-        .set_pod_phase("default", "trainer", "Succeeded")
-        .expect("phase");
-    crate::support::dra::release_one(&node.api).await;
-    assert!(
-        kubelet
-            .unprepare_pod(&pod_uid)
-            .await
-            .expect("unprepares")
-            .is_empty()
-    );
+    crate::support::dra_node::finish_and_unprepare(&node.api, &kubelet, "trainer", &pod_uid).await;
     assert!(!spec_path.exists(), "the spec is removed");
     plugin.stop().await;
 }

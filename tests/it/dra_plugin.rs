@@ -261,17 +261,7 @@ async fn the_plugin_registers_prepares_once_survives_a_restart_and_unprepares_a_
         .await
         .expect("registers again");
     let record = kubelet_record(&kubelet, &node).await;
-    node.server
-        .set_pod_phase("default", "p", "Succeeded")
-        .expect("phase");
-    crate::support::dra::release_one(&node.server).await;
-    assert!(
-        kubelet
-            .unprepare_pod(&uid)
-            .await
-            .expect("unprepares")
-            .is_empty()
-    );
+    crate::support::dra_node::finish_and_unprepare(&node.server, &kubelet, "p", &uid).await;
     assert_eq!(*node.preparer.log.lock().expect("log"), [record]);
     assert_eq!(
         files(&node.dir.path().join("cdi")),

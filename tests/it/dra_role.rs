@@ -313,17 +313,7 @@ async fn the_role_publishes_prepares_a_cdi_spec_and_unprepares_across_a_restart(
         again[0].outcome, claims[0].outcome,
         "answered from the checkpoint"
     );
-    node.api
-        .set_pod_phase("default", "p", "Succeeded")
-        .expect("phase");
-    crate::support::dra::release_one(&node.api).await;
-    assert!(
-        kubelet
-            .unprepare_pod(&uid)
-            .await
-            .expect("unprepares")
-            .is_empty()
-    );
+    crate::support::dra_node::finish_and_unprepare(&node.api, &kubelet, "p", &uid).await;
     assert!(
         !spec_file(&node.cdi_dir(), &claim_uid).exists(),
         "the spec is removed"

@@ -3,7 +3,7 @@
 //! the API server keeps so little history that reconnects get `410 Gone` and re-list. Then
 //! the extender's `/inspect` ledger must equal what the API server's pods say.
 
-use gpushare_sandbox::apiserver::{Fault, FaultAction};
+use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
 
 use crate::support::extender_cluster::{bind_via, extender_config, sandbox, start_extender};
 use crate::support::ledger_truth::{converge, truth};
@@ -28,6 +28,16 @@ impl Rng {
     }
 }
 
+/// Someone else's pod `name` appears, already bound and annotated on a random node and GPU;
+/// it is live from then on.
+fn create_bound(api: &ApiServer, rng: &mut Rng, name: String, live: &mut Vec<String>) {
+    let node = format!("node-{}", rng.below(NODES));
+    let gpu = rng.below(GPUS as usize) as u32;
+    api.create_object(bound_pod(&name, &node, gpu, 1, UNITS))
+        .expect("create bound pod");
+    live.push(name);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cut_watches_and_410s_never_lose_or_double_count_a_pod() {
     let api = sandbox(NODES, GPUS, UNITS).await;
@@ -44,12 +54,7 @@ async fn cut_watches_and_410s_never_lose_or_double_count_a_pod() {
         match rng.below(10) {
             // Someone else's pod appears, already bound and annotated.
             0..=2 => {
-                let name = format!("other-{op}");
-                let node = format!("node-{}", rng.below(NODES));
-                let gpu = rng.below(GPUS as usize) as u32;
-                api.create_object(bound_pod(&name, &node, gpu, 1, UNITS))
-                    .expect("create bound pod");
-                live.push(name);
+                create_bound(&api, &mut rng, format!("other-{op}"), &mut live);
             }
             // A pod to schedule appears.
             3..=4 => {
@@ -94,12 +99,7 @@ async fn cut_watches_and_410s_never_lose_or_double_count_a_pod() {
             ));
             api.inject(Fault::new(None, "/api/v1/pods?", FaultAction::CutWatch));
             for burst in 0..12 {
-                let name = format!("burst-{op}-{burst}");
-                let node = format!("node-{}", rng.below(NODES));
-                let gpu = rng.below(GPUS as usize) as u32;
-                api.create_object(bound_pod(&name, &node, gpu, 1, UNITS))
-                    .expect("create bound pod");
-                live.push(name);
+                create_bound(&api, &mut rng, format!("burst-{op}-{burst}"), &mut live);
             }
             cuts += 1;
         }

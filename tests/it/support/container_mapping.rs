@@ -121,6 +121,16 @@ fn volume_dir(v: &Volume, src: &VolumeSources<'_>) -> Result<PathBuf, CannotStar
         }
         Ok(dir.clone())
     };
+    // A ConfigMap's or Secret's `data`, each value decoded by `decode`, as the volume's files.
+    let write_data = |found: &Value, decode: &dyn Fn(&str) -> Vec<u8>| {
+        let data = found["data"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), decode(v.as_str().unwrap_or_default())))
+            .collect();
+        write_keys(data)
+    };
     if let Some(cm) = &v.config_map {
         let name = cm.name.as_str();
         let found = src.config_maps.get(name).ok_or_else(|| {
@@ -129,18 +139,7 @@ fn volume_dir(v: &Volume, src: &VolumeSources<'_>) -> Result<PathBuf, CannotStar
                 v.name
             ))
         })?;
-        let data = found["data"]
-            .as_object()
-            .into_iter()
-            .flatten()
-            .map(|(k, v)| {
-                (
-                    k.clone(),
-                    v.as_str().unwrap_or_default().as_bytes().to_vec(),
-                )
-            })
-            .collect();
-        return write_keys(data);
+        return write_data(found, &|text| text.as_bytes().to_vec());
     }
     if let Some(s) = &v.secret {
         let name = s.secret_name.clone().unwrap_or_default();
@@ -150,18 +149,11 @@ fn volume_dir(v: &Volume, src: &VolumeSources<'_>) -> Result<PathBuf, CannotStar
                 v.name
             ))
         })?;
-        let data = found["data"]
-            .as_object()
-            .into_iter()
-            .flatten()
-            .map(|(k, v)| {
-                let bytes = base64::engine::general_purpose::STANDARD
-                    .decode(v.as_str().unwrap_or_default())
-                    .unwrap_or_default();
-                (k.clone(), bytes)
-            })
-            .collect();
-        return write_keys(data);
+        return write_data(found, &|text| {
+            base64::engine::general_purpose::STANDARD
+                .decode(text)
+                .unwrap_or_default()
+        });
     }
     if let Some(h) = &v.host_path {
         let rel = h.path.trim_start_matches('/');

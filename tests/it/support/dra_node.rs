@@ -148,6 +148,21 @@ pub async fn wait_device_health(
         .unwrap_or_else(|e| panic!("{device} never reached kubelet as {health} {message:?}: {e}"));
 }
 
+/// Pod `default/name` (UID `pod_uid`) finishes: one allocator pass releases its claim, and
+/// kubelet's unprepare of the pod answers no error.
+pub async fn finish_and_unprepare(
+    api: &ApiServer,
+    kubelet: &DraKubelet,
+    name: &str,
+    pod_uid: &str,
+) {
+    api.set_pod_phase("default", name, "Succeeded")
+        .expect("the pod's phase");
+    dra::release_one(api).await;
+    let errors = kubelet.unprepare_pod(pod_uid).await.expect("unprepares");
+    assert!(errors.is_empty(), "unprepare of {name}: {errors:?}");
+}
+
 /// Rewrites a gpu-mem pod of containers `(name, units)`, stores its template and the pod.
 pub fn submit_containers(api: &ApiServer, name: &str, containers: &[(&str, u64)]) {
     let containers: Vec<Value> = containers
