@@ -5,7 +5,6 @@
 //! `packaging::chart`, kubectl runs the plugin in `inspect`.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use gpushare::config::Config;
 use gpushare::core::wire;
@@ -70,27 +69,11 @@ async fn python_kubelet(authority: &str) -> Option<(Option<i32>, Value, String)>
     let python = clients::grpcio_python()?;
     let dir = short_tempdir();
     let (api, plugin) = plugin_on(dir.path(), false).await;
-    let script = clients::repo_root().join("tests/clients/kubelet_grpcio.py");
-    let out = tokio::time::timeout(
-        Duration::from_secs(60),
-        tokio::process::Command::new(&python)
-            .arg(&script)
-            .arg("--dir")
-            .arg(dir.path())
-            .args(["--authority", authority, "--units", "4"])
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("the python kubelet finishes within a minute")
-    .expect("the python kubelet runs");
+    let args = ["--authority", authority, "--units", "4"];
+    let answer = clients::device_plugin_kubelet_grpcio(&python, dir.path(), &args).await;
     plugin.stop().await;
     api.shutdown().await;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let report: Value = serde_json::from_str(stdout.trim())
-        .unwrap_or_else(|e| panic!("python kubelet printed no JSON ({e}): {stdout}\n{stderr}"));
-    Some((out.status.code(), report, stderr))
+    Some(answer)
 }
 
 async fn grpcio_kubelet_drives_the_plugin(authority: &str) {

@@ -240,6 +240,27 @@ fn training_pod(name: &str, idx: u32, t: u64) -> Value {
     pod
 }
 
+/// kubelet allocates pod `name`'s GPU memory (8 units to container `main`), and the plugin
+/// sees the GPU handed over.
+async fn allocate_gpu(c: &Cluster, name: &str) {
+    c.kubelet
+        .allocate_container(
+            gpushare::core::wire::RESOURCE_GPU_MEM,
+            "default",
+            name,
+            "main",
+            8,
+        )
+        .await
+        .expect("GPU allocated");
+    wait_until("the plugin sees the GPU handed over", || {
+        c.plugin()
+            .watched_pod("default", name)
+            .is_some_and(|a| a.assigned == Some(true))
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_pod_with_gpu_k_is_preferred_the_hca_behind_gpu_ks_switch() {
     let Setup { c, _dev } = setup(1).await;
@@ -257,22 +278,7 @@ async fn a_pod_with_gpu_k_is_preferred_the_hca_behind_gpu_ks_switch() {
         // kubelet asks for the pod's resources in no fixed order: the HCA before the GPU for
         // even k, after it for odd k.
         if k % 2 == 1 {
-            c.kubelet
-                .allocate_container(
-                    gpushare::core::wire::RESOURCE_GPU_MEM,
-                    "default",
-                    &name,
-                    "main",
-                    8,
-                )
-                .await
-                .expect("GPU allocated");
-            wait_until("the plugin sees the GPU handed over", || {
-                c.plugin()
-                    .watched_pod("default", &name)
-                    .is_some_and(|a| a.assigned == Some(true))
-            })
-            .await;
+            allocate_gpu(&c, &name).await;
         }
         let (chosen, resp) = c
             .kubelet
@@ -287,22 +293,7 @@ async fn a_pod_with_gpu_k_is_preferred_the_hca_behind_gpu_ks_switch() {
                 .unwrap_or_default(),
         );
         if k % 2 == 0 {
-            c.kubelet
-                .allocate_container(
-                    gpushare::core::wire::RESOURCE_GPU_MEM,
-                    "default",
-                    &name,
-                    "main",
-                    8,
-                )
-                .await
-                .expect("GPU allocated");
-            wait_until("the plugin sees the GPU handed over", || {
-                c.plugin()
-                    .watched_pod("default", &name)
-                    .is_some_and(|a| a.assigned == Some(true))
-            })
-            .await;
+            allocate_gpu(&c, &name).await;
         }
     }
     assert_eq!(got, HGX_NEAREST);
@@ -421,27 +412,12 @@ async fn grpcio_kubelet_registers_lists_and_allocates_an_hca() {
     )
     .await
     .expect("the device plugin starts");
-    let script = crate::support::clients::repo_root().join("tests/clients/kubelet_grpcio.py");
-    let out = tokio::time::timeout(
-        std::time::Duration::from_secs(60),
-        tokio::process::Command::new(&python)
-            .arg(&script)
-            .arg("--dir")
-            .arg(dir.path())
-            .args(["--resource", RDMA, "--ids", "mlx5_3-_-0"])
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("the python kubelet finishes within a minute")
-    .expect("the python kubelet runs");
+    let args = ["--resource", RDMA, "--ids", "mlx5_3-_-0"];
+    let (code, report, stderr) =
+        crate::support::clients::device_plugin_kubelet_grpcio(&python, dir.path(), &args).await;
     plugin.stop().await;
     api.shutdown().await;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let report: Value = serde_json::from_str(stdout.trim())
-        .unwrap_or_else(|e| panic!("python kubelet printed no JSON ({e}): {stdout}\n{stderr}"));
-    assert_eq!(out.status.code(), Some(0), "{report}\n{stderr}");
+    assert_eq!(code, Some(0), "{report}\n{stderr}");
     assert_eq!(report["register"]["resource_name"], RDMA);
     assert_eq!(
         report["register"]["endpoint"],

@@ -114,12 +114,37 @@ pub async fn dra_kubelet_grpcio(
     socket: &Path,
     args: &[String],
 ) -> serde_json::Value {
+    let mut all = vec!["--socket".into(), socket.as_os_str().to_owned()];
+    all.extend(args.iter().map(Into::into));
+    let (code, report, stderr) = python_kubelet(python, "dra_kubelet_grpcio.py", &all).await;
+    assert_eq!(code, Some(0), "{report}\n{stderr}");
+    report
+}
+
+/// Runs the Python device-plugin kubelet (`tests/clients/kubelet_grpcio.py`) with `python`
+/// on the device-plugin directory `dir`, with `args`: its exit status, JSON report and
+/// stderr. The test fails when it runs longer than a minute or prints no JSON.
+pub async fn device_plugin_kubelet_grpcio(
+    python: &Path,
+    dir: &Path,
+    args: &[&str],
+) -> (Option<i32>, serde_json::Value, String) {
+    let mut all = vec!["--dir".into(), dir.as_os_str().to_owned()];
+    all.extend(args.iter().map(Into::into));
+    python_kubelet(python, "kubelet_grpcio.py", &all).await
+}
+
+/// Runs `tests/clients/<script>` with `python` and `args`: its exit status, the JSON report
+/// it printed, its stderr.
+async fn python_kubelet(
+    python: &Path,
+    script: &str,
+    args: &[std::ffi::OsString],
+) -> (Option<i32>, serde_json::Value, String) {
     let out = tokio::time::timeout(
         std::time::Duration::from_secs(60),
         tokio::process::Command::new(python)
-            .arg(repo_root().join("tests/clients/dra_kubelet_grpcio.py"))
-            .arg("--socket")
-            .arg(socket)
+            .arg(repo_root().join("tests/clients").join(script))
             .args(args)
             .kill_on_drop(true)
             .output(),
@@ -128,11 +153,10 @@ pub async fn dra_kubelet_grpcio(
     .expect("the python kubelet finishes within a minute")
     .expect("the python kubelet runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let report: serde_json::Value = serde_json::from_str(stdout.trim())
-        .unwrap_or_else(|e| panic!("no JSON ({e}): {stdout}\n{stderr}"));
-    assert_eq!(out.status.code(), Some(0), "{report}\n{stderr}");
-    report
+        .unwrap_or_else(|e| panic!("{script} printed no JSON ({e}): {stdout}\n{stderr}"));
+    (out.status.code(), report, stderr)
 }
 
 /// promtool.
