@@ -25,8 +25,7 @@ use serde_json::{Value, json};
 use crate::support::deviceplugin_cluster::{self, NODE as DP_NODE};
 use crate::support::dra::{dra_node_api, submit_gpu_pod};
 use crate::support::enforcement::{
-    GIB, Host, gpus, inspect, metric, oci_state, pod_events, published_rows, row,
-    run_hook_as_runtime,
+    GIB, Host, gpus, metric, oci_state, pod_events, published_rows, row, run_hook_as_runtime,
 };
 use crate::support::socket_dir::short_tempdir;
 use crate::support::wait::wait_until;
@@ -179,18 +178,8 @@ async fn dra_a_4gib_pod_is_limited_to_4gib_on_its_own_cgroup_and_the_readback_sh
         Some(GIB.to_string().as_str())
     );
     let kc = api.admin_kubeconfig_path().display().to_string();
-    let wide = inspect(&kc, "wide").await;
-    assert!(wide.status.success(), "{}", stderr(&wide));
-    assert!(
-        stdout(&wide).contains("default/p=1.0/4"),
-        "{}",
-        stdout(&wide)
-    );
-    let json = inspect(&kc, "json").await;
-    let report: Value = serde_json::from_str(&stdout(&json)).expect("json");
-    let share = &report["nodes"][0]["gpus"][index]["pods"][0];
-    assert_eq!(share["gpuMemory"]["usedBytes"], GIB, "{share}");
-    assert_eq!(share["gpuMemory"]["containers"][0]["limit"], 4 * GIB);
+    crate::support::enforcement::assert_inspect_share(&kc, index, "default/p=1.0/4", GIB, 4 * GIB)
+        .await;
 
     // Someone raises the hard limit behind the driver's back: a mismatch, an Event on the
     // pod, counted, a health message on the device.

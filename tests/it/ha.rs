@@ -95,15 +95,22 @@ fn lease_field(api: &ApiServer, field: &str) -> serde_json::Value {
         .unwrap_or(serde_json::Value::Null)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exactly_one_leads_and_the_other_takes_over_when_the_leader_stops() {
-    let api = ApiServer::start().await.expect("api server");
-    let a = candidate(&api, "replica-a");
-    let b = candidate(&api, "replica-b");
+/// Two candidates on one lease once one of them leads: the leader, the follower, and the
+/// watch that answers whether both ever led at once.
+async fn two_candidates(api: &ApiServer) -> (Candidate, Candidate, tokio::task::JoinHandle<bool>) {
+    let a = candidate(api, "replica-a");
+    let b = candidate(api, "replica-b");
     let overlap = never_both(a.leadership.subscribe(), b.leadership.subscribe());
     let (mut ra, mut rb) = (a.leadership.subscribe(), b.leadership.subscribe());
     let first = first_leader(&mut ra, &mut rb).await;
     let (leader, follower) = if first == 0 { (a, b) } else { (b, a) };
+    (leader, follower, overlap)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_one_leads_and_the_other_takes_over_when_the_leader_stops() {
+    let api = ApiServer::start().await.expect("api server");
+    let (leader, follower, overlap) = two_candidates(&api).await;
     assert!(!follower.leadership.is_leader());
     assert_eq!(lease_field(&api, "holderIdentity"), leader.id);
     assert_eq!(lease_field(&api, "leaseDurationSeconds"), 2);
@@ -145,12 +152,7 @@ async fn exactly_one_leads_and_the_other_takes_over_when_the_leader_stops() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_leader_steps_down_and_the_other_takes_over() {
     let api = ApiServer::start().await.expect("api server");
-    let a = candidate(&api, "replica-a");
-    let b = candidate(&api, "replica-b");
-    let overlap = never_both(a.leadership.subscribe(), b.leadership.subscribe());
-    let (mut ra, mut rb) = (a.leadership.subscribe(), b.leadership.subscribe());
-    let first = first_leader(&mut ra, &mut rb).await;
-    let (leader, follower) = if first == 0 { (a, b) } else { (b, a) };
+    let (leader, follower, overlap) = two_candidates(&api).await;
 
     // Every lease write of the leader fails from now on (its reads still work).
     api.inject(

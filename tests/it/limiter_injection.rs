@@ -25,7 +25,6 @@ use gpushare::node::enforcement::Mechanism;
 use gpushare::node::paths::ServingPath;
 use gpushare::shutdown::Shutdown;
 use gpushare_limiter_contract::{GpuUuid, Limits};
-use serde_json::Value;
 
 use crate::support::clients;
 use crate::support::deviceplugin_cluster::{self, NODE as DP_NODE};
@@ -36,8 +35,8 @@ use crate::support::limiter::{
     namespace_or_skip, probe, run_to_end, sixteen_gib,
 };
 use crate::support::socket_dir::short_tempdir;
+use crate::support::stderr;
 use crate::support::wait::{DEADLINE, poll, wait_until};
-use crate::support::{stderr, stdout};
 
 const DRA_NODE: &str = "node-a";
 
@@ -326,18 +325,14 @@ async fn device_plugin_a_4gib_pod_gets_the_limiter_mounts_and_is_held_to_4gib() 
         if let Some((ok, said)) = clients::promtool_check(&text) {
             assert!(ok, "promtool check metrics:\n{said}\n---\n{text}");
         }
-        let wide = inspect(&kc, "wide").await;
-        assert!(wide.status.success(), "{}", stderr(&wide));
-        assert!(
-            stdout(&wide).contains("default/p=3.0/4"),
-            "{}",
-            stdout(&wide)
-        );
-        let json = inspect(&kc, "json").await;
-        let report: Value = serde_json::from_str(&stdout(&json)).expect("json");
-        let share = &report["nodes"][0]["gpus"][0]["pods"][0];
-        assert_eq!(share["gpuMemory"]["usedBytes"], 3 * GIB, "{share}");
-        assert_eq!(share["gpuMemory"]["containers"][0]["limit"], 4 * GIB);
+        let share = crate::support::enforcement::assert_inspect_share(
+            &kc,
+            0,
+            "default/p=3.0/4",
+            3 * GIB,
+            4 * GIB,
+        )
+        .await;
         assert_eq!(share["gpuMemory"]["containers"][0]["mechanism"], "limiter");
         a.finish();
     }
@@ -423,21 +418,29 @@ async fn dra_a_4gib_claim_gets_the_limiter_in_its_cdi_spec_and_is_held_to_4gib()
     api.shutdown().await;
 }
 
-#[tokio::test]
-async fn limiter_without_the_library_refuses_to_start_and_auto_falls_back_saying_why() {
-    let host = HostDirs::new();
-    let missing = host.dir.path().join("no-such.so");
-    let Err(refused) = deviceplugin_cluster::cluster_on(
+/// The device-plugin path with `enforcement` over `host` and the limiter library at `library`.
+async fn cluster_with_library(
+    host: &HostDirs,
+    enforcement: Enforcement,
+    library: &std::path::Path,
+) -> anyhow::Result<deviceplugin_cluster::Cluster> {
+    deviceplugin_cluster::cluster_on(
         backend(),
         &deviceplugin_cluster::node_yaml(""),
         |_| {},
         |c| {
-            host.configure(c, Enforcement::Limiter);
-            c.node.limiter_library = missing.clone();
+            host.configure(c, enforcement);
+            c.node.limiter_library = library.to_path_buf();
         },
     )
     .await
-    else {
+}
+
+#[tokio::test]
+async fn limiter_without_the_library_refuses_to_start_and_auto_falls_back_saying_why() {
+    let host = HostDirs::new();
+    let missing = host.dir.path().join("no-such.so");
+    let Err(refused) = cluster_with_library(&host, Enforcement::Limiter, &missing).await else {
         panic!("limiter without the library refuses to start");
     };
     let msg = format!("{refused:#}");
@@ -451,17 +454,9 @@ async fn limiter_without_the_library_refuses_to_start_and_auto_falls_back_saying
     // A file that is not a library is refused, not installed.
     let junk = host.dir.path().join("junk.so");
     std::fs::write(&junk, "#!/bin/sh\n").expect("junk");
-    let cluster = deviceplugin_cluster::cluster_on(
-        backend(),
-        &deviceplugin_cluster::node_yaml(""),
-        |_| {},
-        |c| {
-            host.configure(c, Enforcement::Auto);
-            c.node.limiter_library = junk.clone();
-        },
-    )
-    .await
-    .expect("auto starts");
+    let cluster = cluster_with_library(&host, Enforcement::Auto, &junk)
+        .await
+        .expect("auto starts");
     let decision = cluster
         .plugin()
         .agent()

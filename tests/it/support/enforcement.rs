@@ -427,6 +427,31 @@ pub async fn inspect(kubeconfig: &str, format: &str) -> Output {
     .expect("inspect ran")
 }
 
+/// `inspect` over `kubeconfig` shows pod `default/p`'s share: the `wide` view names it as
+/// `wide_share` (`default/p=1.0/4`), and in the JSON report the first pod on GPU `gpu` uses
+/// `used` bytes with its first container's limit `limit`. That share, as JSON.
+pub async fn assert_inspect_share(
+    kubeconfig: &str,
+    gpu: usize,
+    wide_share: &str,
+    used: u64,
+    limit: u64,
+) -> Value {
+    let wide = inspect(kubeconfig, "wide").await;
+    let text = super::stdout(&wide);
+    assert!(wide.status.success(), "{}", super::stderr(&wide));
+    assert!(text.contains(wide_share), "{wide_share} not in:\n{text}");
+    let json = inspect(kubeconfig, "json").await;
+    let report: Value = serde_json::from_str(&super::stdout(&json)).expect("json");
+    let share = &report["nodes"][0]["gpus"][gpu]["pods"][0];
+    assert_eq!(share["gpuMemory"]["usedBytes"], used, "{share}");
+    assert_eq!(
+        share["gpuMemory"]["containers"][0]["limit"], limit,
+        "{share}"
+    );
+    share.clone()
+}
+
 /// `gpushare doctor --role node --no-cluster` with `config` (a gpushare.toml) and the NVML
 /// library `nvml` (the stub), plus `extra` flags: its `enforcement` check as
 /// `status | detail | hint` (the other checks read this machine).
