@@ -335,19 +335,18 @@ fn doctor(host: &Host, extra: &[&str], node_toml: &str) -> String {
     crate::support::enforcement::doctor_enforcement(&config, &host.library, extra)
 }
 
+/// Driver enforcement with a CDI device-list strategy, which can hand the hook over.
+const DRIVER_CDI: &[&str] = &[
+    "--enforcement",
+    "driver",
+    "--device-list-strategy",
+    "cdi-cri",
+];
+
 #[test]
 fn doctor_shows_the_mechanism_each_gpu_gets_and_the_fix() {
     let host = Host::new(MemoryAccounting::Dmem, "615.10.02");
-    let text = doctor(
-        &host,
-        &[
-            "--enforcement",
-            "driver",
-            "--device-list-strategy",
-            "cdi-cri",
-        ],
-        "",
-    );
+    let text = doctor(&host, DRIVER_CDI, "");
     assert_names(
         &text,
         &[
@@ -374,16 +373,7 @@ fn doctor_shows_the_mechanism_each_gpu_gets_and_the_fix() {
     );
     // A driver older than R615: the reason and its fix; auto says what it falls back to.
     let old = Host::new(MemoryAccounting::Dmem, "550.54.15");
-    let text = doctor(
-        &old,
-        &[
-            "--enforcement",
-            "driver",
-            "--device-list-strategy",
-            "cdi-cri",
-        ],
-        "",
-    );
+    let text = doctor(&old, DRIVER_CDI, "");
     assert_names(
         &text,
         &[
@@ -404,27 +394,9 @@ fn doctor_shows_the_mechanism_each_gpu_gets_and_the_fix() {
     // cgroup v1 (no cgroup.controllers at the root) and no hook.
     let v1 = Host::new(MemoryAccounting::Misc, "615.10.02");
     std::fs::remove_file(v1.cgroup.join("cgroup.controllers")).expect("v1");
-    let text = doctor(
-        &v1,
-        &[
-            "--enforcement",
-            "driver",
-            "--device-list-strategy",
-            "cdi-cri",
-        ],
-        "",
-    );
+    let text = doctor(&v1, DRIVER_CDI, "");
     assert_names(&text, &["is not a cgroup v2 root"]);
-    let text = doctor(
-        &host,
-        &[
-            "--enforcement",
-            "driver",
-            "--device-list-strategy",
-            "cdi-cri",
-        ],
-        "",
-    );
+    let text = doctor(&host, DRIVER_CDI, "");
     assert!(!text.contains("is not there"), "{text}");
 }
 

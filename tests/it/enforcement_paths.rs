@@ -382,12 +382,7 @@ async fn driver_on_a_node_without_support_refuses_to_start_and_auto_falls_back_s
     )
     .await
     .expect("auto starts");
-    let decision = cluster
-        .plugin()
-        .agent()
-        .enforcement()
-        .admit(ServingPath::DevicePlugin)
-        .expect("auto decides");
+    let decision = cluster.enforcement_decision();
     assert_eq!(decision.mechanism, Mechanism::None);
     assert!(decision.why.contains("older than R615"), "{}", decision.why);
     let (_, resp) = {

@@ -25,6 +25,7 @@ use gpushare::node::enforcement::Mechanism;
 use gpushare::node::paths::ServingPath;
 use gpushare::shutdown::Shutdown;
 use gpushare_limiter_contract::{GpuUuid, Limits};
+use gpushare_sandbox::apiserver::ApiServer;
 
 use crate::support::clients;
 use crate::support::deviceplugin_cluster::{self, NODE as DP_NODE};
@@ -349,6 +350,18 @@ async fn device_plugin_a_4gib_pod_gets_the_limiter_mounts_and_is_held_to_4gib() 
     cluster.stop().await;
 }
 
+/// The DRA role with `config` over `api` and the fake GPUs.
+async fn start_dra_plugin(config: &Config, api: &ApiServer) -> role::DraPluginHandle {
+    role::start(
+        config,
+        api.admin_client(),
+        std::sync::Arc::new(backend()),
+        Shutdown::never(),
+    )
+    .await
+    .expect("the DRA plugin starts")
+}
+
 #[tokio::test]
 async fn dra_a_4gib_claim_gets_the_limiter_in_its_cdi_spec_and_is_held_to_4gib() {
     let host = HostDirs::new();
@@ -358,14 +371,7 @@ async fn dra_a_4gib_claim_gets_the_limiter_in_its_cdi_spec_and_is_held_to_4gib()
         config.dra.admin_address = "127.0.0.1:0".into();
         host.configure(config, Enforcement::Auto);
     });
-    let plugin = role::start(
-        &config,
-        api.admin_client(),
-        std::sync::Arc::new(backend()),
-        Shutdown::never(),
-    )
-    .await
-    .expect("the DRA plugin starts");
+    let plugin = start_dra_plugin(&config, &api).await;
     let decision = plugin
         .agent()
         .enforcement()
@@ -457,12 +463,7 @@ async fn limiter_without_the_library_refuses_to_start_and_auto_falls_back_saying
     let cluster = cluster_with_library(&host, Enforcement::Auto, &junk)
         .await
         .expect("auto starts");
-    let decision = cluster
-        .plugin()
-        .agent()
-        .enforcement()
-        .admit(ServingPath::DevicePlugin)
-        .expect("auto decides");
+    let decision = cluster.enforcement_decision();
     assert_eq!(decision.mechanism, Mechanism::None);
     assert!(
         decision.why.contains("not limiter") && decision.why.contains("not a 64-bit ELF"),
@@ -663,24 +664,11 @@ async fn a_restarted_dra_plugin_removes_the_limiter_files_of_claims_it_no_longer
     assert_eq!(host.containers(), [dra.to_string()]);
     let api = dra_node_api(DRA_NODE).await;
     let dir = short_tempdir();
-    let mut config = Config::default();
-    config.node.node_name = DRA_NODE.into();
-    config.dra.registry_dir = dir.path().join("registry");
-    config.dra.plugin_dir = dir.path().join("plugin");
-    config.dra.state_dir = dir.path().join("state");
-    config.dra.cdi_dir = dir.path().join("cdi");
-    config.dra.admin_address = String::new();
-    config.doctor.skip = true;
-    host.configure(&mut config, Enforcement::Limiter);
+    let config = crate::support::dra_node::config_in(dir.path(), |config| {
+        host.configure(config, Enforcement::Limiter);
+    });
     std::fs::create_dir_all(&config.dra.registry_dir).expect("registry");
-    let plugin = role::start(
-        &config,
-        api.admin_client(),
-        std::sync::Arc::new(backend()),
-        Shutdown::never(),
-    )
-    .await
-    .expect("the DRA plugin starts");
+    let plugin = start_dra_plugin(&config, &api).await;
     assert!(
         host.containers().is_empty(),
         "the gone claim's files went before the plugin served: {:?}",

@@ -14,6 +14,8 @@ use gpushare::deviceplugin::{self, DevicePluginHandle};
 use gpushare::gpu::GpuBackend;
 use gpushare::gpu::fake::{FakeBackend, FakeHealth};
 use gpushare::kubelet_api::deviceplugin::ContainerAllocateResponse;
+use gpushare::node::enforcement::Decision;
+use gpushare::node::paths::ServingPath;
 use gpushare_sandbox::apiserver::ApiServer;
 use gpushare_sandbox::kubelet::Kubelet;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -123,6 +125,16 @@ pub(crate) async fn cluster(gpus: &str, tweak: impl FnOnce(&mut Config)) -> Clus
 }
 
 impl Cluster {
+    /// What the running device plugin's enforcement decided for the device-plugin path; panics
+    /// where it refused.
+    pub(crate) fn enforcement_decision(&self) -> Decision {
+        self.plugin()
+            .agent()
+            .enforcement()
+            .admit(ServingPath::DevicePlugin)
+            .expect("the device plugin's enforcement decides")
+    }
+
     pub(crate) async fn stop(mut self) {
         if let Some(p) = self.plugin.take() {
             let socket = p.socket_path();
