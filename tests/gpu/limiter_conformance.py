@@ -129,10 +129,8 @@ class Run:
         self.row(check, "FAIL" if failed else "PASS", "; ".join(failed) or detail)
 
 
-FILL = """
-import json, sys, torch
-limit = int(sys.argv[1])
-free, total = torch.cuda.mem_get_info()
+# Allocates 128 MiB chunks until CUDA refuses one: `got` bytes held in `chunks`.
+FILL_UNTIL_OUT_OF_MEMORY = """\
 chunks, got = [], 0
 try:
     while True:
@@ -140,10 +138,21 @@ try:
         got += 128 << 20
 except torch.cuda.OutOfMemoryError:
     pass
-print(json.dumps({"total": total, "allocated": got, "reserved": torch.cuda.memory_reserved()}))
 """
 
-GRAPHS = """
+FILL = (
+    """
+import json, sys, torch
+limit = int(sys.argv[1])
+free, total = torch.cuda.mem_get_info()
+"""
+    + FILL_UNTIL_OUT_OF_MEMORY
+    + """print(json.dumps({"total": total, "allocated": got, "reserved": torch.cuda.memory_reserved()}))
+"""
+)
+
+GRAPHS = (
+    """
 import json, sys, torch
 limit = int(sys.argv[1])
 static = torch.zeros(1 << 20, device="cuda")
@@ -160,15 +169,11 @@ with torch.cuda.graph(g):
 for _ in range(10):
     g.replay()
 torch.cuda.synchronize()
-chunks, got = [], 0
-try:
-    while True:
-        chunks.append(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"))
-        got += 128 << 20
-except torch.cuda.OutOfMemoryError:
-    pass
-print(json.dumps({"replayed": 10, "allocated_after": got, "value": float(tmp[0].item())}))
 """
+    + FILL_UNTIL_OUT_OF_MEMORY
+    + """print(json.dumps({"replayed": 10, "allocated_after": got, "value": float(tmp[0].item())}))
+"""
+)
 
 NCCL = """
 import json, os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp

@@ -23,7 +23,8 @@ use gpushare_sandbox::nvml_stub::{self, MemoryAccounting};
 use serde_json::{Value, json};
 
 use crate::support::deviceplugin_cluster::{self, NODE as DP_NODE};
-use crate::support::dra::{dra_node_api, submit_gpu_pod};
+use crate::support::dra::dra_node_api;
+use crate::support::dra_node::{PreparedPod, prepared_gpu_pod};
 use crate::support::enforcement::{
     GIB, Host, gpus, metric, oci_state, pod_events, published_rows, row, run_hook_as_runtime,
 };
@@ -74,11 +75,6 @@ async fn dra_plugin(host: &Host) -> (ApiServer, tempfile::TempDir, Config, role:
     (api, dir, config, plugin)
 }
 
-/// A one-container gpu-mem pod rewritten for the DRA path, its template and the pod stored.
-fn submit(api: &ApiServer, name: &str, gib: u64) {
-    submit_gpu_pod(api, name, gib)
-}
-
 #[tokio::test]
 async fn dra_a_4gib_pod_is_limited_to_4gib_on_its_own_cgroup_and_the_readback_shows_it() {
     let host = Host::new(MemoryAccounting::Dmem, "615.10.02");
@@ -87,13 +83,12 @@ async fn dra_a_4gib_pod_is_limited_to_4gib_on_its_own_cgroup_and_the_readback_sh
         plugin.agent().enforcement().mechanism(ServingPath::Dra),
         Mechanism::Driver
     );
-    let kubelet = crate::support::dra_node::registered_kubelet(&config, &api).await;
-
-    submit(&api, "p", 4);
-    let (_, spec) =
-        crate::support::dra_node::allocate_prepare_one(&api, &kubelet, &config.dra.cdi_dir, "p")
-            .await;
-    let uid = crate::support::dra_node::pod_uid(&api, "p");
+    let PreparedPod {
+        kubelet,
+        spec,
+        pod_uid: uid,
+        ..
+    } = prepared_gpu_pod(&config, &api, "p", 4).await;
     let env = env_of(&spec, 0);
     assert!(
         env.iter().any(|e| e == "NVIDIA_GPU_MEMORY_REQUEST=4096"),

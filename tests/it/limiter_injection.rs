@@ -29,7 +29,8 @@ use gpushare_sandbox::apiserver::ApiServer;
 
 use crate::support::clients;
 use crate::support::deviceplugin_cluster::{self, NODE as DP_NODE};
-use crate::support::dra::{dra_node_api, submit_gpu_pod};
+use crate::support::dra::dra_node_api;
+use crate::support::dra_node::{PreparedPod, prepared_gpu_pod};
 use crate::support::enforcement::{inspect, metric, published_rows, row};
 use crate::support::limiter::{
     BindMount, ContainerRoot, GIB, GPU0, Running, allocate_mounts, cdi_mounts, library,
@@ -379,13 +380,12 @@ async fn dra_a_4gib_claim_gets_the_limiter_in_its_cdi_spec_and_is_held_to_4gib()
         .expect("auto decides");
     assert_eq!(decision.mechanism, Mechanism::Limiter, "{}", decision.why);
     assert!(decision.why.contains("not driver"), "{}", decision.why);
-    let kubelet = crate::support::dra_node::registered_kubelet(&config, &api).await;
-
-    submit_gpu_pod(&api, "p", 4);
-    let (claim_uid, spec) =
-        crate::support::dra_node::allocate_prepare_one(&api, &kubelet, &config.dra.cdi_dir, "p")
-            .await;
-    let uid = crate::support::dra_node::pod_uid(&api, "p");
+    let PreparedPod {
+        kubelet,
+        claim_uid,
+        spec,
+        pod_uid: uid,
+    } = prepared_gpu_pod(&config, &api, "p", 4).await;
     let edits = &spec["devices"][0]["containerEdits"];
     assert!(
         edits["hooks"].as_array().is_none_or(Vec::is_empty),

@@ -130,6 +130,35 @@ pub async fn registered_kubelet(config: &Config, api: &ApiServer) -> DraKubelet 
     kubelet
 }
 
+/// A one-container gpu-mem pod prepared on the DRA path, and the kubelet that prepared it.
+pub struct PreparedPod {
+    pub kubelet: DraKubelet,
+    pub claim_uid: String,
+    /// The claim's CDI spec, as JSON.
+    pub spec: Value,
+    pub pod_uid: String,
+}
+
+/// A kubelet registered with the plugin running on `config`, and gpu-mem pod `default/name`
+/// of `gib` GiB submitted, allocated by one pass and prepared ([`allocate_prepare_one`]).
+pub async fn prepared_gpu_pod(
+    config: &Config,
+    api: &ApiServer,
+    name: &str,
+    gib: u64,
+) -> PreparedPod {
+    let kubelet = registered_kubelet(config, api).await;
+    dra::submit_gpu_pod(api, name, gib);
+    let (claim_uid, spec) = allocate_prepare_one(api, &kubelet, &config.dra.cdi_dir, name).await;
+    let pod_uid = pod_uid(api, name);
+    PreparedPod {
+        kubelet,
+        claim_uid,
+        spec,
+        pod_uid,
+    }
+}
+
 /// Waits until kubelet holds the DRA plugin's health report of `device` as `health` (and, where
 /// given, with exactly `message`); panics after the kubelet's deadline.
 pub async fn wait_device_health(
