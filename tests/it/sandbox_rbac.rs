@@ -23,107 +23,7 @@ use crate::support::extender_http::http_as;
 /// - `kube-system/binder`: ClusterRole with `pods/binding` create and `*/status` patch;
 /// - group `gpu-admins`: nodes get; user `alice`: configmaps in `ml` through a Role;
 /// - a ClusterRoleBinding of every ServiceAccount to a ClusterRole that does not exist.
-const RBAC: &str = r#"
-apiVersion: v1
-kind: Namespace
-metadata: {name: ml}
----
-apiVersion: v1
-kind: ServiceAccount
-metadata: {name: reader, namespace: ml}
----
-apiVersion: v1
-kind: ServiceAccount
-metadata: {name: elector, namespace: kube-system}
----
-apiVersion: v1
-kind: ServiceAccount
-metadata: {name: binder, namespace: kube-system}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: pod-reader}
-rules:
-- {apiGroups: [""], resources: [pods], verbs: [get, list, watch]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {name: reader, namespace: ml}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: pod-reader}
-subjects:
-- {kind: ServiceAccount, name: reader}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {name: lease, namespace: kube-system}
-rules:
-- {apiGroups: [coordination.k8s.io], resources: [leases], verbs: [create]}
-- {apiGroups: [coordination.k8s.io], resources: [leases], resourceNames: [gpushare], verbs: [get, update]}
-- {apiGroups: [coordination.k8s.io], resources: [leases], resourceNames: [other], verbs: [list, watch]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {name: elector, namespace: kube-system}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: lease}
-subjects:
-- {kind: ServiceAccount, name: elector, namespace: kube-system}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: binder}
-rules:
-- {apiGroups: [""], resources: [pods/binding], verbs: [create]}
-- {apiGroups: [""], resources: ["*/status"], verbs: [patch]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: binder}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: binder}
-subjects:
-- {kind: ServiceAccount, name: binder, namespace: kube-system}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: node-viewer}
-rules:
-- {apiGroups: [""], resources: [nodes], verbs: [get]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: gpu-admins}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: node-viewer}
-subjects:
-- {apiGroup: rbac.authorization.k8s.io, kind: Group, name: gpu-admins}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {name: cm-editor, namespace: ml}
-rules:
-- {apiGroups: [""], resources: [configmaps], verbs: ["*"]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {name: alice, namespace: ml}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: cm-editor}
-subjects:
-- {apiGroup: rbac.authorization.k8s.io, kind: User, name: alice}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: dangling}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: gone}
-subjects:
-- {apiGroup: rbac.authorization.k8s.io, kind: Group, name: "system:serviceaccounts"}
----
-apiVersion: v1
-kind: Node
-metadata: {name: n1}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: p, namespace: ml}
-spec: {containers: [{name: c, image: x}]}
-"#;
+const RBAC: &str = include_str!("../fixtures/apiserver/rbac.yaml");
 
 async fn cluster() -> ApiServer {
     let server = ApiServer::start().await.expect("sandbox API server");
@@ -635,6 +535,19 @@ fn every_kubectl() -> Vec<(std::path::PathBuf, u32)> {
     found
 }
 
+const BIND_IN_ML: &[&str] = &[
+    "auth",
+    "can-i",
+    "create",
+    "pods",
+    "--subresource=binding",
+    "-n",
+    "ml",
+];
+const LEASE: &str = "leases.coordination.k8s.io/gpushare";
+const UPDATE_LEASE: &[&str] = &["auth", "can-i", "update", LEASE, "-n", "kube-system"];
+const WATCH_LEASE: &[&str] = &["auth", "can-i", "watch", LEASE, "-n", "kube-system"];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_auth_can_i_asks_the_same_rules() {
     let server = cluster().await;
@@ -670,46 +583,26 @@ async fn kubectl_auth_can_i_asks_the_same_rules() {
             ),
             "1.{minor}"
         );
-        let (code, out, _) = k(
-            "reader",
-            &[
-                "auth",
-                "can-i",
-                "create",
-                "pods",
-                "--subresource=binding",
-                "-n",
-                "ml",
-            ],
-        )
-        .await;
-        assert!(code == 1 && out.starts_with("no"), "1.{minor}: {out}");
-        let (code, out, err) = k(
-            "elector",
-            &[
-                "auth",
-                "can-i",
-                "update",
-                "leases.coordination.k8s.io/gpushare",
-                "-n",
-                "kube-system",
-            ],
-        )
-        .await;
-        assert_eq!((code, out.trim()), (0, "yes"), "1.{minor}: {err}");
-        let (code, out, _) = k(
-            "elector",
-            &[
-                "auth",
-                "can-i",
-                "watch",
-                "leases.coordination.k8s.io/gpushare",
-                "-n",
-                "kube-system",
-            ],
-        )
-        .await;
-        assert!(code == 1 && out.starts_with("no"), "1.{minor}: {out}");
+        // Each question, and whether kubectl answers yes (exit 0) or no (exit 1).
+        for (who, args, allowed) in [
+            ("reader", BIND_IN_ML, false),
+            ("elector", UPDATE_LEASE, true),
+            ("elector", WATCH_LEASE, false),
+        ] {
+            let (code, out, err) = k(who, args).await;
+            if allowed {
+                assert_eq!(
+                    (code, out.trim()),
+                    (0, "yes"),
+                    "1.{minor} {who} {args:?}: {err}"
+                );
+            } else {
+                assert!(
+                    code == 1 && out.starts_with("no"),
+                    "1.{minor} {who} {args:?}: {out}"
+                );
+            }
+        }
         // The refusal as kubectl prints it.
         let (code, _, err) = k("reader", &["get", "nodes"]).await;
         assert_eq!(code, 1, "1.{minor}");
