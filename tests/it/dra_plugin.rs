@@ -173,12 +173,7 @@ async fn node() -> Node {
 }
 
 fn pod_uid(server: &ApiServer) -> String {
-    server
-        .get_object("pods", Some("default"), "p")
-        .expect("pod")["metadata"]["uid"]
-        .as_str()
-        .expect("uid")
-        .to_string()
+    crate::support::objects::pod_uid(server, "p")
 }
 
 fn files(dir: &Path) -> usize {

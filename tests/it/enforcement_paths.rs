@@ -284,13 +284,7 @@ async fn device_plugin_a_4gib_pod_gets_the_limit_device_whose_hook_limits_its_co
         .expect("the limit spec"),
     )
     .expect("json");
-    let uid = cluster
-        .api
-        .get_object("pods", Some("default"), "p")
-        .expect("pod")["metadata"]["uid"]
-        .as_str()
-        .expect("uid")
-        .to_string();
+    let uid = crate::support::objects::pod_uid(&cluster.api, "p");
     let main = host.container(&uid, "ctr-dp", 5151, ("default", "p", "main"), false);
     let out = run_hook_as_runtime(&hook_of(&spec, 0), &oci_state(&main));
     assert!(out.status.success(), "{}", stderr(&out));

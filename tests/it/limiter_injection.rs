@@ -276,13 +276,7 @@ async fn device_plugin_a_4gib_pod_gets_the_limiter_mounts_and_is_held_to_4gib() 
     );
     let mounts = allocate_mounts(&resp);
     check_mounts(&mounts, &host, 4 * GIB);
-    let uid = cluster
-        .api
-        .get_object("pods", Some("default"), "p")
-        .expect("pod")["metadata"]["uid"]
-        .as_str()
-        .expect("uid")
-        .to_string();
+    let uid = crate::support::objects::pod_uid(&cluster.api, "p");
     assert_eq!(host.containers(), [format!("dp-{uid}-main")]);
 
     let kc = cluster.api.admin_kubeconfig_path().display().to_string();

@@ -374,12 +374,7 @@ async fn the_dra_kubelet_registers_prepares_reads_health_and_unprepares_after_th
     assert_eq!(allocator.reconcile().await.expect("a pass").bound.len(), 1);
     let report = kubelet.sync().await.expect("a sync");
     assert_eq!(report.prepared, ["default/p"]);
-    let uid = server
-        .get_object("pods", Some("default"), "p")
-        .expect("pod")["metadata"]["uid"]
-        .as_str()
-        .expect("uid")
-        .to_string();
+    let uid = crate::support::objects::pod_uid(&server, "p");
     let claims = kubelet.prepared(&uid).expect("recorded");
     assert_eq!(claims.len(), 1);
     assert_eq!(claims[0].service, v1::SERVICE);

@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
 use super::dra;
+pub use super::objects::pod_uid;
 use super::socket_dir::short_tempdir;
 
 /// The node's name.
@@ -249,14 +250,6 @@ pub fn submit_pod(api: &ApiServer, pod: Value) {
 /// Rewrites a `main` + `side` gpu-mem pod, stores its template and the pod.
 pub fn submit(api: &ApiServer, name: &str, main: u64, side: u64) {
     submit_containers(api, name, &[("main", main), ("side", side)]);
-}
-
-/// The uid of pod `default/<name>`.
-pub fn pod_uid(api: &ApiServer, name: &str) -> String {
-    api.get_object("pods", Some("default"), name).expect("pod")["metadata"]["uid"]
-        .as_str()
-        .expect("uid")
-        .to_string()
 }
 
 /// The CDI spec file of claim `claim_uid` in `dir`.

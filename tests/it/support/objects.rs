@@ -2,7 +2,7 @@
 //! asking for GPU memory, a pod the extender has bound and the device plugin has assigned
 //! (what a ledger rebuilds from), and a pod the extender has bound that waits for Allocate
 //! (what the device plugin matches). Plain JSON, as the sandbox API server and the extender's
-//! HTTP verbs take it.
+//! HTTP verbs take it; and the UID the API server gave a stored pod.
 
 use std::fmt::Display;
 
@@ -10,6 +10,7 @@ use gpushare::core::wire::{
     ANN_ASSIGNED, ANN_ASSUME_TIME, ANN_DEVICE_MEM, ANN_GPU_INDEX, ANN_POD_MEM, RESOURCE_GPU_COUNT,
     RESOURCE_GPU_MEM,
 };
+use gpushare_sandbox::apiserver::ApiServer;
 use serde_json::{Value, json};
 
 /// A node offering `gpus` GPUs of `units` each (the upstream even split), and 8 CPUs.
@@ -87,4 +88,12 @@ pub(crate) fn assumed_pod(
         "spec": spec,
         "status": {"phase": "Pending"},
     })
+}
+
+/// The UID of pod `default/<name>` as the API server stored it.
+pub fn pod_uid(api: &ApiServer, name: &str) -> String {
+    api.get_object("pods", Some("default"), name).expect("pod")["metadata"]["uid"]
+        .as_str()
+        .expect("uid")
+        .to_string()
 }
