@@ -9,69 +9,16 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 
-const SEED: &str = r#"
-apiVersion: resource.k8s.io/v1
-kind: DeviceClass
-metadata: { name: gpu-mem.gpushare.io }
-spec:
-  selectors:
-  - cel: { expression: 'device.driver == "gpushare.io"' }
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceSlice
-metadata: { name: node-a-gpushare.io-0 }
-spec:
-  driver: gpushare.io
-  nodeName: node-a
-  pool: { name: node-a, generation: 1, resourceSliceCount: 1 }
-  devices:
-  - name: gpu-0
-    allowMultipleAllocations: true
-    attributes: { uuid: { string: GPU-0 } }
-    capacity:
-      memory:
-        value: 16Gi
-        requestPolicy: { default: 16Gi, validRange: { min: 1Gi, max: 16Gi, step: 1Gi } }
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: { name: gpu-mem, namespace: default }
-spec:
-  spec:
-    devices:
-      requests:
-      - name: main
-        exactly:
-          deviceClassName: gpu-mem.gpushare.io
-          capacity: { requests: { memory: 6Gi } }
-      - name: side
-        exactly:
-          deviceClassName: gpu-mem.gpushare.io
-          capacity: { requests: { memory: 1500Mi } }
-      constraints:
-      - matchAttribute: gpushare.io/uuid
-"#;
+use crate::support::objects::claim_pod;
+
+const SEED: &str = include_str!("../fixtures/apiserver/dra-gpu-mem.yaml");
 
 fn gpu_pod(name: &str) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": { "name": name, "namespace": "default" },
-        "spec": {
-            "containers": [
-                { "name": "main", "image": "x", "resources": { "claims": [{ "name": "gpu", "request": "main" }] } },
-                { "name": "side", "image": "x", "resources": { "claims": [{ "name": "gpu", "request": "side" }] } },
-            ],
-            "resourceClaims": [{ "name": "gpu", "resourceClaimTemplateName": "gpu-mem" }],
-        },
-    })
+    claim_pod(name, "gpu-mem", &[("main", "main"), ("side", "side")])
 }
 
 async fn cluster() -> ApiServer {
-    let server = ApiServer::start()
-        .await
-        .expect("the sandbox API server starts");
-    server.seed_yaml(SEED).expect("the DRA objects seed");
-    server
+    crate::support::dra::seeded_api(SEED).await
 }
 
 #[tokio::test]

@@ -22,55 +22,20 @@ use gpushare_sandbox::dra_allocator::DraAllocator;
 use gpushare_sandbox::dra_kubelet::{ClaimOutcome, DraKubelet};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 use crate::support::clients;
+use crate::support::objects::claim_pod;
 use crate::support::socket_dir::short_tempdir;
 
 const DRIVER: &str = "test.gpushare.io";
 
-const SEED: &str = r#"
-apiVersion: resource.k8s.io/v1
-kind: DeviceClass
-metadata: { name: test }
-spec:
-  selectors:
-  - cel: { expression: 'device.driver == "test.gpushare.io"' }
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceSlice
-metadata: { name: node-a-test }
-spec:
-  driver: test.gpushare.io
-  nodeName: node-a
-  pool: { name: node-a, generation: 1, resourceSliceCount: 1 }
-  devices:
-  - name: gpu-0
-    allowMultipleAllocations: true
-    attributes: { uuid: { string: GPU-0 } }
-    capacity: { memory: { value: 16Gi, requestPolicy: { default: 16Gi, validRange: { min: 1Gi, step: 1Gi } } } }
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: { name: t, namespace: default }
-spec:
-  spec:
-    devices:
-      requests:
-      - { name: a, exactly: { deviceClassName: test, capacity: { requests: { memory: 2Gi } } } }
-"#;
+const SEED: &str = include_str!("../fixtures/apiserver/dra-test-driver.yaml");
 
 fn pod(name: &str) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": { "name": name, "namespace": "default" },
-        "spec": {
-            "containers": [{ "name": "c", "image": "x", "resources": { "claims": [{ "name": "gpu", "request": "a" }] } }],
-            "resourceClaims": [{ "name": "gpu", "resourceClaimTemplateName": "t" }],
-        },
-    })
+    claim_pod(name, "t", &[("c", "a")])
 }
 
 /// What the test plugin saw.
@@ -333,11 +298,7 @@ fn start_plugin(dir: &Path, api: kube::Client, kind: &str, versions: &[&str]) ->
 }
 
 async fn cluster() -> ApiServer {
-    let server = ApiServer::start()
-        .await
-        .expect("the sandbox API server starts");
-    server.seed_yaml(SEED).expect("seed");
-    server
+    crate::support::dra::seeded_api(SEED).await
 }
 
 #[tokio::test]

@@ -13,6 +13,15 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use serde_json::{Value, json};
 
+/// A sandbox API server seeded with the objects of `yaml` (documents separated by `---`).
+pub async fn seeded_api(yaml: &str) -> ApiServer {
+    let api = ApiServer::start()
+        .await
+        .expect("the sandbox API server starts");
+    api.seed_yaml(yaml).expect("the objects seed");
+    api
+}
+
 /// A sandbox API server holding node `node` on the DRA path (its label) and gpushare's
 /// DeviceClass.
 pub async fn dra_node_api(node: &str) -> ApiServer {

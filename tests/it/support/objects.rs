@@ -90,6 +90,26 @@ pub(crate) fn assumed_pod(
     })
 }
 
+/// Pod `default/<name>` with a claim `gpu` made from ResourceClaimTemplate `template`, each of
+/// its containers `(container, request)` using that request of the claim.
+pub fn claim_pod(name: &str, template: &str, containers: &[(&str, &str)]) -> Value {
+    let containers: Vec<Value> = containers
+        .iter()
+        .map(|(container, request)| {
+            json!({ "name": container, "image": "x",
+                "resources": { "claims": [{ "name": "gpu", "request": request }] } })
+        })
+        .collect();
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": name, "namespace": "default" },
+        "spec": {
+            "containers": containers,
+            "resourceClaims": [{ "name": "gpu", "resourceClaimTemplateName": template }],
+        },
+    })
+}
+
 /// The UID of pod `default/<name>` as the API server stored it.
 pub fn pod_uid(api: &ApiServer, name: &str) -> String {
     api.get_object("pods", Some("default"), name).expect("pod")["metadata"]["uid"]
