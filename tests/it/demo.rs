@@ -3,36 +3,50 @@
 
 use crate::support::{run, stderr, stdout};
 
+/// Asserts that none of a scenario's expectations failed (`failures`), that it checked
+/// `checks` of them (`Some((want, checked))`) and that the text it printed into `out` says
+/// each of `wants`.
+fn held(failures: &[String], out: &[u8], checks: Option<(usize, usize)>, wants: &[&str]) {
+    let text = String::from_utf8_lossy(out).into_owned();
+    assert!(failures.is_empty(), "{failures:?}\n{text}");
+    if let Some((want, checked)) = checks {
+        assert_eq!(checked, want, "{text}");
+    }
+    for want in wants {
+        assert!(text.contains(want), "{want:?} not in:\n{text}");
+    }
+}
+
+/// The binary's `gpushare demo <args>` exits 0 saying that all its `checks` expectations held.
+fn binary_holds(args: &[&str], checks: usize) {
+    let out = run(&[&["demo"], args].concat());
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    let said = format!("All {checks} expectations held.");
+    assert!(text.contains(&said), "{said:?} not in:\n{text}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_scenario_holds_every_expectation() {
     let mut out = Vec::new();
     let outcome = gpushare::demo::run_scenario("2x16GiB", &mut out, false)
         .await
         .expect("the demo runs");
-    let text = String::from_utf8_lossy(&out);
-    assert!(
-        outcome.failures.is_empty(),
-        "{:?}\n{text}",
-        outcome.failures
+    held(
+        &outcome.failures,
+        &out,
+        Some((5, outcome.checks)),
+        &[
+            "bind chose GPU 1",
+            "0/1 nodes are available: 1 Insufficient GPU Memory in one device.",
+            "24/32 (75%)",
+        ],
     );
-    assert_eq!(outcome.checks, 5, "{text}");
-    assert!(text.contains("bind chose GPU 1"), "{text}");
-    assert!(
-        text.contains("0/1 nodes are available: 1 Insufficient GPU Memory in one device."),
-        "{text}"
-    );
-    assert!(text.contains("24/32 (75%)"), "{text}");
 }
 
 #[test]
 fn the_demo_binary_exits_zero_and_rejects_bad_gpus() {
-    let out = run(&["demo"]);
-    assert!(out.status.success(), "{}", stdout(&out));
-    assert!(
-        stdout(&out).contains("All 5 expectations held."),
-        "{}",
-        stdout(&out)
-    );
+    binary_holds(&[], 5);
     let out = run(&["demo", "--fake-gpus", "1x16GiB"]);
     assert_eq!(out.status.code(), Some(1));
     // A value that is no GPU description is a bad command line.
@@ -47,28 +61,16 @@ async fn the_managed_demo_routes_a_gpu_pod_and_refuses_a_malformed_one() {
     let outcome = gpushare::demo::run_managed_scenario(&mut out)
         .await
         .expect("the managed demo runs");
-    let text = String::from_utf8_lossy(&out);
-    assert!(
-        outcome.failures.is_empty(),
-        "{:?}\n{text}",
-        outcome.failures
+    held(
+        &outcome.failures,
+        &out,
+        Some((6, outcome.checks)),
+        &[
+            "stored with spec.schedulerName: gpushare-scheduler",
+            "requests (2) differ from limits (4)",
+        ],
     );
-    assert_eq!(outcome.checks, 6, "{text}");
-    assert!(
-        text.contains("stored with spec.schedulerName: gpushare-scheduler"),
-        "{text}"
-    );
-    assert!(
-        text.contains("requests (2) differ from limits (4)"),
-        "{text}"
-    );
-    let out = run(&["demo", "--managed"]);
-    assert!(out.status.success(), "{}", stdout(&out));
-    assert!(
-        stdout(&out).contains("All 6 expectations held."),
-        "{}",
-        stdout(&out)
-    );
+    binary_holds(&["--managed"], 6);
 }
 
 /// Demo 1 and demo 2 on the DRA path: binpack puts the three half-GPU claims on GPU 0, GPU 0,
@@ -80,34 +82,20 @@ async fn the_dra_demo_places_by_binpack_and_leaves_an_unfittable_claim_pending()
     let outcome = gpushare::demo::run_dra_scenario("2x16GiB", &mut out)
         .await
         .expect("the DRA demo runs");
-    let text = String::from_utf8_lossy(&out);
-    assert!(
-        outcome.failures.is_empty(),
-        "{:?}\n{text}",
-        outcome.failures
+    held(
+        &outcome.failures,
+        &out,
+        Some((4, outcome.checks)),
+        &["binpack-3 runs on GPU 1"],
     );
-    assert_eq!(outcome.checks, 4, "{text}");
-    assert!(text.contains("binpack-3 runs on GPU 1"), "{text}");
-    let out = run(&["demo", "--dra"]);
-    assert!(out.status.success(), "{}", stdout(&out));
-    assert!(
-        stdout(&out).contains("All 4 expectations held."),
-        "{}",
-        stdout(&out)
-    );
+    binary_holds(&["--dra"], 4);
     // GPUs of three sizes: the slice's order makes first fit place each claim where the
     // extender's best fit would (the smallest GPU that fits first).
     let mut out = Vec::new();
     let outcome = gpushare::demo::run_dra_scenario("8GiB,32GiB,4GiB", &mut out)
         .await
         .expect("the DRA demo runs");
-    let text = String::from_utf8_lossy(&out);
-    assert!(
-        outcome.failures.is_empty(),
-        "{:?}\n{text}",
-        outcome.failures
-    );
-    assert!(text.contains("binpack-1 runs on GPU 2"), "{text}");
+    held(&outcome.failures, &out, None, &["binpack-1 runs on GPU 2"]);
 }
 
 /// `gpushare demo --keep-running` stopped by SIGTERM (systemd, `kill`, a closing terminal)
