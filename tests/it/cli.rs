@@ -18,16 +18,9 @@ fn every_subcommand_has_help() {
         "version",
     ] {
         let out = run(&[sub, "--help"]);
-        assert!(
-            out.status.success(),
-            "{sub} --help failed: {}",
-            stderr(&out)
-        );
-        assert!(
-            stdout(&out).contains("Usage: gpushare"),
-            "{sub}: {}",
-            stdout(&out)
-        );
+        let (text, err) = (stdout(&out), stderr(&out));
+        assert!(out.status.success(), "{sub} --help failed: {err}");
+        assert!(text.contains("Usage: gpushare"), "{sub}: {text}");
     }
 }
 
@@ -108,32 +101,25 @@ fn usage_errors_exit_64() {
 #[test]
 fn invoked_as_kubectl_plugin_it_is_inspect() {
     let dir = tempfile::tempdir().unwrap();
-    let link = dir.path().join("kubectl-inspect-gpushare");
-    std::os::unix::fs::symlink(bin(), &link).unwrap();
-    let out = std::process::Command::new(&link)
-        .arg("--help")
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        text.contains("Usage: kubectl inspect gpushare [flags] [NODE]"),
-        "{text}"
-    );
+    // `--help` of the binary linked as `name`, which must succeed and read as the plugin's.
+    let help_as = |name: &str| {
+        let link = dir.path().join(name);
+        std::os::unix::fs::symlink(bin(), &link).unwrap();
+        let out = std::process::Command::new(&link)
+            .arg("--help")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{name}: {text}");
+        let usage = "Usage: kubectl inspect gpushare [flags] [NODE]";
+        assert!(text.contains(usage), "{name}: {text}");
+        text
+    };
+    let text = help_as("kubectl-inspect-gpushare");
     assert!(text.starts_with("Show GPU memory allocation"), "{text}");
     assert!(!text.contains("plugin name`"), "{text}");
     // krew links it under this name.
-    let krew = dir.path().join("kubectl-inspect_gpushare");
-    std::os::unix::fs::symlink(bin(), &krew).unwrap();
-    let out = std::process::Command::new(&krew)
-        .arg("--help")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        text.contains("Usage: kubectl inspect gpushare [flags] [NODE]"),
-        "{text}"
-    );
+    let text = help_as("kubectl-inspect_gpushare");
     assert!(text.contains("--details"), "not inspect's help: {text}");
 }
 

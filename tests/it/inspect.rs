@@ -364,8 +364,12 @@ fn seed_fixture(server: &gpushare_sandbox::apiserver::ApiServer, fixture_name: &
     }
 }
 
-#[test]
-fn kubectl_runs_the_plugin_against_the_sandbox_api_server() {
+/// A runtime of two workers (the binaries run on the test's thread) and on it a sandbox API
+/// server seeded with the `userguide` fixture.
+fn userguide_sandbox() -> (
+    tokio::runtime::Runtime,
+    gpushare_sandbox::apiserver::ApiServer,
+) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -375,6 +379,12 @@ fn kubectl_runs_the_plugin_against_the_sandbox_api_server() {
         .block_on(gpushare_sandbox::apiserver::ApiServer::start())
         .expect("sandbox API server starts");
     seed_fixture(&server, "userguide");
+    (runtime, server)
+}
+
+#[test]
+fn kubectl_runs_the_plugin_against_the_sandbox_api_server() {
+    let (runtime, server) = userguide_sandbox();
     let kubeconfig = server.admin_kubeconfig_path();
     let plugin_dir = tempfile::tempdir().expect("temp dir");
     std::os::unix::fs::symlink(
@@ -411,41 +421,31 @@ fn kubectl_runs_the_plugin_against_the_sandbox_api_server() {
             }
             c
         };
-        // kubectl refuses flags before the plugin name: they go after it.
-        let out = command()
-            .args(["inspect", "gpushare", "--kubeconfig"])
-            .arg(&kubeconfig)
-            .output()
-            .expect("kubectl runs");
-        assert!(
-            out.status.success(),
-            "{}: {}",
-            kubectl.display(),
-            stderr(&out)
+        // What `c` printed, after asserting it succeeded.
+        let printed = |c: &mut std::process::Command| {
+            let out = c.output().expect("kubectl runs");
+            assert!(
+                out.status.success(),
+                "{} {c:?}: {}",
+                kubectl.display(),
+                stderr(&out)
+            );
+            stdout(&out)
+        };
+        // kubectl refuses flags before the plugin name: they go after it; the kubeconfig
+        // given by flag, then by KUBECONFIG.
+        let by_flag = printed(
+            command()
+                .args(["inspect", "gpushare", "--kubeconfig"])
+                .arg(&kubeconfig),
         );
-        assert_eq!(
-            stdout(&out),
-            table,
-            "{} inspect gpushare",
-            kubectl.display()
+        assert_eq!(by_flag, table, "{} inspect gpushare", kubectl.display());
+        let by_env = printed(
+            command()
+                .args(["inspect", "gpushare", "-d"])
+                .env("KUBECONFIG", &kubeconfig),
         );
-        let out = command()
-            .args(["inspect", "gpushare", "-d"])
-            .env("KUBECONFIG", &kubeconfig)
-            .output()
-            .expect("kubectl runs");
-        assert!(
-            out.status.success(),
-            "{}: {}",
-            kubectl.display(),
-            stderr(&out)
-        );
-        assert_eq!(
-            stdout(&out),
-            details,
-            "{} inspect gpushare -d",
-            kubectl.display()
-        );
+        assert_eq!(by_env, details, "{} inspect gpushare -d", kubectl.display());
         // Discovery: `kubectl plugin list` names the plugin.
         let out = command()
             .args(["plugin", "list"])
@@ -537,15 +537,7 @@ fn kubectl_runs_the_plugin_against_the_sandbox_api_server() {
 
 #[test]
 fn from_extender_agrees_with_the_api_view_of_the_same_cluster() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let server = runtime
-        .block_on(gpushare_sandbox::apiserver::ApiServer::start())
-        .expect("sandbox API server starts");
-    seed_fixture(&server, "userguide");
+    let (runtime, server) = userguide_sandbox();
     let mut config = gpushare::config::Config::default();
     config.extender.bind_address = std::net::IpAddr::from([127, 0, 0, 1]);
     config.extender.port = 0;
