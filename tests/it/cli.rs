@@ -175,6 +175,12 @@ async fn every_roles_bad_inputs_exit_with_the_documented_status_naming_the_probl
     let closed_extender = format!("http://127.0.0.1:{}", closed_port());
     let https_extender = format!("https://127.0.0.1:{}", closed_port());
 
+    const MISSING_TLS: [&str; 4] = [
+        "--tls-cert",
+        "/nonexistent/tls.crt",
+        "--tls-key",
+        "/nonexistent/tls.key",
+    ];
     let mut cases = vec![
         // 64: a command-line value that cannot work.
         bad(&["extender", "--port", "99999"], 64, &["--port", "99999"]),
@@ -252,27 +258,16 @@ async fn every_roles_bad_inputs_exit_with_the_documented_status_naming_the_probl
             &["--tls-cert", "--self-signed"],
         ),
         bad(
-            &[
-                "webhook",
-                "--tls-cert",
-                "/nonexistent/tls.crt",
-                "--tls-key",
-                "/nonexistent/tls.key",
-            ],
+            &[&["webhook"][..], &MISSING_TLS].concat(),
             78,
             &["/nonexistent/tls.crt"],
         ),
         bad(
             &[
-                "extender",
-                "--skip-doctor",
-                "--kubeconfig",
-                &sandbox,
-                "--tls-cert",
-                "/nonexistent/tls.crt",
-                "--tls-key",
-                "/nonexistent/tls.key",
-            ],
+                &["extender", "--skip-doctor", "--kubeconfig", &sandbox][..],
+                &MISSING_TLS,
+            ]
+            .concat(),
             78,
             &["/nonexistent/tls.crt"],
         ),

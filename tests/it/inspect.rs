@@ -330,14 +330,7 @@ fn an_unreachable_api_server_is_one_line_and_exit_1() {
 
 #[test]
 fn a_node_the_api_does_not_have_is_named_not_an_unreachable_server() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let server = runtime
-        .block_on(gpushare_sandbox::apiserver::ApiServer::start())
-        .expect("sandbox API server starts");
+    let (runtime, server) = sandbox_on_runtime(1, None);
     let kubeconfig = server
         .admin_kubeconfig_path()
         .to_string_lossy()
@@ -364,27 +357,32 @@ fn seed_fixture(server: &gpushare_sandbox::apiserver::ApiServer, fixture_name: &
     }
 }
 
-/// A runtime of two workers (the binaries run on the test's thread) and on it a sandbox API
-/// server seeded with the `userguide` fixture.
-fn userguide_sandbox() -> (
+/// A runtime of `workers` workers (the binaries run on the test's thread) and on it a sandbox
+/// API server, seeded with the inspect fixture `fixture` where given.
+fn sandbox_on_runtime(
+    workers: usize,
+    fixture: Option<&str>,
+) -> (
     tokio::runtime::Runtime,
     gpushare_sandbox::apiserver::ApiServer,
 ) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .enable_all()
         .build()
         .expect("runtime");
     let server = runtime
         .block_on(gpushare_sandbox::apiserver::ApiServer::start())
         .expect("sandbox API server starts");
-    seed_fixture(&server, "userguide");
+    if let Some(fixture) = fixture {
+        seed_fixture(&server, fixture);
+    }
     (runtime, server)
 }
 
 #[test]
 fn kubectl_runs_the_plugin_against_the_sandbox_api_server() {
-    let (runtime, server) = userguide_sandbox();
+    let (runtime, server) = sandbox_on_runtime(2, Some("userguide"));
     let kubeconfig = server.admin_kubeconfig_path();
     let plugin_dir = tempfile::tempdir().expect("temp dir");
     std::os::unix::fs::symlink(
@@ -537,7 +535,7 @@ fn kubectl_runs_the_plugin_against_the_sandbox_api_server() {
 
 #[test]
 fn from_extender_agrees_with_the_api_view_of_the_same_cluster() {
-    let (runtime, server) = userguide_sandbox();
+    let (runtime, server) = sandbox_on_runtime(2, Some("userguide"));
     let mut config = gpushare::config::Config::default();
     config.extender.bind_address = std::net::IpAddr::from([127, 0, 0, 1]);
     config.extender.port = 0;
