@@ -111,89 +111,67 @@ impl Registration for TestPlugin {
     }
 }
 
-#[tonic::async_trait]
-impl v1::dra_plugin_server::DraPlugin for TestPlugin {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<v1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
-        let mut out = v1::NodePrepareResourcesResponse::default();
-        for c in request.into_inner().claims {
-            let answer = match self.devices(&c.namespace, &c.name, &c.uid).await {
-                Ok(devices) => v1::NodePrepareResourceResponse {
-                    devices,
-                    error: String::new(),
-                },
-                Err(error) => v1::NodePrepareResourceResponse {
-                    devices: Vec::new(),
-                    error,
-                },
-            };
-            self.seen().prepared.push(c.uid.clone());
-            out.claims.insert(c.uid, answer);
-        }
-        Ok(Response::new(out))
-    }
+/// The test plugin's DRA service, once per API version (`v1`, `v1beta1`); `device` turns a v1
+/// device answer into the version's own.
+macro_rules! dra_plugin_service {
+    ($api:ident, $device:expr) => {
+        #[tonic::async_trait]
+        impl $api::dra_plugin_server::DraPlugin for TestPlugin {
+            async fn node_prepare_resources(
+                &self,
+                request: Request<$api::NodePrepareResourcesRequest>,
+            ) -> Result<Response<$api::NodePrepareResourcesResponse>, Status> {
+                let mut out = $api::NodePrepareResourcesResponse::default();
+                for c in request.into_inner().claims {
+                    let answer = match self.devices(&c.namespace, &c.name, &c.uid).await {
+                        Ok(devices) => $api::NodePrepareResourceResponse {
+                            devices: devices.into_iter().map($device).collect(),
+                            error: String::new(),
+                        },
+                        Err(error) => $api::NodePrepareResourceResponse {
+                            devices: Vec::new(),
+                            error,
+                        },
+                    };
+                    self.seen().prepared.push(c.uid.clone());
+                    out.claims.insert(c.uid, answer);
+                }
+                Ok(Response::new(out))
+            }
 
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<v1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
-        let mut out = v1::NodeUnprepareResourcesResponse::default();
-        for c in request.into_inner().claims {
-            self.seen().unprepared.push(c.uid.clone());
-            out.claims
-                .insert(c.uid, v1::NodeUnprepareResourceResponse::default());
+            async fn node_unprepare_resources(
+                &self,
+                request: Request<$api::NodeUnprepareResourcesRequest>,
+            ) -> Result<Response<$api::NodeUnprepareResourcesResponse>, Status> {
+                let mut out = $api::NodeUnprepareResourcesResponse::default();
+                for c in request.into_inner().claims {
+                    self.seen().unprepared.push(c.uid.clone());
+                    out.claims
+                        .insert(c.uid, $api::NodeUnprepareResourceResponse::default());
+                }
+                Ok(Response::new(out))
+            }
         }
-        Ok(Response::new(out))
+    };
+}
+
+/// A v1 device answer as v1.
+fn v1_device(d: v1::Device) -> v1::Device {
+    d
+}
+
+/// A v1 device answer as v1beta1 (the same fields).
+fn v1beta1_device(d: v1::Device) -> v1beta1::Device {
+    v1beta1::Device {
+        request_names: d.request_names,
+        pool_name: d.pool_name,
+        device_name: d.device_name,
+        cdi_device_ids: d.cdi_device_ids,
     }
 }
 
-#[tonic::async_trait]
-impl v1beta1::dra_plugin_server::DraPlugin for TestPlugin {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<v1beta1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
-        let mut out = v1beta1::NodePrepareResourcesResponse::default();
-        for c in request.into_inner().claims {
-            let answer = match self.devices(&c.namespace, &c.name, &c.uid).await {
-                Ok(devices) => v1beta1::NodePrepareResourceResponse {
-                    devices: devices
-                        .into_iter()
-                        .map(|d| v1beta1::Device {
-                            request_names: d.request_names,
-                            pool_name: d.pool_name,
-                            device_name: d.device_name,
-                            cdi_device_ids: d.cdi_device_ids,
-                        })
-                        .collect(),
-                    error: String::new(),
-                },
-                Err(error) => v1beta1::NodePrepareResourceResponse {
-                    devices: Vec::new(),
-                    error,
-                },
-            };
-            self.seen().prepared.push(c.uid.clone());
-            out.claims.insert(c.uid, answer);
-        }
-        Ok(Response::new(out))
-    }
-
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<v1beta1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
-        let mut out = v1beta1::NodeUnprepareResourcesResponse::default();
-        for c in request.into_inner().claims {
-            self.seen().unprepared.push(c.uid.clone());
-            out.claims
-                .insert(c.uid, v1beta1::NodeUnprepareResourceResponse::default());
-        }
-        Ok(Response::new(out))
-    }
-}
+dra_plugin_service!(v1, v1_device);
+dra_plugin_service!(v1beta1, v1beta1_device);
 
 type HealthStream =
     Pin<Box<dyn Stream<Item = Result<health_v1::NodeWatchResourcesResponse, Status>> + Send>>;
@@ -256,6 +234,24 @@ fn serve(
     })
 }
 
+/// A test plugin of `kind` serving `versions` in a fresh directory (kept alive by the caller),
+/// and a sandbox DRA kubelet of node `node-a` watching its registry.
+fn plugin_and_kubelet(
+    server: &ApiServer,
+    kind: &str,
+    versions: &[&str],
+) -> (tempfile::TempDir, Running, DraKubelet) {
+    let dir = short_tempdir();
+    let running = start_plugin(dir.path(), server.admin_client(), kind, versions);
+    let kubelet = DraKubelet::start(
+        &dir.path().join("registry"),
+        "node-a",
+        server.admin_client(),
+    )
+    .expect("the DRA kubelet starts");
+    (dir, running, kubelet)
+}
+
 fn start_plugin(dir: &Path, api: kube::Client, kind: &str, versions: &[&str]) -> Running {
     let registry = dir.join("registry");
     let plugin_dir = dir.join("plugin");
@@ -304,19 +300,11 @@ async fn cluster() -> ApiServer {
 #[tokio::test]
 async fn the_dra_kubelet_registers_prepares_reads_health_and_unprepares_after_the_claim_is_gone() {
     let server = cluster().await;
-    let dir = short_tempdir();
-    let running = start_plugin(
-        dir.path(),
-        server.admin_client(),
+    let (dir, running, kubelet) = plugin_and_kubelet(
+        &server,
         "DRAPlugin",
         &[v1::SERVICE, v1beta1::SERVICE, health_v1::SERVICE],
     );
-    let kubelet = DraKubelet::start(
-        &dir.path().join("registry"),
-        "node-a",
-        server.admin_client(),
-    )
-    .expect("starts");
     let info = kubelet.wait_registered(DRIVER).await.expect("registers");
     assert_eq!(info.endpoint, dir.path().join("plugin/dra.sock"));
     assert_eq!(info.health_service.as_deref(), Some(health_v1::SERVICE));
@@ -384,25 +372,10 @@ async fn the_dra_kubelet_registers_prepares_reads_health_and_unprepares_after_th
 #[tokio::test]
 async fn a_v1beta1_plugin_is_called_through_v1beta1_and_a_wrong_type_is_refused() {
     let server = cluster().await;
-    let dir = short_tempdir();
-    let running = start_plugin(
-        dir.path(),
-        server.admin_client(),
-        "DRAPlugin",
-        &[v1beta1::SERVICE],
-    );
-    let kubelet = DraKubelet::start(
-        &dir.path().join("registry"),
-        "node-a",
-        server.admin_client(),
-    )
-    .expect("starts");
+    let (_dir, running, kubelet) = plugin_and_kubelet(&server, "DRAPlugin", &[v1beta1::SERVICE]);
     kubelet.wait_registered(DRIVER).await.expect("registers");
     server.create_object(pod("p")).expect("pod");
-    DraAllocator::new(server.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
+    crate::support::dra::allocate_one(&server).await;
     let claims = kubelet.prepare_pod("default", "p").await.expect("prepares");
     assert_eq!(claims[0].service, v1beta1::SERVICE);
     let ClaimOutcome::Prepared(devices) = &claims[0].outcome else {
@@ -411,19 +384,7 @@ async fn a_v1beta1_plugin_is_called_through_v1beta1_and_a_wrong_type_is_refused(
     assert_eq!(devices[0].share_id, None, "v1beta1 has no share id");
     drop(running);
 
-    let dir = short_tempdir();
-    let wrong = start_plugin(
-        dir.path(),
-        server.admin_client(),
-        "CSIPlugin",
-        &[v1::SERVICE],
-    );
-    let kubelet = DraKubelet::start(
-        &dir.path().join("registry"),
-        "node-a",
-        server.admin_client(),
-    )
-    .expect("starts");
+    let (_dir, wrong, kubelet) = plugin_and_kubelet(&server, "CSIPlugin", &[v1::SERVICE]);
     let plugins = kubelet
         .wait_plugins("a refusal", |ps| ps.iter().any(|p| p.error.is_some()))
         .await
@@ -453,10 +414,7 @@ async fn grpcio_dra_kubelet_registers_prepares_watches_health_and_unprepares() {
     };
     let server = cluster().await;
     server.create_object(pod("p")).expect("pod");
-    DraAllocator::new(server.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
+    crate::support::dra::allocate_one(&server).await;
     let claims: Vec<ResourceClaim> =
         Api::<ResourceClaim>::namespaced(server.admin_client(), "default")
             .list(&Default::default())
