@@ -20,7 +20,6 @@ vendored from kubernetes/kubelet).
 """
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -29,6 +28,8 @@ import time
 
 import grpc
 from grpc_tools import protoc
+
+from kubelet_report import finish, rpc_failed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 APIS = os.path.join(ROOT, "crates", "kubelet-api", "proto", "k8s.io", "kubelet", "pkg", "apis")
@@ -90,9 +91,7 @@ def main():
     deadline = time.monotonic() + args.timeout
     while not os.path.exists(args.socket):
         if time.monotonic() > deadline:
-            out["error"] = "the registration socket did not appear"
-            print(json.dumps(out))
-            return 2
+            return finish(out, "the registration socket did not appear", 2)
         time.sleep(0.05)
     claims = []
     for c in args.claim:
@@ -123,9 +122,7 @@ def main():
                 timeout=args.timeout,
             )
             if refused:
-                out["error"] = f"registration refused: {refused}"
-                print(json.dumps(out))
-                return 1
+                return finish(out, f"registration refused: {refused}", 1)
             versions = set(info.supported_versions)
             api = args.api
             if api == "auto":
@@ -193,13 +190,10 @@ def main():
             finally:
                 channel.close()
         except grpc.RpcError as e:
-            out["error"] = f"{step}: {e.code().name}: {e.details()}"
-            print(json.dumps(out))
-            return 1
+            return rpc_failed(out, step, e)
         finally:
             reg_channel.close()
-    print(json.dumps(out))
-    return 0
+    return finish(out)
 
 
 if __name__ == "__main__":

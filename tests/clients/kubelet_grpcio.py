@@ -15,7 +15,6 @@ grpcio-tools (the protos are compiled at run time from crates/kubelet-api/proto)
 """
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -24,6 +23,8 @@ from concurrent import futures
 
 import grpc
 from grpc_tools import protoc
+
+from kubelet_report import finish, rpc_failed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROTO_ROOT = os.path.join(ROOT, "crates", "kubelet-api", "proto")
@@ -80,9 +81,7 @@ def main():
         server.start()
         try:
             if not registered.wait(args.timeout):
-                out["error"] = "the plugin did not register"
-                print(json.dumps(out))
-                return 2
+                return finish(out, "the plugin did not register", 2)
             req = next(
                 r for r in requests if args.resource is None or r.resource_name == args.resource
             )
@@ -132,15 +131,12 @@ def main():
                     for c in resp.container_responses
                 ]
             except grpc.RpcError as e:
-                out["error"] = f"{step}: {e.code().name}: {e.details()}"
-                print(json.dumps(out))
-                return 1
+                return rpc_failed(out, step, e)
             finally:
                 channel.close()
         finally:
             server.stop(None)
-    print(json.dumps(out))
-    return 0
+    return finish(out)
 
 
 if __name__ == "__main__":
