@@ -418,6 +418,17 @@ async fn a_certificate_due_for_renewal_is_renewed_at_start_and_while_running() {
     hook.stop().await;
 }
 
+/// Creates pod `pod` (JSON) through the API server, its admission webhooks included.
+async fn create_pod(pods: &Api<Pod>, pod: Value) -> kube::Result<Pod> {
+    let pod: Pod = serde_json::from_value(pod).expect("a pod");
+    pods.create(&PostParams::default(), &pod).await
+}
+
+/// The scheduler a stored pod names, if any.
+fn scheduler_of(pod: &Pod) -> Option<&str> {
+    pod.spec.as_ref().and_then(|s| s.scheduler_name.as_deref())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sandbox_api_server_calls_the_webhooks_on_pod_create() {
     let api = ApiServer::start().await.expect("sandbox");
@@ -425,20 +436,10 @@ async fn the_sandbox_api_server_calls_the_webhooks_on_pod_create() {
     let hook = self_signed(&api, webhook::DEFAULT_REFRESH).await;
     api.route_service("kube-system", "gpushare-webhook", hook.addr);
     let pods: Api<Pod> = Api::namespaced(api.admin_client(), "default");
-    let created = pods
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(gpu_pod("train", "4", None)).expect("pod"),
-        )
+    let created = create_pod(&pods, gpu_pod("train", "4", None))
         .await
         .expect("a well-formed gpu pod is admitted");
-    assert_eq!(
-        created
-            .spec
-            .as_ref()
-            .and_then(|s| s.scheduler_name.as_deref()),
-        Some("gpushare-scheduler")
-    );
+    assert_eq!(scheduler_of(&created), Some("gpushare-scheduler"));
     let plain: Pod = serde_json::from_value(json!({ "metadata": { "name": "web" },
         "spec": { "containers": [{ "name": "nginx", "image": "nginx" }] } }))
     .expect("pod");
@@ -446,18 +447,8 @@ async fn the_sandbox_api_server_calls_the_webhooks_on_pod_create() {
         .create(&PostParams::default(), &plain)
         .await
         .expect("plain pod admitted");
-    assert_eq!(
-        created
-            .spec
-            .as_ref()
-            .and_then(|s| s.scheduler_name.as_deref()),
-        None
-    );
-    let err = pods
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(gpu_pod("bad", "1.5", None)).expect("pod"),
-        )
+    assert_eq!(scheduler_of(&created), None);
+    let err = create_pod(&pods, gpu_pod("bad", "1.5", None))
         .await
         .expect_err("a fractional request is refused");
     let kube::Error::Api(status) = err else {
@@ -475,27 +466,13 @@ async fn the_sandbox_api_server_calls_the_webhooks_on_pod_create() {
         "metadata": { "name": "legacy", "labels": { "gpushare.io/webhook": "disabled" } } }))
         .expect("ns");
     let legacy: Api<Pod> = Api::namespaced(api.admin_client(), "legacy");
-    let created = legacy
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(gpu_pod("old", "1.5", None)).expect("pod"),
-        )
+    let created = create_pod(&legacy, gpu_pod("old", "1.5", None))
         .await
         .expect("the webhook skips opted-out namespaces");
-    assert_eq!(
-        created
-            .spec
-            .as_ref()
-            .and_then(|s| s.scheduler_name.as_deref()),
-        None
-    );
+    assert_eq!(scheduler_of(&created), None);
     // failurePolicy Fail: with the webhook gone, gpu pods cannot be created.
     hook.stop().await;
-    let err = pods
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(gpu_pod("late", "1", None)).expect("pod"),
-        )
+    let err = create_pod(&pods, gpu_pod("late", "1", None))
         .await
         .expect_err("failurePolicy: Fail");
     assert!(err.to_string().contains("failed calling webhook"), "{err}");
