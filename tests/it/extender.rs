@@ -15,7 +15,9 @@ use http::Method;
 use serde_json::{Value, json};
 
 use crate::support::extender_http::{get, inspect, post, request};
-use crate::support::extender_sandbox::{Env, annotations, bind, config, create, filter, used};
+use crate::support::extender_sandbox::{
+    Env, annotations, bind, binding_fault, config, create, filter, used,
+};
 use crate::support::objects::{bound_pod, gpu_node, pending_pod};
 use crate::support::wait::eventually;
 
@@ -27,10 +29,7 @@ const MIB_GPU: u64 = 16276;
 /// node in aggregate but no single GPU.
 #[tokio::test]
 async fn demo_a1_a2_binpack_then_no_single_gpu_fits() {
-    let env = Env::start_with(config(), |api| {
-        create(api, gpu_node("n1", 2, MIB_GPU));
-    })
-    .await;
+    let env = Env::with_nodes(config(), &[("n1", 2, MIB_GPU)]).await;
     let mut gpus = Vec::new();
     for i in 1..=3 {
         let p = create(&env.api, pending_pod(&format!("binpack-{i}"), "8138"));
@@ -169,10 +168,7 @@ async fn demo_a3_filter_by_names_and_by_node_objects() {
     );
     // Prioritize: binpack prefers the fuller node among those that fit.
     create(&env.api, gpu_node("n4", 2, MIB_GPU));
-    eventually("N4 in the ledger", || async {
-        used(&inspect(env.addr()).await, "n4") == [0, 0]
-    })
-    .await;
+    env.wait_used("N4 in the ledger", "n4", &[0, 0]).await;
     let (s, r) = post(
         env.addr(),
         "/gpushare-scheduler/prioritize",
@@ -243,11 +239,7 @@ async fn demo_a4_bind_best_fit() {
 
 #[tokio::test]
 async fn a_restarted_extender_rebuilds_the_same_ledger_from_annotations() {
-    let env = Env::start_with(config(), |api| {
-        create(api, gpu_node("n1", 2, 16));
-        create(api, gpu_node("n2", 4, 16));
-    })
-    .await;
+    let env = Env::with_nodes(config(), &[("n1", 2, 16), ("n2", 4, 16)]).await;
     for (i, (mem, node)) in [(3, "n1"), (5, "n1"), (16, "n2"), (7, "n2"), (9, "n1")]
         .iter()
         .enumerate()
@@ -282,10 +274,7 @@ async fn a_restarted_extender_rebuilds_the_same_ledger_from_annotations() {
 
 #[tokio::test]
 async fn node_capacity_changes_are_picked_up() {
-    let env = Env::start_with(config(), |api| {
-        create(api, gpu_node("n1", 2, 16));
-    })
-    .await;
+    let env = Env::with_nodes(config(), &[("n1", 2, 16)]).await;
     let p = create(&env.api, pending_pod("p", "12"));
     assert_eq!(bind(env.addr(), &p, "n1").await.0, 200);
     // The cards were swapped for four 24 GiB ones (EXT#191).
@@ -301,10 +290,7 @@ async fn node_capacity_changes_are_picked_up() {
         )
         .await
         .unwrap();
-    eventually("four GPUs", || async {
-        used(&inspect(env.addr()).await, "n1") == [12, 0, 0, 0]
-    })
-    .await;
+    env.wait_used("four GPUs", "n1", &[12, 0, 0, 0]).await;
     let i = inspect(env.addr()).await;
     assert_eq!(i["nodes"][0]["devs"][0]["totalGPU"], 24);
     let big = create(&env.api, pending_pod("big", "20"));
@@ -375,10 +361,7 @@ async fn a_deleted_node_with_pods_crashes_nothing() {
     assert_eq!(s, 200, "{b}");
     assert!(b.contains("\"pending\":[{"), "{b}");
     create(&env.api, gpu_node("n1", 2, 16));
-    eventually("n1 back with its pod", || async {
-        used(&inspect(env.addr()).await, "n1") == [4, 0]
-    })
-    .await;
+    env.wait_used("n1 back with its pod", "n1", &[4, 0]).await;
     assert_eq!(get(env.addr(), "/healthz").await.0, 200);
     env.ext.stop().await;
 }
@@ -396,17 +379,11 @@ async fn finished_and_deleted_pods_release_memory_terminating_ones_keep_it() {
     env.api
         .set_pod_phase("default", "done", "Succeeded")
         .unwrap();
-    eventually("finished pod released", || async {
-        used(&inspect(env.addr()).await, "n1") == [8]
-    })
-    .await;
+    env.wait_used("finished pod released", "n1", &[8]).await;
     env.api
         .delete_object("pods", Some("default"), "gone")
         .unwrap();
-    eventually("deleted pod released", || async {
-        used(&inspect(env.addr()).await, "n1") == [4]
-    })
-    .await;
+    env.wait_used("deleted pod released", "n1", &[4]).await;
     env.ext.stop().await;
 }
 
@@ -414,21 +391,12 @@ async fn finished_and_deleted_pods_release_memory_terminating_ones_keep_it() {
 
 #[tokio::test]
 async fn transient_errors_on_patch_and_binding_are_retried() {
-    let env = Env::start_with(config(), |api| {
-        create(api, gpu_node("n1", 2, 16));
-    })
-    .await;
+    let env = Env::with_nodes(config(), &[("n1", 2, 16)]).await;
     let p = create(&env.api, pending_pod("p", "4"));
     env.api
         .inject(Fault::new(Some(Method::PATCH), "/pods/p", FaultAction::Status(409)).times(2));
-    env.api.inject(
-        Fault::new(
-            Some(Method::POST),
-            "/pods/p/binding",
-            FaultAction::Status(500),
-        )
-        .times(2),
-    );
+    env.api
+        .inject(binding_fault("p", FaultAction::Status(500)).times(2));
     let (s, r) = bind(env.addr(), &p, "n1").await;
     assert_eq!((s, r), (200, json!({"Error": ""})));
     let reqs = env.api.requests();
@@ -450,11 +418,8 @@ async fn transient_errors_on_patch_and_binding_are_retried() {
     );
     // A dropped connection is retried too.
     let q = create(&env.api, pending_pod("q", "4"));
-    env.api.inject(Fault::new(
-        Some(Method::POST),
-        "/pods/q/binding",
-        FaultAction::DropConnection,
-    ));
+    env.api
+        .inject(binding_fault("q", FaultAction::DropConnection));
     assert_eq!(bind(env.addr(), &q, "n1").await.0, 200);
     let (_, b) = get(env.addr(), "/metrics").await;
     assert!(b.contains("gpushare_extender_bind_retries_total"), "{b}");
@@ -464,21 +429,12 @@ async fn transient_errors_on_patch_and_binding_are_retried() {
 
 #[tokio::test]
 async fn a_binding_that_fails_for_good_is_rolled_back() {
-    let env = Env::start_with(config(), |api| {
-        create(api, gpu_node("n1", 1, 16));
-    })
-    .await;
+    let env = Env::with_nodes(config(), &[("n1", 1, 16)]).await;
     let p = create(&env.api, pending_pod("p", "10"));
     // Refused for certain (422 Invalid: never applied). A 5xx would be an unknown outcome
     // instead (settle::a_binding_answered_500_and_applied_later_keeps_its_memory).
-    env.api.inject(
-        Fault::new(
-            Some(Method::POST),
-            "/pods/p/binding",
-            FaultAction::Status(422),
-        )
-        .times(1000),
-    );
+    env.api
+        .inject(binding_fault("p", FaultAction::Status(422)).times(1000));
     let (s, r) = bind(env.addr(), &p, "n1").await;
     assert_eq!(s, 500);
     assert!(
@@ -521,14 +477,10 @@ async fn a_binding_that_fails_for_good_is_rolled_back() {
 async fn a_slow_api_times_out_inside_the_budget_and_the_ledger_converges() {
     let mut c = config();
     c.extender.bind_timeout_ms = 300;
-    let env = Env::start_with(c, |api| {
-        create(api, gpu_node("n1", 1, 16));
-    })
-    .await;
+    let env = Env::with_nodes(c, &[("n1", 1, 16)]).await;
     let p = create(&env.api, pending_pod("p", "6"));
-    env.api.inject(Fault::new(
-        Some(Method::POST),
-        "/pods/p/binding",
+    env.api.inject(binding_fault(
+        "p",
         FaultAction::Delay(Duration::from_millis(1500)),
     ));
     let (s, r) = bind(env.addr(), &p, "n1").await;
@@ -550,19 +502,13 @@ async fn a_slow_api_times_out_inside_the_budget_and_the_ledger_converges() {
         env.api.get_object("pods", Some("default"), "p").unwrap()["spec"]["nodeName"],
         "n1"
     );
-    eventually("ledger follows the API", || async {
-        used(&inspect(env.addr()).await, "n1") == [6]
-    })
-    .await;
+    env.wait_used("ledger follows the API", "n1", &[6]).await;
     env.ext.stop().await;
 }
 
 #[tokio::test]
 async fn a_pod_deleted_during_bind_gets_a_clean_error_and_no_reservation() {
-    let env = Env::start_with(config(), |api| {
-        create(api, gpu_node("n1", 1, 16));
-    })
-    .await;
+    let env = Env::with_nodes(config(), &[("n1", 1, 16)]).await;
     let p = create(&env.api, pending_pod("p", "6"));
     env.api.inject(Fault::new(
         Some(Method::PATCH),
@@ -586,10 +532,7 @@ async fn a_pod_deleted_during_bind_gets_a_clean_error_and_no_reservation() {
         r["Error"].as_str().unwrap().contains("deleted during bind"),
         "{r}"
     );
-    eventually("nothing held", || async {
-        used(&inspect(env.addr()).await, "n1") == [0]
-    })
-    .await;
+    env.wait_used("nothing held", "n1", &[0]).await;
     // A UID mismatch is refused with upstream's words.
     let q = create(&env.api, pending_pod("q", "6"));
     let (s, r) = post(
@@ -703,10 +646,7 @@ async fn two_hundred_concurrent_binds_never_overcommit() {
 async fn hostile_and_malformed_input_gets_clear_4xx_answers() {
     let mut c = config();
     c.extender.max_body_bytes = 64 * 1024;
-    let env = Env::start_with(c, |api| {
-        create(api, gpu_node("n1", 1, 16));
-    })
-    .await;
+    let env = Env::with_nodes(c, &[("n1", 1, 16)]).await;
     let addr = env.addr();
     let raw = |path: &'static str, body: &'static str| async move {
         let (s, b) = request(addr, Method::POST, path, body.as_bytes().to_vec()).await;
@@ -874,10 +814,7 @@ async fn watch_restarts_neither_lose_nor_double_count_pods() {
     create(&env.api, bound_pod("c", "n1", 0, 7, MIB_GPU));
     env.api.set_pod_phase("default", "b", "Failed").unwrap();
     create(&env.api, bound_pod("d", "n1", 1, 2, MIB_GPU));
-    eventually("ledger equals the API", || async {
-        used(&inspect(env.addr()).await, "n1") == [7, 2]
-    })
-    .await;
+    env.wait_used("ledger equals the API", "n1", &[7, 2]).await;
     env.ext.stop().await;
 }
 
@@ -921,10 +858,7 @@ async fn tls_serves_https_with_the_given_certificate() {
     let mut c = config();
     c.extender.tls_cert = cert.display().to_string();
     c.extender.tls_key = key.display().to_string();
-    let env = Env::start_with(c, |api| {
-        create(api, gpu_node("n1", 1, 16));
-    })
-    .await;
+    let env = Env::with_nodes(c, &[("n1", 1, 16)]).await;
     let mut roots = rustls::RootCertStore::empty();
     for der in CertificateDer::pem_file_iter(&cert).unwrap() {
         roots.add(der.unwrap()).unwrap();

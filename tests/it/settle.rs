@@ -10,15 +10,13 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use gpushare::extender;
-use gpushare::shutdown::Shutdown;
 use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction, Hold};
 use http::Method;
 use serde_json::json;
 
 use crate::support::extender_http::{get, inspect};
 use crate::support::extender_sandbox::{
-    Env, annotations, bind, config, create, filter, stored, used,
+    Env, annotations, bind, binding_fault, config, create, extender_over, filter, stored, used,
 };
 use crate::support::objects::{gpu_node, pending_pod};
 use crate::support::wait::eventually;
@@ -66,19 +64,10 @@ async fn metric(addr: SocketAddr, name: &str) -> f64 {
 async fn a_binding_that_lands_after_the_bind_timeout_keeps_its_memory() {
     let mut c = config();
     c.extender.bind_timeout_ms = 300;
-    let env = Env::start_with(c, |api| {
-        create(api, gpu_node("n1", 1, 16));
-    })
-    .await;
+    let env = Env::with_nodes(c, &[("n1", 1, 16)]).await;
     let p = create(&env.api, pending_pod("p", "10"));
-    env.api.inject(
-        Fault::new(
-            Some(Method::POST),
-            "/pods/p/binding",
-            FaultAction::ApplyLate(Duration::from_millis(1500)),
-        )
-        .times(1),
-    );
+    env.api
+        .inject(binding_fault("p", FaultAction::ApplyLate(Duration::from_millis(1500))).times(1));
     let (s, r) = bind(env.addr(), &p, "n1").await;
     assert_eq!(s, 500, "{r}");
     assert!(
@@ -98,10 +87,8 @@ async fn a_binding_that_lands_after_the_bind_timeout_keeps_its_memory() {
         bound_to(&env.api, "p").as_deref() == Some("n1")
     })
     .await;
-    eventually("ledger equals the annotations", || async {
-        used(&inspect(env.addr()).await, "n1") == [10]
-    })
-    .await;
+    env.wait_used("ledger equals the annotations", "n1", &[10])
+        .await;
     assert_eq!(bound_to(&env.api, "q"), None);
     assert!(annotated_per_gpu(&env.api).values().all(|u| *u <= 16));
     assert!(metric(env.addr(), "gpushare_extender_bind_unknown_outcomes_total").await >= 1.0);
@@ -118,14 +105,10 @@ async fn a_binding_that_lands_after_the_bind_timeout_keeps_its_memory() {
 /// holds GPU". A lost answer (applied, connection dropped) settles the same way.
 #[tokio::test]
 async fn a_scheduler_hanging_up_mid_bind_cancels_nothing_and_retries_attach() {
-    let env = Env::start_with(config(), |api| {
-        create(api, gpu_node("n1", 1, 16));
-    })
-    .await;
+    let env = Env::with_nodes(config(), &[("n1", 1, 16)]).await;
     let p = create(&env.api, pending_pod("p", "6"));
-    env.api.inject(Fault::new(
-        Some(Method::POST),
-        "/pods/p/binding",
+    env.api.inject(binding_fault(
+        "p",
         FaultAction::ApplyLate(Duration::from_millis(800)),
     ));
     // The scheduler's httpTimeout is shorter than the bind: it hangs up.
@@ -136,24 +119,15 @@ async fn a_scheduler_hanging_up_mid_bind_cancels_nothing_and_retries_attach() {
     let (s, r) = bind(env.addr(), &p, "n1").await;
     assert_eq!(s, 200, "{r}");
     assert_eq!(bound_to(&env.api, "p").as_deref(), Some("n1"));
-    eventually("the ledger holds p once", || async {
-        used(&inspect(env.addr()).await, "n1") == [6]
-    })
-    .await;
+    env.wait_used("the ledger holds p once", "n1", &[6]).await;
     // A Binding applied whose answer is lost: settled as bound, not rolled back.
     let q = create(&env.api, pending_pod("q", "6"));
-    env.api.inject(Fault::new(
-        Some(Method::POST),
-        "/pods/q/binding",
-        FaultAction::ApplyThenDrop,
-    ));
+    env.api
+        .inject(binding_fault("q", FaultAction::ApplyThenDrop));
     let (s, r) = bind(env.addr(), &q, "n1").await;
     assert_eq!(s, 200, "{r}");
     assert_eq!(bound_to(&env.api, "q").as_deref(), Some("n1"));
-    eventually("the ledger holds p and q", || async {
-        used(&inspect(env.addr()).await, "n1") == [12]
-    })
-    .await;
+    env.wait_used("the ledger holds p and q", "n1", &[12]).await;
     // The hung-up bind of a pod deleted meanwhile does not leak its reservation.
     let d = create(&env.api, pending_pod("d", "4"));
     env.api.inject(Fault::new(
@@ -177,10 +151,7 @@ async fn a_scheduler_hanging_up_mid_bind_cancels_nothing_and_retries_attach() {
 /// over-commit.
 #[tokio::test]
 async fn a_relist_keeps_reservations_newer_than_its_snapshot() {
-    let env = Env::start_with(config(), |api| {
-        create(api, gpu_node("n1", 1, 16));
-    })
-    .await;
+    let env = Env::with_nodes(config(), &[("n1", 1, 16)]).await;
     env.api.set_history_limit(1);
     // The re-list's snapshot is taken at once but answered late; the watch after it is slow.
     env.api.inject(Fault::new(
@@ -223,10 +194,8 @@ async fn a_relist_keeps_reservations_newer_than_its_snapshot() {
     let q = create(&env.api, pending_pod("q", "10"));
     let (s, r) = bind(env.addr(), &q, "n1").await;
     assert_eq!(s, 500, "{r}");
-    eventually("ledger equals the annotations", || async {
-        used(&inspect(env.addr()).await, "n1") == [10]
-    })
-    .await;
+    env.wait_used("ledger equals the annotations", "n1", &[10])
+        .await;
     assert!(annotated_per_gpu(&env.api).values().all(|u| *u <= 16));
     env.ext.stop().await;
 }
@@ -250,11 +219,7 @@ fn pod_watches(api: &ApiServer) -> usize {
 /// Native sidecars count as kube-scheduler counts them: 16 + a 4-unit sidecar is 20.
 #[tokio::test]
 async fn native_sidecars_are_counted() {
-    let env = Env::start_with(config(), |api| {
-        create(api, gpu_node("small", 1, 16));
-        create(api, gpu_node("big", 1, 24));
-    })
-    .await;
+    let env = Env::with_nodes(config(), &[("small", 1, 16), ("big", 1, 24)]).await;
     let mut s = pending_pod("s", "16");
     s["spec"]["initContainers"] = json!([{"name": "proxy", "image": "envoy",
         "restartPolicy": "Always", "resources": {"limits": {"aliyun.com/gpu-mem": "4"}}}]);
@@ -265,10 +230,7 @@ async fn native_sidecars_are_counted() {
     let (code, r) = bind(env.addr(), &s, "big").await;
     assert_eq!(code, 200, "{r}");
     assert_eq!(annotations(&env.api, "s")["ALIYUN_COM_GPU_MEM_POD"], "20");
-    eventually("the ledger holds 20", || async {
-        used(&inspect(env.addr()).await, "big") == [20]
-    })
-    .await;
+    env.wait_used("the ledger holds 20", "big", &[20]).await;
     let t = create(&env.api, pending_pod("t", "5"));
     let (_, r) = filter(env.addr(), &t, &["big"]).await;
     assert_eq!(r["NodeNames"], json!([]), "{r}");
@@ -280,10 +242,7 @@ async fn native_sidecars_are_counted() {
 /// A pod created from another pod's YAML carries our annotations: bind removes them.
 #[tokio::test]
 async fn bind_writes_a_clean_slate() {
-    let env = Env::start_with(config(), |api| {
-        create(api, gpu_node("n1", 1, 16));
-    })
-    .await;
+    let env = Env::with_nodes(config(), &[("n1", 1, 16)]).await;
     let mut p = pending_pod("copy", "4");
     p["metadata"]["annotations"] = json!({
         "gpushare.io/allocated-containers": "main",
@@ -319,10 +278,7 @@ async fn three_hundred_slow_clients_do_not_stop_healthz_or_filter() {
     let mut c = config();
     c.http.header_read_timeout_ms = 5_000;
     c.http.body_read_timeout_ms = 300;
-    let env = Env::start_with(c, |api| {
-        create(api, gpu_node("n1", 1, 16));
-    })
-    .await;
+    let env = Env::with_nodes(c, &[("n1", 1, 16)]).await;
     let mut slow = Vec::new();
     for i in 0..300 {
         let mut s = tokio::net::TcpStream::connect(env.addr())
@@ -401,10 +357,7 @@ async fn absurd_annotation_values_are_bounded_and_counted() {
 async fn a_watch_that_keeps_failing_makes_the_extender_unready() {
     let mut c = config();
     c.extender.watch_stale_after_ms = 300;
-    let env = Env::start_with(c, |api| {
-        create(api, gpu_node("n1", 1, 16));
-    })
-    .await;
+    let env = Env::with_nodes(c, &[("n1", 1, 16)]).await;
     let p = create(&env.api, pending_pod("p", "4"));
     env.api.inject(
         Fault::new(Some(Method::GET), "/api/v1/pods?", FaultAction::Status(403)).times(100_000),
@@ -491,15 +444,11 @@ async fn a_late_annotation_patch_never_lands_over_a_later_bind() {
 async fn a_reservation_of_unknown_outcome_survives_a_restart() {
     let mut c = config();
     c.extender.bind_timeout_ms = 300;
-    let env = Env::start_with(c.clone(), |api| {
-        create(api, gpu_node("n1", 1, 16));
-    })
-    .await;
+    let env = Env::with_nodes(c.clone(), &[("n1", 1, 16)]).await;
     let p = create(&env.api, pending_pod("p", "10"));
     let hold = Hold::new();
-    env.api.inject(Fault::new(
-        Some(Method::POST),
-        "/pods/p/binding",
+    env.api.inject(binding_fault(
+        "p",
         FaultAction::ApplyOnRelease {
             hold: hold.clone(),
             answer: None,
@@ -510,10 +459,7 @@ async fn a_reservation_of_unknown_outcome_survives_a_restart() {
     hold.wait_reached(1).await;
     // The process stops (a restart) with its Binding still held at the API server.
     env.ext.stop().await;
-    let ext = extender::start(&c, env.api.admin_client(), Shutdown::never())
-        .await
-        .expect("the extender restarts");
-    ext.wait_ready().await.expect("ready again");
+    let ext = extender_over(&env.api, &c).await;
     let q = create(&env.api, pending_pod("q", "10"));
     let (s, r) = bind(ext.addr, &q, "n1").await;
     assert_eq!(s, 500, "the restarted extender gave p's GPU away: {r}");
@@ -539,19 +485,13 @@ async fn a_found_reservation_expires_after_the_settle_window() {
     let mut c = config();
     c.extender.bind_timeout_ms = 300;
     c.extender.bind_settle_ms = 600;
-    let env = Env::start_with(c.clone(), |api| {
-        create(api, gpu_node("n1", 1, 16));
-    })
-    .await;
+    let env = Env::with_nodes(c.clone(), &[("n1", 1, 16)]).await;
     let p = create(&env.api, pending_pod("p", "10"));
     // The Binding is refused for good after the annotations were written, and the process
     // stops before it can clean up: a reservation is left on the pod.
     let hold = Hold::new();
-    env.api.inject(Fault::new(
-        Some(Method::POST),
-        "/pods/p/binding",
-        FaultAction::Hold(hold.clone()),
-    ));
+    env.api
+        .inject(binding_fault("p", FaultAction::Hold(hold.clone())));
     let (s, _) = bind(env.addr(), &p, "n1").await;
     assert_eq!(s, 500);
     env.ext.stop().await;
@@ -560,10 +500,7 @@ async fn a_found_reservation_expires_after_the_settle_window() {
         "{:?}",
         annotations(&env.api, "p")
     );
-    let ext = extender::start(&c, env.api.admin_client(), Shutdown::never())
-        .await
-        .expect("the extender restarts");
-    ext.wait_ready().await.expect("ready again");
+    let ext = extender_over(&env.api, &c).await;
     assert_eq!(used(&inspect(ext.addr).await, "n1"), [10]);
     eventually("the stale reservation expires", || async {
         used(&inspect(ext.addr).await, "n1") == [0]
@@ -585,16 +522,12 @@ async fn a_found_reservation_expires_after_the_settle_window() {
 async fn a_binding_answered_500_and_applied_later_keeps_its_memory() {
     let mut c = config();
     c.extender.bind_timeout_ms = 300;
-    let env = Env::start_with(c, |api| {
-        create(api, gpu_node("n1", 1, 16));
-    })
-    .await;
+    let env = Env::with_nodes(c, &[("n1", 1, 16)]).await;
     let p = create(&env.api, pending_pod("p", "10"));
     let hold = Hold::new();
     env.api.inject(
-        Fault::new(
-            Some(Method::POST),
-            "/pods/p/binding",
+        binding_fault(
+            "p",
             FaultAction::ApplyOnRelease {
                 hold: hold.clone(),
                 answer: Some(500),
@@ -614,10 +547,7 @@ async fn a_binding_answered_500_and_applied_later_keeps_its_memory() {
     .await;
     assert_eq!(bound_to(&env.api, "q"), None);
     assert!(annotated_per_gpu(&env.api).values().all(|u| *u <= 16));
-    eventually("the ledger holds p once", || async {
-        used(&inspect(env.addr()).await, "n1") == [10]
-    })
-    .await;
+    env.wait_used("the ledger holds p once", "n1", &[10]).await;
     env.api.clear_faults();
     env.ext.stop().await;
 }

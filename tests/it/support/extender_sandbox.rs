@@ -10,10 +10,12 @@ use std::net::SocketAddr;
 use gpushare::config::Config;
 use gpushare::extender::{self, ExtenderHandle};
 use gpushare::shutdown::Shutdown;
-use gpushare_sandbox::apiserver::ApiServer;
+use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
 use serde_json::{Value, json};
 
-use super::extender_http::post;
+use super::extender_http::{inspect, post};
+use super::objects::gpu_node;
+use super::wait::eventually;
 
 /// A sandbox API server and one extender serving over it.
 pub(crate) struct Env {
@@ -45,17 +47,65 @@ impl Env {
 
     /// A second extender on the same API state.
     pub(crate) async fn another(&self) -> ExtenderHandle {
-        let ext = extender::start(&config(), self.api.admin_client(), Shutdown::never())
+        self.another_with(&config()).await
+    }
+
+    /// Another extender with `config` on the same API state (a restart, when the first one
+    /// was stopped), ready.
+    pub(crate) async fn another_with(&self, config: &Config) -> ExtenderHandle {
+        let ext = extender::start(config, self.api.admin_client(), Shutdown::never())
             .await
-            .expect("second extender starts");
-        ext.wait_ready().await.expect("second extender ready");
+            .expect("another extender starts");
+        ext.wait_ready()
+            .await
+            .expect("another extender becomes ready");
         ext
+    }
+
+    /// A sandbox holding GPU nodes `(name, GPUs, units per GPU)`, then an extender with
+    /// `config` over it, ready.
+    pub(crate) async fn with_nodes(config: Config, nodes: &[(&str, u64, u64)]) -> Env {
+        Env::start_with(config, |api| {
+            for (name, gpus, units) in nodes {
+                create(api, gpu_node(name, *gpus, *units));
+            }
+        })
+        .await
     }
 
     /// Where the extender serves.
     pub(crate) fn addr(&self) -> SocketAddr {
         self.ext.addr
     }
+
+    /// Waits (bounded) until the extender's `/inspect` says the GPUs of `node` hold `want`;
+    /// `what` names the wait in its failure.
+    pub(crate) async fn wait_used(&self, what: &str, node: &str, want: &[u64]) {
+        eventually(what, || async {
+            used(&inspect(self.addr()).await, node) == want
+        })
+        .await;
+    }
+}
+
+/// An extender with `config` over `api` (another replica, or a restart once the first one
+/// stopped), ready.
+pub(crate) async fn extender_over(api: &ApiServer, config: &Config) -> ExtenderHandle {
+    let ext = extender::start(config, api.admin_client(), Shutdown::never())
+        .await
+        .expect("the extender starts");
+    ext.wait_ready().await.expect("the extender becomes ready");
+    ext
+}
+
+/// A fault on the Binding of pod `pod` (in `default`): kube-scheduler's bind as the extender
+/// posts it.
+pub(crate) fn binding_fault(pod: &str, action: FaultAction) -> Fault {
+    Fault::new(
+        Some(http::Method::POST),
+        format!("/pods/{pod}/binding"),
+        action,
+    )
 }
 
 /// Creates `obj` as the administrator; the stored object.
