@@ -23,6 +23,7 @@ use crate::support::extender_cluster::{
     bind_via, binding_args, extender_config, sandbox, start_named, wait_http_ok,
 };
 use crate::support::extender_http::http;
+use crate::support::extender_sandbox::binding_fault;
 use crate::support::isolated_extender::Isolated;
 use crate::support::ledger_truth::{assert_not_overcommitted, converge, truth};
 use crate::support::objects::pending_pod;
@@ -70,6 +71,31 @@ async fn post(addr: SocketAddr, verb: &str, body: &Value) -> Option<(u16, Vec<u8
         Some(serde_json::to_vec(body).unwrap_or_default()),
     )
     .await
+}
+
+/// Replica A in a runtime of its own (to kill or pause), leading, and replica B in this one,
+/// Ready as its standby.
+async fn isolated_leader_and_standby(
+    api: &ApiServer,
+    config: &gpushare::config::Config,
+) -> (Isolated, gpushare::extender::ExtenderHandle) {
+    let a = Isolated::start(api, config, "replica-a", None).await;
+    wait_leading(&a.state, "replica-a").await;
+    let b = start_named(api, config, "replica-b").await;
+    wait_http_ok(&format!("http://{}/readyz", b.addr)).await;
+    (a, b)
+}
+
+/// kube-scheduler's bind of `pod` to `node` through the replica at `addr`, on a task of its
+/// own; its HTTP status (`None`: no answer).
+fn spawn_bind(
+    api: &ApiServer,
+    addr: SocketAddr,
+    pod: &'static str,
+    node: &'static str,
+) -> tokio::task::JoinHandle<Option<u16>> {
+    let api = api.clone();
+    tokio::spawn(async move { bind_via(&api, addr, pod, node).await })
 }
 
 async fn replicas_answer_as_the_leader(n: usize) {
@@ -166,10 +192,7 @@ async fn three_replicas_are_ready_and_answer_as_the_leader() {
 async fn a_killed_leader_is_replaced_without_double_allocation() {
     let api = sandbox(2, 2, UNITS).await;
     let config = extender_config(true);
-    let a = Isolated::start(&api, &config, "replica-a", None).await;
-    wait_leading(&a.state, "replica-a").await;
-    let b = start_named(&api, &config, "replica-b").await;
-    wait_http_ok(&format!("http://{}/readyz", b.addr)).await;
+    let (a, b) = isolated_leader_and_standby(&api, &config).await;
     let names = seed_pods(&api, "job", 20, 3);
     for (i, n) in names[..4].iter().enumerate() {
         let status = bind_via(&api, b.addr, n, &format!("node-{}", i % 2)).await;
@@ -244,10 +267,7 @@ async fn a_leader_paused_with_a_bind_in_flight_writes_nothing_after_resuming() {
     // One GPU of 8 units: the victim (4) and two fillers (4 + 4) cannot all fit.
     let api = sandbox(1, 1, UNITS).await;
     let config = extender_config(true);
-    let a = Isolated::start(&api, &config, "replica-a", None).await;
-    wait_leading(&a.state, "replica-a").await;
-    let b = start_named(&api, &config, "replica-b").await;
-    wait_http_ok(&format!("http://{}/readyz", b.addr)).await;
+    let (a, b) = isolated_leader_and_standby(&api, &config).await;
     api.create_object(pending_pod("victim", 4)).expect("seed");
     let fillers = seed_pods(&api, "filler", 2, 4);
     // The victim's bind at A stops at its first read of the pod ...
@@ -257,11 +277,7 @@ async fn a_leader_paused_with_a_bind_in_flight_writes_nothing_after_resuming() {
         "/namespaces/default/pods/victim",
         FaultAction::Hold(hold.clone()),
     ));
-    let victim = {
-        let api = api.clone();
-        let addr = a.addr;
-        tokio::spawn(async move { bind_via(&api, addr, "victim", "node-0").await })
-    };
+    let victim = spawn_bind(&api, a.addr, "victim", "node-0");
     hold.wait_reached(1).await;
     // ... and A is paused there; the read's answer waits for it in the socket.
     let paused = a.pause().await;
@@ -291,24 +307,13 @@ async fn a_leader_paused_with_a_bind_in_flight_writes_nothing_after_resuming() {
 async fn a_forwarded_bind_whose_answer_is_lost_is_settled_by_reading_the_pod() {
     let api = sandbox(1, 1, UNITS).await;
     let config = extender_config(true);
-    let a = Isolated::start(&api, &config, "replica-a", None).await;
-    wait_leading(&a.state, "replica-a").await;
-    let b = start_named(&api, &config, "replica-b").await;
-    wait_http_ok(&format!("http://{}/readyz", b.addr)).await;
+    let (a, b) = isolated_leader_and_standby(&api, &config).await;
     api.create_object(pending_pod("victim", 4)).expect("seed");
     // A's Binding of the victim is held at the API server; A pauses; the Binding then
     // lands, but A cannot answer B: B's forward loses the answer.
     let hold = Hold::new();
-    api.inject(Fault::new(
-        Some(http::Method::POST),
-        "/namespaces/default/pods/victim/binding",
-        FaultAction::Hold(hold.clone()),
-    ));
-    let answer = {
-        let api = api.clone();
-        let addr = b.addr;
-        tokio::spawn(async move { bind_via(&api, addr, "victim", "node-0").await })
-    };
+    api.inject(binding_fault("victim", FaultAction::Hold(hold.clone())));
+    let answer = spawn_bind(&api, b.addr, "victim", "node-0");
     hold.wait_reached(1).await;
     let paused = a.pause().await;
     hold.release();
@@ -494,11 +499,7 @@ async fn a_leader_whose_time_jumped_mid_bind_checks_its_fence_before_writing() {
         "/namespaces/default/pods/victim",
         FaultAction::Hold(hold.clone()),
     ));
-    let answer = {
-        let api = api.clone();
-        let addr = a.addr;
-        tokio::spawn(async move { bind_via(&api, addr, "victim", "node-0").await })
-    };
+    let answer = spawn_bind(&api, a.addr, "victim", "node-0");
     hold.wait_reached(1).await;
     clock.advance(Duration::from_secs(config.extender.lease_duration_secs + 1));
     hold.release();
@@ -516,26 +517,18 @@ async fn failover_with_a_binding_held_at_the_api_server(kill: bool) {
     // One GPU of 8 units: the victim (6) and the next pod (6) cannot both fit.
     let api = sandbox(1, 1, UNITS).await;
     let config = extender_config(true);
-    let a = Isolated::start(&api, &config, "replica-a", None).await;
-    wait_leading(&a.state, "replica-a").await;
-    let b = start_named(&api, &config, "replica-b").await;
-    wait_http_ok(&format!("http://{}/readyz", b.addr)).await;
+    let (a, b) = isolated_leader_and_standby(&api, &config).await;
     api.create_object(pending_pod("victim", 6)).expect("seed");
     api.create_object(pending_pod("next", 6)).expect("seed");
     let hold = Hold::new();
-    api.inject(Fault::new(
-        Some(http::Method::POST),
-        "/namespaces/default/pods/victim/binding",
+    api.inject(binding_fault(
+        "victim",
         FaultAction::ApplyOnRelease {
             hold: hold.clone(),
             answer: None,
         },
     ));
-    let victim = {
-        let api = api.clone();
-        let addr = a.addr;
-        tokio::spawn(async move { bind_via(&api, addr, "victim", "node-0").await })
-    };
+    let victim = spawn_bind(&api, a.addr, "victim", "node-0");
     hold.wait_reached(1).await;
     if kill {
         a.kill();
@@ -578,15 +571,11 @@ async fn a_sigkill_failover_with_a_binding_in_flight_does_not_over_commit() {
 async fn a_standby_that_lost_the_answer_does_not_claim_the_bind_did_not_happen() {
     let api = sandbox(1, 1, UNITS).await;
     let config = extender_config(true);
-    let a = Isolated::start(&api, &config, "replica-a", None).await;
-    wait_leading(&a.state, "replica-a").await;
-    let b = start_named(&api, &config, "replica-b").await;
-    wait_http_ok(&format!("http://{}/readyz", b.addr)).await;
+    let (a, b) = isolated_leader_and_standby(&api, &config).await;
     api.create_object(pending_pod("victim", 4)).expect("seed");
     let hold = Hold::new();
-    api.inject(Fault::new(
-        Some(http::Method::POST),
-        "/namespaces/default/pods/victim/binding",
+    api.inject(binding_fault(
+        "victim",
         FaultAction::ApplyOnRelease {
             hold: hold.clone(),
             answer: None,
@@ -638,22 +627,11 @@ async fn a_pods_own_reservation_left_by_a_killed_leader_is_taken_over_by_its_ret
     let mut config = extender_config(true);
     // Far longer than the test: a retry that had to wait the window out would fail it.
     config.extender.bind_settle_ms = 3_600_000;
-    let a = Isolated::start(&api, &config, "replica-a", None).await;
-    wait_leading(&a.state, "replica-a").await;
-    let b = start_named(&api, &config, "replica-b").await;
-    wait_http_ok(&format!("http://{}/readyz", b.addr)).await;
+    let (a, b) = isolated_leader_and_standby(&api, &config).await;
     api.create_object(pending_pod("victim", 6)).expect("seed");
     let hold = Hold::new();
-    api.inject(Fault::new(
-        Some(http::Method::POST),
-        "/namespaces/default/pods/victim/binding",
-        FaultAction::Hold(hold.clone()),
-    ));
-    let first = {
-        let api = api.clone();
-        let addr = a.addr;
-        tokio::spawn(async move { bind_via(&api, addr, "victim", "node-0").await })
-    };
+    api.inject(binding_fault("victim", FaultAction::Hold(hold.clone())));
+    let first = spawn_bind(&api, a.addr, "victim", "node-0");
     hold.wait_reached(1).await;
     a.kill();
     let _ = first.await;
