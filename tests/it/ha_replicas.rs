@@ -86,6 +86,54 @@ async fn isolated_leader_and_standby(
     (a, b)
 }
 
+/// A sandbox of `nodes` nodes of one GPU of [`UNITS`], [`isolated_leader_and_standby`] with
+/// `config` over it, and the pending pod `victim` asking `units`.
+async fn victim_on_a_leader(
+    config: &gpushare::config::Config,
+    nodes: usize,
+    units: u64,
+) -> (ApiServer, Isolated, gpushare::extender::ExtenderHandle) {
+    let api = sandbox(nodes, 1, UNITS).await;
+    let (a, b) = isolated_leader_and_standby(&api, config).await;
+    api.create_object(pending_pod("victim", units))
+        .expect("seed");
+    (api, a, b)
+}
+
+/// The victim's bind to node-0 through the replica at `addr`, on a task of its own, once it
+/// has stopped at the API server on the fault `fault` makes of a new hold: the hold, and the
+/// bind's answer to come.
+async fn victim_bind_held(
+    api: &ApiServer,
+    addr: SocketAddr,
+    fault: fn(Hold) -> Fault,
+) -> (Hold, tokio::task::JoinHandle<Option<u16>>) {
+    let hold = Hold::new();
+    api.inject(fault(hold.clone()));
+    let bind = spawn_bind(api, addr, "victim", "node-0");
+    hold.wait_reached(1).await;
+    (hold, bind)
+}
+
+/// The victim's reads held by `hold`, then served.
+fn victim_read(hold: Hold) -> Fault {
+    Fault::new(
+        Some(http::Method::GET),
+        "/namespaces/default/pods/victim",
+        FaultAction::Hold(hold),
+    )
+}
+
+/// The victim's Binding held by `hold`, then served.
+fn victim_binding(hold: Hold) -> Fault {
+    binding_fault("victim", FaultAction::Hold(hold))
+}
+
+/// The victim's Binding held by `hold`, then applied with its answer lost.
+fn victim_binding_applied(hold: Hold) -> Fault {
+    binding_fault("victim", FaultAction::ApplyOnRelease { hold, answer: None })
+}
+
 /// kube-scheduler's bind of `pod` to `node` through the replica at `addr`, on a task of its
 /// own; its HTTP status (`None`: no answer).
 fn spawn_bind(
@@ -265,20 +313,10 @@ async fn a_partitioned_leader_hands_over_and_then_forwards() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_paused_with_a_bind_in_flight_writes_nothing_after_resuming() {
     // One GPU of 8 units: the victim (4) and two fillers (4 + 4) cannot all fit.
-    let api = sandbox(1, 1, UNITS).await;
-    let config = extender_config(true);
-    let (a, b) = isolated_leader_and_standby(&api, &config).await;
-    api.create_object(pending_pod("victim", 4)).expect("seed");
+    let (api, a, b) = victim_on_a_leader(&extender_config(true), 1, 4).await;
     let fillers = seed_pods(&api, "filler", 2, 4);
     // The victim's bind at A stops at its first read of the pod ...
-    let hold = Hold::new();
-    api.inject(Fault::new(
-        Some(http::Method::GET),
-        "/namespaces/default/pods/victim",
-        FaultAction::Hold(hold.clone()),
-    ));
-    let victim = spawn_bind(&api, a.addr, "victim", "node-0");
-    hold.wait_reached(1).await;
+    let (hold, victim) = victim_bind_held(&api, a.addr, victim_read).await;
     // ... and A is paused there; the read's answer waits for it in the socket.
     let paused = a.pause().await;
     hold.release();
@@ -305,16 +343,10 @@ async fn a_leader_paused_with_a_bind_in_flight_writes_nothing_after_resuming() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forwarded_bind_whose_answer_is_lost_is_settled_by_reading_the_pod() {
-    let api = sandbox(1, 1, UNITS).await;
-    let config = extender_config(true);
-    let (a, b) = isolated_leader_and_standby(&api, &config).await;
-    api.create_object(pending_pod("victim", 4)).expect("seed");
+    let (api, a, b) = victim_on_a_leader(&extender_config(true), 1, 4).await;
     // A's Binding of the victim is held at the API server; A pauses; the Binding then
     // lands, but A cannot answer B: B's forward loses the answer.
-    let hold = Hold::new();
-    api.inject(binding_fault("victim", FaultAction::Hold(hold.clone())));
-    let answer = spawn_bind(&api, b.addr, "victim", "node-0");
-    hold.wait_reached(1).await;
+    let (hold, answer) = victim_bind_held(&api, b.addr, victim_binding).await;
     let paused = a.pause().await;
     hold.release();
     wait_until("the held Binding lands", || {
@@ -493,14 +525,7 @@ async fn a_leader_whose_time_jumped_mid_bind_checks_its_fence_before_writing() {
         .expect("extender starts");
     wait_leading(&a.state(), "replica-a").await;
     api.create_object(pending_pod("victim", 4)).expect("seed");
-    let hold = Hold::new();
-    api.inject(Fault::new(
-        Some(http::Method::GET),
-        "/namespaces/default/pods/victim",
-        FaultAction::Hold(hold.clone()),
-    ));
-    let answer = spawn_bind(&api, a.addr, "victim", "node-0");
-    hold.wait_reached(1).await;
+    let (hold, answer) = victim_bind_held(&api, a.addr, victim_read).await;
     clock.advance(Duration::from_secs(config.extender.lease_duration_secs + 1));
     hold.release();
     let status = answer.await.expect("bind answer");
@@ -515,21 +540,9 @@ async fn a_leader_whose_time_jumped_mid_bind_checks_its_fence_before_writing() {
 /// until the late Binding lands: no second pod on that memory.
 async fn failover_with_a_binding_held_at_the_api_server(kill: bool) {
     // One GPU of 8 units: the victim (6) and the next pod (6) cannot both fit.
-    let api = sandbox(1, 1, UNITS).await;
-    let config = extender_config(true);
-    let (a, b) = isolated_leader_and_standby(&api, &config).await;
-    api.create_object(pending_pod("victim", 6)).expect("seed");
+    let (api, a, b) = victim_on_a_leader(&extender_config(true), 1, 6).await;
     api.create_object(pending_pod("next", 6)).expect("seed");
-    let hold = Hold::new();
-    api.inject(binding_fault(
-        "victim",
-        FaultAction::ApplyOnRelease {
-            hold: hold.clone(),
-            answer: None,
-        },
-    ));
-    let victim = spawn_bind(&api, a.addr, "victim", "node-0");
-    hold.wait_reached(1).await;
+    let (hold, victim) = victim_bind_held(&api, a.addr, victim_binding_applied).await;
     if kill {
         a.kill();
     } else {
@@ -569,18 +582,9 @@ async fn a_sigkill_failover_with_a_binding_in_flight_does_not_over_commit() {
 /// says the outcome is unknown. Here the Binding does land afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_that_lost_the_answer_does_not_claim_the_bind_did_not_happen() {
-    let api = sandbox(1, 1, UNITS).await;
-    let config = extender_config(true);
-    let (a, b) = isolated_leader_and_standby(&api, &config).await;
-    api.create_object(pending_pod("victim", 4)).expect("seed");
+    let (api, a, b) = victim_on_a_leader(&extender_config(true), 1, 4).await;
     let hold = Hold::new();
-    api.inject(binding_fault(
-        "victim",
-        FaultAction::ApplyOnRelease {
-            hold: hold.clone(),
-            answer: None,
-        },
-    ));
+    api.inject(victim_binding_applied(hold.clone()));
     let answer = {
         let api = api.clone();
         let url = format!("http://{}/gpushare-scheduler/bind", b.addr);
@@ -623,16 +627,11 @@ async fn a_standby_that_lost_the_answer_does_not_claim_the_bind_did_not_happen()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pods_own_reservation_left_by_a_killed_leader_is_taken_over_by_its_retried_bind() {
     // Two nodes of one 8-unit GPU: the victim (6) fits either, but its reservation is node-0's.
-    let api = sandbox(2, 1, UNITS).await;
     let mut config = extender_config(true);
     // Far longer than the test: a retry that had to wait the window out would fail it.
     config.extender.bind_settle_ms = 3_600_000;
-    let (a, b) = isolated_leader_and_standby(&api, &config).await;
-    api.create_object(pending_pod("victim", 6)).expect("seed");
-    let hold = Hold::new();
-    api.inject(binding_fault("victim", FaultAction::Hold(hold.clone())));
-    let first = spawn_bind(&api, a.addr, "victim", "node-0");
-    hold.wait_reached(1).await;
+    let (api, a, b) = victim_on_a_leader(&config, 2, 6).await;
+    let (hold, first) = victim_bind_held(&api, a.addr, victim_binding).await;
     a.kill();
     let _ = first.await;
     wait_leading(&b.state(), "replica-b").await;
