@@ -100,6 +100,19 @@ async fn victim_on_a_leader(
     (api, a, b)
 }
 
+/// Every lease write of replica `identity` fails from now on (its reads and pod writes still
+/// work): a leader partitioned from the Lease.
+fn partition_lease_writes(api: &ApiServer, identity: &str) {
+    api.inject(
+        Fault::new(
+            Some(http::Method::PUT),
+            format!("fieldManager={identity}"),
+            FaultAction::Status(500),
+        )
+        .times(1_000_000),
+    );
+}
+
 /// The victim's bind to node-0 through the replica at `addr`, on a task of its own, once it
 /// has stopped at the API server on the fault `fault` makes of a new hold: the hold, and the
 /// bind's answer to come.
@@ -282,14 +295,7 @@ async fn a_partitioned_leader_hands_over_and_then_forwards() {
         statuses
     });
     // Every lease write of A fails from now on; its reads and pod writes still work.
-    api.inject(
-        Fault::new(
-            Some(http::Method::PUT),
-            "fieldManager=replica-a",
-            FaultAction::Status(500),
-        )
-        .times(1_000_000),
-    );
+    partition_lease_writes(&api, "replica-a");
     wait_leading(&b.state(), "replica-b").await;
     for s in driver.await.expect("driver") {
         assert!(matches!(s, Some(200 | 500 | 503)), "a bind answered {s:?}");
@@ -436,14 +442,7 @@ async fn a_bind_admitted_before_its_leader_stepped_down_writes_nothing() {
     let body = binding_args(&api, "victim", "node-0");
     let conn = admitted_bind(a.addr, &body).await;
     // While its body is on the way, the leader loses the lease (its writes fail) ...
-    api.inject(
-        Fault::new(
-            Some(http::Method::PUT),
-            "fieldManager=replica-a",
-            FaultAction::Status(500),
-        )
-        .times(1_000_000),
-    );
+    partition_lease_writes(&api, "replica-a");
     let mut ready = a.state().ready_watch();
     let stepped_down = matches!(
         tokio::time::timeout(DEADLINE, ready.wait_for(|r| !*r)).await,
