@@ -88,22 +88,24 @@ pub async fn published(plugin: &DraPluginHandle) {
         .expect("open");
 }
 
-/// One pass of the sandbox allocator over `api`, which must bind exactly one claim.
-pub async fn allocate_one(api: &ApiServer) -> Pass {
-    let pass = DraAllocator::new(api.admin_client())
+/// One pass of the sandbox allocator over `api`.
+async fn allocator_pass(api: &ApiServer) -> Pass {
+    DraAllocator::new(api.admin_client())
         .reconcile()
         .await
-        .expect("a pass");
+        .expect("a pass")
+}
+
+/// One pass of the sandbox allocator over `api`, which must bind exactly one claim.
+pub async fn allocate_one(api: &ApiServer) -> Pass {
+    let pass = allocator_pass(api).await;
     assert_eq!(pass.bound.len(), 1, "{pass:?}");
     pass
 }
 
 /// One pass of the sandbox allocator over `api`, which must release exactly one claim.
 pub async fn release_one(api: &ApiServer) -> Pass {
-    let pass = DraAllocator::new(api.admin_client())
-        .reconcile()
-        .await
-        .expect("a pass");
+    let pass = allocator_pass(api).await;
     assert_eq!(pass.released.len(), 1, "{pass:?}");
     pass
 }
