@@ -74,6 +74,27 @@ where
     }
 }
 
+/// Every page of a list of `api` in pages of `limit`, following the continue tokens.
+async fn pages<K>(api: &Api<K>, limit: u32) -> Vec<kube::core::ObjectList<K>>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut pages = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let mut lp = ListParams::default().limit(limit);
+        if let Some(t) = &token {
+            lp = lp.continue_token(t);
+        }
+        let page = api.list(&lp).await.expect("a page");
+        token = page.metadata.continue_.clone().filter(|t| !t.is_empty());
+        pages.push(page);
+        if token.is_none() {
+            return pages;
+        }
+    }
+}
+
 fn names<K: kube::Resource>(items: &[K]) -> Vec<String> {
     items
         .iter()
@@ -148,55 +169,34 @@ async fn selectors_and_pagination() {
         let pods = pods.clone();
         async move { names(&pods.list(&lp).await.expect("lists").items) }
     };
-    assert_eq!(
-        list(ListParams::default().labels("app=trainer")).await,
-        ["trainer"]
-    );
-    assert_eq!(
-        list(ListParams::default().labels("app!=trainer,app")).await,
-        ["plain", "bound"]
-    );
-    assert_eq!(
-        list(ListParams::default().labels("app in (web,server)")).await,
-        ["plain", "bound"]
-    );
-    assert_eq!(
-        list(ListParams::default().labels("!tier")).await,
-        ["plain", "bound"]
-    );
-    assert_eq!(
-        list(ListParams::default().fields("spec.nodeName=")).await,
-        ["plain", "trainer"]
-    );
-    assert_eq!(
-        list(ListParams::default().fields("spec.nodeName=gpu-node-1")).await,
-        ["bound"]
-    );
-    assert_eq!(
-        list(ListParams::default().fields("status.phase!=Running,metadata.namespace=ml")).await,
-        ["trainer"]
-    );
-    assert_eq!(
-        list(ListParams::default().fields("metadata.name=plain")).await,
-        ["plain"]
-    );
+    // Label selectors, then field selectors, and the pods each lists (in the store's order).
+    let by_labels: [(&str, &[&str]); 4] = [
+        ("app=trainer", &["trainer"]),
+        ("app!=trainer,app", &["plain", "bound"]),
+        ("app in (web,server)", &["plain", "bound"]),
+        ("!tier", &["plain", "bound"]),
+    ];
+    for (selector, want) in by_labels {
+        let got = list(ListParams::default().labels(selector)).await;
+        assert_eq!(got, want, "labels {selector:?}");
+    }
+    let by_fields: [(&str, &[&str]); 4] = [
+        ("spec.nodeName=", &["plain", "trainer"]),
+        ("spec.nodeName=gpu-node-1", &["bound"]),
+        ("status.phase!=Running,metadata.namespace=ml", &["trainer"]),
+        ("metadata.name=plain", &["plain"]),
+    ];
+    for (selector, want) in by_fields {
+        let got = list(ListParams::default().fields(selector)).await;
+        assert_eq!(got, want, "fields {selector:?}");
+    }
 
     let mut seen = Vec::new();
-    let mut token: Option<String> = None;
     let mut remaining = Vec::new();
-    loop {
-        let mut lp = ListParams::default().limit(2);
-        if let Some(t) = &token {
-            lp = lp.continue_token(t);
-        }
-        let page = pods.list(&lp).await.expect("a page");
+    for page in pages(&pods, 2).await {
         assert!(page.items.len() <= 2);
         seen.extend(names(&page.items));
         remaining.push(page.metadata.remaining_item_count);
-        token = page.metadata.continue_.filter(|t| !t.is_empty());
-        if token.is_none() {
-            break;
-        }
     }
     assert_eq!(seen, ["plain", "bound", "trainer"]);
     // remainingItemCount as the API server reports it: on every page but the last.
@@ -211,19 +211,10 @@ async fn selectors_and_pagination() {
             .expect("create");
     }
     let cms: Api<ConfigMap> = Api::namespaced(server.admin_client(), "paged");
-    let (mut token, mut counts, mut listed) = (None::<String>, Vec::new(), 0);
-    loop {
-        let mut lp = ListParams::default().limit(3);
-        if let Some(t) = &token {
-            lp = lp.continue_token(t);
-        }
-        let page = cms.list(&lp).await.expect("a page");
+    let (mut counts, mut listed) = (Vec::new(), 0);
+    for page in pages(&cms, 3).await {
         listed += page.items.len();
         counts.push(page.metadata.remaining_item_count);
-        token = page.metadata.continue_.filter(|t| !t.is_empty());
-        if token.is_none() {
-            break;
-        }
     }
     assert_eq!(listed, 7);
     assert_eq!(counts, [Some(4), Some(1), None]);
@@ -1363,53 +1354,42 @@ async fn kubectl_on_path_patches_deletes_and_watches() {
     let k = Kubectl::new("kubectl", &server);
     kubectl_basics("kubectl").await;
 
-    k.ok(&[
-        "patch",
-        "pod",
-        "trainer",
-        "-n",
-        "ml",
-        "--type",
-        "merge",
-        "-p",
-        r#"{"metadata":{"annotations":{"m":"merged"}}}"#,
-    ])
-    .await;
-    assert_eq!(
-        annotation(&server, "ml", "trainer", "m").as_deref(),
-        Some("merged")
-    );
-    k.ok(&[
-        "patch",
-        "pod",
-        "trainer",
-        "-n",
-        "ml",
-        "--type",
-        "json",
-        "-p",
-        r#"[{"op":"add","path":"/metadata/annotations/j","value":"json"}]"#,
-    ])
-    .await;
-    assert_eq!(
-        annotation(&server, "ml", "trainer", "j").as_deref(),
-        Some("json")
-    );
-    k.ok(&[
-        "patch",
-        "pod",
-        "trainer",
-        "-n",
-        "ml",
-        "-p",
-        r#"{"metadata":{"labels":{"s":"strategic"}}}"#,
-    ])
-    .await;
-    let labels = server
-        .get_object("pods", Some("ml"), "trainer")
-        .expect("pod")["metadata"]["labels"]
-        .clone();
-    assert_eq!(labels["s"], "strategic");
+    // A pod patched in each of the three patch types (the default: strategic merge); each
+    // leaves its value at a JSON pointer of the stored pod.
+    for (patch_type, patch, pointer, want) in [
+        (
+            Some("merge"),
+            r#"{"metadata":{"annotations":{"m":"merged"}}}"#,
+            "/metadata/annotations/m",
+            "merged",
+        ),
+        (
+            Some("json"),
+            r#"[{"op":"add","path":"/metadata/annotations/j","value":"json"}]"#,
+            "/metadata/annotations/j",
+            "json",
+        ),
+        (
+            None,
+            r#"{"metadata":{"labels":{"s":"strategic"}}}"#,
+            "/metadata/labels/s",
+            "strategic",
+        ),
+    ] {
+        let mut args = vec!["patch", "pod", "trainer", "-n", "ml", "-p", patch];
+        if let Some(patch_type) = patch_type {
+            args.extend(["--type", patch_type]);
+        }
+        k.ok(&args).await;
+        let pod = server
+            .get_object("pods", Some("ml"), "trainer")
+            .expect("pod");
+        assert_eq!(
+            pod.pointer(pointer).and_then(Value::as_str),
+            Some(want),
+            "{patch_type:?} patch {patch}: {pod}"
+        );
+    }
     k.ok(&[
         "patch",
         "node",
