@@ -1511,6 +1511,17 @@ async fn device_plugin_figures(
         .await
         .context("the device plugin did not register")?;
     let idle = rss_of(&status_path);
+    // The floor: a call that does none of the plugin's work, over the same connection.
+    let mut floor = Vec::with_capacity(size.dp_pods);
+    for _ in 0..size.dp_pods {
+        let started = Instant::now();
+        kubelet
+            .device_plugin_options(RESOURCE_GPU_MEM)
+            .await
+            .context("GetDevicePluginOptions")?;
+        floor.push(started.elapsed());
+    }
+    floor.sort();
     let mut took = Vec::with_capacity(size.dp_pods);
     for i in 0..size.dp_pods {
         let pod = format!("job-{i:06}");
@@ -1568,6 +1579,14 @@ async fn device_plugin_figures(
             .budget("< 32 MiB", idle > 0 && idle < 32 * 1024 * 1024),
         );
     }
+    figures.push(Figure::new(
+        format!("device plugin: the floor, an empty call (GetDevicePluginOptions) p50 / p99{label}"),
+        format!(
+            "{} / {} (kubelet makes two calls per container: twice this is the least the next line can be here)",
+            ms(percentile(&floor, 0.50)),
+            ms(percentile(&floor, 0.99)),
+        ),
+    ));
     figures.push(
         Figure::new(
             format!("device plugin: GetPreferredAllocation + Allocate p50 / p99{label}"),

@@ -248,11 +248,14 @@ pub fn main_with_args(args: Vec<OsString>) -> ExitCode {
 }
 
 /// The configuration sections `command` runs, the ones its configuration is checked for: a
-/// section a role never reads cannot stop it (doctor and the demo check every one).
+/// section a role never reads cannot stop it (doctor and the demo check every one). The
+/// extender reads no `devices` (other device kinds are the node roles' and the webhook's);
+/// the device plugin reads `dra` for the path gate (which driver may hold its GPUs); the
+/// webhook reads `node` and `dra` for the request rewrite (unit, driver name).
 fn sections(command: &Command) -> &'static [Section] {
     use Section::*;
     match command {
-        Command::Extender(_) => &[Extender, Http, Devices],
+        Command::Extender(_) => &[Extender, Http],
         Command::DevicePlugin(_) => &[Http, Devices, Node, DevicePlugin, Dra],
         #[cfg(unix)]
         Command::DraPlugin(_) => &[Http, Devices, Node, Dra],

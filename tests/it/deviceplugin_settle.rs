@@ -11,11 +11,16 @@ use std::time::Duration;
 
 use gpushare::core::wire;
 use gpushare::gpu::fake::fake_uuid;
-use gpushare_sandbox::apiserver::{Fault, FaultAction};
+use gpushare_sandbox::apiserver::{ApiServer, Fault, FaultAction};
+use gpushare_sandbox::kubelet::Kubelet;
+use k8s_openapi::api::core::v1::Pod;
 
 use crate::support::deviceplugin_cluster::{
     NODE, RESOURCE, cluster, cluster_seeded, env, node_yaml, pod_json,
 };
+use crate::support::role_process::RoleProcess;
+use crate::support::socket_dir::short_tempdir;
+use crate::support::wait::DEADLINE;
 
 fn gpu_of(resp: &gpushare::kubelet_api::deviceplugin::ContainerAllocateResponse) -> String {
     env(resp, wire::ENV_VISIBLE_DEVICES).to_string()
@@ -467,4 +472,116 @@ async fn a_restart_between_an_answer_and_its_write_finishes_the_write_and_matche
     assert_eq!(c.annotations("answered")[wire::ANN_GPU_INDEX], "0");
     assert_eq!(c.plugin().metrics().allocations_with("no_candidate"), 0);
     c.stop().await;
+}
+
+/// The same as the binary runs on a node: `gpushare device-plugin` killed with SIGKILL (no
+/// shutdown path of its own) between an answer and the write of `ASSIGNED` (the API server
+/// refuses that pod's writes meanwhile), then started again with the same flags and state
+/// directory, as its DaemonSet restarts it. The answer was durable before kubelet had it: the
+/// restarted process matches the next Allocate of the same size to the other pod (the
+/// answered one still looks unallocated in the API, and is older), and finishes the write
+/// once the API server takes it; the journal is empty after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_plugin_killed_between_an_answer_and_its_write_finishes_it_after_its_restart() {
+    let dir = short_tempdir();
+    let api = ApiServer::start().await.expect("the sandbox API server");
+    api.seed_yaml(&node_yaml("")).expect("the node");
+    for (name, gpu, assumed) in [("answered", 0, 1), ("next", 1, 2)] {
+        api.create_object(pod_json(name, &[], &[("main", 4)], Some(gpu), assumed))
+            .expect("the pod");
+    }
+    let kubelet = Kubelet::start(dir.path())
+        .await
+        .expect("the sandbox kubelet");
+    let state = dir.path().join("state");
+    let flag = |name: &str, path: &std::path::Path| format!("--{name}={}", path.display());
+    let args: Vec<String> = vec![
+        "device-plugin".into(),
+        format!("--node-name={NODE}"),
+        "--gpu-backend=fake".into(),
+        "--fake-gpus=2x16GiB".into(),
+        flag("device-plugin-dir", &kubelet.device_plugin_dir()),
+        flag("pod-resources-socket", &kubelet.pod_resources_socket()),
+        flag("state-dir", &state),
+        "--admin-address=".into(),
+        flag("kubeconfig", &api.admin_kubeconfig_path()),
+        "--skip-doctor".into(),
+    ];
+    let mut role = RoleProcess::start("device-plugin", None, &args, &[]);
+    let registrations = |k: &Kubelet| k.plugin(RESOURCE).map_or(0, |p| p.registrations);
+    role.wait_for("its registration", DEADLINE, || registrations(&kubelet) > 0)
+        .await;
+    kubelet.wait_registered(RESOURCE).await.expect("registered");
+    let annotations = |pod: &str| {
+        api.get_as::<Pod>("pods", Some("default"), pod)
+            .and_then(|p| p.metadata.annotations)
+            .unwrap_or_default()
+    };
+    api.inject(
+        Fault::new(
+            Some(http::Method::PATCH),
+            "/pods/answered",
+            FaultAction::Status(503),
+        )
+        .times(usize::MAX),
+    );
+    let (_, answered) = kubelet
+        .allocate_container(RESOURCE, "default", "answered", "main", 4)
+        .await
+        .expect("answered");
+    assert_eq!(gpu_of(&answered), "0");
+    let journal = || {
+        std::fs::read_dir(&state)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    assert_eq!(
+        journal(),
+        1,
+        "the answer is in the journal before kubelet has it"
+    );
+    role.wait_for("the write to be tried", DEADLINE, || {
+        api.requests()
+            .iter()
+            .any(|r| r.method == http::Method::PATCH && r.path.ends_with("/pods/answered"))
+    })
+    .await;
+
+    let before = registrations(&kubelet);
+    role.kill_and_restart();
+    role.wait_for("its registration after the restart", DEADLINE, || {
+        registrations(&kubelet) > before
+    })
+    .await;
+    kubelet
+        .wait_registered(RESOURCE)
+        .await
+        .expect("registered again");
+    assert_eq!(annotations("answered")[wire::ANN_ASSIGNED], "false");
+    let (_, next) = kubelet
+        .allocate_container(RESOURCE, "default", "next", "main", 4)
+        .await
+        .expect("answered");
+    assert_eq!(
+        gpu_of(&next),
+        "1",
+        "the answered pod is not matched a second time after the kill"
+    );
+    api.clear_faults();
+    role.wait_for("ASSIGNED=true on both pods", DEADLINE, || {
+        ["answered", "next"]
+            .iter()
+            .all(|p| annotations(p).get(wire::ANN_ASSIGNED).map(String::as_str) == Some("true"))
+    })
+    .await;
+    assert_eq!(annotations("answered")[wire::ANN_GPU_INDEX], "0");
+    assert_eq!(annotations("next")[wire::ANN_GPU_INDEX], "1");
+    role.wait_for("the journal to empty", DEADLINE, || journal() == 0)
+        .await;
+    kubelet.stop().await;
+    api.shutdown().await;
 }

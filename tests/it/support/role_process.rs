@@ -2,7 +2,8 @@
 //! environment of exactly the variables given (nothing inherited but `PATH`), stdout and
 //! stderr into one log file (no pipe to fill), stopped (SIGKILL) when dropped. A role that
 //! exits while a test waits on it fails the test with its status and its log: a container
-//! that would crash-loop.
+//! that would crash-loop. [`RoleProcess::kill_and_restart`] is `kill -9` and the container's
+//! restart: the same program, arguments and environment, the log continued.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -13,7 +14,42 @@ pub(crate) struct RoleProcess {
     name: String,
     child: Child,
     log: PathBuf,
+    /// What it was started with (a restart starts it the same way).
+    command: Launch,
     _dir: tempfile::TempDir,
+}
+
+/// A role's program, arguments and environment.
+struct Launch {
+    bin: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+impl Launch {
+    /// Starts it, stdout and stderr appended to `log`.
+    fn spawn(&self, name: &str, log: &std::path::Path) -> Child {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("the log file");
+        let err = file.try_clone().expect("the log file again");
+        let mut cmd = Command::new(&self.bin);
+        cmd.args(&self.args)
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(err);
+        if let Some(path) = std::env::var_os("PATH") {
+            cmd.env("PATH", path);
+        }
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd.spawn()
+            .unwrap_or_else(|e| panic!("{name}: cannot start {}: {e}", self.bin.display()))
+    }
 }
 
 impl std::fmt::Debug for RoleProcess {
@@ -36,30 +72,36 @@ impl RoleProcess {
     ) -> RoleProcess {
         let dir = tempfile::tempdir().expect("a log directory");
         let log = dir.path().join(format!("{}.log", name.replace('/', "_")));
-        let file = std::fs::File::create(&log).expect("the log file");
-        let err = file.try_clone().expect("the log file again");
-        let bin = program.map_or_else(super::bin, std::path::Path::to_path_buf);
-        let mut cmd = Command::new(&bin);
-        cmd.args(args)
-            .env_clear()
-            .stdin(Stdio::null())
-            .stdout(file)
-            .stderr(err);
-        if let Some(path) = std::env::var_os("PATH") {
-            cmd.env("PATH", path);
-        }
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("{name}: cannot start {}: {e}", bin.display()));
+        let command = Launch {
+            bin: program.map_or_else(super::bin, std::path::Path::to_path_buf),
+            args: args.to_vec(),
+            env: env.to_vec(),
+        };
+        let child = command.spawn(name, &log);
         RoleProcess {
             name: name.to_string(),
             child,
             log,
+            command,
             _dir: dir,
         }
+    }
+
+    /// Kills the role with SIGKILL (no shutdown path of its own runs: what `kill -9`, the OOM
+    /// killer or a node agent's crash do) and starts it again as it was started, its log
+    /// continued in the same file.
+    pub(crate) fn kill_and_restart(&mut self) {
+        use std::os::unix::process::ExitStatusExt as _;
+        self.child.kill().expect("SIGKILL to the role");
+        let status = self.child.wait().expect("the killed role's status");
+        assert_eq!(
+            status.signal(),
+            Some(9),
+            "{} exited by itself ({status}) before it was killed; its log:\n{}",
+            self.name,
+            self.log()
+        );
+        self.child = self.command.spawn(&self.name, &self.log);
     }
 
     /// The role's name as given.

@@ -294,6 +294,29 @@ impl Kubelet {
         }
     }
 
+    /// Raw `GetDevicePluginOptions`: the plugin's options (a round trip that does no work of
+    /// the plugin's, the floor under every other call).
+    pub async fn device_plugin_options(
+        &self,
+        resource: &str,
+    ) -> anyhow::Result<DevicePluginOptions> {
+        let mut client = self.client(resource)?;
+        let response = tokio::time::timeout(
+            PLUGIN_CALL_TIMEOUT,
+            client.get_device_plugin_options(Empty {}),
+        )
+        .await
+        .context("GetDevicePluginOptions timed out")?
+        .map_err(|s| {
+            anyhow!(
+                "GetDevicePluginOptions failed: {}: {}",
+                s.code(),
+                s.message()
+            )
+        })?;
+        Ok(response.into_inner())
+    }
+
     /// Raw `PreStartContainer`.
     pub async fn pre_start_container(
         &self,
