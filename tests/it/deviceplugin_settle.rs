@@ -419,6 +419,47 @@ async fn containers_start_while_the_api_server_is_down_and_assigned_lands_after(
     c.stop().await;
 }
 
+/// The API server refuses every write to pod `answered` (503) from now on; its container of
+/// 4 units is then answered, on GPU 0.
+async fn answer_while_its_writes_are_refused(api: &ApiServer, kubelet: &Kubelet) {
+    api.inject(
+        Fault::new(
+            Some(http::Method::PATCH),
+            "/pods/answered",
+            FaultAction::Status(503),
+        )
+        .times(usize::MAX),
+    );
+    let (_, answered) = kubelet
+        .allocate_container(RESOURCE, "default", "answered", "main", 4)
+        .await
+        .expect("answered");
+    assert_eq!(gpu_of(&answered), "0");
+}
+
+/// After the plugin's restart: pod `next` (4 units, GPU 1) is answered on its own GPU, not
+/// matched to the container `answered` was given (which the API still shows unallocated, and
+/// older); then the API server takes writes again.
+async fn answer_next_on_its_own_gpu(api: &ApiServer, kubelet: &Kubelet) {
+    let (_, next) = kubelet
+        .allocate_container(RESOURCE, "default", "next", "main", 4)
+        .await
+        .expect("answered");
+    assert_eq!(
+        gpu_of(&next),
+        "1",
+        "the answered pod is not matched a second time"
+    );
+    api.clear_faults();
+}
+
+/// Whether the plugin has tried to write pod `answered`.
+fn write_tried(api: &ApiServer) -> bool {
+    api.requests()
+        .iter()
+        .any(|r| r.method == http::Method::PATCH && r.path.ends_with("/pods/answered"))
+}
+
 /// The plugin stops between its answer and the write of `ASSIGNED` (the API server refuses
 /// that pod's writes meanwhile): the restarted plugin finishes the write, and the next
 /// Allocate of the same size matches the other pod, not the answered one again.
@@ -428,41 +469,13 @@ async fn a_restart_between_an_answer_and_its_write_finishes_the_write_and_matche
     c.bound_pod("answered", &[("main", 4)], Some(0), 1);
     c.bound_pod("next", &[("main", 4)], Some(1), 2);
     watched(&c, &["answered", "next"]).await;
-    c.api.inject(
-        Fault::new(
-            Some(http::Method::PATCH),
-            "/pods/answered",
-            FaultAction::Status(503),
-        )
-        .times(usize::MAX),
-    );
-    let (_, answered) = c
-        .kubelet
-        .allocate_container(RESOURCE, "default", "answered", "main", 4)
-        .await
-        .expect("answered");
-    assert_eq!(gpu_of(&answered), "0");
-    c.wait_for("the write to be tried", |c| {
-        c.api
-            .requests()
-            .iter()
-            .any(|r| r.method == http::Method::PATCH && r.path.ends_with("/pods/answered"))
-    })
-    .await;
+    answer_while_its_writes_are_refused(&c.api, &c.kubelet).await;
+    c.wait_for("the write to be tried", |c| write_tried(&c.api))
+        .await;
     c.restart_plugin().await.expect("the plugin starts again");
     watched(&c, &["answered", "next"]).await;
     assert_eq!(c.annotations("answered")[wire::ANN_ASSIGNED], "false");
-    let (_, next) = c
-        .kubelet
-        .allocate_container(RESOURCE, "default", "next", "main", 4)
-        .await
-        .expect("answered");
-    assert_eq!(
-        gpu_of(&next),
-        "1",
-        "the answered pod is not matched a second time"
-    );
-    c.api.clear_faults();
+    answer_next_on_its_own_gpu(&c.api, &c.kubelet).await;
     c.wait_for("ASSIGNED=true on both pods", |c| {
         ["answered", "next"]
             .iter()
@@ -517,19 +530,7 @@ async fn a_device_plugin_killed_between_an_answer_and_its_write_finishes_it_afte
             .and_then(|p| p.metadata.annotations)
             .unwrap_or_default()
     };
-    api.inject(
-        Fault::new(
-            Some(http::Method::PATCH),
-            "/pods/answered",
-            FaultAction::Status(503),
-        )
-        .times(usize::MAX),
-    );
-    let (_, answered) = kubelet
-        .allocate_container(RESOURCE, "default", "answered", "main", 4)
-        .await
-        .expect("answered");
-    assert_eq!(gpu_of(&answered), "0");
+    answer_while_its_writes_are_refused(&api, &kubelet).await;
     let journal = || {
         std::fs::read_dir(&state)
             .map(|d| {
@@ -544,12 +545,8 @@ async fn a_device_plugin_killed_between_an_answer_and_its_write_finishes_it_afte
         1,
         "the answer is in the journal before kubelet has it"
     );
-    role.wait_for("the write to be tried", DEADLINE, || {
-        api.requests()
-            .iter()
-            .any(|r| r.method == http::Method::PATCH && r.path.ends_with("/pods/answered"))
-    })
-    .await;
+    role.wait_for("the write to be tried", DEADLINE, || write_tried(&api))
+        .await;
 
     let before = registrations(&kubelet);
     role.kill_and_restart();
@@ -562,16 +559,7 @@ async fn a_device_plugin_killed_between_an_answer_and_its_write_finishes_it_afte
         .await
         .expect("registered again");
     assert_eq!(annotations("answered")[wire::ANN_ASSIGNED], "false");
-    let (_, next) = kubelet
-        .allocate_container(RESOURCE, "default", "next", "main", 4)
-        .await
-        .expect("answered");
-    assert_eq!(
-        gpu_of(&next),
-        "1",
-        "the answered pod is not matched a second time after the kill"
-    );
-    api.clear_faults();
+    answer_next_on_its_own_gpu(&api, &kubelet).await;
     role.wait_for("ASSIGNED=true on both pods", DEADLINE, || {
         ["answered", "next"]
             .iter()
