@@ -183,6 +183,105 @@ fn bound_request(pod: &PodSnapshot) -> Option<Result<&PodGpuRequest, NotCandidat
     Some(Ok(request))
 }
 
+/// Why a GPU pod is not a candidate for an Allocate of some size (turned into words only when
+/// no pod matches: the hit path allocates nothing for the pods it passes over).
+enum Passed<'a> {
+    NotCandidate(NotCandidate),
+    Assigned(Option<bool>),
+    AllServed,
+    OtherSize(&'a str, GpuMem),
+    UnknownGpu(Option<u32>),
+}
+
+impl Passed<'_> {
+    fn reason(&self, units: GpuMem) -> String {
+        match self {
+            Passed::NotCandidate(why) => why.to_string(),
+            Passed::Assigned(Some(true)) => "already allocated (ASSIGNED=true)".to_string(),
+            Passed::Assigned(_) => "ALIYUN_COM_GPU_MEM_ASSIGNED is not \"false\"".to_string(),
+            Passed::AllServed => "every GPU container is already allocated".to_string(),
+            Passed::OtherSize(name, mem) => {
+                format!("next GPU container {name:?} requests {mem}, not {units}")
+            }
+            Passed::UnknownGpu(idx) => format!(
+                "ALIYUN_COM_GPU_MEM_IDX={} names no GPU of this node",
+                idx.map(|i| i.to_string()).unwrap_or_default()
+            ),
+        }
+    }
+}
+
+/// A pod whose next GPU container has the size asked for.
+struct Candidate<'a> {
+    pod: &'a PodSnapshot,
+    request: &'a PodGpuRequest,
+    next: &'a str,
+    gpu_index: u32,
+    /// Whether nothing of it is served yet (a half-allocated pod comes first).
+    fresh: bool,
+}
+
+impl Candidate<'_> {
+    /// The order among candidates: half allocated first, then the oldest assume time, then
+    /// namespace/name.
+    fn rank(&self) -> (bool, u64, &str, &str) {
+        (
+            self.fresh,
+            self.pod.annotations.assume_time_ns.unwrap_or(0),
+            &self.pod.namespace,
+            &self.pod.name,
+        )
+    }
+}
+
+/// Whether container `name` of `pod` is served: listed in its annotations or answered by this
+/// process.
+fn is_served(pod: &PodSnapshot, records: &Records, name: &str) -> bool {
+    pod.annotations
+        .allocated_containers
+        .iter()
+        .any(|c| c == name)
+        || records.containers_of(&pod.uid).any(|g| g.container == name)
+}
+
+/// Whether `pod` is a candidate for `units`, or why not (`None`: not a GPU pod).
+fn consider<'a>(
+    pod: &'a PodSnapshot,
+    records: &Records,
+    units: GpuMem,
+    gpu_known: &impl Fn(u32) -> bool,
+) -> Option<Result<Candidate<'a>, Passed<'a>>> {
+    let request = match bound_request(pod)? {
+        Err(why) => return Some(Err(Passed::NotCandidate(why))),
+        Ok(r) => r,
+    };
+    let ann = &pod.annotations;
+    if ann.assigned != Some(false) {
+        return Some(Err(Passed::Assigned(ann.assigned)));
+    }
+    let Some(next) = request
+        .all_containers()
+        .find(|c| !is_served(pod, records, &c.name))
+    else {
+        return Some(Err(Passed::AllServed));
+    };
+    if next.mem != units {
+        return Some(Err(Passed::OtherSize(&next.name, next.mem)));
+    }
+    let Some(gpu_index) = gpu_of(pod, records).filter(|i| gpu_known(*i)) else {
+        return Some(Err(Passed::UnknownGpu(ann.gpu_index)));
+    };
+    let fresh =
+        ann.allocated_containers.is_empty() && records.containers_of(&pod.uid).next().is_none();
+    Some(Ok(Candidate {
+        pod,
+        request,
+        next: &next.name,
+        gpu_index,
+        fresh,
+    }))
+}
+
 /// Finds the pod whose next GPU container asks for `units`; `gpu_known(idx)` says whether the
 /// node has GPU `idx`. On failure, every GPU pod considered with its reason (sorted by name).
 pub(crate) fn find_match<'a>(
@@ -191,85 +290,64 @@ pub(crate) fn find_match<'a>(
     units: GpuMem,
     gpu_known: impl Fn(u32) -> bool,
 ) -> Result<Match, Vec<NotMatched>> {
-    // (half allocated first, assume time, pod, match)
-    let mut found: Vec<(bool, u64, &PodSnapshot, Match)> = Vec::new();
-    let mut rejected = Vec::new();
+    let mut best: Option<Candidate<'a>> = None;
+    let mut passed: Vec<(&'a PodSnapshot, Passed<'a>)> = Vec::new();
     for pod in pods {
-        let reject = |reason: String| NotMatched {
-            pod: pod.key(),
-            reason,
-        };
-        let request = match bound_request(pod) {
-            None => continue,
+        match consider(pod, records, units, &gpu_known) {
+            None => {}
             Some(Err(why)) => {
-                rejected.push(reject(why.to_string()));
-                continue;
+                if best.is_none() {
+                    passed.push((pod, why));
+                }
             }
-            Some(Ok(r)) => r,
-        };
-        let ann = &pod.annotations;
-        if ann.assigned != Some(false) {
-            rejected.push(reject(match ann.assigned {
-                Some(true) => "already allocated (ASSIGNED=true)".to_string(),
-                _ => "ALIYUN_COM_GPU_MEM_ASSIGNED is not \"false\"".to_string(),
-            }));
-            continue;
+            Some(Ok(c)) => {
+                if best.as_ref().is_none_or(|b| c.rank() < b.rank()) {
+                    best = Some(c);
+                }
+            }
         }
-        let done = served(pod, records);
-        let mut remaining = request
-            .all_containers()
-            .filter(|c| !done.contains(c.name.as_str()));
-        let Some(next) = remaining.next() else {
-            rejected.push(reject(
-                "every GPU container is already allocated".to_string(),
-            ));
-            continue;
-        };
-        if next.mem != units {
-            rejected.push(reject(format!(
-                "next GPU container {:?} requests {}, not {}",
-                next.name, next.mem, units
-            )));
-            continue;
-        }
-        let Some(gpu_index) = gpu_of(pod, records).filter(|i| gpu_known(*i)) else {
-            rejected.push(reject(format!(
-                "ALIYUN_COM_GPU_MEM_IDX={} names no GPU of this node",
-                ann.gpu_index.map(|i| i.to_string()).unwrap_or_default()
-            )));
-            continue;
-        };
-        let complete = remaining.next().is_none();
-        let mut allocated_after: Vec<String> = request
-            .all_containers()
-            .filter(|c| done.contains(c.name.as_str()))
-            .map(|c| c.name.clone())
-            .collect();
-        allocated_after.push(next.name.clone());
-        found.push((
-            done.is_empty(),
-            ann.assume_time_ns.unwrap_or(0),
-            pod,
-            Match {
-                uid: pod.uid.clone(),
-                namespace: pod.namespace.clone(),
-                name: pod.name.clone(),
-                container: next.name.clone(),
-                units,
-                gpu_index,
-                pod_total: crate::core::pod_holding(Some(request), ann),
-                allocated_after,
-                complete,
-            },
-        ));
     }
-    match found.into_iter().min_by(|a, b| {
-        (a.0, a.1, &a.2.namespace, &a.2.name).cmp(&(b.0, b.1, &b.2.namespace, &b.2.name))
-    }) {
-        Some((_, _, _, m)) => Ok(m),
+    match best {
+        Some(c) => Ok(c.into_match(records, units)),
         None => {
+            let mut rejected: Vec<NotMatched> = passed
+                .into_iter()
+                .map(|(pod, why)| NotMatched {
+                    pod: pod.key(),
+                    reason: why.reason(units),
+                })
+                .collect();
             rejected.sort_by(|a, b| a.pod.cmp(&b.pod));
             Err(rejected)
+        }
+    }
+}
+
+impl Candidate<'_> {
+    /// The match of the chosen candidate (the only pod whose names are copied).
+    fn into_match(self, records: &Records, units: GpuMem) -> Match {
+        let pod = self.pod;
+        let mut allocated_after: Vec<String> = self
+            .request
+            .all_containers()
+            .filter(|c| is_served(pod, records, &c.name))
+            .map(|c| c.name.clone())
+            .collect();
+        allocated_after.push(self.next.to_string());
+        let mut remaining = self
+            .request
+            .all_containers()
+            .filter(|c| c.name != self.next && !is_served(pod, records, &c.name));
+        Match {
+            uid: pod.uid.clone(),
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            container: self.next.to_string(),
+            units,
+            gpu_index: self.gpu_index,
+            pod_total: crate::core::pod_holding(Some(self.request), &pod.annotations),
+            allocated_after,
+            complete: remaining.next().is_none(),
         }
     }
 }
