@@ -294,17 +294,9 @@ pub(crate) fn find_match<'a>(
     let mut passed: Vec<(&'a PodSnapshot, Passed<'a>)> = Vec::new();
     for pod in pods {
         match consider(pod, records, units, &gpu_known) {
-            None => {}
-            Some(Err(why)) => {
-                if best.is_none() {
-                    passed.push((pod, why));
-                }
-            }
-            Some(Ok(c)) => {
-                if best.as_ref().is_none_or(|b| c.rank() < b.rank()) {
-                    best = Some(c);
-                }
-            }
+            Some(Err(why)) if best.is_none() => passed.push((pod, why)),
+            Some(Ok(c)) if best.as_ref().is_none_or(|b| c.rank() < b.rank()) => best = Some(c),
+            _ => {}
         }
     }
     match best {
