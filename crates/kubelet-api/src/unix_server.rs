@@ -16,6 +16,13 @@
 //! authority becomes `localhost` (what kubelet 1.26+ sends); every other field, valid
 //! authorities included, is forwarded as decoded. Padding is dropped; priority is kept.
 //!
+//! A connection whose first header block needs no repair (kubelet 1.26+, tonic: a valid
+//! `:authority`) is forwarded byte for byte from that block on, the block included: h2 then
+//! decodes every block itself, with the client's own dynamic table, and the connection costs
+//! no HPACK work here (the hot path of every Allocate from a current kubelet). A client sends
+//! one `:authority` per connection (the target it dialled), so a connection that starts
+//! valid stays valid.
+//!
 //! What it does not do: judge the protocol. Input it cannot parse as HTTP/2 (no preface, a
 //! header block that does not decode, CONTINUATION out of place, a header block over
 //! [`MAX_HEADER_BLOCK`]) is forwarded from there on byte for byte, so h2 sees what the client
@@ -95,6 +102,9 @@ pub struct AuthorityRepair<S> {
     eof: bool,
     /// How many `:authority` values were replaced on this connection.
     replaced: u64,
+    /// Whether a header block was emitted re-encoded (then h2's dynamic table is not the
+    /// client's, and every later block must be re-encoded too).
+    reencoded: bool,
 }
 
 impl<S> std::fmt::Debug for AuthorityRepair<S> {
@@ -120,6 +130,7 @@ impl<S> AuthorityRepair<S> {
             decoder,
             eof: false,
             replaced: 0,
+            reencoded: false,
         }
     }
 
@@ -246,6 +257,17 @@ impl<S> AuthorityRepair<S> {
             self.stage = Stage::Raw;
             return;
         }
+        let needs_repair = fields
+            .iter()
+            .any(|(name, value)| name.as_slice() == b":authority" && !valid_authority(value));
+        if !needs_repair && !self.reencoded {
+            // Nothing to repair, and h2 has seen nothing re-encoded: the client's own bytes,
+            // and the connection from here on unchanged (module docs).
+            self.output.extend_from_slice(&block.raw);
+            self.stage = Stage::Raw;
+            return;
+        }
+        self.reencoded = true;
         let mut encoded = Vec::with_capacity(block.fragment.len() + 64);
         for (name, value) in &fields {
             let value: &[u8] = if name.as_slice() == b":authority" && !valid_authority(value) {
@@ -608,9 +630,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_valid_authority_padding_priority_and_continuation() {
+    async fn padding_priority_and_continuation_of_a_repaired_block() {
         let mut encoder = loona_hpack::Encoder::new();
-        let headers = request_headers(b"localhost");
+        let headers = request_headers(SOCKET);
         let block = encoder.encode(headers.iter().map(|(n, v)| (*n, v.as_slice())));
         let (a, b) = block.split_at(block.len() / 2);
         let mut payload = vec![3u8]; // pad length
@@ -626,9 +648,12 @@ mod tests {
         ));
         input.extend(frame(TYPE_CONTINUATION, FLAG_END_HEADERS, 5, b));
         let (out, replaced) = through(&input, 3).await;
-        assert_eq!(replaced, 0);
+        assert_eq!(replaced, 1);
         let blocks = header_blocks(&out);
-        assert_eq!(value(&blocks[0], b":authority"), Some(&b"localhost"[..]));
+        assert_eq!(
+            value(&blocks[0], b":authority"),
+            Some(REPLACEMENT_AUTHORITY)
+        );
         let f = frames(&out);
         assert_eq!(f.len(), 1, "one HEADERS frame");
         assert_eq!(
@@ -637,6 +662,61 @@ mod tests {
             "padding dropped, priority kept"
         );
         assert_eq!(&f[0].3[..5], &[0x80, 0, 0, 1, 16]);
+    }
+
+    /// A connection whose first block has a valid `:authority` (padding, priority and a
+    /// CONTINUATION included) passes byte for byte, that block and every frame after it.
+    #[tokio::test]
+    async fn a_connection_that_starts_with_a_valid_authority_passes_unchanged() {
+        let mut encoder = loona_hpack::Encoder::new();
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(0x4, 0, 0, &[]));
+        for stream in [1u32, 3] {
+            let headers = request_headers(b"localhost");
+            let block = encoder.encode(headers.iter().map(|(n, v)| (*n, v.as_slice())));
+            let (a, b) = block.split_at(block.len() / 2);
+            let mut payload = vec![3u8]; // pad length
+            payload.extend_from_slice(&[0x80, 0, 0, 1, 16]); // priority
+            payload.extend_from_slice(a);
+            payload.extend_from_slice(&[0, 0, 0]);
+            input.extend(frame(
+                TYPE_HEADERS,
+                FLAG_PADDED | FLAG_PRIORITY,
+                stream,
+                &payload,
+            ));
+            input.extend(frame(TYPE_CONTINUATION, FLAG_END_HEADERS, stream, b));
+            input.extend(frame(0x0, FLAG_END_STREAM, stream, b"\0\0\0\0\0"));
+        }
+        for step in [1, 3, 7, input.len()] {
+            let (out, replaced) = through(&input, step).await;
+            assert_eq!(replaced, 0, "step {step}");
+            assert_eq!(out, input, "step {step}: forwarded unchanged");
+        }
+    }
+
+    /// Once a block was re-encoded, every later block is re-encoded too, valid or not: h2's
+    /// dynamic table is no longer the client's.
+    #[tokio::test]
+    async fn after_a_repaired_block_valid_ones_are_reencoded_too() {
+        let mut encoder = loona_hpack::Encoder::new();
+        let mut input = PREFACE.to_vec();
+        for (stream, authority) in [(1u32, SOCKET), (3, &b"localhost"[..])] {
+            let headers = request_headers(authority);
+            let block = encoder.encode(headers.iter().map(|(n, v)| (*n, v.as_slice())));
+            input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, stream, &block));
+        }
+        let (out, replaced) = through(&input, 5).await;
+        assert_eq!(replaced, 1);
+        let blocks = header_blocks(&out);
+        assert_eq!(blocks.len(), 2);
+        for b in &blocks {
+            assert_eq!(value(b, b":authority"), Some(&b"localhost"[..]));
+            assert_eq!(
+                value(b, b":path"),
+                Some(&b"/v1beta1.DevicePlugin/Allocate"[..])
+            );
+        }
     }
 
     #[tokio::test]
