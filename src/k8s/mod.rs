@@ -6,6 +6,7 @@
 //! This module does not decide anything: placement lives in `core`, policy in the roles.
 
 pub mod client;
+pub mod decode;
 pub mod error_text;
 pub mod events;
 pub mod list_body;
@@ -13,6 +14,7 @@ pub mod project;
 pub mod reachable;
 pub mod retry;
 pub mod watch;
+pub(crate) mod watch_stream;
 pub(crate) mod watched_pod;
 pub mod write;
 
