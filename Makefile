@@ -121,13 +121,13 @@ static: ## fully static musl release binary (LTO, stripped); checks it is static
 	@$(MAKE) --no-print-directory check-static
 
 BIN_RUNNER ?=
-check-static: ## prove $(STATIC_BIN) is statically linked and under 24 MiB (BIN_RUNNER=skip: do not run it)
+check-static: ## prove $(STATIC_BIN) is statically linked and under 20 MiB (BIN_RUNNER=skip: do not run it)
 	@bin=$(STATIC_BIN); \
 	if readelf -l $$bin | grep -q 'INTERP'; then echo "static: $$bin has a PT_INTERP (dynamic)"; exit 1; fi; \
 	if readelf -d $$bin 2>/dev/null | grep -q NEEDED; then echo "static: $$bin needs shared libraries"; exit 1; fi; \
 	file $$bin | grep -Eq 'statically linked|static-pie linked' || { file $$bin; echo "static: file(1) does not say static"; exit 1; }; \
 	size=$$(stat -c %s $$bin); echo "static: $$bin is static, $$((size / 1024 / 1024)) MiB ($$size bytes)"; \
-	[ $$size -lt $$((24 * 1024 * 1024)) ] || { echo "static: over the 24 MiB budget"; exit 1; }; \
+	[ $$size -lt $$((20 * 1024 * 1024)) ] || { echo "static: over the 20 MiB budget (docs/performance.md)"; exit 1; }; \
 	if [ "$(BIN_RUNNER)" = skip ]; then echo "static: not running $$bin (no emulator; make qemu-arm64)"; else $(BIN_RUNNER) $$bin version; fi
 
 glibc: ## gpushare-glibc: glibc 2.17+ build with NVML (cargo-zigbuild; zig from PyPI)

@@ -34,7 +34,7 @@ const NAMESPACE: &str = "default";
 
 /// Creates the rewritten pod `name` asking `units` GiB (its template first).
 fn submit(api: &ApiServer, name: &str, units: u64) -> anyhow::Result<()> {
-    let pod: Pod = serde_json::from_value(json!({
+    let pod: Pod = crate::k8s::decode::from_value(&json!({
         "metadata": { "name": name, "namespace": NAMESPACE },
         "spec": { "containers": [{ "name": "main", "image": "nvidia/cuda:12.4.1-base-ubuntu22.04",
             "resources": { "limits": { "aliyun.com/gpu-mem": units.to_string() } } }] },

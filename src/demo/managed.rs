@@ -44,7 +44,7 @@ fn webhook_configuration(kind: &str, name: &str, path: &str) -> Value {
 }
 
 fn pod(name: &str, resources: Value) -> anyhow::Result<Pod> {
-    Ok(serde_json::from_value(json!({
+    Ok(crate::k8s::decode::from_value(&json!({
         "metadata": { "name": name },
         "spec": { "containers": [{ "name": "main", "image": "nvidia/cuda:12.4.1-base-ubuntu22.04",
                                    "resources": resources }] },

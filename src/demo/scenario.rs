@@ -424,12 +424,12 @@ async fn show_inspect(api: &ApiServer, out: &mut dyn Write, format: Format) -> a
     let nodes: Vec<Node> = api
         .list_objects("nodes", None)
         .into_iter()
-        .filter_map(|v| serde_json::from_value(v).ok())
+        .filter_map(|v| crate::k8s::decode::from_value(&v).ok())
         .collect();
     let pods: Vec<Pod> = api
         .list_objects("pods", None)
         .into_iter()
-        .filter_map(|v| serde_json::from_value(v).ok())
+        .filter_map(|v| crate::k8s::decode::from_value(&v).ok())
         .collect();
     let report = Report::from_cluster(&nodes, &pods, None);
     writeln!(
@@ -581,7 +581,7 @@ impl PlayedScheduler {
         let requested: u64 = api
             .list_objects("pods", None)
             .into_iter()
-            .filter_map(|v| serde_json::from_value::<Pod>(v).ok())
+            .filter_map(|v| crate::k8s::decode::from_value::<Pod>(&v).ok())
             .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(NODE))
             .filter(|p| !crate::k8s::pod_is_terminal(p))
             .filter_map(|p| crate::k8s::pod_gpu_request(&p).ok())

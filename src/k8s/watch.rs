@@ -222,7 +222,7 @@ pub async fn drive<K>(
         loop {
             let opened = tokio::select! {
                 _ = &mut stop => return,
-                opened = api.watch(&params, &version) => opened,
+                opened = super::watch_stream::open(&api, &params, &version) => opened,
             };
             let failure = match opened {
                 Err(e) => WatchError::WatchStart(e),
@@ -442,11 +442,11 @@ where
             let object = match reader.next_piece().map_err(WatchError::ListBody)? {
                 None => break,
                 Some(Piece::Metadata(bytes)) => {
-                    meta = serde_json::from_slice(bytes).map_err(WatchError::Decode)?;
+                    meta = super::decode::from_bytes(bytes).map_err(WatchError::Decode)?;
                     continue;
                 }
                 Some(Piece::Item(bytes)) => {
-                    serde_json::from_slice::<K>(bytes).map_err(WatchError::Decode)?
+                    super::decode::from_bytes::<K>(bytes).map_err(WatchError::Decode)?
                 }
             };
             on_event(Event::InitApply(object));

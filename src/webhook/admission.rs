@@ -169,7 +169,7 @@ pub(crate) fn pod_of(review: &ReviewRequest) -> Result<Result<Option<Pod>, Verdi
     if review.operation != "CREATE" || review.object.is_null() {
         return Ok(Ok(None));
     }
-    serde_json::from_value(review.object.clone())
+    crate::k8s::decode::from_value(&review.object)
         .map(|pod| Ok(Some(pod)))
         .map_err(|e| ReviewError::BadPod(e.to_string()))
 }

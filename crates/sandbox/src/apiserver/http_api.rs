@@ -1149,9 +1149,10 @@ fn review(shared: &Arc<Shared>, req: &Req, def: &ResourceDef) -> Result<(u16, Va
     }
 }
 
-/// One watch event line.
+/// One watch event line, `type` before `object` as the API server writes it (Go encodes the
+/// fields of its `WatchEvent` in order; a JSON map here would sort `object` first).
 fn event_line(kind: &str, object: &Value) -> Bytes {
-    let mut line = json!({ "type": kind, "object": object }).to_string();
+    let mut line = format!("{{\"type\":{},\"object\":{object}}}", Value::from(kind));
     line.push('\n');
     Bytes::from(line)
 }

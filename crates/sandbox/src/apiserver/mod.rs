@@ -728,14 +728,17 @@ impl ApiServer {
     }
 
     /// The stored object decoded as `K` (e.g. `k8s_openapi::api::core::v1::Pod`), or `None`
-    /// when missing or not decodable.
+    /// when missing or not decodable. Decoded from the object's text, as kube's client decodes
+    /// (`serde_json::from_str`): a caller's `K` then shares that decoder instead of compiling
+    /// one more for `serde_json::Value` (a Pod's is most of a megabyte of the binary).
     pub fn get_as<K: serde::de::DeserializeOwned>(
         &self,
         resource: &str,
         namespace: Option<&str>,
         name: &str,
     ) -> Option<K> {
-        serde_json::from_value(self.get_object(resource, namespace, name)?).ok()
+        let object = self.get_object(resource, namespace, name)?;
+        serde_json::from_str(&object.to_string()).ok()
     }
 
     /// All stored objects of `resource`, in one namespace or (`None`) all, ordered by
