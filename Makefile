@@ -107,8 +107,10 @@ fresh-clone: ## a fresh `git clone` of HEAD walked through `make test` (install 
 layers: ## the house rules (tools/house, syn only: builds in seconds): roles never import each other, the infrastructure ordered, no import cycle among the files of src/, core links nothing outside, no sandbox without `demo`, typed errors, tests share through support only, the front door in step with the subcommands
 	$(CARGO) test $(CI_FLAGS) -p gpushare-house
 
-lint: ## cargo fmt --check and clippy with warnings denied
+lint: ## cargo fmt --check, the fuzz workspace's lock file in step with ours, and clippy with warnings denied
 	$(CARGO) fmt --all -- --check
+	@$(CARGO) metadata --locked --format-version 1 --manifest-path fuzz/Cargo.toml >/dev/null || \
+	  { echo "lint: fuzz/Cargo.lock is stale (a dependency changed): run cargo check --manifest-path fuzz/Cargo.toml and commit it"; exit 1; }
 	$(CARGO) clippy $(CI_FLAGS) --workspace --all-targets -- -D warnings
 
 fmt: ## format the code
