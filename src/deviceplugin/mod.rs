@@ -510,6 +510,8 @@ async fn serve_sockets(
     plugin: &Arc<Plugin>,
     stop: &Shutdown,
 ) -> anyhow::Result<Vec<JoinHandle<()>>> {
+    // The device kinds are served on unix only (elsewhere the list stays as it is).
+    #[cfg_attr(not(unix), allow(unused_mut))]
     let mut tasks = vec![registration::serve(plugin.clone(), stop.clone()).await?];
     #[cfg(unix)]
     for kind in &plugin.agent.device_kinds().kinds {
