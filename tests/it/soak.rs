@@ -172,9 +172,33 @@ fn assert_no_overcommit(api: &ApiServer) {
     for (gpu, used) in annotated(api) {
         assert!(
             used <= GPU_UNITS,
-            "GPU {gpu:?} over-committed in the API: {used}"
+            "GPU {gpu:?} over-committed in the API: {used}; its pods:\n{}",
+            pods_on(api, &gpu)
         );
     }
+}
+
+/// The pods the API shows on `gpu`, one line each (name, units, assume time, version), for a
+/// failure message.
+fn pods_on(api: &ApiServer, gpu: &(String, u64)) -> String {
+    let mut lines = Vec::new();
+    for p in api.list_objects("pods", None) {
+        let a = &p["metadata"]["annotations"];
+        let idx = a["ALIYUN_COM_GPU_MEM_IDX"]
+            .as_str()
+            .and_then(|v| v.parse::<u64>().ok());
+        if p["spec"]["nodeName"].as_str() == Some(gpu.0.as_str()) && idx == Some(gpu.1) {
+            lines.push(format!(
+                "  {} units {} assumed {} rv {} phase {}",
+                p["metadata"]["name"],
+                a["ALIYUN_COM_GPU_MEM_POD"],
+                a["ALIYUN_COM_GPU_MEM_ASSUME_TIME"],
+                p["metadata"]["resourceVersion"],
+                p["status"]["phase"]
+            ));
+        }
+    }
+    lines.join("\n")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
