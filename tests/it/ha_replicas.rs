@@ -460,7 +460,10 @@ async fn a_bind_admitted_before_its_leader_stepped_down_writes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_binds_deadline_counts_from_its_admission_including_the_body() {
     let api = sandbox(1, 1, UNITS).await;
-    let config = extender_config(false);
+    // The budget is spent on the test's clock; a long one keeps a loaded machine's real time
+    // (the second bind's writes, a whole `make test` beside it) from spending it instead.
+    let mut config = extender_config(false);
+    config.extender.bind_timeout_ms = 5_000;
     let clock = AdjustableClock::new();
     let options = StartOptions {
         clock: Some(clock.clone()),
