@@ -176,6 +176,14 @@ pub async fn bind(
     if state.cache().slot(node).is_none() {
         return Err(BindError::NotForGpuShare(node.clone()));
     }
+    if state.cache().drop_found_over_capacity(&uid, node).is_some() {
+        tracing::info!(
+            pod = %format!("{ns}/{name}"), node = %node,
+            "the reservation found on the pod does not fit its GPU beside what is counted there \
+             (its annotation patch landed after its bind gave up, so no Binding backs it): \
+             reserving afresh"
+        );
+    }
     let reservation =
         match state
             .cache()

@@ -13,6 +13,13 @@
 //! (guarded by the pod's resourceVersion and the exact value, so a newer bind's reservation
 //! is never touched).
 //!
+//! A found reservation is backed by a Binding only if the annotation patch carrying it was
+//! answered before its writer's term (or life) ended: the writer sends the Binding after that
+//! answer, fenced by its term. A patch whose answer never came may still land later — after a
+//! successor began serving and gave the GPU to other pods. So a found reservation that does not
+//! fit its GPU beside what is counted there was never backed by a Binding: a bind of the pod
+//! drops it and reserves afresh instead of taking it over (`Cache::drop_found_over_capacity`).
+//!
 //! This module does not bind or finish binds (kube-scheduler retries the pod: its filter
 //! passes the reserved node and its bind there takes the reservation over, `bind`) and does
 //! not settle reservations that an owner task of this process holds (`bind` does).

@@ -478,6 +478,69 @@ async fn a_reservation_of_unknown_outcome_survives_a_restart() {
     ext.stop().await;
 }
 
+/// An annotation patch whose answer never came (the bind gave up on it and released the GPU)
+/// lands after a restart, when the restarted extender has given the GPU to another pod: the
+/// reservation it carries was never backed by a Binding, so the pod's retried bind must not
+/// take it over onto a GPU that cannot hold it (`make soak` over-committed this way).
+#[tokio::test]
+async fn a_late_patch_after_a_restart_cannot_take_a_gpu_given_away_meanwhile() {
+    let mut c = config();
+    c.extender.bind_timeout_ms = 300;
+    let env = Env::with_nodes(c.clone(), &[("n1", 1, 16)]).await;
+    let p = create(&env.api, pending_pod("p", "10"));
+    let hold = Hold::new();
+    env.api.inject(Fault::new(
+        Some(Method::PATCH),
+        "/pods/p",
+        FaultAction::ApplyOnRelease {
+            hold: hold.clone(),
+            answer: None,
+        },
+    ));
+    let (s, r) = bind(env.addr(), &p, "n1").await;
+    assert_eq!(s, 500, "{r}");
+    hold.wait_reached(1).await;
+    env.ext.stop().await;
+    let ext = extender_over(&env.api, &c).await;
+    // The restarted extender knows nothing of p: q gets the GPU.
+    let q = create(&env.api, pending_pod("q", "10"));
+    let (s, r) = bind(ext.addr, &q, "n1").await;
+    assert_eq!(s, 200, "{r}");
+    // The patch lands now, promising p the same GPU.
+    hold.release();
+    eventually("p's late patch lands", || async {
+        annotations(&env.api, "p").contains_key(gpushare::core::wire::POD_ANN_RESERVATION)
+    })
+    .await;
+    eventually("the restarted extender's watch shows it", || async {
+        let i = inspect(ext.addr).await;
+        i["nodes"].as_array().into_iter().flatten().any(|n| {
+            n["devs"].as_array().into_iter().flatten().any(|d| {
+                d["pods"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|p| p["name"] == "p")
+            })
+        })
+    })
+    .await;
+    // kube-scheduler retries p on the node its reservation names.
+    let (s, r) = bind(ext.addr, &p, "n1").await;
+    assert_eq!(s, 500, "p was bound onto q's GPU: {r}");
+    assert_eq!(bound_to(&env.api, "p"), None);
+    assert!(
+        annotated_per_gpu(&env.api).values().all(|u| *u <= 16),
+        "{:?}",
+        annotated_per_gpu(&env.api)
+    );
+    eventually("the ledger holds q alone", || async {
+        used(&inspect(ext.addr).await, "n1") == [10]
+    })
+    .await;
+    ext.stop().await;
+}
+
 /// A reservation found on a pod that never gets bound ends once the pod has stayed unbound
 /// for `extender.bind_settle_ms`, read from the API; its annotation is cleared.
 #[tokio::test]

@@ -603,6 +603,38 @@ impl Cache {
         })
     }
 
+    /// Drops the pod's own reservation found on it for `node` when its GPU cannot hold it
+    /// beside everything else counted there, marks its value settled (a watch event that still
+    /// shows it counts nothing) and returns the value; `None` when the pod holds no such
+    /// reservation. Such a reservation was never backed by a Binding (see
+    /// `reservations`): a bind takes it over only while it fits.
+    pub(crate) fn drop_found_over_capacity(&self, uid: &str, node: &str) -> Option<String> {
+        let mut pods = write(&self.pods);
+        let rec = pods.get(uid)?;
+        let Hold::Found { reservation, .. } = &rec.hold else {
+            return None;
+        };
+        if *rec.node != *node {
+            return None;
+        }
+        let mut map = write(&self.nodes);
+        let fits = map.get(node).is_some_and(|slot| {
+            read(&slot.entry)
+                .ledger
+                .gpus()
+                .get(rec.gpu as usize)
+                .is_some_and(|g| g.used <= g.total)
+        });
+        if fits {
+            return None;
+        }
+        let value: Arc<str> = reservation.clone();
+        let (key, rec) = pods.remove_entry(uid)?;
+        Self::unplace(&mut map, &key, &rec);
+        write(&self.released).insert(key, value.clone());
+        Some(value.to_string())
+    }
+
     /// The Binding landed: keep the reservation until the watch shows the pod bound.
     pub(crate) fn confirm(&self, uid: &str, token: u64) {
         if let Some(rec) = write(&self.pods).get_mut(uid)
