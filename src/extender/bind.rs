@@ -177,6 +177,13 @@ pub async fn bind(
         return Err(BindError::NotForGpuShare(node.clone()));
     }
     if state.cache().drop_found_over_capacity(&uid, node).is_some() {
+        state
+            .metrics()
+            .settled
+            .get_or_create(&SettleLabels {
+                outcome: "released",
+            })
+            .inc();
         tracing::info!(
             pod = %format!("{ns}/{name}"), node = %node,
             "the reservation found on the pod does not fit its GPU beside what is counted there \

@@ -529,6 +529,15 @@ async fn a_late_patch_after_a_restart_cannot_take_a_gpu_given_away_meanwhile() {
     let (s, r) = bind(ext.addr, &p, "n1").await;
     assert_eq!(s, 500, "p was bound onto q's GPU: {r}");
     assert_eq!(bound_to(&env.api, "p"), None);
+    assert_eq!(
+        metric(
+            ext.addr,
+            "gpushare_extender_reservations_settled_total{outcome=\"released\"}"
+        )
+        .await,
+        1.0,
+        "the dropped reservation is counted as released"
+    );
     assert!(
         annotated_per_gpu(&env.api).values().all(|u| *u <= 16),
         "{:?}",
