@@ -838,6 +838,37 @@ mod tests {
         assert_eq!(c.own_reservation("p"), None, "bound: no longer held for it");
     }
 
+    /// A found reservation that its GPU cannot hold beside what is counted there (its patch
+    /// landed after its bind gave up) is dropped, not taken over; one that fits stays.
+    #[test]
+    fn a_found_reservation_over_capacity_is_dropped_not_taken_over() {
+        let c = Cache::new();
+        c.apply_node("a", gpus(&[16, 16]));
+        let q = c
+            .reserve("q", "ns", "q", "a", GpuMem::new(10), GpuPolicy::Binpack)
+            .expect("q fits");
+        c.observe_pod(found("p", "a", q.gpu, 10, "late"));
+        assert_eq!(used(&c, "a")[q.gpu as usize], 20, "counted, over capacity");
+        assert_eq!(c.drop_found_over_capacity("p", "b"), None, "another node");
+        assert_eq!(
+            c.drop_found_over_capacity("p", "a").as_deref(),
+            Some("late")
+        );
+        assert_eq!(used(&c, "a")[q.gpu as usize], 10);
+        // A watch event still showing it counts nothing; the pod reserves afresh.
+        c.observe_pod(found("p", "a", q.gpu, 10, "late"));
+        assert_eq!(c.own_reservation("p"), None);
+        let r = c
+            .reserve("p", "ns", "p", "a", GpuMem::new(10), GpuPolicy::Binpack)
+            .expect("the other GPU");
+        assert_ne!(r.gpu, q.gpu);
+        assert!(r.taken_over.is_none());
+        // One that fits is left for the takeover.
+        c.observe_pod(found("s", "a", q.gpu, 6, "fits"));
+        assert_eq!(c.drop_found_over_capacity("s", "a"), None);
+        assert_eq!(c.own_reservation("s"), Some(("a".to_string(), q.gpu)));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_reservation_found_on_a_pod_counts_until_bound_deleted_or_expired() {
         let c = Cache::new();
