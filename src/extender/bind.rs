@@ -176,21 +176,7 @@ pub async fn bind(
     if state.cache().slot(node).is_none() {
         return Err(BindError::NotForGpuShare(node.clone()));
     }
-    if state.cache().drop_found_over_capacity(&uid, node).is_some() {
-        state
-            .metrics()
-            .settled
-            .get_or_create(&SettleLabels {
-                outcome: "released",
-            })
-            .inc();
-        tracing::info!(
-            pod = %format!("{ns}/{name}"), node = %node,
-            "the reservation found on the pod does not fit its GPU beside what is counted there \
-             (its annotation patch landed after its bind gave up, so no Binding backs it): \
-             reserving afresh"
-        );
-    }
+    drop_unbacked_found(state, &uid, ns, name, node);
     let reservation =
         match state
             .cache()
@@ -251,6 +237,28 @@ pub async fn bind(
                 node: node.clone(),
             })
         })
+}
+
+/// Drops the pod's own reservation found on it for `node` when its GPU cannot hold it beside
+/// what is counted there: no Binding backs it (its annotation patch landed after its bind gave
+/// up; see `reservations`), so this bind reserves afresh instead of taking it over.
+fn drop_unbacked_found(state: &ExtenderState, uid: &str, ns: &str, name: &str, node: &str) {
+    if state.cache().drop_found_over_capacity(uid, node).is_none() {
+        return;
+    }
+    state
+        .metrics()
+        .settled
+        .get_or_create(&SettleLabels {
+            outcome: "released",
+        })
+        .inc();
+    tracing::info!(
+        pod = %format!("{ns}/{name}"), node = %node,
+        "the reservation found on the pod does not fit its GPU beside what is counted there \
+         (its annotation patch landed after its bind gave up, so no Binding backs it): \
+         reserving afresh"
+    );
 }
 
 /// The pod `args` names, read from the API (retried until `deadline`), with its uid; refused
