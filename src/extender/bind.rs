@@ -42,7 +42,6 @@ use super::bind_owners::{Outcome, Ticket};
 use super::cache::{Reservation, ReserveError};
 use super::filter::pod_request;
 use super::leader::{Fenced, Ticket as Admission};
-use super::metrics::SettleLabels;
 use super::state::ExtenderState;
 use super::wire::BindingArgs;
 use crate::core::wire::POD_ANN_RESERVATION;
@@ -246,13 +245,7 @@ fn drop_unbacked_found(state: &ExtenderState, uid: &str, ns: &str, name: &str, n
     if state.cache().drop_found_over_capacity(uid, node).is_none() {
         return;
     }
-    state
-        .metrics()
-        .settled
-        .get_or_create(&SettleLabels {
-            outcome: "released",
-        })
-        .inc();
+    state.metrics().count_settled("released");
     tracing::info!(
         pod = %format!("{ns}/{name}"), node = %node,
         "the reservation found on the pod does not fit its GPU beside what is counted there \
@@ -483,11 +476,7 @@ impl Transient for Pending {
 
 fn finish_bound(job: &Job, tx: &watch::Sender<Outcome>) {
     let msg = job.bound_message();
-    job.state
-        .metrics()
-        .settled
-        .get_or_create(&SettleLabels { outcome: "bound" })
-        .inc();
+    job.state.metrics().count_settled("bound");
     emit_event(&job.state, &job.pod, REASON_BOUND, &msg, Severity::Normal);
     tx.send_replace(Outcome::Bound(msg));
 }
@@ -503,13 +492,7 @@ fn release(job: &Job, tx: &watch::Sender<Outcome>, why: &str, gone: bool) {
         cache.release(&job.uid, token)
     };
     if released {
-        job.state
-            .metrics()
-            .settled
-            .get_or_create(&SettleLabels {
-                outcome: "released",
-            })
-            .inc();
+        job.state.metrics().count_settled("released");
         tracing::info!(
             pod = %format!("{}/{}", job.namespace, job.name), node = %job.node,
             "reservation released: {why}"

@@ -114,6 +114,11 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Counts one reservation settled with `outcome` (`bound` or `released`).
+    pub(crate) fn count_settled(&self, outcome: &'static str) {
+        self.settled.get_or_create(&SettleLabels { outcome }).inc();
+    }
+
     /// Creates the metrics and registers them with `admin`.
     pub fn register(admin: &AdminState) -> Metrics {
         let m = Metrics {

@@ -80,13 +80,7 @@ async fn settle_one(state: &ExtenderState, uid: &str, namespace: &str, name: &st
         .is_some_and(|v| v == value);
     if !bound && carries && !crate::k8s::pod_is_terminal(&pod) {
         if state.cache().expire_found(uid, value) {
-            state
-                .metrics()
-                .settled
-                .get_or_create(&super::metrics::SettleLabels {
-                    outcome: "released",
-                })
-                .inc();
+            state.metrics().count_settled("released");
             tracing::info!(
                 pod = %format!("{namespace}/{name}"),
                 "reservation found on the pod released: it stayed unbound for extender.bind_settle_ms"

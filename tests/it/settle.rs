@@ -437,40 +437,53 @@ async fn a_late_annotation_patch_never_lands_over_a_later_bind() {
 
 // ---------------------------------------------------------------- durable reservations
 
-/// A Binding of unknown outcome survives a restart of the extender: the new process reads the
-/// reservation from the pod (node, GPU, since when) and counts it, so the GPU is not handed out
-/// again before the late Binding lands.
-#[tokio::test]
-async fn a_reservation_of_unknown_outcome_survives_a_restart() {
+/// Pod p (10 units) on one 16-unit GPU, whose bind answered 500 while `fault` (around a held
+/// apply) keeps one of its writes at the API server, then the extender restarted: the API
+/// server, p, the hold and the restarted extender.
+async fn held_across_a_restart(
+    fault: impl FnOnce(FaultAction) -> Fault,
+) -> (
+    ApiServer,
+    serde_json::Value,
+    Hold,
+    gpushare::extender::ExtenderHandle,
+) {
     let mut c = config();
     c.extender.bind_timeout_ms = 300;
     let env = Env::with_nodes(c.clone(), &[("n1", 1, 16)]).await;
     let p = create(&env.api, pending_pod("p", "10"));
     let hold = Hold::new();
-    env.api.inject(binding_fault(
-        "p",
-        FaultAction::ApplyOnRelease {
-            hold: hold.clone(),
-            answer: None,
-        },
-    ));
+    env.api.inject(fault(FaultAction::ApplyOnRelease {
+        hold: hold.clone(),
+        answer: None,
+    }));
     let (s, r) = bind(env.addr(), &p, "n1").await;
     assert_eq!(s, 500, "{r}");
     hold.wait_reached(1).await;
+    let Env { api, ext } = env;
+    ext.stop().await;
+    let ext = extender_over(&api, &c).await;
+    (api, p, hold, ext)
+}
+
+/// A Binding of unknown outcome survives a restart of the extender: the new process reads the
+/// reservation from the pod (node, GPU, since when) and counts it, so the GPU is not handed out
+/// again before the late Binding lands.
+#[tokio::test]
+async fn a_reservation_of_unknown_outcome_survives_a_restart() {
     // The process stops (a restart) with its Binding still held at the API server.
-    env.ext.stop().await;
-    let ext = extender_over(&env.api, &c).await;
-    let q = create(&env.api, pending_pod("q", "10"));
+    let (api, _p, hold, ext) = held_across_a_restart(|held| binding_fault("p", held)).await;
+    let q = create(&api, pending_pod("q", "10"));
     let (s, r) = bind(ext.addr, &q, "n1").await;
     assert_eq!(s, 500, "the restarted extender gave p's GPU away: {r}");
     assert_eq!(used(&inspect(ext.addr).await, "n1"), [10]);
     hold.release();
     eventually("p's late Binding lands", || async {
-        bound_to(&env.api, "p").as_deref() == Some("n1")
+        bound_to(&api, "p").as_deref() == Some("n1")
     })
     .await;
-    assert_eq!(bound_to(&env.api, "q"), None);
-    assert!(annotated_per_gpu(&env.api).values().all(|u| *u <= 16));
+    assert_eq!(bound_to(&api, "q"), None);
+    assert!(annotated_per_gpu(&api).values().all(|u| *u <= 16));
     eventually("the ledger holds p once", || async {
         used(&inspect(ext.addr).await, "n1") == [10]
     })
@@ -484,32 +497,16 @@ async fn a_reservation_of_unknown_outcome_survives_a_restart() {
 /// take it over onto a GPU that cannot hold it (`make soak` over-committed this way).
 #[tokio::test]
 async fn a_late_patch_after_a_restart_cannot_take_a_gpu_given_away_meanwhile() {
-    let mut c = config();
-    c.extender.bind_timeout_ms = 300;
-    let env = Env::with_nodes(c.clone(), &[("n1", 1, 16)]).await;
-    let p = create(&env.api, pending_pod("p", "10"));
-    let hold = Hold::new();
-    env.api.inject(Fault::new(
-        Some(Method::PATCH),
-        "/pods/p",
-        FaultAction::ApplyOnRelease {
-            hold: hold.clone(),
-            answer: None,
-        },
-    ));
-    let (s, r) = bind(env.addr(), &p, "n1").await;
-    assert_eq!(s, 500, "{r}");
-    hold.wait_reached(1).await;
-    env.ext.stop().await;
-    let ext = extender_over(&env.api, &c).await;
+    let (api, p, hold, ext) =
+        held_across_a_restart(|held| Fault::new(Some(Method::PATCH), "/pods/p", held)).await;
     // The restarted extender knows nothing of p: q gets the GPU.
-    let q = create(&env.api, pending_pod("q", "10"));
+    let q = create(&api, pending_pod("q", "10"));
     let (s, r) = bind(ext.addr, &q, "n1").await;
     assert_eq!(s, 200, "{r}");
     // The patch lands now, promising p the same GPU.
     hold.release();
     eventually("p's late patch lands", || async {
-        annotations(&env.api, "p").contains_key(gpushare::core::wire::POD_ANN_RESERVATION)
+        annotations(&api, "p").contains_key(gpushare::core::wire::POD_ANN_RESERVATION)
     })
     .await;
     eventually("the restarted extender's watch shows it", || async {
@@ -528,7 +525,7 @@ async fn a_late_patch_after_a_restart_cannot_take_a_gpu_given_away_meanwhile() {
     // kube-scheduler retries p on the node its reservation names.
     let (s, r) = bind(ext.addr, &p, "n1").await;
     assert_eq!(s, 500, "p was bound onto q's GPU: {r}");
-    assert_eq!(bound_to(&env.api, "p"), None);
+    assert_eq!(bound_to(&api, "p"), None);
     assert_eq!(
         metric(
             ext.addr,
@@ -539,9 +536,9 @@ async fn a_late_patch_after_a_restart_cannot_take_a_gpu_given_away_meanwhile() {
         "the dropped reservation is counted as released"
     );
     assert!(
-        annotated_per_gpu(&env.api).values().all(|u| *u <= 16),
+        annotated_per_gpu(&api).values().all(|u| *u <= 16),
         "{:?}",
-        annotated_per_gpu(&env.api)
+        annotated_per_gpu(&api)
     );
     eventually("the ledger holds q alone", || async {
         used(&inspect(ext.addr).await, "n1") == [10]
