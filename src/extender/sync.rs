@@ -264,6 +264,9 @@ async fn watch_pods(
     let api: Api<WatchedPod> = Api::all(state.client().clone());
     let mut seen: HashSet<String> = HashSet::new();
     let mut mark = 0;
+    // Past this spawn's first list (the watches are spawned again when this replica wins the
+    // lease): a reservation first seen now was written after this term began.
+    let mut listed = false;
     let metrics = state.metrics().clone();
     // Fresh: the ledger counts every pod bound before this process started or won the lease
     // (a list of the watch cache at the collection's current version, one answer).
@@ -283,7 +286,7 @@ async fn watch_pods(
             Event::InitApply(WatchedPod(pod)) => {
                 if let Some(f) = pod_facts(&pod, bad) {
                     seen.insert(f.uid.clone());
-                    cache.observe_pod(f);
+                    observe(&state, f, listed);
                 }
             }
             Event::InitDone => {
@@ -292,11 +295,12 @@ async fn watch_pods(
                     tracing::info!(dropped, "pods gone while the watch was down");
                 }
                 seen = HashSet::new();
+                listed = true;
                 tx.send_modify(|f| f.pods = true);
             }
             Event::Apply(WatchedPod(pod)) => {
                 if let Some(f) = pod_facts(&pod, bad) {
-                    cache.observe_pod(f);
+                    observe(&state, f, listed);
                 }
             }
             Event::Delete(WatchedPod(pod)) => {
@@ -307,6 +311,25 @@ async fn watch_pods(
         }
     })
     .await;
+}
+
+/// Applies one pod's facts; `listed`: seen after this spawn's first list. While serving, a
+/// reservation first seen after that list is backed by nothing (see `reservations`): it is
+/// settled at once, logged and counted as released.
+fn observe(state: &ExtenderState, facts: PodFacts, listed: bool) {
+    if !(listed && state.is_serving()) {
+        state.cache().observe_pod(facts);
+        return;
+    }
+    let pod = format!("{}/{}", facts.namespace, facts.name);
+    if state.cache().observe_pod_after_list(facts).unbacked {
+        state.metrics().count_settled("released");
+        tracing::info!(
+            pod = %pod,
+            "a reservation written on the pod after this term began (a late annotation patch of \
+             a bind that gave up) is backed by no Binding: not counted"
+        );
+    }
 }
 
 async fn watch_nodes(

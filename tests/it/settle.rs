@@ -437,7 +437,23 @@ async fn a_late_annotation_patch_never_lands_over_a_later_bind() {
 
 // ---------------------------------------------------------------- durable reservations
 
-/// Pod p (10 units) on one 16-unit GPU, whose bind answered 500 while `fault` (around a held
+/// Returns once the extender at `addr` has applied every pod event up to now: it creates a
+/// bound pod of 4 units on `n2` (GPU 0, empty before) and waits for the ledger to count it (one
+/// watch, in the API server's order).
+async fn watch_past_now(api: &ApiServer, addr: SocketAddr) {
+    let mut marker = pending_pod("marker", "4");
+    marker["spec"]["nodeName"] = json!("n2");
+    marker["metadata"]["annotations"] = json!({"ALIYUN_COM_GPU_MEM_IDX": "0",
+        "ALIYUN_COM_GPU_MEM_POD": "4", "ALIYUN_COM_GPU_MEM_ASSIGNED": "true"});
+    marker["status"] = json!({"phase": "Running"});
+    create(api, marker);
+    eventually("the extender's watch is past the marker pod", || async {
+        used(&inspect(addr).await, "n2") == [4]
+    })
+    .await;
+}
+
+/// Pod p (10 units) on a one-GPU node n1 (16 units; n2 beside it, the same), whose bind answered 500 while `fault` (around a held
 /// apply) keeps one of its writes at the API server, then the extender restarted: the API
 /// server, p, the hold and the restarted extender.
 async fn held_across_a_restart(
@@ -450,7 +466,7 @@ async fn held_across_a_restart(
 ) {
     let mut c = config();
     c.extender.bind_timeout_ms = 300;
-    let env = Env::with_nodes(c.clone(), &[("n1", 1, 16)]).await;
+    let env = Env::with_nodes(c.clone(), &[("n1", 1, 16), ("n2", 1, 16)]).await;
     let p = create(&env.api, pending_pod("p", "10"));
     let hold = Hold::new();
     env.api.inject(fault(FaultAction::ApplyOnRelease {
@@ -509,19 +525,7 @@ async fn a_late_patch_after_a_restart_cannot_take_a_gpu_given_away_meanwhile() {
         annotations(&api, "p").contains_key(gpushare::core::wire::POD_ANN_RESERVATION)
     })
     .await;
-    eventually("the restarted extender's watch shows it", || async {
-        let i = inspect(ext.addr).await;
-        i["nodes"].as_array().into_iter().flatten().any(|n| {
-            n["devs"].as_array().into_iter().flatten().any(|d| {
-                d["pods"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|p| p["name"] == "p")
-            })
-        })
-    })
-    .await;
+    watch_past_now(&api, ext.addr).await;
     // kube-scheduler retries p on the node its reservation names.
     let (s, r) = bind(ext.addr, &p, "n1").await;
     assert_eq!(s, 500, "p was bound onto q's GPU: {r}");
@@ -542,6 +546,76 @@ async fn a_late_patch_after_a_restart_cannot_take_a_gpu_given_away_meanwhile() {
     );
     eventually("the ledger holds q alone", || async {
         used(&inspect(ext.addr).await, "n1") == [10]
+    })
+    .await;
+    ext.stop().await;
+}
+
+/// Two writes of two pods held across a restart, on one GPU: p's annotation patch (never
+/// answered, so no Binding follows it) and b's Binding (its patch answered: b's reservation is
+/// on the pod when the new process lists). The new process gives p's room to c; p's patch
+/// lands after that list. b's retried bind must take b's own reservation over (its Binding may
+/// land any moment), and p must get nothing there: p's reservation, first seen after the list,
+/// was written after the old process's life, so nothing backs it.
+#[tokio::test]
+async fn a_reservation_first_seen_after_the_list_never_outranks_one_the_list_showed() {
+    let mut c = config();
+    c.extender.bind_timeout_ms = 300;
+    let env = Env::with_nodes(c.clone(), &[("n1", 1, 16), ("n2", 1, 16)]).await;
+    let held = |api: &ApiServer, fault: Fault| {
+        api.inject(fault);
+    };
+    let p = create(&env.api, pending_pod("p", "8"));
+    let b = create(&env.api, pending_pod("b", "8"));
+    let (hold_p, hold_b) = (Hold::new(), Hold::new());
+    let on_release = |hold: &Hold| FaultAction::ApplyOnRelease {
+        hold: hold.clone(),
+        answer: None,
+    };
+    held(
+        &env.api,
+        Fault::new(Some(Method::PATCH), "/pods/p", on_release(&hold_p)),
+    );
+    held(&env.api, binding_fault("b", on_release(&hold_b)));
+    let (s, r) = bind(env.addr(), &p, "n1").await;
+    assert_eq!(s, 500, "{r}");
+    let (s, r) = bind(env.addr(), &b, "n1").await;
+    assert_eq!(s, 500, "{r}");
+    hold_p.wait_reached(1).await;
+    hold_b.wait_reached(1).await;
+    let Env { api, ext } = env;
+    ext.stop().await;
+    let ext = extender_over(&api, &c).await;
+    let q = create(&api, pending_pod("c", "8"));
+    let (s, r) = bind(ext.addr, &q, "n1").await;
+    assert_eq!(s, 200, "c takes the room b's reservation leaves: {r}");
+    hold_p.release();
+    eventually("p's late patch lands", || async {
+        annotations(&api, "p").contains_key(gpushare::core::wire::POD_ANN_RESERVATION)
+    })
+    .await;
+    // Once the new process's watch is past p's patch:
+    watch_past_now(&api, ext.addr).await;
+    // kube-scheduler retries b, then p.
+    let (s, r) = bind(ext.addr, &b, "n1").await;
+    assert_eq!(s, 200, "b's own reservation, listed after the restart: {r}");
+    let (s, r) = bind(ext.addr, &p, "n1").await;
+    assert_eq!(s, 500, "p was bound onto a full GPU: {r}");
+    hold_b.release();
+    eventually("b's held Binding reached the API server", || async {
+        api.late_in_flight() == 0
+    })
+    .await;
+    assert_eq!(bound_to(&api, "b").as_deref(), Some("n1"));
+    assert_eq!(bound_to(&api, "p"), None);
+    assert_eq!(
+        annotated_per_gpu(&api).get(&("n1".to_string(), "0".to_string())),
+        Some(&16),
+        "{:?}",
+        annotated_per_gpu(&api)
+    );
+    eventually("the ledger holds b and c", || async {
+        used(&inspect(ext.addr).await, "n1") == [16]
     })
     .await;
     ext.stop().await;

@@ -83,6 +83,16 @@ pub struct PodFacts {
     pub reservation: Option<String>,
 }
 
+/// What [`Cache::observe_pod_after_list`] did with a pod event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Observed {
+    /// The pod is counted now.
+    pub counted: bool,
+    /// The event showed a reservation first seen after this term's first list, settled as
+    /// backed by nothing.
+    pub unbacked: bool,
+}
+
 /// Why a record is in the index.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Hold {
@@ -309,9 +319,25 @@ impl Cache {
 
     /// Applies what a pod event says. Returns whether the pod is now counted.
     pub fn observe_pod(&self, facts: PodFacts) -> bool {
+        self.observe(facts, false).counted
+    }
+
+    /// Applies what a pod event says, seen after the first list of pods of this serving term
+    /// (its watch's events, and its later re-lists): a reservation value not known yet was
+    /// written after this term began, when the process that wrote it could no longer send its
+    /// Binding (see `reservations`), so nothing backs it: it is settled at once, never counted.
+    pub(crate) fn observe_pod_after_list(&self, facts: PodFacts) -> Observed {
+        self.observe(facts, true)
+    }
+
+    fn observe(&self, facts: PodFacts, after_list: bool) -> Observed {
+        let counted = |counted| Observed {
+            counted,
+            unbacked: false,
+        };
         let mut pods = write(&self.pods);
         if read(&self.gone).contains_key(facts.uid.as_str()) {
-            return false;
+            return counted(false);
         }
         let mut map = write(&self.nodes);
         let key: Uid = match pods.get_key_value(facts.uid.as_str()) {
@@ -325,13 +351,26 @@ impl Cache {
                 .get(&key)
                 .is_some_and(|v| **v == **value)
             {
-                return pods.contains_key(&key);
+                return counted(pods.contains_key(&key));
             }
             match pods.get(&key).map(|r| &r.hold) {
                 // Ours (its owner settles it), or known bound (never unbound again).
-                Some(Hold::Reserved { .. } | Hold::Observed) => return true,
-                Some(Hold::Found { reservation, .. }) if **reservation == **value => return true,
+                Some(Hold::Reserved { .. } | Hold::Observed) => return counted(true),
+                Some(Hold::Found { reservation, .. }) if **reservation == **value => {
+                    return counted(true);
+                }
                 _ => {}
+            }
+            if after_list {
+                write(&self.released).insert(key.clone(), Arc::from(value.as_str()));
+                // A reservation found earlier that the pod no longer carries is over too.
+                if let Some(rec) = pods.remove(&key) {
+                    Self::unplace(&mut map, &key, &rec);
+                }
+                return Observed {
+                    counted: false,
+                    unbacked: true,
+                };
             }
             hold = Hold::Found {
                 reservation: Arc::from(value.as_str()),
@@ -349,14 +388,14 @@ impl Cache {
                     && let Some(rec) = pods.remove(&key)
                 {
                     Self::unplace(&mut map, &key, &rec);
-                    return false;
+                    return counted(false);
                 }
-                return pods.contains_key(&key);
+                return counted(pods.contains_key(&key));
             }
             if let Some(rec) = pods.remove(&key) {
                 Self::unplace(&mut map, &key, &rec);
             }
-            return false;
+            return counted(false);
         };
         if let Some(old) = pods.get(&key).cloned()
             && *old.node != *p.node
@@ -388,7 +427,7 @@ impl Cache {
                 hold,
             },
         );
-        true
+        counted(true)
     }
 
     /// The pod is gone (watch delete): release whatever it held, reservations included.
@@ -836,6 +875,38 @@ mod tests {
         assert!(c.holds("p", r.token));
         c.confirm("p", r.token);
         assert_eq!(c.own_reservation("p"), None, "bound: no longer held for it");
+    }
+
+    /// After this term's first list, a reservation value not known yet is backed by nothing:
+    /// never counted, and a later event or re-list showing it counts nothing either; one known
+    /// from the list still counts.
+    #[test]
+    fn a_reservation_first_seen_after_the_list_is_not_counted() {
+        let c = Cache::new();
+        c.apply_node("a", gpus(&[16]));
+        c.observe_pod(found("b", "a", 0, 8, "listed"));
+        let seen = c.observe_pod_after_list(found("b", "a", 0, 8, "listed"));
+        assert_eq!(
+            seen,
+            Observed {
+                counted: true,
+                unbacked: false
+            }
+        );
+        let late = c.observe_pod_after_list(found("p", "a", 0, 8, "late"));
+        assert_eq!(
+            late,
+            Observed {
+                counted: false,
+                unbacked: true
+            }
+        );
+        assert_eq!(used(&c, "a"), [8]);
+        assert!(!c.observe_pod(found("p", "a", 0, 8, "late")), "a re-list");
+        assert_eq!(c.own_reservation("p"), None);
+        // The pod bound later is an ordinary pod.
+        assert!(c.observe_pod_after_list(facts("p", "a", 0, 8)).counted);
+        assert_eq!(used(&c, "a"), [16]);
     }
 
     /// A found reservation that its GPU cannot hold beside what is counted there (its patch
