@@ -317,7 +317,9 @@ async fn watch_pods(
 /// reservation first seen after that list is backed by nothing (see `reservations`): it is
 /// settled at once, logged and counted as released.
 fn observe(state: &ExtenderState, facts: PodFacts, listed: bool) {
-    if !(listed && state.is_serving()) {
+    // Only an unbound pod carrying a reservation can be unbacked: every other event (nearly
+    // all of them) takes the plain path, with nothing formatted.
+    if !(listed && facts.reservation.is_some() && state.is_serving()) {
         state.cache().observe_pod(facts);
         return;
     }

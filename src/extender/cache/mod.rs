@@ -362,11 +362,8 @@ impl Cache {
                 _ => {}
             }
             if after_list {
-                write(&self.released).insert(key.clone(), Arc::from(value.as_str()));
                 // A reservation found earlier that the pod no longer carries is over too.
-                if let Some(rec) = pods.remove(&key) {
-                    Self::unplace(&mut map, &key, &rec);
-                }
+                self.settle_found(&mut pods, &mut map, &key, Arc::from(value.as_str()));
                 return Observed {
                     counted: false,
                     unbacked: true,
@@ -428,6 +425,22 @@ impl Cache {
             },
         );
         counted(true)
+    }
+
+    /// Ends `key`'s record (a found reservation settled as backed by nothing, or expired) and
+    /// marks `value` settled, so a watch event that still shows it counts nothing. Both locks
+    /// held by the caller (index, then map).
+    fn settle_found(
+        &self,
+        pods: &mut HashMap<Uid, PodRecord>,
+        map: &mut HashMap<Arc<str>, Arc<NodeSlot>>,
+        key: &Uid,
+        value: Arc<str>,
+    ) {
+        write(&self.released).insert(key.clone(), value);
+        if let Some(rec) = pods.remove(key) {
+            Self::unplace(map, key, &rec);
+        }
     }
 
     /// The pod is gone (watch delete): release whatever it held, reservations included.
@@ -668,9 +681,8 @@ impl Cache {
             return None;
         }
         let value: Arc<str> = reservation.clone();
-        let (key, rec) = pods.remove_entry(uid)?;
-        Self::unplace(&mut map, &key, &rec);
-        write(&self.released).insert(key, value.clone());
+        let key = pods.get_key_value(uid)?.0.clone();
+        self.settle_found(&mut pods, &mut map, &key, value.clone());
         Some(value.to_string())
     }
 
@@ -752,11 +764,11 @@ impl Cache {
         ) {
             return false;
         }
-        write(&self.released).insert(Arc::from(uid), Arc::from(value));
-        if let Some((key, rec)) = pods.remove_entry(uid) {
-            let mut map = write(&self.nodes);
-            Self::unplace(&mut map, &key, &rec);
-        }
+        let Some(key) = pods.get_key_value(uid).map(|(k, _)| k.clone()) else {
+            return false;
+        };
+        let mut map = write(&self.nodes);
+        self.settle_found(&mut pods, &mut map, &key, Arc::from(value));
         true
     }
 
