@@ -88,8 +88,7 @@ pub struct PodFacts {
 pub(crate) struct Observed {
     /// The pod is counted now.
     pub counted: bool,
-    /// The event showed a reservation first seen after this term's first list, settled as
-    /// backed by nothing.
+    /// It showed a reservation first seen after the term's first list: backed by nothing.
     pub unbacked: bool,
 }
 
@@ -322,19 +321,15 @@ impl Cache {
         self.observe(facts, false).counted
     }
 
-    /// Applies what a pod event says, seen after the first list of pods of this serving term
-    /// (its watch's events, and its later re-lists): a reservation value not known yet was
-    /// written after this term began, when the process that wrote it could no longer send its
-    /// Binding (see `reservations`), so nothing backs it: it is settled at once, never counted.
+    /// [`Cache::observe_pod`] after the serving term's first list of pods: a reservation value
+    /// not known yet is backed by nothing (`reservations`), settled at once, never counted.
     pub(crate) fn observe_pod_after_list(&self, facts: PodFacts) -> Observed {
         self.observe(facts, true)
     }
 
     fn observe(&self, facts: PodFacts, after_list: bool) -> Observed {
-        let counted = |counted| Observed {
-            counted,
-            unbacked: false,
-        };
+        let unbacked = false;
+        let counted = |counted| Observed { counted, unbacked };
         let mut pods = write(&self.pods);
         if read(&self.gone).contains_key(facts.uid.as_str()) {
             return counted(false);
@@ -427,9 +422,8 @@ impl Cache {
         counted(true)
     }
 
-    /// Ends `key`'s record (a found reservation settled as backed by nothing, or expired) and
-    /// marks `value` settled, so a watch event that still shows it counts nothing. Both locks
-    /// held by the caller (index, then map).
+    /// Ends `key`'s found reservation `value` for good (no later event counts it again); the
+    /// caller holds both locks (index, then map).
     fn settle_found(
         &self,
         pods: &mut HashMap<Uid, PodRecord>,
@@ -655,11 +649,8 @@ impl Cache {
         })
     }
 
-    /// Drops the pod's own reservation found on it for `node` when its GPU cannot hold it
-    /// beside everything else counted there, marks its value settled (a watch event that still
-    /// shows it counts nothing) and returns the value; `None` when the pod holds no such
-    /// reservation. Such a reservation was never backed by a Binding (see
-    /// `reservations`): a bind takes it over only while it fits.
+    /// Drops (settles) the pod's own reservation found on it for `node` if its GPU cannot hold
+    /// it beside what is counted there, returning its value: no Binding backs it (`reservations`).
     pub(crate) fn drop_found_over_capacity(&self, uid: &str, node: &str) -> Option<String> {
         let mut pods = write(&self.pods);
         let rec = pods.get(uid)?;
