@@ -9,8 +9,9 @@
 //!   keeps it until the watch shows the pod bound;
 //! - the API refused every try for certain (answered errors only, nothing in flight), or shows
 //!   the pod deleted, replaced or bound elsewhere: released;
-//! - otherwise (a try timed out, a connection dropped, an answer was lost) the outcome is
-//!   UNKNOWN: the reservation stays, and the owner reads the pod until the API settles it —
+//! - otherwise (a try of the annotation patch or of the Binding timed out, a connection
+//!   dropped, an answer was lost) the outcome is UNKNOWN — a patch that may still land carries
+//!   the durable reservation, so it is in doubt like a Binding: the reservation stays, and the owner reads the pod until the API settles it —
 //!   bound here (confirmed), gone or bound elsewhere (released), still unbound: it finishes
 //!   the bind itself (same GPU, same annotations; a 409 is checked against the pod), and
 //!   releases only once the pod has stayed unbound for `extender.bind_settle_ms` after the
@@ -28,6 +29,7 @@
 //! pod this one was copied from) are removed.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -94,7 +96,8 @@ enum Attempt {
     /// Nothing of this round can land. `definitive`: the pod's state rules out any earlier
     /// round landing too (deleted, replaced, bound elsewhere).
     Refused { why: String, definitive: bool },
-    /// A Binding may or may not have landed.
+    /// A write of this round (the Binding, or the patch carrying the reservation) may or may
+    /// not have landed.
     Unknown(String),
 }
 
@@ -554,10 +557,20 @@ async fn attempt(job: &Job, deadline: Instant) -> Attempt {
         job.pod.metadata.annotations.clone(),
         job.pod.metadata.resource_version.clone(),
     ));
+    // A try whose answer was lost, or that the deadline cut off in flight, may still land (it
+    // carries the durable reservation): the round is then in doubt even if a later try was
+    // refused.
+    let (patch_lost, patch_in_flight) = (AtomicBool::new(false), AtomicBool::new(false));
     let patched = with_retry(state, deadline, || async {
         let (annotations, rv) = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let changes = clean_slate(annotations.as_ref(), patch.clone());
-        match patch_pod_annotation_changes(client, ns, name, &changes, rv.as_deref()).await {
+        patch_in_flight.store(true, Ordering::Relaxed);
+        let r = patch_pod_annotation_changes(client, ns, name, &changes, rv.as_deref()).await;
+        patch_in_flight.store(false, Ordering::Relaxed);
+        if matches!(&r, Err(e) if may_have_landed(e)) {
+            patch_lost.store(true, Ordering::Relaxed);
+        }
+        match r {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 // The pod changed since it was read: read it again.
@@ -587,7 +600,9 @@ async fn attempt(job: &Job, deadline: Instant) -> Attempt {
     })
     .await;
     if let Err(e) = patched {
-        return patch_refused(&e, ns, name);
+        let in_doubt =
+            patch_lost.load(Ordering::Relaxed) || patch_in_flight.load(Ordering::Relaxed);
+        return patch_failed(&e, in_doubt, ns, name);
     }
     // FENCE (issue 18): checked again right before the Binding.
     if let Some(f) = fenced(job) {
@@ -596,11 +611,11 @@ async fn attempt(job: &Job, deadline: Instant) -> Attempt {
             definitive: false,
         };
     }
-    let in_doubt = std::sync::atomic::AtomicBool::new(false);
+    let in_doubt = AtomicBool::new(false);
     let bound = with_retry(state, deadline, || async {
         let r = bind_pod(client, ns, name, uid, node).await;
         if matches!(&r, Err(e) if may_have_landed(e)) {
-            in_doubt.store(true, std::sync::atomic::Ordering::Relaxed);
+            in_doubt.store(true, Ordering::Relaxed);
         }
         match r {
             Ok(()) => Ok(()),
@@ -638,9 +653,7 @@ async fn attempt(job: &Job, deadline: Instant) -> Attempt {
             definitive: true,
         },
         Err(e @ CallError::Timeout) => Attempt::Unknown(e.describe(&what)),
-        Err(e) if in_doubt.load(std::sync::atomic::Ordering::Relaxed) => {
-            Attempt::Unknown(e.describe(&what))
-        }
+        Err(e) if in_doubt.load(Ordering::Relaxed) => Attempt::Unknown(e.describe(&what)),
         Err(e) => Attempt::Refused {
             why: e.describe(&what),
             definitive: false,
@@ -648,12 +661,16 @@ async fn attempt(job: &Job, deadline: Instant) -> Attempt {
     }
 }
 
-/// The round's answer when the annotation patch of pod `ns/name` failed with `e`: no Binding
-/// was sent, so nothing of this round can land.
-fn patch_refused(e: &CallError, ns: &str, name: &str) -> Attempt {
+/// The round's answer when the annotation patch of pod `ns/name` failed with `e`. No Binding
+/// was sent, but a patch whose answer was lost or that was cut off in flight (`in_doubt`) may
+/// still land with the reservation on it: unknown, the reservation kept and
+/// settled by reading the pod like a Binding of unknown outcome. Only a patch refused for
+/// certain frees the GPU at once.
+fn patch_failed(e: &CallError, in_doubt: bool, ns: &str, name: &str) -> Attempt {
+    let what = format!("annotating pod {ns}/{name}");
     if let CallError::Definitive(_) = e {
         Attempt::Refused {
-            why: e.describe(&format!("annotating pod {ns}/{name}")),
+            why: e.describe(&what),
             definitive: true,
         }
     } else if e.is_not_found() {
@@ -661,9 +678,11 @@ fn patch_refused(e: &CallError, ns: &str, name: &str) -> Attempt {
             why: format!("pod {ns}/{name} was deleted during bind"),
             definitive: true,
         }
+    } else if in_doubt {
+        Attempt::Unknown(format!("{} (the patch may still land)", e.describe(&what)))
     } else {
         Attempt::Refused {
-            why: e.describe(&format!("annotating pod {ns}/{name}")),
+            why: e.describe(&what),
             definitive: false,
         }
     }

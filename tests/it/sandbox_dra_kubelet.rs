@@ -1,7 +1,7 @@
 //! The sandbox DRA kubelet (`gpushare_sandbox::dra_kubelet`) and the Python grpcio DRA
 //! kubelet (`tests/clients/dra_kubelet_grpcio.py`), both against a small tonic DRA plugin
 //! written here: registration, prepare, unprepare after the claim is gone, the v1beta1
-//! fallback, a refused registration, and health.
+//! fallback, a refused registration, a failed registration tried again, and health.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -403,6 +403,74 @@ async fn a_v1beta1_plugin_is_called_through_v1beta1_and_a_wrong_type_is_refused(
             .any(|s| !s.plugin_registered && s.error.contains("CSIPlugin")),
         "{notified:?}"
     );
+}
+
+/// A registration that fails is tried again, as kubelet's reconciler does: a plugin whose
+/// registration socket answers before its endpoint is served (or a socket found between its
+/// `bind` and `listen`) is registered once it serves. Before, the fake kubelet gave up at the
+/// first failure and a chart test waited 60 s for a registration that never came.
+#[tokio::test]
+async fn a_failed_registration_is_tried_again_until_the_plugin_serves() {
+    let server = cluster().await;
+    let dir = short_tempdir();
+    let registry = dir.path().join("registry");
+    let plugin_dir = dir.path().join("plugin");
+    std::fs::create_dir_all(&registry).expect("registry dir");
+    std::fs::create_dir_all(&plugin_dir).expect("plugin dir");
+    let endpoint = plugin_dir.join("dra.sock");
+    let (_health_tx, health) = watch::channel(Vec::new());
+    let plugin = TestPlugin {
+        name: DRIVER.into(),
+        kind: "DRAPlugin".into(),
+        endpoint: endpoint.clone(),
+        versions: vec![v1::SERVICE.to_string()],
+        api: server.admin_client(),
+        seen: Arc::default(),
+        health,
+    };
+    // The registration socket first; the endpoint is not served yet.
+    let reg = tokio::net::UnixListener::bind(registry.join(format!("{DRIVER}-reg.sock")))
+        .expect("bind reg.sock");
+    let reg_task = serve(
+        reg,
+        tonic::transport::Server::builder().add_service(RegistrationServer::new(plugin.clone())),
+    );
+    let kubelet =
+        DraKubelet::start(&registry, "node-a", server.admin_client()).expect("the DRA kubelet");
+    let plugins = kubelet
+        .wait_plugins("a failed registration", |ps| {
+            ps.iter().any(|p| p.error.is_some())
+        })
+        .await
+        .expect("refused while the endpoint is not served");
+    assert!(!plugins[0].registered);
+    assert!(
+        plugins[0]
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("dialing the endpoint")),
+        "{plugins:?}"
+    );
+    // The plugin serves its endpoint now.
+    let service = tokio::net::UnixListener::bind(&endpoint).expect("bind dra.sock");
+    let service_task = serve(
+        service,
+        tonic::transport::Server::builder()
+            .add_service(v1::dra_plugin_server::DraPluginServer::new(plugin.clone())),
+    );
+    let info = kubelet
+        .wait_registered(DRIVER)
+        .await
+        .expect("registered on a later try");
+    assert_eq!(info.error, None);
+    let notified = plugin.seen().notified.clone();
+    assert!(
+        notified.first().is_some_and(|s| !s.plugin_registered)
+            && notified.last().is_some_and(|s| s.plugin_registered),
+        "told it was refused, then registered: {notified:?}"
+    );
+    reg_task.abort();
+    service_task.abort();
 }
 
 /// The Python grpcio DRA kubelet against the tonic plugin, with the socket path as

@@ -391,10 +391,14 @@ async fn a_watch_that_keeps_failing_makes_the_extender_unready() {
     env.ext.stop().await;
 }
 
-/// An annotation patch that times out and lands late never overwrites the annotations of the
-/// bind that followed it (the patch is fenced by the pod's resourceVersion).
+/// An annotation patch that times out is an unknown outcome, not a refusal: it carries the
+/// durable reservation and may still land, so the bind keeps its GPU and finishes the bind
+/// itself (a retried bind elsewhere cannot give the GPU's room away meanwhile), and the late
+/// patch, fenced by the pod's resourceVersion, never lands over the writes that followed it.
+/// Before: the GPU was released at once and p was bound to n2 while its patch for n1 was
+/// still on its way.
 #[tokio::test]
-async fn a_late_annotation_patch_never_lands_over_a_later_bind() {
+async fn an_annotation_patch_in_doubt_keeps_its_reservation_until_the_bind_is_settled() {
     let mut c = config();
     c.extender.bind_timeout_ms = 300;
     let env = Env::start_with(c, |api| {
@@ -414,23 +418,30 @@ async fn a_late_annotation_patch_never_lands_over_a_later_bind() {
         "/pods/p",
         FaultAction::ApplyLate(Duration::from_millis(700)),
     ));
-    // n1 would put p on GPU 1; the patch saying so is slow and the bind gives up.
+    // n1 puts p on GPU 1; the patch saying so is slow: the bind's outcome is unknown.
     let (s, r) = bind(env.addr(), &p, "n1").await;
     assert_eq!(s, 500, "{r}");
-    // The scheduler tries n2 (GPU 0) and succeeds before the slow patch lands.
+    assert!(r.to_string().contains("unknown"), "{r}");
+    // A retried bind to n2 cannot take p elsewhere while its reservation on n1 is in doubt.
     let (s, r) = bind(env.addr(), &p, "n2").await;
-    assert_eq!(s, 200, "{r}");
+    assert_eq!(s, 500, "{r}");
+    eventually("the owner finished p's bind to n1 itself", || async {
+        bound_to(&env.api, "p").as_deref() == Some("n1")
+    })
+    .await;
     eventually("the slow patch reached the API server", || async {
         env.api.late_in_flight() == 0
     })
     .await;
     let a = annotations(&env.api, "p");
-    assert_eq!(bound_to(&env.api, "p").as_deref(), Some("n2"));
-    assert_eq!(a["ALIYUN_COM_GPU_MEM_IDX"], "0", "{a:?}");
-    eventually("the ledger holds p on n2", || async {
-        let i = inspect(env.addr()).await;
-        used(&i, "n2") == [10] && used(&i, "n1") == [8, 0]
-    })
+    assert_eq!(a["ALIYUN_COM_GPU_MEM_IDX"], "1", "{a:?}");
+    eventually(
+        "the ledger holds p on n1's GPU 1, nothing on n2",
+        || async {
+            let i = inspect(env.addr()).await;
+            used(&i, "n1") == [8, 10] && used(&i, "n2") == [0]
+        },
+    )
     .await;
     env.ext.stop().await;
 }
@@ -453,8 +464,9 @@ async fn watch_past_now(api: &ApiServer, addr: SocketAddr) {
     .await;
 }
 
-/// Pod p (10 units) on a one-GPU node n1 (16 units; n2 beside it, the same), whose bind answered 500 while `fault` (around a held
-/// apply) keeps one of its writes at the API server, then the extender restarted: the API
+/// Pod p (10 units) on a one-GPU node n1 (16 units; n2 beside it, the same), whose bind
+/// answered 500 while `fault` (around a held apply) keeps its writes of one kind at the API
+/// server, then the extender restarted: the API
 /// server, p, the hold and the restarted extender.
 async fn held_across_a_restart(
     fault: impl FnOnce(FaultAction) -> Fault,
@@ -469,10 +481,15 @@ async fn held_across_a_restart(
     let env = Env::with_nodes(c.clone(), &[("n1", 1, 16), ("n2", 1, 16)]).await;
     let p = create(&env.api, pending_pod("p", "10"));
     let hold = Hold::new();
-    env.api.inject(fault(FaultAction::ApplyOnRelease {
-        hold: hold.clone(),
-        answer: None,
-    }));
+    // Every try is held (the owner, its outcome unknown, tries again): none lands before the
+    // restart.
+    env.api.inject(
+        fault(FaultAction::ApplyOnRelease {
+            hold: hold.clone(),
+            answer: None,
+        })
+        .times(usize::MAX),
+    );
     let (s, r) = bind(env.addr(), &p, "n1").await;
     assert_eq!(s, 500, "{r}");
     hold.wait_reached(1).await;
@@ -507,7 +524,7 @@ async fn a_reservation_of_unknown_outcome_survives_a_restart() {
     ext.stop().await;
 }
 
-/// An annotation patch whose answer never came (the bind gave up on it and released the GPU)
+/// An annotation patch whose answer never came (the bind's process stopped with it in flight)
 /// lands after a restart, when the restarted extender has given the GPU to another pod: the
 /// reservation it carries was never backed by a Binding, so the pod's retried bind must not
 /// take it over onto a GPU that cannot hold it (`make soak` over-committed this way).
@@ -572,11 +589,16 @@ async fn a_reservation_first_seen_after_the_list_never_outranks_one_the_list_sho
         hold: hold.clone(),
         answer: None,
     };
+    // Every try is held (each owner, its outcome unknown, tries again): none lands before the
+    // restart.
     held(
         &env.api,
-        Fault::new(Some(Method::PATCH), "/pods/p", on_release(&hold_p)),
+        Fault::new(Some(Method::PATCH), "/pods/p", on_release(&hold_p)).times(usize::MAX),
     );
-    held(&env.api, binding_fault("b", on_release(&hold_b)));
+    held(
+        &env.api,
+        binding_fault("b", on_release(&hold_b)).times(usize::MAX),
+    );
     let (s, r) = bind(env.addr(), &p, "n1").await;
     assert_eq!(s, 500, "{r}");
     let (s, r) = bind(env.addr(), &b, "n1").await;
@@ -596,7 +618,9 @@ async fn a_reservation_first_seen_after_the_list_never_outranks_one_the_list_sho
     .await;
     // Once the new process's watch is past p's patch:
     watch_past_now(&api, ext.addr).await;
-    // kube-scheduler retries b, then p.
+    // kube-scheduler retries b, then p; the API server answers again (the writes it holds
+    // stay held).
+    api.clear_faults();
     let (s, r) = bind(ext.addr, &b, "n1").await;
     assert_eq!(s, 200, "b's own reservation, listed after the restart: {r}");
     let (s, r) = bind(ext.addr, &p, "n1").await;

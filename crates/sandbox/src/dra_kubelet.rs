@@ -4,8 +4,10 @@
 //! - watches a registry directory (kubelet's `plugins_registry`) for `*-reg.sock` sockets;
 //!   for each new one it calls `Registration.GetInfo`, checks the answer (type `DRAPlugin`, a
 //!   driver name, an endpoint, a `DRAPlugin` service it can speak), dials the endpoint and
-//!   answers `NotifyRegistrationStatus` (registered, or the reason it is not). A socket that
-//!   disappears unregisters its plugin;
+//!   answers `NotifyRegistrationStatus` (registered, or the reason it is not). A registration
+//!   that failed is tried again, with kubelet's backoff (0.5 s doubling to 2 min 2 s): a
+//!   socket found between its `bind` and `listen`, or whose endpoint is not served yet, is
+//!   registered later. A socket that disappears unregisters its plugin;
 //! - for a pod bound to its node whose claims are allocated ([`DraKubelet::prepare_pod`]),
 //!   calls `NodePrepareResources` on each driver named in the claims' allocation results —
 //!   `v1.DRAPlugin` when the plugin lists it, else `v1beta1.DRAPlugin` — with the claims'
@@ -46,6 +48,11 @@ use crate::kubelet::{WAIT_DEADLINE, dial_unix};
 
 /// How often the registry directory is scanned.
 const SCAN_PERIOD: Duration = Duration::from_millis(20);
+/// The wait before a failed registration is tried again, doubled after each failure up to
+/// [`RETRY_MAX`] (kubelet's operation executor: `initialDurationBeforeRetry`,
+/// `maxDurationBeforeRetry`).
+const RETRY_FIRST: Duration = Duration::from_millis(500);
+const RETRY_MAX: Duration = Duration::from_secs(122);
 /// How long one call to a plugin may take (kubelet's own deadline for a DRA call).
 const CALL_TIMEOUT: Duration = Duration::from_secs(45);
 
@@ -140,6 +147,8 @@ struct Plugin {
     info: DraPluginInfo,
     channel: Option<Channel>,
     health_task: Option<JoinHandle<()>>,
+    /// A failed registration: when it is tried again, and the wait after that one fails too.
+    retry: Option<(tokio::time::Instant, Duration)>,
 }
 
 impl Drop for Plugin {
@@ -694,11 +703,23 @@ async fn scan(inner: Arc<Inner>) {
                 changed = true;
             }
         }
+        let now = tokio::time::Instant::now();
         for path in found {
-            if known.contains(&path) {
-                continue;
+            let wait = match inner.state().plugins.get(&path) {
+                None => RETRY_FIRST,
+                Some(Plugin {
+                    retry: Some((at, wait)),
+                    ..
+                }) if *at <= now => *wait,
+                Some(_) => continue,
+            };
+            let mut plugin = register(&inner, &path).await;
+            if !plugin.info.registered {
+                plugin.retry = Some((
+                    tokio::time::Instant::now() + wait,
+                    (wait * 2).min(RETRY_MAX),
+                ));
             }
-            let plugin = register(&inner, &path).await;
             inner.state().plugins.insert(path, plugin);
             changed = true;
         }
@@ -723,6 +744,7 @@ async fn register(inner: &Arc<Inner>, socket: &Path) -> Plugin {
         },
         channel: None,
         health_task: None,
+        retry: None,
     };
     let reg_channel = match dial_unix(socket).await {
         Ok(c) => c,

@@ -575,11 +575,16 @@ impl ChartCluster {
                         .dra_kubelet;
                     let pod = &mut self.pods[i];
                     pod.process
-                        .wait_for("its registration with the kubelet", READY_WITHIN, || {
-                            dra.plugins()
-                                .iter()
-                                .any(|p| p.driver == driver && p.registered)
-                        })
+                        .wait_for_seen(
+                            "its registration with the kubelet",
+                            READY_WITHIN,
+                            || {
+                                dra.plugins()
+                                    .iter()
+                                    .any(|p| p.driver == driver && p.registered)
+                            },
+                            || format!("the kubelet's plugins {:?}", dra.plugins()),
+                        )
                         .await;
                 }
                 other => panic!("a gpushare container whose role is {other:?}"),

@@ -137,7 +137,19 @@ impl RoleProcess {
         &mut self,
         what: &str,
         limit: Duration,
+        cond: impl FnMut() -> bool,
+    ) {
+        self.wait_for_seen(what, limit, cond, String::new).await;
+    }
+
+    /// [`Self::wait_for`], naming in its failure also what `seen` says then (the other side's
+    /// view: a kubelet's record of the plugin, say).
+    pub(crate) async fn wait_for_seen(
+        &mut self,
+        what: &str,
+        limit: Duration,
         mut cond: impl FnMut() -> bool,
+        seen: impl Fn() -> String,
     ) {
         let end = tokio::time::Instant::now() + limit;
         loop {
@@ -147,8 +159,9 @@ impl RoleProcess {
             self.assert_running();
             assert!(
                 tokio::time::Instant::now() < end,
-                "timed out after {limit:?} waiting for {what} of {}; its log:\n{}",
+                "timed out after {limit:?} waiting for {what} of {}; seen: {}; its log:\n{}",
                 self.name,
+                seen(),
                 self.log()
             );
             tokio::time::sleep(Duration::from_millis(25)).await;
