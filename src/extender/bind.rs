@@ -252,7 +252,7 @@ fn drop_unbacked_found(state: &ExtenderState, uid: &str, ns: &str, name: &str, n
     tracing::info!(
         pod = %format!("{ns}/{name}"), node = %node,
         "the reservation found on the pod does not fit its GPU beside what is counted there \
-         (its annotation patch landed after its bind gave up, so no Binding backs it): \
+         (its annotation patch landed after its bind settled it as released: no Binding backs it): \
          reserving afresh"
     );
 }
@@ -545,65 +545,11 @@ async fn attempt(job: &Job, deadline: Instant) -> Attempt {
             definitive: false,
         };
     }
+    if let Err(failed) = annotate(job, deadline).await {
+        return failed;
+    }
     let (ns, name, node, uid) = (&job.namespace, &job.name, &job.node, &job.uid);
     let client = state.client();
-    let r = job.reservation;
-    let mut patch = PodGpuAnnotations::bind_patch(r.gpu, job.request, r.device_total, now_ns());
-    // Durable: any successor reads what the pod is promised (see `reservations`).
-    patch.insert(POD_ANN_RESERVATION.to_string(), job.reserved.clone());
-    // Fenced by the pod's resourceVersion: a slow patch of an earlier round (or of an
-    // earlier owner) can never land over this one, nor this one over a later write.
-    let seen = Mutex::new((
-        job.pod.metadata.annotations.clone(),
-        job.pod.metadata.resource_version.clone(),
-    ));
-    // A try whose answer was lost, or that the deadline cut off in flight, may still land (it
-    // carries the durable reservation): the round is then in doubt even if a later try was
-    // refused.
-    let (patch_lost, patch_in_flight) = (AtomicBool::new(false), AtomicBool::new(false));
-    let patched = with_retry(state, deadline, || async {
-        let (annotations, rv) = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let changes = clean_slate(annotations.as_ref(), patch.clone());
-        patch_in_flight.store(true, Ordering::Relaxed);
-        let r = patch_pod_annotation_changes(client, ns, name, &changes, rv.as_deref()).await;
-        patch_in_flight.store(false, Ordering::Relaxed);
-        if matches!(&r, Err(e) if may_have_landed(e)) {
-            patch_lost.store(true, Ordering::Relaxed);
-        }
-        match r {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                // The pod changed since it was read: read it again.
-                let pod = job.pods.get_opt(name).await.map_err(CallError::Kube)?;
-                let Some(pod) = pod.filter(|p| p.metadata.uid.as_deref() == Some(uid.as_str()))
-                else {
-                    return Err(CallError::Definitive(
-                        "the pod was deleted or replaced".into(),
-                    ));
-                };
-                match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
-                    // Bound here already: by an earlier round of ours, after its own patch.
-                    Some(n) if n == node.as_str() => return Ok(()),
-                    Some(n) if !n.is_empty() => {
-                        return Err(CallError::Definitive(format!(
-                            "the pod is already bound to node {n}"
-                        )));
-                    }
-                    _ => {}
-                }
-                *seen.lock().unwrap_or_else(|p| p.into_inner()) =
-                    (pod.metadata.annotations, pod.metadata.resource_version);
-                Err(CallError::Kube(kube::Error::Api(s)))
-            }
-            Err(e) => Err(CallError::Kube(e)),
-        }
-    })
-    .await;
-    if let Err(e) = patched {
-        let in_doubt =
-            patch_lost.load(Ordering::Relaxed) || patch_in_flight.load(Ordering::Relaxed);
-        return patch_failed(&e, in_doubt, ns, name);
-    }
     // FENCE (issue 18): checked again right before the Binding.
     if let Some(f) = fenced(job) {
         return Attempt::Refused {
@@ -659,6 +605,71 @@ async fn attempt(job: &Job, deadline: Instant) -> Attempt {
             definitive: false,
         },
     }
+}
+
+/// The round's clean-slate annotation patch with the durable reservation, retried within
+/// `deadline`; `Err` is the round's answer when it failed.
+async fn annotate(job: &Job, deadline: Instant) -> Result<(), Attempt> {
+    let state = &job.state;
+    let (ns, name, node, uid) = (&job.namespace, &job.name, &job.node, &job.uid);
+    let client = state.client();
+    let r = job.reservation;
+    let mut patch = PodGpuAnnotations::bind_patch(r.gpu, job.request, r.device_total, now_ns());
+    // Durable: any successor reads what the pod is promised (see `reservations`).
+    patch.insert(POD_ANN_RESERVATION.to_string(), job.reserved.clone());
+    // Fenced by the pod's resourceVersion: a slow patch of an earlier round (or of an
+    // earlier owner) can never land over this one, nor this one over a later write.
+    let seen = Mutex::new((
+        job.pod.metadata.annotations.clone(),
+        job.pod.metadata.resource_version.clone(),
+    ));
+    // A try whose answer was lost, or that the deadline cut off in flight, may still land (it
+    // carries the durable reservation): the round is then in doubt even if a later try was
+    // refused.
+    let (patch_lost, patch_in_flight) = (AtomicBool::new(false), AtomicBool::new(false));
+    let patched = with_retry(state, deadline, || async {
+        let (annotations, rv) = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let changes = clean_slate(annotations.as_ref(), patch.clone());
+        patch_in_flight.store(true, Ordering::Relaxed);
+        let r = patch_pod_annotation_changes(client, ns, name, &changes, rv.as_deref()).await;
+        patch_in_flight.store(false, Ordering::Relaxed);
+        if matches!(&r, Err(e) if may_have_landed(e)) {
+            patch_lost.store(true, Ordering::Relaxed);
+        }
+        match r {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                // The pod changed since it was read: read it again.
+                let pod = job.pods.get_opt(name).await.map_err(CallError::Kube)?;
+                let Some(pod) = pod.filter(|p| p.metadata.uid.as_deref() == Some(uid.as_str()))
+                else {
+                    return Err(CallError::Definitive(
+                        "the pod was deleted or replaced".into(),
+                    ));
+                };
+                match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+                    // Bound here already: by an earlier round of ours, after its own patch.
+                    Some(n) if n == node.as_str() => return Ok(()),
+                    Some(n) if !n.is_empty() => {
+                        return Err(CallError::Definitive(format!(
+                            "the pod is already bound to node {n}"
+                        )));
+                    }
+                    _ => {}
+                }
+                *seen.lock().unwrap_or_else(|p| p.into_inner()) =
+                    (pod.metadata.annotations, pod.metadata.resource_version);
+                Err(CallError::Kube(kube::Error::Api(s)))
+            }
+            Err(e) => Err(CallError::Kube(e)),
+        }
+    })
+    .await;
+    patched.map_err(|e| {
+        let in_doubt =
+            patch_lost.load(Ordering::Relaxed) || patch_in_flight.load(Ordering::Relaxed);
+        patch_failed(&e, in_doubt, ns, name)
+    })
 }
 
 /// The round's answer when the annotation patch of pod `ns/name` failed with `e`. No Binding

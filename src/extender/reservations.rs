@@ -15,14 +15,15 @@
 //!
 //! A found reservation is backed by a Binding only if the annotation patch carrying it was
 //! answered before its writer's term (or life) ended: the writer sends the Binding after that
-//! answer, fenced by its term. A patch whose answer never came may still land later — after a
-//! successor began serving and gave the GPU to other pods. Two rules follow:
+//! answer, fenced by its term. While the writer lives, a patch in doubt keeps its reservation
+//! (`bind`); one whose answer never came before the writer's end may still land later — after
+//! a successor began serving and gave the GPU to other pods. Two rules follow:
 //! - a reservation first seen after the first (fresh) list of pods of this serving term was
 //!   written after the term began: nothing backs it, it is never counted
 //!   (`Cache::observe_pod_after_list`, fed by `sync`);
 //! - one that was on the pod at that list but does not fit its GPU beside what is counted there
-//!   (a patch that landed late while its own process, which had released it, still ran) was
-//!   never backed either: a bind of the pod drops it and reserves afresh instead of taking it
+//!   (a patch the API server kept past `bind_settle_ms`, landing after its own process had
+//!   settled it as released) was never backed either: a bind of the pod drops it and reserves afresh instead of taking it
 //!   over (`Cache::drop_found_over_capacity`).
 //!
 //! This module does not bind or finish binds (kube-scheduler retries the pod: its filter

@@ -329,7 +329,7 @@ fn observe(state: &ExtenderState, facts: PodFacts, listed: bool) {
         tracing::info!(
             pod = %pod,
             "a reservation written on the pod after this term began (a late annotation patch of \
-             a bind that gave up) is backed by no Binding: not counted"
+             a bind whose process ended) is backed by no Binding: not counted"
         );
     }
 }
