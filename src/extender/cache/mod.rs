@@ -913,7 +913,8 @@ mod tests {
     }
 
     /// A found reservation that its GPU cannot hold beside what is counted there (its patch
-    /// landed after its bind had settled it as released) is dropped, not taken over; one that fits stays.
+    /// landed after its bind had settled it as released) is dropped, not taken over; one that
+    /// fits stays.
     #[test]
     fn a_found_reservation_over_capacity_is_dropped_not_taken_over() {
         let c = Cache::new();
