@@ -11,8 +11,8 @@
 //!   the pod deleted, replaced or bound elsewhere: released;
 //! - otherwise (a try of the annotation patch or of the Binding timed out, a connection
 //!   dropped, an answer was lost) the outcome is UNKNOWN — a patch that may still land carries
-//!   the durable reservation, so it is in doubt like a Binding: the reservation stays, and the owner reads the pod until the API settles it —
-//!   bound here (confirmed), gone or bound elsewhere (released), still unbound: it finishes
+//!   the durable reservation, so it is in doubt like a Binding: the reservation stays, and
+//!   the owner reads the pod until the API settles it — bound here (confirmed), gone or bound elsewhere (released), still unbound: it finishes
 //!   the bind itself (same GPU, same annotations; a 409 is checked against the pod), and
 //!   releases only once the pod has stayed unbound for `extender.bind_settle_ms` after the
 //!   last unknown try (past which the API server has given up on it too). Only a serving
@@ -61,6 +61,34 @@ pub(crate) const REASON_FAILED: &str = "GpuShareBindFailed";
 /// everything but an answer that refuses it (a 500 may still be committed).
 fn may_have_landed(e: &kube::Error) -> bool {
     !refused_for_certain(e)
+}
+
+/// Whether a write retried by [`with_retry`] may have landed: a try whose answer was lost
+/// (any error but a refusal for certain), or one that the deadline cut off in flight.
+#[derive(Default)]
+struct InDoubt {
+    lost: AtomicBool,
+    in_flight: AtomicBool,
+}
+
+impl InDoubt {
+    /// Runs one try of the write, noting whether it may have landed.
+    async fn track<T>(
+        &self,
+        write: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
+        self.in_flight.store(true, Ordering::Relaxed);
+        let r = write.await;
+        self.in_flight.store(false, Ordering::Relaxed);
+        if matches!(&r, Err(e) if may_have_landed(e)) {
+            self.lost.store(true, Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn is_set(&self) -> bool {
+        self.lost.load(Ordering::Relaxed) || self.in_flight.load(Ordering::Relaxed)
+    }
 }
 
 /// Runs `op` until it succeeds, fails for good, or the deadline passes (the one retry loop,
@@ -557,13 +585,9 @@ async fn attempt(job: &Job, deadline: Instant) -> Attempt {
             definitive: false,
         };
     }
-    let in_doubt = AtomicBool::new(false);
+    let in_doubt = InDoubt::default();
     let bound = with_retry(state, deadline, || async {
-        let r = bind_pod(client, ns, name, uid, node).await;
-        if matches!(&r, Err(e) if may_have_landed(e)) {
-            in_doubt.store(true, Ordering::Relaxed);
-        }
-        match r {
+        match in_doubt.track(bind_pod(client, ns, name, uid, node)).await {
             Ok(()) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 // Maybe an earlier try landed: look at the pod.
@@ -599,7 +623,7 @@ async fn attempt(job: &Job, deadline: Instant) -> Attempt {
             definitive: true,
         },
         Err(e @ CallError::Timeout) => Attempt::Unknown(e.describe(&what)),
-        Err(e) if in_doubt.load(Ordering::Relaxed) => Attempt::Unknown(e.describe(&what)),
+        Err(e) if in_doubt.is_set() => Attempt::Unknown(e.describe(&what)),
         Err(e) => Attempt::Refused {
             why: e.describe(&what),
             definitive: false,
@@ -623,20 +647,14 @@ async fn annotate(job: &Job, deadline: Instant) -> Result<(), Attempt> {
         job.pod.metadata.annotations.clone(),
         job.pod.metadata.resource_version.clone(),
     ));
-    // A try whose answer was lost, or that the deadline cut off in flight, may still land (it
-    // carries the durable reservation): the round is then in doubt even if a later try was
-    // refused.
-    let (patch_lost, patch_in_flight) = (AtomicBool::new(false), AtomicBool::new(false));
+    // A try that may still land carries the durable reservation: the round is then in doubt
+    // even if a later try was refused.
+    let in_doubt = InDoubt::default();
     let patched = with_retry(state, deadline, || async {
         let (annotations, rv) = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let changes = clean_slate(annotations.as_ref(), patch.clone());
-        patch_in_flight.store(true, Ordering::Relaxed);
-        let r = patch_pod_annotation_changes(client, ns, name, &changes, rv.as_deref()).await;
-        patch_in_flight.store(false, Ordering::Relaxed);
-        if matches!(&r, Err(e) if may_have_landed(e)) {
-            patch_lost.store(true, Ordering::Relaxed);
-        }
-        match r {
+        let write = patch_pod_annotation_changes(client, ns, name, &changes, rv.as_deref());
+        match in_doubt.track(write).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 // The pod changed since it was read: read it again.
@@ -665,18 +683,14 @@ async fn annotate(job: &Job, deadline: Instant) -> Result<(), Attempt> {
         }
     })
     .await;
-    patched.map_err(|e| {
-        let in_doubt =
-            patch_lost.load(Ordering::Relaxed) || patch_in_flight.load(Ordering::Relaxed);
-        patch_failed(&e, in_doubt, ns, name)
-    })
+    patched.map_err(|e| patch_failed(&e, in_doubt.is_set(), ns, name))
 }
 
 /// The round's answer when the annotation patch of pod `ns/name` failed with `e`. No Binding
 /// was sent, but a patch whose answer was lost or that was cut off in flight (`in_doubt`) may
-/// still land with the reservation on it: unknown, the reservation kept and
-/// settled by reading the pod like a Binding of unknown outcome. Only a patch refused for
-/// certain frees the GPU at once.
+/// still land with the reservation on it: unknown, the reservation kept and settled by
+/// reading the pod like a Binding of unknown outcome. Only a patch refused for certain frees
+/// the GPU at once.
 fn patch_failed(e: &CallError, in_doubt: bool, ns: &str, name: &str) -> Attempt {
     let what = format!("annotating pod {ns}/{name}");
     if let CallError::Definitive(_) = e {

@@ -64,7 +64,50 @@ pub(crate) async fn https_exchange(
     // Bounded: an exchange that never ends is an answer the test reports, never a hung suite
     // (`client_auth::a_changed_client_ca_is_used_without_a_restart` once hung for 15 minutes
     // under a doubled load, with no connection open; where it waited is not known).
-    let exchange = exchange_once(connector, server_name, addr, method, path, body);
+    let exchange = async {
+        let tcp = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|e| e.to_string())?;
+        let name = ServerName::try_from(server_name.to_string()).map_err(|e| e.to_string())?;
+        let tls = connector
+            .connect(name, tcp)
+            .await
+            .map_err(|e| format!("handshake: {e}"))?;
+        let presented = tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .map(|c| c.to_vec())
+            .unwrap_or_default();
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .map_err(|e| format!("HTTP handshake: {e}"))?;
+        tokio::spawn(conn);
+        let request = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(http::header::HOST, server_name)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::copy_from_slice(body)))
+            .map_err(|e| e.to_string())?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| format!("exchange: {e}"))?;
+        let status = response.status().as_u16();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| format!("read: {e}"))?
+            .to_bytes();
+        Ok(HttpsAnswer {
+            status,
+            body: String::from_utf8_lossy(&body).into_owned(),
+            presented,
+        })
+    };
     tokio::time::timeout(crate::support::wait::DEADLINE, exchange)
         .await
         .unwrap_or_else(|_| {
@@ -73,58 +116,6 @@ pub(crate) async fn https_exchange(
                 crate::support::wait::DEADLINE
             ))
         })
-}
-
-async fn exchange_once(
-    connector: tokio_rustls::TlsConnector,
-    server_name: &str,
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    body: &[u8],
-) -> Result<HttpsAnswer, String> {
-    let tcp = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| e.to_string())?;
-    let name = ServerName::try_from(server_name.to_string()).map_err(|e| e.to_string())?;
-    let tls = connector
-        .connect(name, tcp)
-        .await
-        .map_err(|e| format!("handshake: {e}"))?;
-    let presented = tls
-        .get_ref()
-        .1
-        .peer_certificates()
-        .and_then(|c| c.first())
-        .map(|c| c.to_vec())
-        .unwrap_or_default();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-        .await
-        .map_err(|e| format!("HTTP handshake: {e}"))?;
-    tokio::spawn(conn);
-    let request = http::Request::builder()
-        .method(method)
-        .uri(path)
-        .header(http::header::HOST, server_name)
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::copy_from_slice(body)))
-        .map_err(|e| e.to_string())?;
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| format!("exchange: {e}"))?;
-    let status = response.status().as_u16();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| format!("read: {e}"))?
-        .to_bytes();
-    Ok(HttpsAnswer {
-        status,
-        body: String::from_utf8_lossy(&body).into_owned(),
-        presented,
-    })
 }
 
 /// [`https_exchange`] with a text body: the status and body.
